@@ -1,0 +1,216 @@
+//! RabbitMQ connections and the mapping between outbox JSON headers and AMQP headers.
+
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+use lapin::{Connection, ConnectionProperties};
+use serde_json::{Map, Number, Value};
+use std::time::Duration;
+
+/// Heartbeat interval added to AMQP URLs that do not set one: a dead link is noticed within
+/// two intervals instead of the broker default of 60 s.
+pub const DEFAULT_HEARTBEAT_SECS: u16 = 10;
+
+/// Errors from connecting to RabbitMQ.
+#[derive(Debug, thiserror::Error)]
+pub enum AmqpError {
+    #[error("connecting to RabbitMQ timed out after {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("cannot connect to RabbitMQ")]
+    Connect(#[source] lapin::Error),
+}
+
+/// Adds `heartbeat=` (and a connection timeout) to the URL unless it already has them.
+pub fn with_defaults(url: &str) -> String {
+    let mut url = url.to_string();
+    let mut sep = if url.contains('?') { '&' } else { '?' };
+    if !url.contains("heartbeat=") {
+        url.push(sep);
+        url.push_str(&format!("heartbeat={DEFAULT_HEARTBEAT_SECS}"));
+        sep = '&';
+    }
+    if !url.contains("connection_timeout=") {
+        url.push(sep);
+        url.push_str("connection_timeout=5000");
+    }
+    url
+}
+
+/// Connects with heartbeats on and a bounded wait; `name` shows in the management UI.
+pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
+    let timeout = Duration::from_secs(10);
+    let props = ConnectionProperties::default().with_connection_name(name.into());
+    match tokio::time::timeout(timeout, Connection::connect(&with_defaults(url), props)).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(AmqpError::Connect(e)),
+        Err(_) => Err(AmqpError::ConnectTimeout(timeout)),
+    }
+}
+
+/// Converts a JSON object (the outbox `headers` column) into AMQP headers. Strings stay strings,
+/// integers become 64-bit integers, booleans booleans; anything else travels as its JSON text.
+pub fn json_to_headers(headers: &Map<String, Value>, table: &mut FieldTable) {
+    for (k, v) in headers {
+        table.insert(ShortString::from(k.as_str()), json_to_amqp(v));
+    }
+}
+
+fn json_to_amqp(v: &Value) -> AMQPValue {
+    match v {
+        Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+        Value::Bool(b) => AMQPValue::Boolean(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => AMQPValue::LongLongInt(i),
+            None => match n.as_f64() {
+                Some(f) => AMQPValue::Double(f),
+                None => AMQPValue::LongString(LongString::from(n.to_string().as_str())),
+            },
+        },
+        Value::Array(items) => {
+            let mut arr = FieldArray::default();
+            for item in items {
+                arr.push(json_to_amqp(item));
+            }
+            AMQPValue::FieldArray(arr)
+        }
+        other => AMQPValue::LongString(LongString::from(other.to_string().as_str())),
+    }
+}
+
+/// Converts AMQP headers back into JSON (the consumer's [`crate::Envelope::headers`]).
+pub fn headers_to_json(table: &FieldTable) -> Map<String, Value> {
+    table
+        .inner()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), amqp_to_json(v)))
+        .collect()
+}
+
+fn amqp_to_json(v: &AMQPValue) -> Value {
+    match v {
+        AMQPValue::Boolean(b) => Value::Bool(*b),
+        AMQPValue::ShortShortInt(i) => Value::from(*i),
+        AMQPValue::ShortShortUInt(i) => Value::from(*i),
+        AMQPValue::ShortInt(i) => Value::from(*i),
+        AMQPValue::ShortUInt(i) => Value::from(*i),
+        AMQPValue::LongInt(i) => Value::from(*i),
+        AMQPValue::LongUInt(i) => Value::from(*i),
+        AMQPValue::LongLongInt(i) => Value::from(*i),
+        AMQPValue::Float(f) => Number::from_f64(f64::from(*f)).map_or(Value::Null, Value::Number),
+        AMQPValue::Double(f) => Number::from_f64(*f).map_or(Value::Null, Value::Number),
+        AMQPValue::ShortString(s) => Value::String(s.as_str().to_string()),
+        AMQPValue::LongString(s) => Value::String(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(amqp_to_json).collect()),
+        AMQPValue::Timestamp(t) => Value::from(*t),
+        AMQPValue::FieldTable(t) => Value::Object(headers_to_json(t)),
+        other => Value::String(format!("{other:?}")),
+    }
+}
+
+/// Reads a string header (long or short string).
+pub fn header_str<'a>(table: &'a FieldTable, name: &str) -> Option<std::borrow::Cow<'a, str>> {
+    match table.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes())),
+        AMQPValue::ShortString(s) => Some(std::borrow::Cow::Borrowed(s.as_str())),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip() {
+        let json: Map<String, Value> = serde_json::from_value(serde_json::json!({
+            "traceparent": "00-abc-def-01", "retries": 3, "flag": true, "ratio": 0.5,
+            "list": ["a", 1], "nested": {"x": 1}
+        }))
+        .unwrap();
+        let mut table = FieldTable::default();
+        json_to_headers(&json, &mut table);
+        let back = headers_to_json(&table);
+        assert_eq!(back["traceparent"], "00-abc-def-01");
+        assert_eq!(back["retries"], 3);
+        assert_eq!(back["flag"], true);
+        assert_eq!(back["ratio"], 0.5);
+        assert_eq!(back["list"], serde_json::json!(["a", 1]));
+        assert_eq!(back["nested"], "{\"x\":1}");
+    }
+
+    #[test]
+    fn heartbeat_is_added_once() {
+        assert_eq!(
+            with_defaults("amqp://h/%2f"),
+            "amqp://h/%2f?heartbeat=10&connection_timeout=5000"
+        );
+        assert_eq!(
+            with_defaults("amqp://h/%2f?heartbeat=5&connection_timeout=1"),
+            "amqp://h/%2f?heartbeat=5&connection_timeout=1"
+        );
+    }
+}
+
+/// Header names the relay sets on every message (besides the row's own headers).
+pub mod headers {
+    pub const AGGREGATE_TYPE: &str = "aggregate_type";
+    pub const AGGREGATE_ID: &str = "aggregate_id";
+    /// RFC 3339 with microseconds: the outbox row's created_at (the AMQP timestamp has seconds only).
+    pub const CREATED_AT: &str = "created_at";
+}
+
+/// Name of the alternate exchange and of the queue that keeps unroutable events of `exchange`.
+pub fn unrouted_name(exchange: &str) -> String {
+    format!("{exchange}.unrouted")
+}
+
+/// Declares the durable topic exchange events are published to. With `alternate` on, it also
+/// declares `<exchange>.unrouted` (a fanout exchange and a durable queue bound to it) and makes it
+/// the exchange's alternate exchange, so events no queue is bound for yet are kept, not dropped.
+///
+/// Consumers call this too (any side may start first). If the exchange already exists with other
+/// arguments, RabbitMQ refuses the declaration; then the existing exchange is used as it is.
+pub async fn declare_outbox_exchange(
+    conn: &Connection,
+    exchange: &str,
+    alternate: bool,
+) -> Result<(), lapin::Error> {
+    use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::FieldTable;
+    use lapin::ExchangeKind;
+    let ch = conn.create_channel().await?;
+    let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
+    let mut args = FieldTable::default();
+    if alternate {
+        let ae = unrouted_name(exchange);
+        ch.exchange_declare(ae.as_str().into(), ExchangeKind::Fanout, durable, FieldTable::default())
+            .await?;
+        ch.queue_declare(
+            ae.as_str().into(),
+            QueueDeclareOptions { durable: true, ..Default::default() },
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_bind(ae.as_str().into(), ae.as_str().into(), "".into(), QueueBindOptions::default(), FieldTable::default())
+            .await?;
+        args.insert("alternate-exchange".into(), AMQPValue::LongString(ae.as_str().into()));
+    }
+    match ch.exchange_declare(exchange.into(), ExchangeKind::Topic, durable, args).await {
+        Ok(()) => {
+            let _ = ch.close(200, "declared".into()).await;
+            Ok(())
+        }
+        Err(e) => {
+            // PRECONDITION_FAILED closes the channel: check on a new one that the exchange exists.
+            tracing::warn!(%exchange, error = %e, "exchange exists with other arguments; using it as it is");
+            let ch = conn.create_channel().await?;
+            ch.exchange_declare(
+                exchange.into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions { passive: true, ..Default::default() },
+                FieldTable::default(),
+            )
+            .await?;
+            let _ = ch.close(200, "declared".into()).await;
+            Ok(())
+        }
+    }
+}

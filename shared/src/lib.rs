@@ -1,0 +1,23 @@
+//! What every component of the outbox system shares.
+//!
+//! A short tour:
+//! - [`envelope`]: the message as producers write it ([`NewMessage`]) and as consumers read it ([`Envelope`]).
+//! - [`outbox`]: the Rust producer API: enqueue one or many messages through the caller's transaction.
+//! - [`db`]: connecting to PostgreSQL and applying the embedded migrations (safe with many instances).
+//! - [`amqp`]: connecting to RabbitMQ with heartbeats and timeouts, and the header mapping both sides use.
+//! - [`telemetry`]: logging (human or JSON), the Prometheus recorder, and the `/metrics`, `/healthz`, `/readyz` server.
+//! - [`shutdown`]: SIGTERM/SIGINT as a cancellation token passed to every `run`.
+//! - [`backoff`]: exponential backoff with full jitter, shared by retries and reconnects.
+//! - [`config`]: the connection settings (flags and env vars) every binary takes.
+
+pub mod amqp;
+pub mod backoff;
+pub mod config;
+pub mod db;
+pub mod envelope;
+pub mod outbox;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use envelope::{Envelope, NewMessage};
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,78 @@
+//! The Rust producer API: add events to the outbox inside the caller's transaction.
+//!
+//! Every function takes any [`sqlx::PgExecutor`], so pass `&mut *tx` and the event commits or rolls
+//! back with the business change. Non-Rust producers use the plain SQL contract in README.md.
+
+use crate::envelope::NewMessage;
+use uuid::Uuid;
+
+/// Adds one event to the outbox and returns its message id.
+pub async fn enqueue<'e, E>(executor: E, msg: &NewMessage) -> Result<Uuid, sqlx::Error>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(msg.id)
+    .bind(&msg.aggregate_type)
+    .bind(&msg.aggregate_id)
+    .bind(&msg.event_type)
+    .bind(sqlx::types::Json(&msg.payload))
+    .bind(sqlx::types::Json(&msg.headers))
+    .execute(executor)
+    .await?;
+    Ok(msg.id)
+}
+
+/// Adds many events with one statement (one round trip, one NOTIFY) and returns their ids in order.
+/// Within one aggregate they are published in the order given.
+pub async fn enqueue_many<'e, E>(executor: E, msgs: &[NewMessage]) -> Result<Vec<Uuid>, sqlx::Error>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    if msgs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = msgs.iter().map(|m| m.id).collect();
+    let aggregate_types: Vec<&str> = msgs.iter().map(|m| m.aggregate_type.as_str()).collect();
+    let aggregate_ids: Vec<&str> = msgs.iter().map(|m| m.aggregate_id.as_str()).collect();
+    let event_types: Vec<&str> = msgs.iter().map(|m| m.event_type.as_str()).collect();
+    let payloads: Vec<String> = msgs.iter().map(|m| m.payload.to_string()).collect();
+    let headers: Vec<String> = msgs
+        .iter()
+        .map(|m| serde_json::Value::Object(m.headers.clone()).to_string())
+        .collect();
+    // WITH ORDINALITY + ORDER BY keeps the identity (seq) in the order given.
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) \
+         SELECT id, aggregate_type, aggregate_id, event_type, payload::jsonb, headers::jsonb \
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
+              WITH ORDINALITY AS t(id, aggregate_type, aggregate_id, event_type, payload, headers, n) \
+         ORDER BY n",
+    )
+    .bind(&ids)
+    .bind(&aggregate_types)
+    .bind(&aggregate_ids)
+    .bind(&event_types)
+    .bind(&payloads)
+    .bind(&headers)
+    .execute(executor)
+    .await?;
+    Ok(ids)
+}
+
+/// Serializes this transaction with every other transaction that locks the same aggregate, until
+/// commit. Call it before [`enqueue`] when writers of one aggregate are not already serialized by
+/// the business change itself (a row lock or a version check): then outbox order equals commit order.
+pub async fn lock_aggregate<'e, E>(executor: E, aggregate_id: &str) -> Result<(), sqlx::Error>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))")
+        .bind(aggregate_id)
+        .execute(executor)
+        .await?;
+    Ok(())
+}

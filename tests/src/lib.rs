@@ -1,0 +1,301 @@
+//! Helpers for the system tests: everything runs against the machine's real PostgreSQL and RabbitMQ.
+//!
+//! - [`TestDb`]: a fresh, migrated database per test, dropped afterwards.
+//! - [`TestBroker`]: randomly named exchanges and queues per test, deleted afterwards.
+//! - [`TcpProxy`]: a TCP proxy the test controls, to cut or black-hole a link for real.
+//! - [`bin_path`]: the workspace binaries, for tests that kill child processes.
+//! - [`wait_until`]: poll a condition with a deadline instead of sleeping.
+
+use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+use sqlx::PgPool;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// Admin connection string (database `test` always exists).
+pub fn admin_url() -> String {
+    std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// RabbitMQ connection string.
+pub fn amqp_url() -> String {
+    std::env::var("TEST_AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// A short random name with a prefix, safe for databases, exchanges and queues.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple().to_string().get(..12).unwrap())
+}
+
+/// Initialises logging for tests (RUST_LOG decides; default warnings only).
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A fresh database with all migrations applied. Dropped (with FORCE) when the value is dropped.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        init_logging();
+        let name = unique("t");
+        let admin = admin_url();
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await.expect("connect admin db");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        let url = replace_db(&admin, &name);
+        let pool = shared::db::connect(&url, 10, "tests").await.expect("connect test db");
+        shared::db::migrate(&pool).await.expect("migrate test db");
+        Self { name, url, pool }
+    }
+
+    /// The database URL with its host:port replaced (to go through a [`TcpProxy`]).
+    pub fn url_via(&self, addr: SocketAddr) -> String {
+        let rest = self.url.split_once('@').map(|(_, r)| r).unwrap_or("");
+        let path = rest.split_once('/').map(|(_, p)| p).unwrap_or("");
+        format!("postgres://postgres@{addr}/{path}")
+    }
+}
+
+fn replace_db(url: &str, db: &str) -> String {
+    let (base, _) = url.rsplit_once('/').expect("url has a database");
+    format!("{base}/{db}")
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let admin = admin_url();
+        let pool = self.pool.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                pool.close().await;
+                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await {
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Exchanges and queues a test created, deleted when dropped.
+pub struct TestBroker {
+    pub url: String,
+    pub exchanges: Mutex<Vec<String>>,
+    pub queues: Mutex<Vec<String>>,
+}
+
+impl Default for TestBroker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TestBroker {
+    pub fn new() -> Self {
+        Self { url: amqp_url(), exchanges: Mutex::new(Vec::new()), queues: Mutex::new(Vec::new()) }
+    }
+    /// A fresh exchange name, remembered for deletion.
+    pub fn exchange(&self, prefix: &str) -> String {
+        let n = unique(prefix).replace('_', ".");
+        self.exchanges.lock().unwrap().push(n.clone());
+        n
+    }
+    /// Remembers an exchange created by a component (e.g. the relay's alternate exchange).
+    pub fn track_exchange(&self, name: &str) {
+        self.exchanges.lock().unwrap().push(name.to_string());
+    }
+    /// A fresh queue name, remembered for deletion.
+    pub fn queue(&self, prefix: &str) -> String {
+        let n = unique(prefix).replace('_', ".");
+        self.queues.lock().unwrap().push(n.clone());
+        n
+    }
+    /// Remembers a queue created by a component.
+    pub fn track_queue(&self, name: &str) {
+        self.queues.lock().unwrap().push(name.to_string());
+    }
+    pub async fn connect(&self) -> lapin::Connection {
+        shared::amqp::connect(&self.url, "tests").await.expect("connect to RabbitMQ")
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
+        let queues = std::mem::take(&mut *self.queues.lock().unwrap());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let Ok(conn) = shared::amqp::connect(&url, "tests-cleanup").await else { return };
+                for q in queues {
+                    if let Ok(ch) = conn.create_channel().await {
+                        let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
+                    }
+                }
+                for e in exchanges {
+                    if let Ok(ch) = conn.create_channel().await {
+                        let _ = ch.exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default()).await;
+                    }
+                }
+                let _ = conn.close(200, "bye".into()).await;
+            });
+        })
+        .join();
+    }
+}
+
+/// What a [`TcpProxy`] does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Forward both ways.
+    Pass,
+    /// Keep connections open but forward nothing (a black-holed link).
+    Blackhole,
+    /// Close every connection and refuse new ones (a cut link).
+    Down,
+}
+
+/// A TCP proxy on 127.0.0.1 the test controls.
+pub struct TcpProxy {
+    pub addr: SocketAddr,
+    mode: Arc<Mutex<ProxyMode>>,
+    generation: Arc<Mutex<CancellationToken>>,
+    stop: CancellationToken,
+}
+
+impl TcpProxy {
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().unwrap();
+        let mode = Arc::new(Mutex::new(ProxyMode::Pass));
+        let generation = Arc::new(Mutex::new(CancellationToken::new()));
+        let stop = CancellationToken::new();
+        let (m, g, s) = (mode.clone(), generation.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = s.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                let Ok((client, _)) = accepted else { continue };
+                if *m.lock().unwrap() == ProxyMode::Down {
+                    drop(client);
+                    continue;
+                }
+                let cut = g.lock().unwrap().clone();
+                let m = m.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(target).await else { return };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let m2 = m.clone();
+                    let up = pump(&mut cr, &mut sw, m);
+                    let down = pump(&mut sr, &mut cw, m2);
+                    tokio::select! {
+                        _ = cut.cancelled() => {}
+                        _ = up => {}
+                        _ = down => {}
+                    }
+                });
+            }
+        });
+        Self { addr, mode, generation, stop }
+    }
+
+    pub fn set_mode(&self, mode: ProxyMode) {
+        *self.mode.lock().unwrap() = mode;
+        if mode == ProxyMode::Down {
+            let mut g = self.generation.lock().unwrap();
+            g.cancel();
+            *g = CancellationToken::new();
+        }
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.generation.lock().unwrap().cancel();
+    }
+}
+
+async fn pump(
+    r: &mut tokio::net::tcp::OwnedReadHalf,
+    w: &mut tokio::net::tcp::OwnedWriteHalf,
+    mode: Arc<Mutex<ProxyMode>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Black-holed: swallow bytes until the link passes again.
+        if *mode.lock().unwrap() != ProxyMode::Pass {
+            continue;
+        }
+        if w.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Path of a workspace binary built next to the test executable (`cargo build --bins` first;
+/// `scripts/test.sh` does).
+pub fn bin_path(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "binary {} not found: build the workspace binaries first (cargo build --bins)",
+        path.display()
+    );
+    path
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, or panics with `what` after `timeout`.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A free localhost port for a child process's metrics server.
+pub fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
