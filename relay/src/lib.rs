@@ -1,1 +1,466 @@
-//! relay
+//! The relay: publishes committed outbox rows to RabbitMQ at least once, in order per aggregate,
+//! with any number of instances on one database.
+//!
+//! A short tour:
+//! - [`config`]: flags and env vars ([`RelayConfig`]).
+//! - [`leases`]: which of the 64 outbox partitions this instance publishes; takeover after a crash.
+//! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead rows.
+//! - [`publisher`]: RabbitMQ connection, confirm channel, a window of publishes in flight.
+//! - [`internal_events`]: every metric the relay emits.
+//! - [`run`] / [`run_with_pool`]: the loop tying them together; the binary and embedding services call these.
+//!
+//! One round: claim up to `batch_size` pending rows of the owned, unblocked partitions (a plain
+//! read, no transaction held) -> publish them with up to `window` confirms outstanding -> delete
+//! (or mark) the confirmed rows in one statement -> record failures, which block their partition
+//! for the retry backoff. Rounds follow each other while rows keep coming; when a claim comes back
+//! empty the relay waits for a NOTIFY from a producer's commit or the fallback poll.
+
+pub mod config;
+pub mod dead;
+pub mod internal_events;
+pub mod leases;
+pub mod publisher;
+pub mod store;
+
+pub use config::{RelayConfig, RelayOptions};
+
+use leases::Leases;
+use publisher::Publisher;
+use shared::telemetry::{ErrorChain, Readiness};
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Why the relay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("cannot serve metrics")]
+    Metrics(#[source] std::io::Error),
+    #[error(transparent)]
+    Db(#[from] shared::db::DbError),
+}
+
+/// Runs a relay until `shutdown` is cancelled: connects (retrying while PostgreSQL starts), applies
+/// migrations, serves `/metrics`, `/healthz`, `/readyz` on `METRICS_ADDR`, then publishes.
+pub async fn run(config: RelayConfig, shutdown: CancellationToken) -> Result<(), RelayError> {
+    validate(&config.options)?;
+    let readiness = Readiness::new();
+    shared::telemetry::serve_ops(
+        config.connections.metrics_addr,
+        readiness.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(RelayError::Metrics)?;
+    let connect = shared::db::connect_and_migrate(
+        &config.connections.database_url,
+        config.options.db_pool_size,
+        "outbox-relay",
+        Duration::from_secs(u64::MAX / 4),
+    );
+    let pool = tokio::select! {
+        pool = connect => pool?,
+        _ = shutdown.cancelled() => return Ok(()),
+    };
+    run_with_pool(pool, config, readiness, shutdown).await
+}
+
+/// Runs a relay on an existing pool (for a service that embeds the relay; migrations must have
+/// been applied, e.g. with `shared::db::migrate`). Does not serve HTTP: merge
+/// `shared::telemetry::ops_router(readiness)` into your own router if you want the endpoints.
+pub async fn run_with_pool(
+    pool: PgPool,
+    config: RelayConfig,
+    readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+) -> Result<(), RelayError> {
+    validate(&config.options)?;
+    internal_events::describe();
+    let opts = config.options.clone();
+    let instance_id = opts.instance_id.clone().unwrap_or_else(|| {
+        format!(
+            "{}-{}",
+            leases::hostname(),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        )
+    });
+    let span = tracing::info_span!("relay", instance = %instance_id);
+    let _enter = span.enter();
+    tracing::info!(exchange = %config.connections.exchange, "relay starting");
+    readiness.set_postgres(true);
+
+    let leases = Arc::new(Leases::new(instance_id, opts.lease()));
+    let wake = Arc::new(Notify::new());
+    let tasks = CancellationToken::new();
+    let mut handles = vec![
+        tokio::spawn(lease_loop(
+            pool.clone(),
+            leases.clone(),
+            wake.clone(),
+            readiness.clone(),
+            opts.lease(),
+            tasks.clone(),
+        )),
+        tokio::spawn(listen_loop(pool.clone(), wake.clone(), tasks.clone())),
+        tokio::spawn(stats_loop(
+            pool.clone(),
+            opts.stats_interval(),
+            tasks.clone(),
+        )),
+    ];
+    if opts.retention_secs > 0 {
+        handles.push(tokio::spawn(retention_loop(
+            pool.clone(),
+            Duration::from_secs(opts.retention_secs),
+            tasks.clone(),
+        )));
+    }
+
+    let mut publisher = Publisher::new(
+        &config.connections.amqp_url,
+        &config.connections.exchange,
+        opts.alternate_exchange,
+        opts.window as usize,
+        opts.confirm_timeout(),
+    );
+    publish_loop(
+        &pool,
+        &mut publisher,
+        &leases,
+        &wake,
+        &readiness,
+        &opts,
+        &shutdown,
+    )
+    .await;
+
+    // Safe point: nothing is in flight and everything confirmed is marked (or given up on after a
+    // bounded wait). Hand the partitions over at once instead of making the others wait the lease.
+    tasks.cancel();
+    for h in handles {
+        let _ = h.await;
+    }
+    if let Err(e) = tokio::time::timeout(Duration::from_secs(5), leases.release_all(&pool))
+        .await
+        .unwrap_or(Ok(()))
+    {
+        tracing::warn!(error = %ErrorChain(&e), "could not release partitions; they expire after the lease");
+    }
+    publisher.disconnect().await;
+    readiness.set_postgres(false);
+    readiness.set_rabbitmq(false);
+    internal_events::ready(false);
+    tracing::info!("relay stopped");
+    Ok(())
+}
+
+fn validate(opts: &RelayOptions) -> Result<(), RelayError> {
+    if opts.lease_ms < 2 * opts.confirm_timeout_ms {
+        return Err(RelayError::Config(format!(
+            "the lease ({} ms) must be at least twice the confirm timeout ({} ms)",
+            opts.lease_ms, opts.confirm_timeout_ms
+        )));
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn publish_loop(
+    pool: &PgPool,
+    publisher: &mut Publisher,
+    leases: &Leases,
+    wake: &Notify,
+    readiness: &Readiness,
+    opts: &RelayOptions,
+    shutdown: &CancellationToken,
+) {
+    let retain = opts.retention_secs > 0;
+    let mut unmarked: Vec<i64> = Vec::new();
+    let mut db_failures = 0u32;
+    let mut amqp_failures = 0u32;
+    let mut last_unrouted = Instant::now() - opts.stats_interval();
+    let need = opts.confirm_timeout() + opts.lease() / 10;
+    let backoff =
+        |n: u32| shared::backoff::delay(n, Duration::from_millis(100), Duration::from_secs(5));
+
+    loop {
+        // Rows the broker confirmed must be marked before anything else; at shutdown, try for a while.
+        if !unmarked.is_empty() {
+            match store::mark_published(pool, &unmarked, retain).await {
+                Ok(()) => {
+                    internal_events::published(unmarked.len());
+                    unmarked.clear();
+                    db_failures = 0;
+                }
+                Err(e) => {
+                    db_failures += 1;
+                    set_ready(readiness, Some(false), None);
+                    tracing::warn!(error = %ErrorChain(&e), rows = unmarked.len(), "marking published rows failed; retrying");
+                    if shutdown.is_cancelled() && db_failures > 5 {
+                        tracing::warn!(
+                            rows = unmarked.len(),
+                            "giving up marking at shutdown: these rows will be published again"
+                        );
+                        break;
+                    }
+                    sleep_or_cancel(
+                        backoff(db_failures),
+                        if shutdown.is_cancelled() {
+                            None
+                        } else {
+                            Some(shutdown)
+                        },
+                    )
+                    .await;
+                    continue;
+                }
+            }
+        }
+        if shutdown.is_cancelled() {
+            break;
+        }
+        if let Err(e) = leases.release_surplus(pool).await {
+            tracing::warn!(error = %ErrorChain(&e), "releasing surplus partitions failed");
+        }
+        if let Err(e) = publisher.ensure_connected().await {
+            amqp_failures += 1;
+            set_ready(readiness, None, Some(false));
+            internal_events::reconnect("rabbitmq");
+            tracing::warn!(error = %ErrorChain(&e), attempt = amqp_failures, "RabbitMQ unavailable; retrying");
+            sleep_or_cancel(backoff(amqp_failures), Some(shutdown)).await;
+            continue;
+        }
+        amqp_failures = 0;
+        set_ready(readiness, None, Some(true));
+        if last_unrouted.elapsed() >= opts.stats_interval() {
+            last_unrouted = Instant::now();
+            if let Some(depth) = publisher.unrouted_depth().await {
+                internal_events::unrouted(depth);
+            }
+        }
+
+        let (partitions, lease_end) = leases.usable(need);
+        if partitions.is_empty() {
+            wait_for_work(wake, opts.poll_interval(), shutdown).await;
+            continue;
+        }
+        let batch = opts.batch_size as i64;
+        let per_partition = ((batch * 2) / partitions.len() as i64).clamp(8, batch);
+        let rows = match store::claim(pool, &leases.instance_id, &partitions, per_partition, batch)
+            .await
+        {
+            Ok(rows) => {
+                db_failures = 0;
+                set_ready(readiness, Some(true), None);
+                rows
+            }
+            Err(e) => {
+                db_failures += 1;
+                set_ready(readiness, Some(false), None);
+                internal_events::reconnect("postgres");
+                tracing::warn!(error = %ErrorChain(&e), attempt = db_failures, "claim failed; retrying");
+                sleep_or_cancel(backoff(db_failures), Some(shutdown)).await;
+                continue;
+            }
+        };
+        if rows.is_empty() {
+            wait_for_work(wake, opts.poll_interval(), shutdown).await;
+            continue;
+        }
+        internal_events::batch_claimed(rows.len());
+
+        // Send nothing whose confirm could arrive after the earliest lease end.
+        let send_until = lease_end - opts.confirm_timeout();
+        let outcome = publisher.publish_batch(&rows, send_until).await;
+        let now = chrono::Utc::now();
+        for (_, created_at) in &outcome.published {
+            internal_events::publish_latency((now - *created_at).to_std().unwrap_or_default());
+        }
+        let published: Vec<i64> = outcome.published.iter().map(|(seq, _)| *seq).collect();
+        let retried: Vec<i64> = rows
+            .iter()
+            .filter(|r| r.attempts > 0 && published.contains(&r.seq))
+            .map(|r| r.seq)
+            .collect();
+        unmarked = published;
+        match store::mark_published(pool, &unmarked, retain).await {
+            Ok(()) => {
+                internal_events::published(unmarked.len());
+                unmarked.clear();
+            }
+            Err(e) => {
+                tracing::warn!(error = %ErrorChain(&e), rows = unmarked.len(), "marking published rows failed; will retry");
+                continue;
+            }
+        }
+        if !retried.is_empty()
+            && let Err(e) = store::unblock_published(pool, &retried).await
+        {
+            tracing::warn!(error = %ErrorChain(&e), "unblocking partitions failed; they unblock when the backoff ends");
+        }
+        for (i, reason, error) in &outcome.failed {
+            let row = &rows[*i];
+            let attempt = (row.attempts + 1).max(1) as u32;
+            let retry_in = opts.retry_delay(attempt);
+            match store::record_failure(
+                pool,
+                row.seq,
+                row.partition,
+                error,
+                opts.max_attempts,
+                retry_in,
+            )
+            .await
+            {
+                Ok(store::FailedState::Dead) => {
+                    internal_events::rows_dead(1);
+                    tracing::error!(message_id = %row.id, seq = row.seq, %error, attempts = attempt, "row is dead after max attempts");
+                }
+                Ok(store::FailedState::Retry) => {
+                    tracing::warn!(message_id = %row.id, seq = row.seq, reason = reason.as_str(), %error, attempt, ?retry_in, "publish failed; partition held back until retry");
+                }
+                Err(e) => {
+                    // Not recorded: the row stays pending and is simply retried without a charge.
+                    tracing::warn!(error = %ErrorChain(&e), seq = row.seq, "recording a failed publish failed");
+                }
+            }
+        }
+        if outcome.link_error.is_some() {
+            set_ready(readiness, None, Some(false));
+            amqp_failures += 1;
+            sleep_or_cancel(backoff(amqp_failures), Some(shutdown)).await;
+        }
+    }
+}
+
+fn set_ready(readiness: &Readiness, postgres: Option<bool>, rabbitmq: Option<bool>) {
+    if let Some(p) = postgres {
+        readiness.set_postgres(p);
+    }
+    if let Some(r) = rabbitmq {
+        readiness.set_rabbitmq(r);
+    }
+    internal_events::ready(readiness.ready());
+}
+
+async fn wait_for_work(wake: &Notify, poll: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = wake.notified() => {}
+        _ = tokio::time::sleep(poll) => {}
+        _ = shutdown.cancelled() => {}
+    }
+}
+
+async fn sleep_or_cancel(d: Duration, shutdown: Option<&CancellationToken>) {
+    match shutdown {
+        Some(s) => {
+            tokio::select! {
+                _ = tokio::time::sleep(d) => {}
+                _ = s.cancelled() => {}
+            }
+        }
+        None => tokio::time::sleep(d).await,
+    }
+}
+
+async fn lease_loop(
+    pool: PgPool,
+    leases: Arc<Leases>,
+    wake: Arc<Notify>,
+    readiness: Arc<Readiness>,
+    lease: Duration,
+    stop: CancellationToken,
+) {
+    let period = lease / 4;
+    loop {
+        let before = leases.held_count();
+        match leases.tick(&pool).await {
+            Ok(()) => {
+                set_ready(&readiness, Some(true), None);
+                if leases.held_count() > before {
+                    wake.notify_one(); // new partitions may have a backlog
+                }
+            }
+            Err(e) => {
+                set_ready(&readiness, Some(false), None);
+                tracing::warn!(error = %ErrorChain(&e), "lease renewal failed; partitions are used only while the local lease view lasts");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn listen_loop(pool: PgPool, wake: Arc<Notify>, stop: CancellationToken) {
+    let mut failures = 0u32;
+    loop {
+        let result = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen("outbox").await?;
+            // Anything committed while we were not listening is found by this wake-up.
+            wake.notify_one();
+            loop {
+                // try_recv: Ok(None) means the connection was lost (and will be re-established).
+                match listener.try_recv().await? {
+                    Some(_) => wake.notify_one(),
+                    None => wake.notify_one(),
+                }
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        tokio::select! {
+            r = result => {
+                if let Err(e) = r {
+                    failures += 1;
+                    tracing::warn!(error = %ErrorChain(&e), "LISTEN connection failed; the poll covers until it is back");
+                }
+            }
+            _ = stop.cancelled() => return,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(shared::backoff::delay(failures.max(1), Duration::from_millis(200), Duration::from_secs(5))) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn stats_loop(pool: PgPool, every: Duration, stop: CancellationToken) {
+    loop {
+        match store::backlog(&pool).await {
+            Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
+            Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn retention_loop(pool: PgPool, retention: Duration, stop: CancellationToken) {
+    const BATCH: i64 = 5000;
+    loop {
+        loop {
+            match store::purge_published(&pool, retention, BATCH).await {
+                Ok(n) if n as i64 >= BATCH && !stop.is_cancelled() => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %ErrorChain(&e), "purging published rows failed");
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(10).min(retention)) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}

@@ -97,7 +97,9 @@ fn amqp_to_json(v: &AMQPValue) -> Value {
         AMQPValue::Float(f) => Number::from_f64(f64::from(*f)).map_or(Value::Null, Value::Number),
         AMQPValue::Double(f) => Number::from_f64(*f).map_or(Value::Null, Value::Number),
         AMQPValue::ShortString(s) => Value::String(s.as_str().to_string()),
-        AMQPValue::LongString(s) => Value::String(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::LongString(s) => {
+            Value::String(String::from_utf8_lossy(s.as_bytes()).into_owned())
+        }
         AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(amqp_to_json).collect()),
         AMQPValue::Timestamp(t) => Value::from(*t),
         AMQPValue::FieldTable(t) => Value::Object(headers_to_json(t)),
@@ -173,27 +175,50 @@ pub async fn declare_outbox_exchange(
     exchange: &str,
     alternate: bool,
 ) -> Result<(), lapin::Error> {
+    use lapin::ExchangeKind;
     use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
     use lapin::types::FieldTable;
-    use lapin::ExchangeKind;
     let ch = conn.create_channel().await?;
-    let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
     let mut args = FieldTable::default();
     if alternate {
         let ae = unrouted_name(exchange);
-        ch.exchange_declare(ae.as_str().into(), ExchangeKind::Fanout, durable, FieldTable::default())
-            .await?;
-        ch.queue_declare(
+        ch.exchange_declare(
             ae.as_str().into(),
-            QueueDeclareOptions { durable: true, ..Default::default() },
+            ExchangeKind::Fanout,
+            durable,
             FieldTable::default(),
         )
         .await?;
-        ch.queue_bind(ae.as_str().into(), ae.as_str().into(), "".into(), QueueBindOptions::default(), FieldTable::default())
-            .await?;
-        args.insert("alternate-exchange".into(), AMQPValue::LongString(ae.as_str().into()));
+        ch.queue_declare(
+            ae.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_bind(
+            ae.as_str().into(),
+            ae.as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+        args.insert(
+            "alternate-exchange".into(),
+            AMQPValue::LongString(ae.as_str().into()),
+        );
     }
-    match ch.exchange_declare(exchange.into(), ExchangeKind::Topic, durable, args).await {
+    match ch
+        .exchange_declare(exchange.into(), ExchangeKind::Topic, durable, args)
+        .await
+    {
         Ok(()) => {
             let _ = ch.close(200, "declared".into()).await;
             Ok(())
@@ -205,7 +230,10 @@ pub async fn declare_outbox_exchange(
             ch.exchange_declare(
                 exchange.into(),
                 ExchangeKind::Topic,
-                ExchangeDeclareOptions { passive: true, ..Default::default() },
+                ExchangeDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
                 FieldTable::default(),
             )
             .await?;

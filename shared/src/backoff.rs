@@ -6,7 +6,10 @@ use std::time::Duration;
 
 /// Delay before retry number `attempt` (1-based).
 pub fn delay(attempt: u32, base: Duration, max: Duration) -> Duration {
-    let exp = base.saturating_mul(1u32.checked_shl(attempt.saturating_sub(1).min(30)).unwrap_or(u32::MAX));
+    let exp = base.saturating_mul(
+        1u32.checked_shl(attempt.saturating_sub(1).min(30))
+            .unwrap_or(u32::MAX),
+    );
     let cap = exp.min(max);
     let floor = cap / 10;
     let span = cap.saturating_sub(floor);

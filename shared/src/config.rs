@@ -6,10 +6,18 @@ use std::net::SocketAddr;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Connections {
     /// PostgreSQL connection string.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
     pub database_url: String,
     /// RabbitMQ connection string. A `heartbeat` query parameter is added when missing.
-    #[arg(long, env = "AMQP_URL", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
     pub amqp_url: String,
     /// The topic exchange events are published to.
     #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox.events")]

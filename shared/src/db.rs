@@ -63,7 +63,11 @@ pub async fn connect_and_migrate(
             Err(e) if start.elapsed() >= deadline => return Err(e),
             Err(e) => {
                 attempt += 1;
-                let delay = crate::backoff::delay(attempt, Duration::from_millis(200), Duration::from_secs(5));
+                let delay = crate::backoff::delay(
+                    attempt,
+                    Duration::from_millis(200),
+                    Duration::from_secs(5),
+                );
                 tracing::warn!(error = %crate::telemetry::ErrorChain(&e), ?delay, "PostgreSQL not ready, retrying");
                 tokio::time::sleep(delay).await;
             }

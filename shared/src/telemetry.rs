@@ -18,10 +18,13 @@ use tokio_util::sync::CancellationToken;
 
 /// Buckets (seconds) for every latency histogram: sub-millisecond to a minute.
 pub const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
 ];
 /// Buckets for batch-size histograms.
-pub const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0];
+pub const SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
+];
 
 /// Installs the global tracing subscriber once; later calls are no-ops (tests run many components
 /// in one process).
@@ -31,9 +34,15 @@ pub fn init_logging() {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
         let json = std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
         let _ = if json {
-            builder.json().flatten_event(true).with_current_span(true).try_init()
+            builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .try_init()
         } else {
             builder.try_init()
         };
@@ -47,7 +56,9 @@ pub fn metrics_handle() -> PrometheusHandle {
         .get_or_init(|| {
             let builder = PrometheusBuilder::new()
                 .set_buckets(LATENCY_BUCKETS)
-                .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("batch_size".into()), SIZE_BUCKETS))
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("batch_size".into()), SIZE_BUCKETS)
+                })
                 .expect("static buckets are valid");
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
@@ -115,12 +126,18 @@ pub fn ops_router(readiness: Arc<Readiness>) -> Router {
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
-        .with_state(OpsState { handle: metrics_handle(), readiness })
+        .with_state(OpsState {
+            handle: metrics_handle(),
+            readiness,
+        })
 }
 
 async fn render_metrics(State(s): State<OpsState>) -> impl IntoResponse {
     (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
         s.handle.render(),
     )
 }
@@ -131,8 +148,16 @@ async fn ready(State(s): State<OpsState>) -> impl IntoResponse {
         "rabbitmq": s.readiness.rabbitmq(),
     })
     .to_string();
-    let status = if s.readiness.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, [(axum::http::header::CONTENT_TYPE, "application/json")], body)
+    let status = if s.readiness.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
 }
 
 /// Binds `addr` and serves the ops routes until `shutdown`. Returns the bound address (port 0 works).

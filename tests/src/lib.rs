@@ -18,17 +18,22 @@ use tokio_util::sync::CancellationToken;
 
 /// Admin connection string (database `test` always exists).
 pub fn admin_url() -> String {
-    std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 /// RabbitMQ connection string.
 pub fn amqp_url() -> String {
-    std::env::var("TEST_AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+    std::env::var("TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 /// A short random name with a prefix, safe for databases, exchanges and queues.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", uuid::Uuid::new_v4().simple().to_string().get(..12).unwrap())
+    format!(
+        "{prefix}_{}",
+        uuid::Uuid::new_v4().simple().to_string().get(..12).unwrap()
+    )
 }
 
 /// Initialises logging for tests (RUST_LOG decides; default warnings only).
@@ -53,13 +58,17 @@ impl TestDb {
         init_logging();
         let name = unique("t");
         let admin = admin_url();
-        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await.expect("connect admin db");
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+            .await
+            .expect("connect admin db");
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut conn)
             .await
             .expect("create test database");
         let url = replace_db(&admin, &name);
-        let pool = shared::db::connect(&url, 10, "tests").await.expect("connect test db");
+        let pool = shared::db::connect(&url, 10, "tests")
+            .await
+            .expect("connect test db");
         shared::db::migrate(&pool).await.expect("migrate test db");
         Self { name, url, pool }
     }
@@ -83,13 +92,20 @@ impl Drop for TestDb {
         let admin = admin_url();
         let pool = self.pool.clone();
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
                 pool.close().await;
-                if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await {
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-                        .execute(&mut conn)
-                        .await;
+                if let Ok(mut conn) =
+                    <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await
+                {
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .execute(&mut conn)
+                    .await;
                 }
             });
         })
@@ -112,7 +128,11 @@ impl Default for TestBroker {
 
 impl TestBroker {
     pub fn new() -> Self {
-        Self { url: amqp_url(), exchanges: Mutex::new(Vec::new()), queues: Mutex::new(Vec::new()) }
+        Self {
+            url: amqp_url(),
+            exchanges: Mutex::new(Vec::new()),
+            queues: Mutex::new(Vec::new()),
+        }
     }
     /// A fresh exchange name, remembered for deletion.
     pub fn exchange(&self, prefix: &str) -> String {
@@ -135,7 +155,9 @@ impl TestBroker {
         self.queues.lock().unwrap().push(name.to_string());
     }
     pub async fn connect(&self) -> lapin::Connection {
-        shared::amqp::connect(&self.url, "tests").await.expect("connect to RabbitMQ")
+        shared::amqp::connect(&self.url, "tests")
+            .await
+            .expect("connect to RabbitMQ")
     }
 }
 
@@ -145,17 +167,26 @@ impl Drop for TestBroker {
         let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
         let queues = std::mem::take(&mut *self.queues.lock().unwrap());
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
-                let Ok(conn) = shared::amqp::connect(&url, "tests-cleanup").await else { return };
+                let Ok(conn) = shared::amqp::connect(&url, "tests-cleanup").await else {
+                    return;
+                };
                 for q in queues {
                     if let Ok(ch) = conn.create_channel().await {
-                        let _ = ch.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await;
+                        let _ = ch
+                            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                            .await;
                     }
                 }
                 for e in exchanges {
                     if let Ok(ch) = conn.create_channel().await {
-                        let _ = ch.exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default()).await;
+                        let _ = ch
+                            .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
+                            .await;
                     }
                 }
                 let _ = conn.close(200, "bye".into()).await;
@@ -206,7 +237,9 @@ impl TcpProxy {
                 let cut = g.lock().unwrap().clone();
                 let m = m.clone();
                 tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(target).await else { return };
+                    let Ok(server) = TcpStream::connect(target).await else {
+                        return;
+                    };
                     let (mut cr, mut cw) = client.into_split();
                     let (mut sr, mut sw) = server.into_split();
                     let m2 = m.clone();
@@ -220,7 +253,12 @@ impl TcpProxy {
                 });
             }
         });
-        Self { addr, mode, generation, stop }
+        Self {
+            addr,
+            mode,
+            generation,
+            stop,
+        }
     }
 
     pub fn set_mode(&self, mode: ProxyMode) {
@@ -298,4 +336,151 @@ where
 pub fn free_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
+}
+
+impl TestDb {
+    /// A fresh database without migrations (to test that binaries migrate it, concurrently).
+    pub async fn new_unmigrated() -> Self {
+        init_logging();
+        let name = unique("t");
+        let admin = admin_url();
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+            .await
+            .expect("connect admin db");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        let url = replace_db(&admin, &name);
+        let pool = shared::db::connect(&url, 10, "tests")
+            .await
+            .expect("connect test db");
+        Self { name, url, pool }
+    }
+}
+
+/// A message as a test queue received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub message_id: String,
+    pub routing_key: String,
+    pub properties: lapin::BasicProperties,
+    pub body: serde_json::Value,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<String> {
+        let h = self.properties.headers().as_ref()?;
+        shared::amqp::header_str(h, name).map(|c| c.into_owned())
+    }
+}
+
+/// Declares `queue` (classic, non-durable) bound to `exchange` with `keys`, and returns a stream
+/// of everything it receives, acked on receipt.
+pub async fn collect_queue(
+    conn: &lapin::Connection,
+    exchange: &str,
+    queue: &str,
+    keys: &[&str],
+) -> tokio::sync::mpsc::UnboundedReceiver<Received> {
+    use futures::StreamExt;
+    use lapin::options::*;
+    use lapin::types::FieldTable;
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    for k in keys {
+        ch.queue_bind(
+            queue.into(),
+            exchange.into(),
+            (*k).into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    }
+    ch.basic_qos(1000, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = ch
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let _keep = ch;
+        while let Some(Ok(d)) = consumer.next().await {
+            let r = Received {
+                message_id: d
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|m| m.as_str().to_string())
+                    .unwrap_or_default(),
+                routing_key: d.routing_key.as_str().to_string(),
+                body: serde_json::from_slice(&d.data).unwrap_or(serde_json::Value::Null),
+                properties: d.properties.clone(),
+            };
+            if tx.send(r).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Receives until `n` messages arrived, or panics after `timeout`.
+pub async fn receive_n(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>,
+    n: usize,
+    timeout: Duration,
+) -> Vec<Received> {
+    let mut out = Vec::with_capacity(n);
+    let deadline = tokio::time::Instant::now() + timeout;
+    while out.len() < n {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(r)) => out.push(r),
+            Ok(None) => panic!("queue consumer ended after {} of {n} messages", out.len()),
+            Err(_) => panic!(
+                "timed out after {timeout:?} with {} of {n} messages",
+                out.len()
+            ),
+        }
+    }
+    out
+}
+
+/// Everything already delivered, without waiting for more than `quiet`.
+pub async fn drain(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>,
+    quiet: Duration,
+) -> Vec<Received> {
+    let mut out = Vec::new();
+    while let Ok(Some(r)) = tokio::time::timeout(quiet, rx.recv()).await {
+        out.push(r);
+    }
+    out
+}
+
+/// Number of rows still in the outbox with the given state.
+pub async fn outbox_count(pool: &PgPool, state: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = $1")
+        .bind(state)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }

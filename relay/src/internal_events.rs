@@ -1,0 +1,123 @@
+//! Every metric the relay emits, in one place, with fixed label sets.
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+use std::time::Duration;
+
+/// Why a publish did not count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureReason {
+    /// The broker nacked the message.
+    Nack,
+    /// The message was returned as unroutable (mandatory, no alternate exchange).
+    Unroutable,
+    /// No confirm within the confirm timeout.
+    ConfirmTimeout,
+    /// The connection or channel failed with the publish unconfirmed.
+    Connection,
+}
+
+impl FailureReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::Nack => "nack",
+            FailureReason::Unroutable => "unroutable",
+            FailureReason::ConfirmTimeout => "confirm_timeout",
+            FailureReason::Connection => "connection",
+        }
+    }
+    /// Whether the failure is the message's own (counts toward max attempts) rather than the link's.
+    pub fn charged_to_message(self) -> bool {
+        matches!(self, FailureReason::Nack | FailureReason::Unroutable)
+    }
+}
+
+pub fn describe() {
+    describe_gauge!(
+        "outbox_pending_messages",
+        "Outbox rows waiting to be published"
+    );
+    describe_gauge!(
+        "outbox_oldest_pending_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest pending outbox row"
+    );
+    describe_gauge!(
+        "outbox_dead_messages",
+        "Outbox rows that exhausted their attempts"
+    );
+    describe_gauge!(
+        "relay_unrouted_messages",
+        "Messages waiting in the alternate-exchange queue (no binding matched)"
+    );
+    describe_gauge!(
+        "relay_owned_partitions",
+        "Outbox partitions this relay holds a lease on"
+    );
+    describe_gauge!("relay_ready", "1 when connected to PostgreSQL and RabbitMQ");
+    describe_counter!(
+        "relay_published_total",
+        "Rows confirmed by the broker and marked published"
+    );
+    describe_counter!(
+        "relay_publish_failures_total",
+        "Publishes that did not count, by reason"
+    );
+    describe_counter!(
+        "relay_dead_total",
+        "Rows that became dead after max attempts"
+    );
+    describe_counter!(
+        "relay_reconnects_total",
+        "Reconnections to a dependency, by target"
+    );
+    describe_histogram!(
+        "relay_publish_latency_seconds",
+        Unit::Seconds,
+        "Outbox insert to broker confirm"
+    );
+    describe_histogram!("relay_batch_size", "Rows per claimed batch");
+}
+
+pub fn published(count: usize) {
+    counter!("relay_published_total").increment(count as u64);
+}
+
+pub fn publish_latency(latency: Duration) {
+    histogram!("relay_publish_latency_seconds").record(latency.as_secs_f64());
+}
+
+pub fn publish_failed(reason: FailureReason, count: usize) {
+    counter!("relay_publish_failures_total", "reason" => reason.as_str()).increment(count as u64);
+}
+
+pub fn rows_dead(count: usize) {
+    counter!("relay_dead_total").increment(count as u64);
+}
+
+pub fn batch_claimed(size: usize) {
+    histogram!("relay_batch_size").record(size as f64);
+}
+
+pub fn reconnect(target: &'static str) {
+    counter!("relay_reconnects_total", "target" => target).increment(1);
+}
+
+pub fn owned_partitions(n: usize) {
+    gauge!("relay_owned_partitions").set(n as f64);
+}
+
+pub fn ready(ready: bool) {
+    gauge!("relay_ready").set(if ready { 1.0 } else { 0.0 });
+}
+
+pub fn backlog(pending: i64, oldest_age: Duration, dead: i64) {
+    gauge!("outbox_pending_messages").set(pending as f64);
+    gauge!("outbox_oldest_pending_age_seconds").set(oldest_age.as_secs_f64());
+    gauge!("outbox_dead_messages").set(dead as f64);
+}
+
+pub fn unrouted(count: u32) {
+    gauge!("relay_unrouted_messages").set(f64::from(count));
+}

@@ -1,0 +1,201 @@
+//! Partition leases: which of the 64 outbox partitions this relay may publish.
+//!
+//! Each relay heartbeats in `relay_instances`, renews the leases it holds, and aims to hold its fair
+//! share (`ceil(64 / live relays)`): it takes free or expired partitions when it holds fewer, and
+//! gives back the surplus when it holds more, at a safe point between batches. A relay that dies
+//! stops renewing; after the lease its partitions are expired and the others take them.
+//!
+//! A relay uses a partition only while its own (local, monotonic) view of the lease has at least a
+//! confirm timeout left, and that view ends before the database's `lease_until`: two relays never
+//! publish one partition at the same time unless the clocks lie or a pause outlasts the lease.
+
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+pub const PARTITIONS: i64 = 64;
+
+/// The leases this relay holds, as seen locally.
+#[derive(Debug)]
+pub struct Leases {
+    pub instance_id: String,
+    lease: Duration,
+    /// Partition -> local instant until which it may be used.
+    held: Mutex<BTreeMap<i16, Instant>>,
+    /// How many partitions to give back at the next safe point.
+    surplus: Mutex<usize>,
+}
+
+impl Leases {
+    pub fn new(instance_id: String, lease: Duration) -> Self {
+        Self {
+            instance_id,
+            lease,
+            held: Mutex::new(BTreeMap::new()),
+            surplus: Mutex::new(0),
+        }
+    }
+
+    /// Partitions usable for a batch that may take up to `need` (confirm timeout plus margin), and
+    /// the earliest local lease end among them.
+    pub fn usable(&self, need: Duration) -> (Vec<i16>, Instant) {
+        let now = Instant::now();
+        let held = self.held.lock().unwrap();
+        let mut earliest = now + self.lease;
+        let parts = held
+            .iter()
+            .filter(|(_, until)| **until > now + need)
+            .map(|(p, until)| {
+                earliest = earliest.min(*until);
+                *p
+            })
+            .collect();
+        (parts, earliest)
+    }
+
+    pub fn held_count(&self) -> usize {
+        self.held.lock().unwrap().len()
+    }
+
+    fn margin(&self) -> Duration {
+        (self.lease / 5).min(Duration::from_secs(1))
+    }
+
+    /// One heartbeat: register, renew, rebalance. Called every lease/4.
+    pub async fn tick(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        let started = Instant::now();
+        let lease_secs = self.lease.as_secs_f64();
+        sqlx::query(
+            "INSERT INTO relay_instances (instance_id, hostname) VALUES ($1, $2) \
+             ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()",
+        )
+        .bind(&self.instance_id)
+        .bind(hostname())
+        .execute(pool)
+        .await?;
+        let live: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM relay_instances WHERE heartbeat_at > now() - make_interval(secs => $1)",
+        )
+        .bind(lease_secs)
+        .fetch_one(pool)
+        .await?;
+        let fair = (PARTITIONS + live.max(1) - 1) / live.max(1);
+
+        let mut renewed: Vec<i16> = sqlx::query_scalar(
+            "UPDATE relay_partitions SET lease_until = now() + make_interval(secs => $2) \
+             WHERE owner = $1 RETURNING partition",
+        )
+        .bind(&self.instance_id)
+        .bind(lease_secs)
+        .fetch_all(pool)
+        .await?;
+        let missing = fair - renewed.len() as i64;
+        if missing > 0 {
+            let taken: Vec<i16> = sqlx::query_scalar(
+                "UPDATE relay_partitions SET owner = $1, lease_until = now() + make_interval(secs => $2) \
+                 WHERE partition IN ( \
+                     SELECT partition FROM relay_partitions \
+                     WHERE owner IS NULL OR lease_until < now() \
+                     ORDER BY partition LIMIT $3 FOR UPDATE SKIP LOCKED) \
+                 RETURNING partition",
+            )
+            .bind(&self.instance_id)
+            .bind(lease_secs)
+            .bind(missing)
+            .fetch_all(pool)
+            .await?;
+            if !taken.is_empty() {
+                tracing::info!(partitions = ?taken, "took over partitions");
+            }
+            renewed.extend(taken);
+        }
+        let valid_until = started + self.lease - self.margin();
+        {
+            let mut held = self.held.lock().unwrap();
+            held.clear();
+            for p in &renewed {
+                held.insert(*p, valid_until);
+            }
+        }
+        *self.surplus.lock().unwrap() = (renewed.len() as i64 - fair).max(0) as usize;
+        crate::internal_events::owned_partitions(renewed.len());
+        // Forget relays gone for long (their partitions expired long ago).
+        sqlx::query(
+            "DELETE FROM relay_instances WHERE heartbeat_at < now() - make_interval(secs => $1 * 10)",
+        )
+        .bind(lease_secs)
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Gives back the surplus partitions. Call only at a safe point: nothing published unmarked.
+    pub async fn release_surplus(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        let n = std::mem::take(&mut *self.surplus.lock().unwrap());
+        if n == 0 {
+            return Ok(());
+        }
+        let give: Vec<i16> = self
+            .held
+            .lock()
+            .unwrap()
+            .keys()
+            .rev()
+            .take(n)
+            .copied()
+            .collect();
+        self.release(pool, &give).await?;
+        tracing::info!(partitions = ?give, "gave partitions back for rebalancing");
+        Ok(())
+    }
+
+    /// Releases partitions (or all of them, at shutdown) so another relay can take them at once.
+    pub async fn release(&self, pool: &PgPool, partitions: &[i16]) -> Result<(), sqlx::Error> {
+        {
+            let mut held = self.held.lock().unwrap();
+            for p in partitions {
+                held.remove(p);
+            }
+        }
+        sqlx::query(
+            "UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity' \
+             WHERE owner = $1 AND partition = ANY($2)",
+        )
+        .bind(&self.instance_id)
+        .bind(partitions)
+        .execute(pool)
+        .await?;
+        crate::internal_events::owned_partitions(self.held_count());
+        Ok(())
+    }
+
+    /// At shutdown: give everything back and leave the instance list.
+    pub async fn release_all(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        self.held.lock().unwrap().clear();
+        sqlx::query(
+            "UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity' WHERE owner = $1",
+        )
+        .bind(&self.instance_id)
+        .execute(pool)
+        .await?;
+        sqlx::query("DELETE FROM relay_instances WHERE instance_id = $1")
+            .bind(&self.instance_id)
+            .execute(pool)
+            .await?;
+        crate::internal_events::owned_partitions(0);
+        Ok(())
+    }
+
+    /// Drops the local view (the database is unreachable: we cannot know we still hold anything).
+    pub fn forget(&self) {
+        self.held.lock().unwrap().clear();
+    }
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}

@@ -1,0 +1,84 @@
+//! `relay`: publishes committed outbox rows to RabbitMQ. See `relay --help`.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use relay::RelayConfig;
+use uuid::Uuid;
+
+/// Publishes committed outbox rows to RabbitMQ at least once, in order per aggregate.
+#[derive(Debug, Parser)]
+#[command(name = "relay", version, about)]
+struct Cli {
+    #[command(flatten)]
+    config: RelayConfig,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Publish outbox rows until SIGTERM/SIGINT (the default).
+    Run,
+    /// Apply the database migrations and exit.
+    Migrate,
+    /// Inspect and requeue dead rows (rows that exhausted their attempts).
+    Dead {
+        #[command(subcommand)]
+        command: DeadCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DeadCommand {
+    /// List dead rows with their last error.
+    List {
+        /// Show at most this many rows.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Put dead rows back to pending with fresh attempts.
+    Requeue {
+        /// Message ids (outbox.id) to requeue.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<Uuid>,
+        /// Requeue every dead row.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    shared::telemetry::init_logging();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => {
+            let shutdown = shared::shutdown::on_signal();
+            relay::run(cli.config, shutdown).await?;
+        }
+        Command::Migrate => {
+            let pool =
+                shared::db::connect(&cli.config.connections.database_url, 1, "relay-migrate")
+                    .await?;
+            shared::db::migrate(&pool).await?;
+            println!("migrations applied");
+        }
+        Command::Dead { command } => {
+            let pool = shared::db::connect(&cli.config.connections.database_url, 1, "relay-dead")
+                .await
+                .context("connecting to PostgreSQL")?;
+            shared::db::migrate(&pool).await?;
+            match command {
+                DeadCommand::List { limit } => {
+                    relay::dead::list(&pool, limit, &mut std::io::stdout()).await?;
+                }
+                DeadCommand::Requeue { ids, all } => {
+                    let n =
+                        relay::dead::requeue(&pool, if all { None } else { Some(&ids) }).await?;
+                    println!("{n} row(s) requeued");
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,276 @@
+//! The relay's SQL, one small function per intent. No transaction is held open across a broker wait:
+//! the claim is a plain read (partition ownership is the lock), the mark one statement.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+use sqlx::types::Json;
+use sqlx::{PgPool, Row};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// A claimed outbox row, ready to publish.
+#[derive(Debug, Clone)]
+pub struct OutboxRow {
+    pub seq: i64,
+    pub id: Uuid,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// The payload as JSON text, sent as is.
+    pub payload: String,
+    pub headers: Map<String, Value>,
+    pub created_at: DateTime<Utc>,
+    pub attempts: i32,
+    pub partition: i16,
+}
+
+/// The head of each owned, unblocked partition in seq order: at most `per_partition` rows of each,
+/// at most `limit` in all (the lowest seqs, so every partition keeps a prefix).
+pub async fn claim(
+    pool: &PgPool,
+    owner: &str,
+    partitions: &[i16],
+    per_partition: i64,
+    limit: i64,
+) -> Result<Vec<OutboxRow>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload, \
+                o.headers, o.created_at, o.attempts, o.partition \
+         FROM relay_partitions rp \
+         CROSS JOIN LATERAL ( \
+             SELECT * FROM outbox o \
+             WHERE o.partition = rp.partition AND o.state = 'pending' \
+             ORDER BY o.seq LIMIT $3 \
+         ) o \
+         WHERE rp.partition = ANY($1) AND rp.owner = $2 \
+           AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \
+         ORDER BY o.seq LIMIT $4",
+    )
+    .bind(partitions)
+    .bind(owner)
+    .bind(per_partition)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(OutboxRow {
+                seq: r.try_get("seq")?,
+                id: r.try_get("id")?,
+                aggregate_type: r.try_get("aggregate_type")?,
+                aggregate_id: r.try_get("aggregate_id")?,
+                event_type: r.try_get("event_type")?,
+                payload: r.try_get("payload")?,
+                headers: r.try_get::<Json<Map<String, Value>>, _>("headers")?.0,
+                created_at: r.try_get("created_at")?,
+                attempts: r.try_get("attempts")?,
+                partition: r.try_get("partition")?,
+            })
+        })
+        .collect()
+}
+
+/// Marks confirmed rows: deletes them, or keeps them as `published` when a retention is set.
+pub async fn mark_published(pool: &PgPool, seqs: &[i64], retain: bool) -> Result<(), sqlx::Error> {
+    if seqs.is_empty() {
+        return Ok(());
+    }
+    if retain {
+        sqlx::query(
+            "UPDATE outbox SET state = 'published', published_at = now() \
+             WHERE seq = ANY($1) AND state = 'pending'",
+        )
+        .bind(seqs)
+        .execute(pool)
+        .await?;
+    } else {
+        sqlx::query("DELETE FROM outbox WHERE seq = ANY($1)")
+            .bind(seqs)
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Unblocks partitions whose blocking row has now been published.
+pub async fn unblock_published(pool: &PgPool, seqs: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE relay_partitions SET blocked_until = NULL, blocked_seq = NULL WHERE blocked_seq = ANY($1)",
+    )
+    .bind(seqs)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// What became of a failed row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailedState {
+    /// Will be retried after the partition's block.
+    Retry,
+    /// Exhausted max attempts.
+    Dead,
+}
+
+/// Records a failed attempt on one row, and blocks its partition until `retry_in` has passed
+/// (or unblocks it if the row is now dead, so the rest of the partition moves on).
+pub async fn record_failure(
+    pool: &PgPool,
+    seq: i64,
+    partition: i16,
+    error: &str,
+    max_attempts: u32,
+    retry_in: Duration,
+) -> Result<FailedState, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let state: Option<String> = sqlx::query_scalar(
+        "UPDATE outbox SET attempts = attempts + 1, last_error = $2, last_attempt_at = now(), \
+                state = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' END \
+         WHERE seq = $1 AND state = 'pending' RETURNING state",
+    )
+    .bind(seq)
+    .bind(error)
+    .bind(max_attempts as i32)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let failed = match state.as_deref() {
+        Some("dead") => FailedState::Dead,
+        _ => FailedState::Retry,
+    };
+    match failed {
+        FailedState::Retry => {
+            sqlx::query(
+                "UPDATE relay_partitions \
+                 SET blocked_until = now() + make_interval(secs => $2), blocked_seq = $3 \
+                 WHERE partition = $1",
+            )
+            .bind(partition)
+            .bind(retry_in.as_secs_f64())
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
+        }
+        FailedState::Dead => {
+            sqlx::query(
+                "UPDATE relay_partitions SET blocked_until = NULL, blocked_seq = NULL \
+                 WHERE partition = $1 AND blocked_seq = $2",
+            )
+            .bind(partition)
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(failed)
+}
+
+/// Deletes published rows older than the retention, at most `batch` rows per call.
+pub async fn purge_published(
+    pool: &PgPool,
+    older_than: Duration,
+    batch: i64,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM outbox WHERE seq IN ( \
+             SELECT seq FROM outbox \
+             WHERE state = 'published' AND published_at < now() - make_interval(secs => $1) \
+             LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(older_than.as_secs_f64())
+    .bind(batch)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Backlog figures for the gauges.
+#[derive(Debug, Clone, Copy)]
+pub struct Backlog {
+    pub pending: i64,
+    pub oldest_age: Duration,
+    pub dead: i64,
+}
+
+/// Counts pending and dead rows; the oldest pending age comes from the head of each partition
+/// (64 index probes), not from a scan.
+pub async fn backlog(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT (SELECT count(*) FROM outbox WHERE state = 'pending') AS pending, \
+                (SELECT count(*) FROM outbox WHERE state = 'dead') AS dead, \
+                (SELECT extract(epoch FROM now() - min(h.created_at))::float8 FROM generate_series(0, 63) p \
+                 CROSS JOIN LATERAL (SELECT created_at FROM outbox o \
+                     WHERE o.partition = p AND o.state = 'pending' ORDER BY o.seq LIMIT 1) h) AS oldest",
+    )
+    .fetch_one(pool)
+    .await?;
+    let oldest: Option<f64> = row.try_get("oldest")?;
+    Ok(Backlog {
+        pending: row.try_get("pending")?,
+        dead: row.try_get("dead")?,
+        oldest_age: Duration::from_secs_f64(oldest.unwrap_or(0.0).max(0.0)),
+    })
+}
+
+/// A dead row, as `relay dead list` shows it.
+#[derive(Debug, Clone)]
+pub struct DeadRow {
+    pub seq: i64,
+    pub id: Uuid,
+    pub event_type: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub last_attempt_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+pub async fn dead_rows(pool: &PgPool, limit: i64) -> Result<Vec<DeadRow>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT seq, id, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, created_at \
+         FROM outbox WHERE state = 'dead' ORDER BY seq LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(DeadRow {
+                seq: r.try_get("seq")?,
+                id: r.try_get("id")?,
+                event_type: r.try_get("event_type")?,
+                aggregate_type: r.try_get("aggregate_type")?,
+                aggregate_id: r.try_get("aggregate_id")?,
+                attempts: r.try_get("attempts")?,
+                last_error: r.try_get("last_error")?,
+                last_attempt_at: r.try_get("last_attempt_at")?,
+                created_at: r.try_get("created_at")?,
+            })
+        })
+        .collect()
+}
+
+/// Puts dead rows back to pending with fresh attempts (all of them when `ids` is `None`) and wakes
+/// the relays. Returns how many rows were requeued.
+pub async fn requeue_dead(pool: &PgPool, ids: Option<&[Uuid]>) -> Result<u64, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let done = match ids {
+        Some(ids) => {
+            sqlx::query("UPDATE outbox SET state = 'pending', attempts = 0 WHERE state = 'dead' AND id = ANY($1)")
+                .bind(ids)
+                .execute(&mut *tx)
+                .await?
+        }
+        None => {
+            sqlx::query("UPDATE outbox SET state = 'pending', attempts = 0 WHERE state = 'dead'")
+                .execute(&mut *tx)
+                .await?
+        }
+    };
+    sqlx::query("SELECT pg_notify('outbox', '')")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(done.rows_affected())
+}
