@@ -1,1 +1,73 @@
-//! producer
+//! The producer: an HTTP API that places orders and requests payments. Each successful POST
+//! writes its business rows, its outbox event and the final state of its idempotency record in one
+//! PostgreSQL transaction; the relay publishes the events.
+//!
+//! A short tour:
+//! - [`http`]: the router ([`app`]), middleware, fallbacks and the server ([`start`], [`run`]).
+//! - [`orders`], [`payments`]: the handlers, request and response types.
+//! - [`idempotency`]: Idempotency-Key rules, fingerprints, reservation before the effect, fenced
+//!   completion, release on failure, replay, expiry and purge.
+//! - [`validation`]: strict parsing of request bodies (field errors as `{"errors": [...]}`).
+//! - [`auth`]: bearer API keys mapped to tenants, stored hashed; key creation.
+//! - [`error`]: [`ApiError`] and the only error body shapes.
+//! - [`trace_context`]: the W3C `traceparent` put on every event.
+//! - [`internal_events`]: every metric in one place.
+//! - [`openapi`]: the OpenAPI document served at `/openapi.json`.
+//! - [`config`], [`state`]: configuration, settings, the shared state with its injectable clock and
+//!   fault hook.
+
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod idempotency;
+pub mod internal_events;
+pub mod openapi;
+pub mod orders;
+pub mod payments;
+pub mod state;
+pub mod trace_context;
+pub mod validation;
+
+pub use config::{Config, Settings};
+pub use error::ApiError;
+pub use http::{Server, app, start};
+pub use state::{AppState, Clock, FaultHook, InjectedFault, ManualClock, Stage};
+
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Why the producer could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    #[error(transparent)]
+    Database(#[from] shared::db::DbError),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("HTTP server failed")]
+    Serve(#[source] std::io::Error),
+    #[error("HTTP server task failed")]
+    Join(#[source] tokio::task::JoinError),
+}
+
+/// Connects (retrying until the deadline), applies the migrations, and serves until `shutdown`.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), ProducerError> {
+    let pool = shared::db::connect_and_migrate(
+        &config.database_url,
+        config.db_max_connections,
+        "producer",
+        Duration::from_secs(config.db_connect_deadline_secs),
+    )
+    .await?;
+    let state = AppState::new(pool.clone(), config.settings());
+    let server = start(state, config.listen_addr, shutdown).await?;
+    tracing::info!(addr = %server.local_addr(), "producer API listening");
+    let result = server.wait().await;
+    pool.close().await;
+    result
+}

@@ -1,0 +1,95 @@
+//! Configuration: flags with env var fallbacks ([`Config`]) and the runtime knobs derived from them
+//! ([`Settings`]), which tests build directly.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Everything `producer` (the binary) takes, as flags or env vars.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Config {
+    /// Address the HTTP API (and /metrics, /healthz, /readyz, /openapi.json) listens on.
+    #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:8080")]
+    pub listen_addr: SocketAddr,
+    /// PostgreSQL connection string.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    pub database_url: String,
+    /// Size of the PostgreSQL connection pool.
+    #[arg(long, env = "DB_MAX_CONNECTIONS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(2..=200))]
+    pub db_max_connections: u32,
+    /// How long to keep retrying to connect and migrate at start, in seconds.
+    #[arg(long, env = "DB_CONNECT_DEADLINE_SECS", default_value_t = 60)]
+    pub db_connect_deadline_secs: u64,
+    /// How long an idempotency key is kept, in seconds; afterwards the same key counts as new.
+    #[arg(long, env = "IDEMPOTENCY_TTL_SECS", default_value_t = 86_400,
+          value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
+    pub idempotency_ttl_secs: u64,
+    /// Lease of a processing record, in seconds: after it, a retry with the same key takes the
+    /// record over (the holder is presumed dead). Longer than any request may take.
+    #[arg(long, env = "IDEMPOTENCY_LEASE_SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub idempotency_lease_secs: u64,
+    /// Largest accepted request body in bytes; larger ones get 413.
+    #[arg(long, env = "BODY_LIMIT_BYTES", default_value_t = 65_536)]
+    pub body_limit_bytes: usize,
+    /// Seconds between two runs of the purge of expired idempotency records.
+    #[arg(long, env = "PURGE_INTERVAL_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub purge_interval_secs: u64,
+    /// Records deleted per purge statement (bounded batches keep locks and WAL bursts small).
+    #[arg(long, env = "PURGE_BATCH_SIZE", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub purge_batch_size: u32,
+}
+
+impl Config {
+    /// The runtime settings this configuration asks for.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            idempotency_ttl: Duration::from_secs(self.idempotency_ttl_secs),
+            lease: Duration::from_secs(self.idempotency_lease_secs),
+            body_limit: self.body_limit_bytes,
+            purge_interval: Some(Duration::from_secs(self.purge_interval_secs)),
+            purge_batch_size: self.purge_batch_size,
+            purge_max_batches: 100,
+            readiness_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Runtime knobs of the API.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Retention of idempotency records (default 24 h).
+    pub idempotency_ttl: Duration,
+    /// Lease of a processing record before another request may take it over.
+    pub lease: Duration,
+    /// Largest accepted request body in bytes.
+    pub body_limit: usize,
+    /// Interval of the background purge; `None` disables it (call [`crate::idempotency::purge_expired`]).
+    pub purge_interval: Option<Duration>,
+    /// Rows per purge statement.
+    pub purge_batch_size: u32,
+    /// Statements per purge run (bounds one run; the next run continues).
+    pub purge_max_batches: u32,
+    /// Interval of the PostgreSQL check behind `/readyz`.
+    pub readiness_interval: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            idempotency_ttl: Duration::from_secs(86_400),
+            lease: Duration::from_secs(30),
+            body_limit: 65_536,
+            purge_interval: Some(Duration::from_secs(60)),
+            purge_batch_size: 1000,
+            purge_max_batches: 100,
+            readiness_interval: Duration::from_secs(5),
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! W3C Trace Context: the `traceparent` each outbox event carries. An incoming valid `traceparent`
+//! is continued (same trace id and flags, a new span id for this service); otherwise a new trace
+//! starts (sampled).
+
+use axum::http::HeaderMap;
+
+/// The `traceparent` for the events of this request.
+pub fn continue_or_start(headers: &HeaderMap) -> String {
+    let incoming = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse);
+    let span = new_id::<8>();
+    match incoming {
+        Some(parent) => format!("00-{}-{span}-{}", parent.trace_id, parent.flags),
+        None => format!("00-{}-{span}-01", new_id::<16>()),
+    }
+}
+
+/// The parts of a valid `traceparent` that a child keeps.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Parent<'a> {
+    pub trace_id: &'a str,
+    pub flags: &'a str,
+}
+
+/// Parses `version-traceid-parentid-flags` (lower-case hex; version `ff` and all-zero ids invalid;
+/// versions above 00 may append fields, which are ignored).
+pub fn parse(value: &str) -> Option<Parent<'_>> {
+    let value = value.trim();
+    let mut parts = value.splitn(5, '-');
+    let (version, trace_id, parent_id, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let rest = parts.next();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let valid = hex(version, 2)
+        && version != "ff"
+        && (version != "00" || rest.is_none())
+        && hex(trace_id, 32)
+        && trace_id.bytes().any(|b| b != b'0')
+        && hex(parent_id, 16)
+        && parent_id.bytes().any(|b| b != b'0')
+        && hex(flags, 2);
+    valid.then_some(Parent { trace_id, flags })
+}
+
+fn new_id<const N: usize>() -> String {
+    loop {
+        let bytes: [u8; N] = rand::random();
+        if bytes.iter().any(|b| *b != 0) {
+            return hex::encode(bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continues_a_valid_parent() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        let tp = continue_or_start(&h);
+        let p = parse(&tp).unwrap();
+        assert_eq!(p.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert!(!tp.contains("00f067aa0ba902b7"));
+    }
+
+    #[test]
+    fn starts_a_new_trace_otherwise() {
+        for bad in [
+            "",
+            "garbage",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        ] {
+            assert!(parse(bad).is_none(), "{bad}");
+        }
+        let tp = continue_or_start(&HeaderMap::new());
+        assert!(parse(&tp).is_some(), "{tp}");
+    }
+}
