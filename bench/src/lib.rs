@@ -1,1 +1,108 @@
-//! bench
+//! Benchmarks against the local PostgreSQL and RabbitMQ, each scenario bounded in time.
+//!
+//! A short tour:
+//! - [`report`]: one line per scenario (`scenario`, `value`, `unit`, `ceiling`, `ratio`, `target`, `met`), as a table or JSON.
+//! - [`env`]: a fresh bench database and exchange per run, child processes of the release binaries.
+//! - [`scenarios`]: the measurements.
+//!
+//! Ratios compare with ceilings measured in the same run, because absolute numbers drift on a shared machine.
+
+pub mod env;
+pub mod report;
+pub mod scenarios;
+
+use clap::Parser;
+use report::Line;
+
+/// The scenarios, in the order they run.
+pub const SCENARIOS: &[&str] = &[
+    "ceiling-amqp",
+    "ceiling-pg",
+    "relay-drain",
+    "relay-latency",
+    "consumer",
+    "end-to-end",
+    "api",
+    "soak-memory",
+    "table-growth",
+];
+
+/// Measures the relay, the consumer and the API against the same run's PostgreSQL and RabbitMQ ceilings.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "bench", version, about)]
+pub struct Args {
+    /// Scenarios to run (default: all): ceiling-amqp, ceiling-pg, relay-drain, relay-latency,
+    /// consumer, end-to-end, api, soak-memory, table-growth.
+    pub scenarios: Vec<String>,
+    /// Print one JSON object per scenario line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Multiply every size and duration (0.01 is a smoke run).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Admin database URL; the bench creates and drops its own database next to it.
+    #[arg(
+        long,
+        env = "BENCH_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    pub database_url: String,
+    /// RabbitMQ URL.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp_url: String,
+    /// Directory of the relay, consumer and producer binaries (default: next to this one).
+    #[arg(long)]
+    pub bin_dir: Option<std::path::PathBuf>,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let selected: Vec<&str> = if args.scenarios.is_empty() {
+        SCENARIOS.to_vec()
+    } else {
+        for s in &args.scenarios {
+            anyhow::ensure!(
+                SCENARIOS.contains(&s.as_str()),
+                "unknown scenario {s}; known: {}",
+                SCENARIOS.join(", ")
+            );
+        }
+        SCENARIOS
+            .iter()
+            .copied()
+            .filter(|s| args.scenarios.iter().any(|a| a == s))
+            .collect()
+    };
+    let env = env::BenchEnv::new(&args).await?;
+    let mut lines: Vec<Line> = Vec::new();
+    let mut ceilings = scenarios::Ceilings::default();
+    for name in selected {
+        eprintln!("== {name}");
+        let result = scenarios::run(name, &env, &mut ceilings).await;
+        match result {
+            Ok(new) => {
+                for l in &new {
+                    if args.json {
+                        println!("{}", serde_json::to_string(l)?);
+                    }
+                }
+                lines.extend(new);
+            }
+            Err(e) => {
+                let l = Line::failed(name, &format!("{e:#}"));
+                if args.json {
+                    println!("{}", serde_json::to_string(&l)?);
+                }
+                lines.push(l);
+            }
+        }
+    }
+    env.cleanup().await;
+    if !args.json {
+        report::print_table(&lines);
+    }
+    Ok(())
+}

@@ -862,3 +862,40 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
     assert_eq!(received.len(), ids.len(), "nothing published twice");
     assert_first_occurrences_in_order(&received);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_rows_are_kept_for_the_retention_then_removed() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (conn, exchange) = topology(&broker, true).await;
+    let queue = broker.queue("q");
+    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let opts = RelayOptions {
+        retention_secs: 5,
+        ..test_options()
+    };
+    let relay = InProcess::start(
+        db.pool.clone(),
+        config(&db.url, &amqp_url(), &exchange, opts),
+    )
+    .await;
+    let ids = produce(&db.pool, 5, 0..20, 100).await;
+    receive_n(&mut rx, ids.len(), Duration::from_secs(30)).await;
+    // Confirmed rows are first kept as published (with their time), not deleted...
+    wait_until("rows marked published", Duration::from_secs(10), || async {
+        (outbox_count(&db.pool, "published").await + outbox_count(&db.pool, "pending").await == 100
+            && outbox_count(&db.pool, "pending").await == 0)
+            .then_some(())
+    })
+    .await;
+    // ...and removed by the sweep once the retention has passed.
+    wait_until("published rows purged", Duration::from_secs(30), || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        (n == 0).then_some(())
+    })
+    .await;
+    relay.stop().await;
+}

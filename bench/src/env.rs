@@ -1,0 +1,225 @@
+//! The bench's own database, exchange and child processes; all removed at the end.
+
+use crate::Args;
+use anyhow::Context;
+use lapin::options::{
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use sqlx::PgPool;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+pub struct BenchEnv {
+    pub admin_url: String,
+    pub db_name: String,
+    pub db_url: String,
+    pub pool: PgPool,
+    pub amqp_url: String,
+    pub exchange: String,
+    pub conn: lapin::Connection,
+    pub bin_dir: PathBuf,
+    pub scale: f64,
+    queues: Mutex<Vec<String>>,
+}
+
+impl BenchEnv {
+    pub async fn new(args: &Args) -> anyhow::Result<Self> {
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
+        let db_name = format!("bench_{suffix}");
+        let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&args.database_url)
+            .await
+            .context("connect to PostgreSQL")?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
+            .execute(&mut admin)
+            .await?;
+        let (base, _) = args
+            .database_url
+            .rsplit_once('/')
+            .context("database url has a database")?;
+        let db_url = format!("{base}/{db_name}");
+        let pool = shared::db::connect(&db_url, 8, "bench").await?;
+        shared::db::migrate(&pool).await?;
+        let conn = shared::amqp::connect(&args.amqp_url, "bench").await?;
+        let exchange = format!("bench.{suffix}");
+        shared::amqp::declare_outbox_exchange(&conn, &exchange, true).await?;
+        let bin_dir = match &args.bin_dir {
+            Some(d) => d.clone(),
+            None => std::env::current_exe()?
+                .parent()
+                .context("exe dir")?
+                .to_path_buf(),
+        };
+        Ok(Self {
+            admin_url: args.database_url.clone(),
+            db_name,
+            db_url,
+            pool,
+            amqp_url: args.amqp_url.clone(),
+            exchange,
+            conn,
+            bin_dir,
+            scale: args.scale,
+            queues: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// `n` scaled, at least `min`.
+    pub fn n(&self, n: u64, min: u64) -> u64 {
+        ((n as f64 * self.scale) as u64).max(min)
+    }
+
+    /// A duration scaled, at least `min`.
+    pub fn secs(&self, s: f64, min: f64) -> Duration {
+        Duration::from_secs_f64((s * self.scale).max(min))
+    }
+
+    /// A durable queue (like a consumer's) bound to the bench exchange with `key`.
+    pub async fn queue(&self, name: &str, key: &str) -> anyhow::Result<String> {
+        let q = format!("{}.{name}", self.exchange);
+        let ch = self.conn.create_channel().await?;
+        ch.queue_declare(
+            q.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_bind(
+            q.as_str().into(),
+            self.exchange.as_str().into(),
+            key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+        self.queues.lock().unwrap().push(q.clone());
+        Ok(q)
+    }
+
+    pub async fn delete_queue(&self, q: &str) {
+        if let Ok(ch) = self.conn.create_channel().await {
+            let _ = ch
+                .queue_delete(q.into(), QueueDeleteOptions::default())
+                .await;
+        }
+    }
+
+    /// Empties the outbox and frees every partition lease.
+    pub async fn reset_outbox(&self) -> anyhow::Result<()> {
+        sqlx::query("TRUNCATE outbox").execute(&self.pool).await?;
+        sqlx::query("UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity', blocked_until = NULL, blocked_seq = NULL")
+            .execute(&self.pool)
+            .await?;
+        sqlx::query("DELETE FROM relay_instances")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub fn bin(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let p = self.bin_dir.join(name);
+        anyhow::ensure!(
+            p.exists(),
+            "{} not found: build with `cargo build --release --bins`",
+            p.display()
+        );
+        Ok(p)
+    }
+
+    /// Starts a relay process on the bench database and exchange.
+    pub fn spawn_relay(&self, extra: &[&str]) -> anyhow::Result<Child> {
+        Ok(Command::new(self.bin("relay")?)
+            .args(extra)
+            .env("DATABASE_URL", &self.db_url)
+            .env("AMQP_URL", &self.amqp_url)
+            .env("OUTBOX_EXCHANGE", &self.exchange)
+            .env("METRICS_ADDR", "127.0.0.1:0")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?)
+    }
+
+    /// Starts any workspace binary with the bench's connection settings.
+    pub fn spawn(&self, bin: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Child> {
+        let mut cmd = Command::new(self.bin(bin)?);
+        cmd.args(args)
+            .env("DATABASE_URL", &self.db_url)
+            .env("AMQP_URL", &self.amqp_url)
+            .env("OUTBOX_EXCHANGE", &self.exchange)
+            .env("METRICS_ADDR", "127.0.0.1:0")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Ok(cmd.spawn()?)
+    }
+
+    pub async fn cleanup(&self) {
+        let queues = std::mem::take(&mut *self.queues.lock().unwrap());
+        for q in queues {
+            self.delete_queue(&q).await;
+        }
+        let unrouted = shared::amqp::unrouted_name(&self.exchange);
+        self.delete_queue(&unrouted).await;
+        if let Ok(ch) = self.conn.create_channel().await {
+            let _ = ch
+                .exchange_delete(
+                    self.exchange.as_str().into(),
+                    ExchangeDeleteOptions::default(),
+                )
+                .await;
+            let _ = ch
+                .exchange_delete(unrouted.as_str().into(), ExchangeDeleteOptions::default())
+                .await;
+        }
+        self.pool.close().await;
+        if let Ok(mut admin) =
+            <sqlx::PgConnection as sqlx::Connection>::connect(&self.admin_url).await
+        {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.db_name
+            )))
+            .execute(&mut admin)
+            .await;
+        }
+    }
+}
+
+/// Stops a child with SIGTERM and waits (bounded), then kills it.
+pub async fn stop(mut child: Child) {
+    if let Some(pid) = child.id() {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+    if tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+}
+
+/// Peak and current resident memory of a process, in bytes (VmHWM, VmRSS).
+pub fn rss(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    Some((field("VmHWM:")?, field("VmRSS:")?))
+}

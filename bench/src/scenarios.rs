@@ -1,0 +1,509 @@
+//! The scenarios. Each stops by itself; sizes scale with `--scale`.
+
+use crate::env::{self, BenchEnv};
+use crate::report::Line;
+use anyhow::Context;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use hdrhistogram::Histogram;
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Confirmation};
+use shared::NewMessage;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Ceilings measured earlier in this run.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Ceilings {
+    pub amqp: Option<f64>,
+    pub pg: Option<f64>,
+    pub raw_consume: Option<f64>,
+}
+
+pub async fn run(name: &str, env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>> {
+    match name {
+        "ceiling-amqp" => ceiling_amqp(env, c).await,
+        "ceiling-pg" => ceiling_pg(env, c).await,
+        "relay-drain" => relay_drain(env, c).await,
+        "relay-latency" => relay_latency(env).await,
+        "consumer" => consumer(env, c).await,
+        "end-to-end" => end_to_end(env).await,
+        "api" => api(env).await,
+        "soak-memory" => soak_memory(env).await,
+        "table-growth" => table_growth(env).await,
+        other => anyhow::bail!("unknown scenario {other}"),
+    }
+}
+
+/// A ~208-byte JSON payload, like the reference figures.
+pub fn payload(i: u64) -> serde_json::Value {
+    serde_json::json!({
+        "account": format!("acct-{:05}", i % 1000),
+        "amount": (i % 997) as i64 + 1,
+        "currency": "EUR",
+        "reference": format!("bench-{i:012}"),
+        "note": "a payload of about two hundred bytes, the size the reference figures used for every run"
+    })
+}
+
+fn messages(from: u64, n: u64, aggregates: u64, event_type: &str) -> Vec<NewMessage> {
+    (from..from + n)
+        .map(|i| {
+            NewMessage::new(
+                "bench",
+                format!("agg-{}", i % aggregates),
+                event_type,
+                payload(i),
+            )
+        })
+        .collect()
+}
+
+/// Inserts `n` rows, 1000 per statement, in as few transactions as `per_tx` allows.
+async fn fill_outbox(
+    env: &BenchEnv,
+    n: u64,
+    aggregates: u64,
+    event_type: &str,
+) -> anyhow::Result<()> {
+    let mut done = 0;
+    while done < n {
+        let mut tx = env.pool.begin().await?;
+        let tx_end = (done + 100_000).min(n);
+        while done < tx_end {
+            let k = (tx_end - done).min(1000);
+            shared::outbox::enqueue_many(&mut *tx, &messages(done, k, aggregates, event_type))
+                .await?;
+            done += k;
+        }
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+async fn pending(env: &BenchEnv) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = 'pending'")
+            .fetch_one(&env.pool)
+            .await?,
+    )
+}
+
+/// Raw lapin: persistent publishes with confirms to a durable queue, windows of 256 and 1000.
+async fn ceiling_amqp(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>> {
+    let n = env.n(50_000, 500);
+    let q = env.queue("ceiling", "ceiling.#").await?;
+    let ch = env.conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let body = payload(1).to_string().into_bytes();
+    let mut best = 0.0f64;
+    let mut lines = Vec::new();
+    for window in [256usize, 1000] {
+        let started = Instant::now();
+        let mut in_flight = FuturesUnordered::new();
+        for i in 0..n {
+            while in_flight.len() >= window {
+                let r: Result<Confirmation, lapin::Error> = in_flight.next().await.unwrap();
+                anyhow::ensure!(matches!(r?, Confirmation::Ack(None)), "publish not acked");
+            }
+            let props = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_content_type("application/json".into())
+                .with_message_id(uuid::Uuid::now_v7().to_string().into());
+            let confirm = ch
+                .basic_publish(
+                    env.exchange.as_str().into(),
+                    format!("ceiling.{}", i % 10).into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    &body,
+                    props,
+                )
+                .await?;
+            in_flight.push(confirm);
+        }
+        while let Some(r) = in_flight.next().await {
+            anyhow::ensure!(matches!(r?, Confirmation::Ack(None)), "publish not acked");
+        }
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        lines.push(Line::new(
+            &format!("ceiling-amqp (window {window})"),
+            rate,
+            "msg/s",
+        ));
+        best = best.max(rate);
+        let purge = env.conn.create_channel().await?;
+        purge
+            .queue_purge(q.as_str().into(), Default::default())
+            .await?;
+    }
+    env.delete_queue(&q).await;
+    c.amqp = Some(best);
+    lines.push(Line::new("ceiling-amqp", best, "msg/s").note(format!(
+        "{n} persistent publishes with confirms, best window"
+    )));
+    Ok(lines)
+}
+
+/// Raw claim-and-delete of outbox-shaped rows in batches of 1000, the statement shape the relay uses.
+async fn ceiling_pg(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>> {
+    let n = env.n(100_000, 1000);
+    env.reset_outbox().await?;
+    fill_outbox(env, n, 1000, "bench.ceiling").await?;
+    sqlx::query("ANALYZE outbox").execute(&env.pool).await?;
+    let started = Instant::now();
+    let mut done = 0u64;
+    loop {
+        let rows: Vec<(i64, uuid::Uuid, String)> = sqlx::query_as(
+            "DELETE FROM outbox WHERE seq IN ( \
+                 SELECT seq FROM outbox WHERE state = 'pending' ORDER BY seq LIMIT 1000 FOR UPDATE SKIP LOCKED) \
+             RETURNING seq, id, payload::text",
+        )
+        .fetch_all(&env.pool)
+        .await?;
+        if rows.is_empty() {
+            break;
+        }
+        done += rows.len() as u64;
+    }
+    let rate = done as f64 / started.elapsed().as_secs_f64();
+    c.pg = Some(rate);
+    Ok(vec![Line::new("ceiling-pg", rate, "rows/s").note(format!(
+        "{done} rows claimed and deleted, 1000 per statement"
+    ))])
+}
+
+async fn wait_partitions_split(env: &BenchEnv, relays: i64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (owners, owned): (i64, i64) = sqlx::query_as(
+            "SELECT count(DISTINCT owner), count(owner) FROM relay_partitions WHERE lease_until > now()",
+        )
+        .fetch_one(&env.pool)
+        .await?;
+        if owners == relays && owned == 64 {
+            // Balanced: nobody holds more than its share.
+            let max: i64 = sqlx::query_scalar(
+                "SELECT coalesce(max(c), 0) FROM (SELECT count(*) c FROM relay_partitions GROUP BY owner) t",
+            )
+            .fetch_one(&env.pool)
+            .await?;
+            if max <= (64 + relays - 1) / relays {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "relays did not share the partitions within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Drains a committed backlog with 1 and 2 relays.
+async fn relay_drain(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line>> {
+    let n = env.n(100_000, 1000);
+    let ceiling = match (c.amqp, c.pg) {
+        (Some(a), Some(p)) => Some(a.min(p)),
+        _ => None,
+    };
+    let mut lines = Vec::new();
+    for relays in [1i64, 2] {
+        env.reset_outbox().await?;
+        let q = env.queue("drain", "bench.drain").await?;
+        let children: Vec<_> = (0..relays)
+            .map(|_| env.spawn_relay(&[]))
+            .collect::<Result<_, _>>()?;
+        wait_partitions_split(env, relays).await?;
+        // One transaction: the whole backlog becomes visible at once.
+        let mut tx = env.pool.begin().await?;
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(1000);
+            shared::outbox::enqueue_many(&mut *tx, &messages(done, k, 1000, "bench.drain")).await?;
+            done += k;
+        }
+        tx.commit().await?;
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(300);
+        while pending(env).await? > 0 {
+            anyhow::ensure!(Instant::now() < deadline, "backlog not drained in 300 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        for ch in children {
+            env::stop(ch).await;
+        }
+        env.delete_queue(&q).await;
+        let mut line = Line::new(
+            &format!(
+                "relay-drain ({relays} relay{})",
+                if relays > 1 { "s" } else { "" }
+            ),
+            rate,
+            "msg/s",
+        );
+        if let Some(ceil) = ceiling {
+            line = line.vs_ceiling(ceil, Some(0.8));
+        }
+        lines.push(line.note(format!(
+            "{n} committed rows, 1000 aggregates; ceiling = min(ceiling-amqp, ceiling-pg)"
+        )));
+    }
+    Ok(lines)
+}
+
+/// Commit-to-delivery latency at a fixed producer rate, measured from each transaction's commit.
+async fn relay_latency(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
+    let duration = env.secs(30.0, 2.0);
+    env.reset_outbox().await?;
+    let q = env.queue("latency", "bench.latency").await?;
+    let relay = env.spawn_relay(&[])?;
+    wait_partitions_split(env, 1).await?;
+    let hist = measure_commit_to_delivery(env, &q, duration, 1000).await?;
+    env::stop(relay).await;
+    env.delete_queue(&q).await;
+    Ok(latency_lines(
+        "relay-latency",
+        &hist,
+        10.0,
+        "commit -> delivery to a queue consumer (after the broker confirm path), 1,000 msg/s, 1- and 10-row transactions on 4 connections",
+    ))
+}
+
+fn latency_lines(name: &str, h: &Histogram<u64>, p99_target_ms: f64, note: &str) -> Vec<Line> {
+    let ms = |us: u64| us as f64 / 1000.0;
+    vec![
+        Line::new(&format!("{name} p50"), ms(h.value_at_quantile(0.5)), "ms"),
+        Line::new(&format!("{name} p99"), ms(h.value_at_quantile(0.99)), "ms")
+            .at_most(p99_target_ms)
+            .note(format!("{note}; {} samples", h.len())),
+        Line::new(&format!("{name} max"), ms(h.max()), "ms"),
+    ]
+}
+
+/// Producers commit `rate` msg/s for `duration` (half in single-row, half in 10-row transactions,
+/// 4 connections); a consumer on `queue` records delivery times. Returns latencies in microseconds.
+async fn measure_commit_to_delivery(
+    env: &BenchEnv,
+    queue: &str,
+    duration: Duration,
+    rate: u64,
+) -> anyhow::Result<Histogram<u64>> {
+    let commits: Arc<Mutex<HashMap<String, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
+    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
+        1, 60_000_000, 3,
+    )?));
+    let ch = env.conn.create_channel().await?;
+    ch.basic_qos(1000, BasicQosOptions::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            queue.into(),
+            "bench-latency".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let (c2, h2) = (commits.clone(), hist.clone());
+    let expected = rate * duration.as_secs_f64() as u64;
+    let receiver = tokio::spawn(async move {
+        let mut early: HashMap<String, Instant> = HashMap::new();
+        let mut seen = 0u64;
+        while let Ok(Some(Ok(d))) =
+            tokio::time::timeout(Duration::from_secs(10), consumer.next()).await
+        {
+            let now = Instant::now();
+            let id = d
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|m| m.as_str().to_string())
+                .unwrap_or_default();
+            let committed = c2.lock().unwrap().remove(&id);
+            match committed {
+                Some(t) => {
+                    h2.lock()
+                        .unwrap()
+                        .record(now.duration_since(t).as_micros().max(1) as u64)
+                        .ok();
+                }
+                None => {
+                    early.insert(id, now);
+                }
+            }
+            seen += 1;
+            if seen >= expected {
+                break;
+            }
+        }
+        early
+    });
+
+    // Producers: 4 connections; each tick sends either one single-row tx or one 10-row tx.
+    let per_conn = rate / 4;
+    let mut producers = Vec::new();
+    for p in 0..4u64 {
+        let pool = env.pool.clone();
+        let commits = commits.clone();
+        producers.push(tokio::spawn(async move {
+            // per second: per_conn/2 rows as single-row txs, per_conn/2 rows as 10-row txs.
+            let singles = (per_conn / 2).max(1);
+            let tens = (per_conn / 20).max(1);
+            let txs_per_sec = singles + tens;
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / txs_per_sec as f64));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let end = Instant::now() + duration;
+            let mut i = 0u64;
+            while Instant::now() < end {
+                tick.tick().await;
+                let rows = if i % txs_per_sec < tens { 10 } else { 1 };
+                let msgs = messages(p * 1_000_000_000 + i * 10, rows, 1000, "bench.latency");
+                let mut tx = pool.begin().await?;
+                shared::outbox::enqueue_many(&mut *tx, &msgs).await?;
+                tx.commit().await?;
+                let now = Instant::now();
+                let mut c = commits.lock().unwrap();
+                for m in &msgs {
+                    c.insert(m.id.to_string(), now);
+                }
+                i += 1;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for p in producers {
+        p.await??;
+    }
+    let early = receiver.await?;
+    // Deliveries that arrived before the producer recorded its commit time: latency ~0.
+    let mut h = hist.lock().unwrap().clone();
+    let c = commits.lock().unwrap();
+    for (id, _) in early {
+        if !c.contains_key(&id) {
+            h.record(1).ok();
+        }
+    }
+    anyhow::ensure!(!h.is_empty(), "no deliveries measured");
+    Ok(h)
+}
+
+async fn consumer(_env: &BenchEnv, _c: &mut Ceilings) -> anyhow::Result<Vec<Line>> {
+    anyhow::bail!("not implemented yet")
+}
+
+async fn end_to_end(_env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
+    anyhow::bail!("not implemented yet")
+}
+
+async fn api(_env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
+    anyhow::bail!("not implemented yet")
+}
+
+/// Peak RSS of one relay process draining a large backlog.
+async fn soak_memory(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
+    let n = env.n(1_000_000, 2000);
+    env.reset_outbox().await?;
+    let q = env.queue("soak", "bench.soak").await?;
+    fill_outbox(env, n, 10_000, "bench.soak").await?;
+    let relay = env.spawn_relay(&[])?;
+    let pid = relay.id().context("relay pid")?;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(600);
+    let mut peak = 0u64;
+    while pending(env).await? > 0 {
+        if let Some((hwm, _)) = env::rss(pid) {
+            peak = peak.max(hwm);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "soak not drained in 600 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if let Some((hwm, _)) = env::rss(pid) {
+        peak = peak.max(hwm);
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    env::stop(relay).await;
+    env.delete_queue(&q).await;
+    let mib = peak as f64 / (1024.0 * 1024.0);
+    Ok(vec![
+        Line::new("soak-memory (relay peak RSS)", mib, "MiB")
+            .at_most(64.0)
+            .note(format!(
+                "{n} rows drained at {rate:.0} msg/s, VmHWM of the relay process"
+            )),
+    ])
+}
+
+/// The relay's own claim query, with and without a large table of retained and dead rows.
+async fn table_growth(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
+    let filler = env.n(10_000_000, 10_000);
+    let n = env.n(100_000, 1000);
+    let empty = claim_rate(env, n).await?;
+    // Half published-and-retained, half dead, spread over all partitions.
+    sqlx::query(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, state, published_at, attempts, last_error) \
+         SELECT 'bench', 'agg-' || (g % 100000), 'bench.old', '{\"old\": true}'::jsonb, \
+                CASE WHEN g % 2 = 0 THEN 'published' ELSE 'dead' END, \
+                CASE WHEN g % 2 = 0 THEN now() ELSE NULL END, \
+                CASE WHEN g % 2 = 0 THEN 0 ELSE 10 END, \
+                CASE WHEN g % 2 = 0 THEN NULL ELSE 'nacked by broker' END \
+         FROM generate_series(1, $1) g",
+    )
+    .bind(filler as i64)
+    .execute(&env.pool)
+    .await?;
+    sqlx::query("VACUUM ANALYZE outbox")
+        .execute(&env.pool)
+        .await?;
+    let full = claim_rate(env, n).await?;
+    sqlx::query("TRUNCATE outbox").execute(&env.pool).await?;
+    let ratio = full / empty;
+    let mut line = Line::new(
+        &format!("table-growth (claim rate with {filler} retained/dead rows)"),
+        full,
+        "rows/s",
+    )
+    .vs_ceiling(empty, Some(0.9));
+    line.target = Some("within 10% of empty table".into());
+    line.met = Some(ratio >= 0.9);
+    Ok(vec![
+        Line::new("table-growth (claim rate, empty table)", empty, "rows/s"),
+        line.note("relay::store::claim + delete, batch 1000, all 64 partitions owned"),
+    ])
+}
+
+async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
+    sqlx::query("DELETE FROM outbox WHERE state = 'pending'")
+        .execute(&env.pool)
+        .await?;
+    sqlx::query("UPDATE relay_partitions SET owner = 'bench', lease_until = 'infinity', blocked_until = NULL, blocked_seq = NULL")
+        .execute(&env.pool)
+        .await?;
+    fill_outbox(env, n, 1000, "bench.claim").await?;
+    sqlx::query("ANALYZE outbox").execute(&env.pool).await?;
+    let partitions: Vec<i16> = (0..64).collect();
+    let started = Instant::now();
+    let mut done = 0u64;
+    loop {
+        let rows = relay::store::claim(&env.pool, "bench", &partitions, 32, 1000).await?;
+        if rows.is_empty() {
+            break;
+        }
+        let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+        relay::store::mark_published(&env.pool, &seqs, false).await?;
+        done += seqs.len() as u64;
+    }
+    let rate = done as f64 / started.elapsed().as_secs_f64();
+    sqlx::query("UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity'")
+        .execute(&env.pool)
+        .await?;
+    Ok(rate)
+}
