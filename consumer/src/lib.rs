@@ -1,1 +1,49 @@
-//! consumer
+//! Consumes outbox events from RabbitMQ and applies each event's effect once per consumer.
+//!
+//! You write a [`Handler`] (it gets the open transaction and the decoded [`Envelope`]) and
+//! register it per event type in [`Handlers`]; the runtime does everything else: topology,
+//! batching, deduplication in the effect's transaction, commit-then-ack, retries with delay,
+//! dead letters, reconnects, retention, metrics and graceful shutdown.
+//!
+//! A short tour:
+//! - [`handler`]: the [`Handler`] trait, [`HandlerError`] (transient, permanent, database) and the
+//!   [`Handlers`] registry (AMQP topic patterns, optional catch-all).
+//! - [`runtime`]: [`Consumer`] / [`run`]: the reconnecting supervisor, the workers, and the batch
+//!   transaction (dedup insert, handlers with savepoints on failure, commit, then one multi-ack).
+//! - [`dedup`]: the `processed_messages` statements and which database errors are infrastructure.
+//! - [`topology`]: the queue, retry queues, dead-letter exchange and queue a consumer declares.
+//! - [`message`]: AMQP delivery to [`Envelope`], and the headers retries and dead letters carry.
+//! - [`dlq`]: `consumer dlq list` and `consumer dlq replay`.
+//! - [`retention`]: the bounded, single-instance sweep of old dedup rows.
+//! - [`internal_events`]: every metric, with fixed label sets, and the in-process [`Stats`].
+//! - [`config`]: [`Config`] and the command-line [`config::Settings`].
+//! - [`ledger`]: the example handler the `consumer` binary runs.
+//! - [`error`]: the error types.
+//!
+//! ```no_run
+//! # async fn example(pool: sqlx::PgPool) -> Result<(), consumer::ConsumerError> {
+//! let config = consumer::Config::new("ledger", "amqp://guest:guest@127.0.0.1:5672/%2f", "outbox.events");
+//! let shutdown = shared::shutdown::on_signal();
+//! consumer::run(config, pool, consumer::ledger::handlers(), shutdown).await
+//! # }
+//! ```
+
+pub mod config;
+pub mod dedup;
+pub mod dlq;
+pub mod error;
+pub mod handler;
+pub mod internal_events;
+pub mod ledger;
+pub mod message;
+pub mod retention;
+pub mod runtime;
+pub mod topology;
+
+pub use config::Config;
+pub use error::{ConfigError, ConsumerError, DlqError, SessionError};
+pub use handler::{BoxError, Handler, HandlerError, Handlers};
+pub use internal_events::{Stats, StatsSnapshot};
+pub use runtime::{Consumer, run};
+pub use shared::Envelope;
+pub use topology::Topology;

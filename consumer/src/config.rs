@@ -1,0 +1,333 @@
+//! Settings: the library's [`Config`], and [`Settings`], the flags and env vars that build it.
+
+use crate::error::ConfigError;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Everything [`crate::run`] needs besides the database pool and the handlers.
+///
+/// Build it with [`Config::new`] (defaults for everything else) and adjust the public fields,
+/// or from the command line with [`Settings::into_config`]. [`crate::run`] validates it.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Consumer name. It scopes deduplication (two differently named consumers of one message each
+    /// apply their own effect once) and names the queues; instances of one service share one name.
+    pub name: String,
+    /// RabbitMQ connection string (heartbeats are added when missing).
+    pub amqp_url: String,
+    /// Topic exchange the relay publishes to; declared here too, so either side may start first.
+    pub exchange: String,
+    /// Binding keys (AMQP topic patterns) of the consumer's queue. Empty: the handlers' patterns
+    /// (and `#` when there is a catch-all handler).
+    pub bindings: Vec<String>,
+    /// Concurrent workers, each with its own channel and database connection: batches of
+    /// different workers are processed in parallel.
+    pub workers: usize,
+    /// Unacknowledged deliveries the broker may push to each worker. At least the batch size,
+    /// so the next batch is waiting while one commits.
+    pub prefetch: u16,
+    /// Most deliveries processed in one database transaction (one commit, one multi-ack).
+    pub batch_size: usize,
+    /// Handler runs per message before a transient failure is dead-lettered (1 = never retry).
+    pub max_attempts: u32,
+    /// Delay before retry 1, 2, ...; the last one repeats. One retry queue per distinct delay.
+    pub retry_delays: Vec<Duration>,
+    /// Dead-letter messages of an event type no handler is registered for, instead of
+    /// acknowledging and ignoring them.
+    pub strict: bool,
+    /// Longest a handler may run; a timeout counts as a transient failure.
+    pub handler_timeout: Duration,
+    /// How long deduplication rows are kept. Must exceed the longest redelivery or replay
+    /// horizon: a copy arriving after its row was deleted would be applied again.
+    pub retention: Duration,
+    /// How often the retention sweep runs.
+    pub retention_interval: Duration,
+    /// Rows the sweep deletes per statement (bounded transactions, short locks).
+    pub retention_batch: i64,
+    /// Where to serve `/metrics`, `/healthz`, `/readyz`; `None` when the embedding service serves
+    /// them itself (see [`crate::Consumer::readiness`]).
+    pub metrics_addr: Option<SocketAddr>,
+    /// Fault injection for tests: wait this long between commit and ack, to widen the window in
+    /// which a crash leaves committed but unacknowledged deliveries. Zero in production.
+    pub ack_delay: Duration,
+}
+
+impl Config {
+    /// A configuration with the defaults of the command line.
+    pub fn new(
+        name: impl Into<String>,
+        amqp_url: impl Into<String>,
+        exchange: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            amqp_url: amqp_url.into(),
+            exchange: exchange.into(),
+            bindings: Vec::new(),
+            workers: 2,
+            prefetch: 200,
+            batch_size: 100,
+            max_attempts: 5,
+            retry_delays: vec![
+                Duration::from_secs(1),
+                Duration::from_secs(10),
+                Duration::from_secs(60),
+                Duration::from_secs(300),
+            ],
+            strict: false,
+            handler_timeout: Duration::from_secs(30),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            retention_interval: Duration::from_secs(300),
+            retention_batch: 5000,
+            metrics_addr: None,
+            ack_delay: Duration::ZERO,
+        }
+    }
+
+    /// Checks the settings; [`crate::run`] calls it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_name(&self.name)?;
+        if self.workers == 0 {
+            return Err(ConfigError::Zero("workers"));
+        }
+        if self.batch_size == 0 {
+            return Err(ConfigError::Zero("batch size"));
+        }
+        if self.prefetch == 0 {
+            return Err(ConfigError::Zero("prefetch"));
+        }
+        if self.max_attempts == 0 {
+            return Err(ConfigError::Zero("max attempts"));
+        }
+        if self.max_attempts > 1 && self.retry_delays.is_empty() {
+            return Err(ConfigError::NoRetryDelays);
+        }
+        if self
+            .retry_delays
+            .iter()
+            .any(|d| d.is_zero() || d.as_millis() > u128::from(u32::MAX))
+        {
+            return Err(ConfigError::RetryDelayOutOfRange);
+        }
+        if self.retention_batch <= 0 {
+            return Err(ConfigError::Zero("retention batch"));
+        }
+        if self.retention_interval.is_zero() {
+            return Err(ConfigError::Zero("retention interval"));
+        }
+        let horizon = self.retry_horizon();
+        if self.retention <= horizon {
+            return Err(ConfigError::RetentionTooShort {
+                retention: self.retention,
+                horizon,
+            });
+        }
+        for b in &self.bindings {
+            if b.is_empty() || b.len() > 255 {
+                return Err(ConfigError::InvalidBinding(b.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Delay before retry number `retry` (1-based): the last configured delay repeats.
+    pub fn retry_delay(&self, retry: u32) -> Duration {
+        let i = (retry.max(1) as usize - 1).min(self.retry_delays.len().saturating_sub(1));
+        self.retry_delays.get(i).copied().unwrap_or(Duration::ZERO)
+    }
+
+    /// Longest time from the first delivery of a message to its last retry.
+    pub fn retry_horizon(&self) -> Duration {
+        (1..self.max_attempts).map(|r| self.retry_delay(r)).sum()
+    }
+
+    /// Database connections [`crate::run`] uses: one per worker, one for the retention sweep and
+    /// one for the health probe.
+    pub fn pool_size(&self) -> u32 {
+        u32::try_from(self.workers)
+            .unwrap_or(u32::MAX)
+            .saturating_add(2)
+    }
+}
+
+/// A consumer name becomes part of queue names: keep it to what every tool displays plainly.
+fn validate_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::InvalidName(name.to_string()))
+    }
+}
+
+/// The consumer's command-line flags (each with an env var), as the `consumer` binary takes them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Settings {
+    /// Consumer name: scopes deduplication and names the queue (`NAME`), the retry queues
+    /// (`NAME.retry.DELAY`), the dead-letter exchange (`NAME.dlx`) and queue (`NAME.dlq`).
+    /// Instances of one service share a name; different services use different names.
+    #[arg(long, env = "CONSUMER_NAME")]
+    pub name: String,
+    /// Binding keys of the queue on the outbox exchange (topic patterns: `*` one word, `#` any
+    /// number). Repeat the flag or separate with commas. Default: the registered handlers' patterns.
+    #[arg(long = "bind", env = "CONSUMER_BINDINGS", value_delimiter = ',')]
+    pub bindings: Vec<String>,
+    #[command(flatten)]
+    pub connections: shared::config::Connections,
+    /// Concurrent workers, each with its own AMQP channel and database connection.
+    #[arg(long, env = "CONSUMER_WORKERS", default_value_t = 2)]
+    pub workers: usize,
+    /// Unacknowledged deliveries per worker (AMQP prefetch). Keep it at least the batch size.
+    #[arg(long, env = "CONSUMER_PREFETCH", default_value_t = 200)]
+    pub prefetch: u16,
+    /// Most deliveries per database transaction: one commit and one multi-ack per batch.
+    #[arg(long, env = "CONSUMER_BATCH_SIZE", default_value_t = 100)]
+    pub batch_size: usize,
+    /// Handler runs per message before a transient failure is dead-lettered (1 = no retries).
+    #[arg(long, env = "CONSUMER_MAX_ATTEMPTS", default_value_t = 5)]
+    pub max_attempts: u32,
+    /// Delays before retry 1, 2, ... (comma-separated, e.g. `100ms,5s,1m`); the last repeats.
+    /// Each distinct delay gets a retry queue whose messages expire back into the main queue.
+    #[arg(long, env = "CONSUMER_RETRY_DELAYS", value_delimiter = ',', default_value = "1s,10s,1m,5m", value_parser = parse_duration)]
+    pub retry_delays: Vec<Duration>,
+    /// Dead-letter events no handler is registered for (default: acknowledge and ignore them).
+    #[arg(long, env = "CONSUMER_STRICT")]
+    pub strict: bool,
+    /// Longest a handler may run before the attempt counts as a transient failure.
+    #[arg(long, env = "CONSUMER_HANDLER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub handler_timeout: Duration,
+    /// How long deduplication rows are kept. Must exceed the longest redelivery or dead-letter
+    /// replay horizon: a copy arriving later would be applied again.
+    #[arg(long, env = "CONSUMER_RETENTION", default_value = "7d", value_parser = parse_duration)]
+    pub retention: Duration,
+    /// How often the retention sweep runs (one instance at a time, in bounded batches).
+    #[arg(long, env = "CONSUMER_RETENTION_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub retention_interval: Duration,
+    /// Fault injection for tests: pause between commit and ack.
+    #[arg(long, hide = true, default_value = "0ms", value_parser = parse_duration)]
+    pub debug_ack_delay: Duration,
+}
+
+impl Settings {
+    /// The library configuration these flags describe, validated.
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let mut c = Config::new(
+            self.name,
+            self.connections.amqp_url,
+            self.connections.exchange,
+        );
+        c.bindings = self
+            .bindings
+            .into_iter()
+            .map(|b| b.trim().to_string())
+            .filter(|b| !b.is_empty())
+            .collect();
+        c.workers = self.workers;
+        c.prefetch = self.prefetch;
+        c.batch_size = self.batch_size;
+        c.max_attempts = self.max_attempts;
+        c.retry_delays = self.retry_delays;
+        c.strict = self.strict;
+        c.handler_timeout = self.handler_timeout;
+        c.retention = self.retention;
+        c.retention_interval = self.retention_interval;
+        c.metrics_addr = Some(self.connections.metrics_addr);
+        c.ack_delay = self.debug_ack_delay;
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// Parses `250ms`, `5s`, `2m`, `1h`, `7d` (whole numbers with a unit).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 250ms, 5s, 2m, 1h, 7d"))?;
+    let ms = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        "d" => n.checked_mul(86_400_000),
+        _ => {
+            return Err(format!(
+                "invalid duration {s:?}: the unit must be ms, s, m, h or d"
+            ));
+        }
+    };
+    ms.map(Duration::from_millis)
+        .ok_or_else(|| format!("duration {s:?} is too large"))
+}
+
+/// The shortest of `250ms`, `5s`, `2m`, `1h`, `7d` that is exact (used in retry queue names).
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ] {
+        if ms > 0 && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_round_trip() {
+        for s in ["100ms", "1s", "90s", "2m", "1h", "7d", "1500ms"] {
+            assert_eq!(format_duration(parse_duration(s).unwrap()), s);
+        }
+        assert_eq!(parse_duration("60s").unwrap(), Duration::from_secs(60));
+        assert_eq!(format_duration(Duration::from_secs(60)), "1m");
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("5 weeks").is_err());
+    }
+
+    #[test]
+    fn retry_delays_repeat_the_last() {
+        let mut c = Config::new("c", "amqp://x", "e");
+        c.retry_delays = vec![Duration::from_millis(100), Duration::from_millis(500)];
+        c.max_attempts = 4;
+        assert_eq!(c.retry_delay(1), Duration::from_millis(100));
+        assert_eq!(c.retry_delay(2), Duration::from_millis(500));
+        assert_eq!(c.retry_delay(9), Duration::from_millis(500));
+        assert_eq!(c.retry_horizon(), Duration::from_millis(1100));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn validation_rejects_nonsense() {
+        let base = Config::new("ledger", "amqp://x", "e");
+        base.validate().unwrap();
+        let mut c = base.clone();
+        c.name = "bad name".into();
+        assert!(matches!(c.validate(), Err(ConfigError::InvalidName(_))));
+        let mut c = base.clone();
+        c.retention = Duration::from_secs(60);
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::RetentionTooShort { .. })
+        ));
+        let mut c = base.clone();
+        c.workers = 0;
+        assert!(c.validate().is_err());
+        let mut c = base;
+        c.retry_delays.clear();
+        assert!(matches!(c.validate(), Err(ConfigError::NoRetryDelays)));
+    }
+}

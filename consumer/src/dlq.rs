@@ -1,0 +1,366 @@
+//! Dead letters: list them with their reasons, replay them into the consumer's queue.
+//!
+//! Listing browses the dead-letter queue (`basic.get` without ack, then closing the channel puts
+//! every message back in place). Replaying publishes a copy to the consumer's queue with its
+//! original properties, message id included, and acknowledges the dead letter only after the
+//! broker confirmed the copy: a replay interrupted in between leaves both, and deduplication
+//! applies the effect once anyway.
+
+use crate::error::DlqError;
+use crate::message::{self, headers};
+use crate::topology::Topology;
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use shared::amqp::{header_str, headers_to_json};
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One message in the dead-letter queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    /// AMQP message_id (the outbox id), if the message had one.
+    pub message_id: Option<String>,
+    /// Event type (type property or original routing key).
+    pub event_type: String,
+    /// `undecodable`, `unknown_event_type`, `permanent`, `exhausted`, or `broker:<reason>` when
+    /// RabbitMQ dead-lettered it (e.g. `broker:delivery_limit`).
+    pub kind: String,
+    /// Why, in words.
+    pub reason: String,
+    /// Handler runs made before it was dead-lettered.
+    pub attempts: Option<i64>,
+    /// When (RFC 3339).
+    pub dead_lettered_at: Option<String>,
+    /// The body as text (lossy if it is not UTF-8).
+    pub payload: String,
+    /// All headers, as JSON.
+    pub headers: Map<String, Value>,
+}
+
+/// Which dead letters to replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    All,
+    /// By message id (a message without one can only be replayed with [`Selection::All`]).
+    Ids(Vec<String>),
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplayReport {
+    /// Message ids re-injected into the consumer's queue (in DLQ order).
+    pub replayed: Vec<String>,
+    /// Requested ids that were not in the dead-letter queue.
+    pub not_found: Vec<String>,
+}
+
+/// Lists up to `limit` dead letters of consumer `name`, oldest first, leaving them in place.
+pub async fn list(amqp_url: &str, name: &str, limit: usize) -> Result<Vec<DeadLetter>, DlqError> {
+    let topology = Topology::new(name, &[]);
+    let conn = shared::amqp::connect(amqp_url, &format!("consumer {name} dlq list")).await?;
+    let result = list_on(&conn, name, &topology, limit).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
+    result
+}
+
+async fn list_on(
+    conn: &Connection,
+    name: &str,
+    t: &Topology,
+    limit: usize,
+) -> Result<Vec<DeadLetter>, DlqError> {
+    let ch = conn.create_channel().await?;
+    let count = dlq_count(&ch, name, t).await?;
+    let mut out = Vec::new();
+    while out.len() < count.min(limit) {
+        let got = bounded(
+            "reading the dead-letter queue",
+            ch.basic_get(
+                t.dead_letter_queue.as_str().into(),
+                BasicGetOptions { no_ack: false },
+            ),
+        )
+        .await?;
+        let Some(m) = got else { break };
+        out.push(describe(&m.delivery));
+    }
+    // Nothing was acknowledged: closing the channel puts every message back.
+    let _ = tokio::time::timeout(Duration::from_secs(5), ch.close(200, "browsed".into())).await;
+    Ok(out)
+}
+
+/// Re-injects the selected dead letters of consumer `name` into its queue, with their original
+/// message ids, a fresh attempt budget and the dead-letter headers removed.
+pub async fn replay(
+    amqp_url: &str,
+    name: &str,
+    selection: &Selection,
+) -> Result<ReplayReport, DlqError> {
+    let topology = Topology::new(name, &[]);
+    let conn = shared::amqp::connect(amqp_url, &format!("consumer {name} dlq replay")).await?;
+    let result = replay_on(&conn, name, &topology, selection).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
+    result
+}
+
+async fn replay_on(
+    conn: &Connection,
+    name: &str,
+    t: &Topology,
+    selection: &Selection,
+) -> Result<ReplayReport, DlqError> {
+    let check = conn.create_channel().await?;
+    check
+        .queue_declare(
+            t.queue.as_str().into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|source| DlqError::NoQueue {
+            queue: t.queue.clone(),
+            source,
+        })?;
+    let _ = check.close(200, "checked".into()).await;
+
+    let ch = conn.create_channel().await?;
+    let publisher = conn.create_channel().await?;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let count = dlq_count(&ch, name, t).await?;
+    let mut report = ReplayReport::default();
+    for _ in 0..count {
+        let got = bounded(
+            "reading the dead-letter queue",
+            ch.basic_get(
+                t.dead_letter_queue.as_str().into(),
+                BasicGetOptions { no_ack: false },
+            ),
+        )
+        .await?;
+        let Some(m) = got else { break };
+        let d = &m.delivery;
+        let id = d
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str().to_string());
+        let selected = match selection {
+            Selection::All => true,
+            Selection::Ids(ids) => id
+                .as_ref()
+                .is_some_and(|i| ids.iter().any(|x| x.eq_ignore_ascii_case(i))),
+        };
+        if !selected {
+            continue;
+        }
+        let mut table = d.properties.headers().clone().unwrap_or_default();
+        let original_key = message::original_routing_key(&d.properties, d.routing_key.as_str());
+        message::remove(
+            &mut table,
+            &[
+                headers::DEAD_LETTER_KIND,
+                headers::DEAD_LETTER_REASON,
+                headers::DEAD_LETTERED_AT,
+                headers::DEAD_LETTER_CONSUMER,
+                headers::LAST_ERROR,
+            ],
+        );
+        message::set_int(&mut table, headers::ATTEMPT, 1);
+        message::set_text(&mut table, headers::ORIGINAL_ROUTING_KEY, &original_key);
+        message::set_text(
+            &mut table,
+            headers::REPLAYED_AT,
+            &chrono::Utc::now().to_rfc3339(),
+        );
+        let props = d
+            .properties
+            .clone()
+            .with_headers(table)
+            .with_delivery_mode(2);
+        let label = id.clone().unwrap_or_else(|| "(no message id)".to_string());
+        let confirm = publisher
+            .basic_publish(
+                "".into(),
+                t.queue.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                &d.data,
+                props,
+            )
+            .await?;
+        let confirmation = bounded("confirming a replayed message", confirm).await?;
+        if !confirmation.is_ack() {
+            return Err(DlqError::NotConfirmed(label));
+        }
+        if confirmation.take_message().is_some() {
+            return Err(DlqError::NotConfirmed(label));
+        }
+        bounded(
+            "acknowledging a replayed dead letter",
+            d.ack(BasicAckOptions::default()),
+        )
+        .await?;
+        report.replayed.push(label);
+    }
+    if let Selection::Ids(ids) = selection {
+        report.not_found = ids
+            .iter()
+            .filter(|i| !report.replayed.iter().any(|r| r.eq_ignore_ascii_case(i)))
+            .cloned()
+            .collect();
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), ch.close(200, "replayed".into())).await;
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        publisher.close(200, "replayed".into()),
+    )
+    .await;
+    Ok(report)
+}
+
+async fn dlq_count(ch: &Channel, name: &str, t: &Topology) -> Result<usize, DlqError> {
+    let q = ch
+        .queue_declare(
+            t.dead_letter_queue.as_str().into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|source| DlqError::NoDeadLetterQueue {
+            queue: t.dead_letter_queue.clone(),
+            consumer: name.to_string(),
+            source,
+        })?;
+    Ok(q.message_count() as usize)
+}
+
+async fn bounded<T>(
+    what: &'static str,
+    fut: impl Future<Output = Result<T, lapin::Error>>,
+) -> Result<T, DlqError> {
+    match tokio::time::timeout(TIMEOUT, fut).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(DlqError::Timeout(what, TIMEOUT)),
+    }
+}
+
+fn describe(d: &lapin::message::Delivery) -> DeadLetter {
+    let empty = FieldTable::default();
+    let table = d.properties.headers().as_ref().unwrap_or(&empty);
+    let (kind, reason) = match header_str(table, headers::DEAD_LETTER_KIND) {
+        Some(kind) => (
+            kind.into_owned(),
+            header_str(table, headers::DEAD_LETTER_REASON)
+                .map(|s| s.into_owned())
+                .unwrap_or_default(),
+        ),
+        None => match last_death(table) {
+            Some((why, queue)) => (
+                format!("broker:{why}"),
+                format!("dead-lettered by RabbitMQ ({why}) from queue {queue}"),
+            ),
+            None => ("unknown".to_string(), String::new()),
+        },
+    };
+    DeadLetter {
+        message_id: d
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str().to_string()),
+        event_type: message::event_type(&d.properties, d.routing_key.as_str()),
+        kind,
+        reason,
+        attempts: message::header_int(table, headers::ATTEMPT),
+        dead_lettered_at: header_str(table, headers::DEAD_LETTERED_AT).map(|s| s.into_owned()),
+        payload: String::from_utf8_lossy(&d.data).into_owned(),
+        headers: headers_to_json(table),
+    }
+}
+
+/// Reason and queue of the most recent broker dead-lettering: the head of `x-death` (RabbitMQ
+/// keeps it most recent first).
+fn last_death(table: &FieldTable) -> Option<(String, String)> {
+    let AMQPValue::FieldArray(deaths) = table.inner().get("x-death")? else {
+        return None;
+    };
+    let AMQPValue::FieldTable(last) = deaths.as_slice().first()? else {
+        return None;
+    };
+    let why = header_str(last, "reason")?.into_owned();
+    let queue = header_str(last, "queue")
+        .map(|s| s.into_owned())
+        .unwrap_or_default();
+    Some((why, queue))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::BasicProperties;
+    use lapin::message::Delivery;
+    use lapin::types::FieldArray;
+
+    fn delivery(headers: FieldTable) -> Delivery {
+        let mut d = Delivery::mock(
+            1,
+            "x.dlx".into(),
+            "payment.captured".into(),
+            false,
+            b"{}".to_vec(),
+        );
+        d.properties = BasicProperties::default()
+            .with_message_id("0192d3a4-0000-7000-8000-000000000001".into())
+            .with_headers(headers);
+        d
+    }
+
+    #[test]
+    fn our_reason_first_then_the_brokers() {
+        let mut t = FieldTable::default();
+        message::set_text(&mut t, headers::DEAD_LETTER_KIND, "permanent");
+        message::set_text(&mut t, headers::DEAD_LETTER_REASON, "refused");
+        message::set_int(&mut t, headers::ATTEMPT, 2);
+        let l = describe(&delivery(t));
+        assert_eq!(
+            (l.kind.as_str(), l.reason.as_str(), l.attempts),
+            ("permanent", "refused", Some(2))
+        );
+        assert_eq!(l.event_type, "payment.captured");
+
+        let death = |reason: &str, queue: &str| {
+            let mut d = FieldTable::default();
+            message::set_text(&mut d, "reason", reason);
+            message::set_text(&mut d, "queue", queue);
+            AMQPValue::FieldTable(d)
+        };
+        let mut deaths = FieldArray::default();
+        deaths.push(death("delivery_limit", "ledger"));
+        deaths.push(death("expired", "ledger.retry.1s"));
+        let mut t = FieldTable::default();
+        t.insert("x-death".into(), AMQPValue::FieldArray(deaths));
+        let l = describe(&delivery(t));
+        assert_eq!(l.kind, "broker:delivery_limit");
+        assert!(l.reason.contains("from queue ledger"), "{}", l.reason);
+
+        let l = describe(&delivery(FieldTable::default()));
+        assert_eq!(l.kind, "unknown");
+    }
+}

@@ -1,0 +1,94 @@
+//! Error types of the runtime. Handler failures are [`crate::HandlerError`].
+
+use std::time::Duration;
+
+/// Why a [`crate::Config`] was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid consumer name {0:?}: use 1-200 characters of A-Z a-z 0-9 . _ -")]
+    InvalidName(String),
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    #[error("retries are enabled (max attempts > 1) but no retry delay is configured")]
+    NoRetryDelays,
+    #[error("retry delays must be between 1 ms and 49 days")]
+    RetryDelayOutOfRange,
+    #[error(
+        "retention {retention:?} must exceed the retry horizon {horizon:?}: a retried copy arriving after its \
+         deduplication row was deleted would be applied again"
+    )]
+    RetentionTooShort {
+        retention: Duration,
+        horizon: Duration,
+    },
+    #[error("invalid binding key {0:?}")]
+    InvalidBinding(String),
+    #[error("no binding keys: configure some, or register a handler")]
+    NoBindings,
+}
+
+/// Errors that end [`crate::run`]. Lost connections are not among them: the runtime reconnects.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumerError {
+    #[error("invalid configuration")]
+    Config(#[from] ConfigError),
+    #[error("cannot serve /metrics on {addr}")]
+    Ops {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why one connection to RabbitMQ (a session) ended; the runtime logs it and reconnects.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("cannot connect to RabbitMQ")]
+    Connect(#[from] shared::amqp::AmqpError),
+    #[error("declaring the topology failed")]
+    Topology(#[source] lapin::Error),
+    #[error("opening a channel or consumer failed")]
+    Channel(#[source] lapin::Error),
+    #[error("the broker cancelled the consumer (queue deleted?)")]
+    ConsumerCancelled,
+    #[error("the delivery stream failed")]
+    Delivery(#[source] lapin::Error),
+    #[error("publishing a retry or dead letter failed")]
+    Publish(#[source] lapin::Error),
+    #[error("the broker did not accept a retry or dead letter: {0}")]
+    NotConfirmed(String),
+    #[error("acknowledging deliveries failed")]
+    Ack(#[source] lapin::Error),
+    #[error("the channel closed while the database was unavailable")]
+    ChannelClosed,
+    #[error("{0} timed out after {1:?}")]
+    Timeout(&'static str, Duration),
+    #[error("a worker task failed")]
+    Worker(#[source] tokio::task::JoinError),
+}
+
+/// Errors of the dead-letter commands (`consumer dlq list|replay`).
+#[derive(Debug, thiserror::Error)]
+pub enum DlqError {
+    #[error("cannot connect to RabbitMQ")]
+    Connect(#[from] shared::amqp::AmqpError),
+    #[error("dead-letter queue {queue} not found (has consumer {consumer:?} ever run?)")]
+    NoDeadLetterQueue {
+        queue: String,
+        consumer: String,
+        #[source]
+        source: lapin::Error,
+    },
+    #[error("consumer queue {queue} not found, cannot replay into it")]
+    NoQueue {
+        queue: String,
+        #[source]
+        source: lapin::Error,
+    },
+    #[error("RabbitMQ operation failed")]
+    Amqp(#[from] lapin::Error),
+    #[error("the broker did not accept the replayed message {0}")]
+    NotConfirmed(String),
+    #[error("{0} timed out after {1:?}")]
+    Timeout(&'static str, Duration),
+}

@@ -1,0 +1,253 @@
+//! Every metric the consumer emits, in one place, with fixed label sets.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `consumer_messages_total` | counter | `consumer`, `outcome` = processed, duplicate, retried, dead_lettered, ignored |
+//! | `consumer_dead_letters_total` | counter | `consumer`, `kind` = undecodable, unknown_event_type, permanent, exhausted |
+//! | `consumer_handler_duration_seconds` | histogram | `consumer` (per handler call; a batch call counts once) |
+//! | `consumer_end_to_end_latency_seconds` | histogram | `consumer` (outbox `created_at` to commit) |
+//! | `consumer_batch_size` | histogram | `consumer` |
+//! | `consumer_batch_duration_seconds` | histogram | `consumer` (first delivery of a batch to its ack) |
+//! | `consumer_database_failures_total` | counter | `consumer` (batches rolled back by an infrastructure error) |
+//! | `consumer_reconnects_total` | counter | `consumer` |
+//! | `consumer_dedup_rows_deleted_total` | counter | `consumer` |
+//!
+//! The same counts are kept in [`Stats`], which embedding code and tests read without a recorder.
+
+use crate::message::DeadLetterKind;
+use metrics::{Counter, Histogram};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+pub const MESSAGES_TOTAL: &str = "consumer_messages_total";
+pub const DEAD_LETTERS_TOTAL: &str = "consumer_dead_letters_total";
+pub const HANDLER_DURATION: &str = "consumer_handler_duration_seconds";
+pub const END_TO_END_LATENCY: &str = "consumer_end_to_end_latency_seconds";
+pub const BATCH_SIZE: &str = "consumer_batch_size";
+pub const BATCH_DURATION: &str = "consumer_batch_duration_seconds";
+pub const DATABASE_FAILURES: &str = "consumer_database_failures_total";
+pub const RECONNECTS: &str = "consumer_reconnects_total";
+pub const DEDUP_ROWS_DELETED: &str = "consumer_dedup_rows_deleted_total";
+
+/// What happened to a delivery (the `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler's effect committed.
+    Processed,
+    /// Already processed by this consumer: skipped, acknowledged.
+    Duplicate,
+    /// Transient failure: a copy waits in a retry queue.
+    Retried,
+    /// Sent to the dead-letter queue.
+    DeadLettered,
+    /// No handler and not strict: acknowledged without effect.
+    Ignored,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 5] = [
+        Self::Processed,
+        Self::Duplicate,
+        Self::Retried,
+        Self::DeadLettered,
+        Self::Ignored,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Processed => "processed",
+            Self::Duplicate => "duplicate",
+            Self::Retried => "retried",
+            Self::DeadLettered => "dead_lettered",
+            Self::Ignored => "ignored",
+        }
+    }
+}
+
+/// In-process counters mirroring the metrics (cheap to read, no recorder needed).
+#[derive(Debug, Default)]
+pub struct Stats {
+    processed: AtomicU64,
+    duplicate: AtomicU64,
+    retried: AtomicU64,
+    dead_lettered: AtomicU64,
+    ignored: AtomicU64,
+    database_failures: AtomicU64,
+    reconnects: AtomicU64,
+    batches: AtomicU64,
+}
+
+/// A copy of [`Stats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub processed: u64,
+    pub duplicate: u64,
+    pub retried: u64,
+    pub dead_lettered: u64,
+    pub ignored: u64,
+    pub database_failures: u64,
+    pub reconnects: u64,
+    pub batches: u64,
+}
+
+impl StatsSnapshot {
+    /// Deliveries settled for good (everything but retries, which come back).
+    pub fn settled(&self) -> u64 {
+        self.processed + self.duplicate + self.dead_lettered + self.ignored
+    }
+}
+
+impl Stats {
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            processed: l(&self.processed),
+            duplicate: l(&self.duplicate),
+            retried: l(&self.retried),
+            dead_lettered: l(&self.dead_lettered),
+            ignored: l(&self.ignored),
+            database_failures: l(&self.database_failures),
+            reconnects: l(&self.reconnects),
+            batches: l(&self.batches),
+        }
+    }
+
+    fn counter(&self, outcome: Outcome) -> &AtomicU64 {
+        match outcome {
+            Outcome::Processed => &self.processed,
+            Outcome::Duplicate => &self.duplicate,
+            Outcome::Retried => &self.retried,
+            Outcome::DeadLettered => &self.dead_lettered,
+            Outcome::Ignored => &self.ignored,
+        }
+    }
+}
+
+/// Metric handles for one consumer, registered once (after the recorder is installed).
+#[derive(Clone)]
+pub struct Events {
+    stats: Arc<Stats>,
+    outcomes: [Counter; 5],
+    dead_letter_kinds: [Counter; 4],
+    handler_duration: Histogram,
+    end_to_end: Histogram,
+    batch_size: Histogram,
+    batch_duration: Histogram,
+    database_failures: Counter,
+    reconnects: Counter,
+    dedup_rows_deleted: Counter,
+}
+
+impl Events {
+    pub fn new(consumer: &str, stats: Arc<Stats>) -> Self {
+        describe();
+        let c = consumer.to_string();
+        Self {
+            stats,
+            outcomes: Outcome::ALL
+                .map(|o| metrics::counter!(MESSAGES_TOTAL, "consumer" => c.clone(), "outcome" => o.as_str())),
+            dead_letter_kinds: DeadLetterKind::ALL
+                .map(|k| metrics::counter!(DEAD_LETTERS_TOTAL, "consumer" => c.clone(), "kind" => k.as_str())),
+            handler_duration: metrics::histogram!(HANDLER_DURATION, "consumer" => c.clone()),
+            end_to_end: metrics::histogram!(END_TO_END_LATENCY, "consumer" => c.clone()),
+            batch_size: metrics::histogram!(BATCH_SIZE, "consumer" => c.clone()),
+            batch_duration: metrics::histogram!(BATCH_DURATION, "consumer" => c.clone()),
+            database_failures: metrics::counter!(DATABASE_FAILURES, "consumer" => c.clone()),
+            reconnects: metrics::counter!(RECONNECTS, "consumer" => c.clone()),
+            dedup_rows_deleted: metrics::counter!(DEDUP_ROWS_DELETED, "consumer" => c),
+        }
+    }
+
+    /// `count` deliveries ended with `outcome`.
+    pub fn messages(&self, outcome: Outcome, count: u64) {
+        if count == 0 {
+            return;
+        }
+        self.outcomes[Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0)]
+            .increment(count);
+        self.stats
+            .counter(outcome)
+            .fetch_add(count, Ordering::Relaxed);
+    }
+
+    /// One message was dead-lettered for `kind` (counted in addition to its outcome).
+    pub fn dead_letter(&self, kind: DeadLetterKind) {
+        self.dead_letter_kinds[DeadLetterKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or(0)]
+        .increment(1);
+    }
+
+    /// A handler call took `d` (whatever its result).
+    pub fn handler_finished(&self, d: Duration) {
+        self.handler_duration.record(d.as_secs_f64());
+    }
+
+    /// An effect committed `latency` after its outbox row was created.
+    pub fn committed(&self, latency: Duration) {
+        self.end_to_end.record(latency.as_secs_f64());
+    }
+
+    /// A batch was settled (acknowledged).
+    pub fn batch(&self, size: usize, d: Duration) {
+        self.batch_size.record(size as f64);
+        self.batch_duration.record(d.as_secs_f64());
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A batch transaction failed for an infrastructure reason and will be retried.
+    pub fn database_failure(&self) {
+        self.database_failures.increment(1);
+        self.stats.database_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The RabbitMQ session ended; reconnecting.
+    pub fn reconnect(&self) {
+        self.reconnects.increment(1);
+        self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The retention sweep deleted `n` deduplication rows.
+    pub fn dedup_rows_deleted(&self, n: u64) {
+        self.dedup_rows_deleted.increment(n);
+    }
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_histogram};
+    describe_counter!(MESSAGES_TOTAL, "Deliveries by how they ended");
+    describe_counter!(
+        DEAD_LETTERS_TOTAL,
+        "Messages sent to the dead-letter queue, by reason"
+    );
+    describe_histogram!(
+        HANDLER_DURATION,
+        Unit::Seconds,
+        "Handler call run time (a batch call counts once)"
+    );
+    describe_histogram!(
+        END_TO_END_LATENCY,
+        Unit::Seconds,
+        "Outbox insert to consumer commit"
+    );
+    describe_histogram!(BATCH_SIZE, "Deliveries per batch transaction");
+    describe_histogram!(
+        BATCH_DURATION,
+        Unit::Seconds,
+        "First delivery of a batch to its acknowledgement"
+    );
+    describe_counter!(
+        DATABASE_FAILURES,
+        "Batch transactions rolled back by a database infrastructure error"
+    );
+    describe_counter!(
+        RECONNECTS,
+        "RabbitMQ sessions that ended and were re-established"
+    );
+    describe_counter!(
+        DEDUP_ROWS_DELETED,
+        "processed_messages rows deleted by the retention sweep"
+    );
+}

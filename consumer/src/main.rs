@@ -1,0 +1,127 @@
+//! `consumer`: runs the example ledger handler, or manages dead letters.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use consumer::dlq;
+use std::time::Duration;
+
+/// Consumes outbox events from RabbitMQ and applies each once (built-in handler: `ledger`, for
+/// `payment.captured`). Stops on SIGTERM/SIGINT after finishing in-flight work.
+#[derive(Debug, Parser)]
+#[command(name = "consumer", version)]
+struct Cli {
+    #[command(flatten)]
+    settings: consumer::config::Settings,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Dead letters of this consumer (`NAME.dlq`).
+    Dlq {
+        #[command(subcommand)]
+        action: DlqCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// Show dead letters with their reasons, oldest first; they stay in the queue.
+    List {
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Show at most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Re-inject dead letters into the consumer's queue with their original message ids
+    /// (deduplication still holds) and a fresh attempt budget.
+    Replay {
+        /// Message ids to replay.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<String>,
+        /// Replay every dead letter.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    shared::telemetry::init_logging();
+    let database_url = cli.settings.connections.database_url.clone();
+    let config = cli.settings.into_config().context("invalid settings")?;
+    match cli.command {
+        Some(Command::Dlq {
+            action: DlqCommand::List { json, limit },
+        }) => {
+            let letters = dlq::list(&config.amqp_url, &config.name, limit).await?;
+            print_list(&letters, json)?;
+        }
+        Some(Command::Dlq {
+            action: DlqCommand::Replay { ids, all },
+        }) => {
+            let selection = if all {
+                dlq::Selection::All
+            } else {
+                dlq::Selection::Ids(ids)
+            };
+            let report = dlq::replay(&config.amqp_url, &config.name, &selection).await?;
+            println!("replayed {} dead letter(s)", report.replayed.len());
+            for id in &report.replayed {
+                println!("  {id}");
+            }
+            if !report.not_found.is_empty() {
+                anyhow::bail!(
+                    "not in the dead-letter queue: {}",
+                    report.not_found.join(", ")
+                );
+            }
+        }
+        None => {
+            let shutdown = shared::shutdown::on_signal();
+            let app_name = format!("consumer {}", config.name);
+            let connect = shared::db::connect_and_migrate(
+                &database_url,
+                config.pool_size(),
+                &app_name,
+                Duration::from_secs(120),
+            );
+            let pool = tokio::select! {
+                pool = connect => pool.context("connecting to PostgreSQL")?,
+                _ = shutdown.cancelled() => return Ok(()),
+            };
+            consumer::run(config, pool, consumer::ledger::handlers(), shutdown).await?;
+        }
+    }
+    Ok(())
+}
+
+fn print_list(letters: &[dlq::DeadLetter], json: bool) -> anyhow::Result<()> {
+    if json {
+        for l in letters {
+            println!("{}", serde_json::to_string(l)?);
+        }
+        return Ok(());
+    }
+    println!(
+        "{:<36}  {:<24}  {:<18}  {:>8}  {:<32}  REASON",
+        "MESSAGE ID", "EVENT TYPE", "KIND", "ATTEMPTS", "DEAD-LETTERED AT"
+    );
+    for l in letters {
+        println!(
+            "{:<36}  {:<24}  {:<18}  {:>8}  {:<32}  {}",
+            l.message_id.as_deref().unwrap_or("-"),
+            l.event_type,
+            l.kind,
+            l.attempts.map_or("-".to_string(), |a| a.to_string()),
+            l.dead_lettered_at.as_deref().unwrap_or("-"),
+            l.reason
+        );
+    }
+    println!("{} dead letter(s)", letters.len());
+    Ok(())
+}

@@ -1,0 +1,262 @@
+//! From an AMQP delivery to a [`shared::Envelope`], and the headers the consumer adds.
+
+use chrono::{DateTime, Utc};
+use lapin::BasicProperties;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use shared::Envelope;
+use shared::amqp::{header_str, headers as relay_headers, headers_to_json};
+use uuid::Uuid;
+
+/// Header names the consumer sets on retried, dead-lettered and replayed copies.
+pub mod headers {
+    /// Handler run this delivery is for (1 on the first delivery).
+    pub const ATTEMPT: &str = "x-attempt";
+    /// Reason of the last transient failure (on retried copies).
+    pub const LAST_ERROR: &str = "x-last-error";
+    /// Routing key the message was first published with (retry and replay copies travel through
+    /// other routes).
+    pub const ORIGINAL_ROUTING_KEY: &str = "x-original-routing-key";
+    /// Why the message was dead-lettered (human-readable error chain).
+    pub const DEAD_LETTER_REASON: &str = "x-dead-letter-reason";
+    /// `undecodable`, `unknown_event_type`, `permanent` or `exhausted`.
+    pub const DEAD_LETTER_KIND: &str = "x-dead-letter-kind";
+    /// When it was dead-lettered (RFC 3339).
+    pub const DEAD_LETTERED_AT: &str = "x-dead-lettered-at";
+    /// Name of the consumer that dead-lettered it.
+    pub const DEAD_LETTER_CONSUMER: &str = "x-dead-letter-consumer";
+    /// When `dlq replay` re-injected it (RFC 3339).
+    pub const REPLAYED_AT: &str = "x-replayed-at";
+}
+
+/// Why a message went to the dead-letter queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterKind {
+    /// No usable message_id, or a body that is not JSON.
+    Undecodable,
+    /// No handler for the event type, in strict mode.
+    UnknownEventType,
+    /// The handler returned a permanent error (or panicked).
+    Permanent,
+    /// Transient failures used up every attempt.
+    Exhausted,
+}
+
+impl DeadLetterKind {
+    pub const ALL: [DeadLetterKind; 4] = [
+        Self::Undecodable,
+        Self::UnknownEventType,
+        Self::Permanent,
+        Self::Exhausted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Undecodable => "undecodable",
+            Self::UnknownEventType => "unknown_event_type",
+            Self::Permanent => "permanent",
+            Self::Exhausted => "exhausted",
+        }
+    }
+}
+
+/// Decodes a delivery. The error is the dead-letter reason.
+pub fn decode(
+    properties: &BasicProperties,
+    routing_key: &str,
+    body: &[u8],
+) -> Result<Envelope, String> {
+    let empty = FieldTable::default();
+    let table = properties.headers().as_ref().unwrap_or(&empty);
+    let message_id = match properties.message_id() {
+        None => return Err("missing message_id property".into()),
+        Some(id) => Uuid::parse_str(id.as_str())
+            .map_err(|e| format!("message_id {:?} is not a UUID: {e}", id.as_str()))?,
+    };
+    let event_type = event_type(properties, routing_key);
+    if event_type.is_empty() {
+        return Err("no event type (type property and routing key are empty)".into());
+    }
+    let payload: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("body is not valid JSON: {e}"))?;
+    let created_at = header_str(table, relay_headers::CREATED_AT)
+        .and_then(|s| DateTime::parse_from_rfc3339(&s).ok())
+        .map(|t| t.with_timezone(&Utc));
+    let aggregate_type = header_str(table, relay_headers::AGGREGATE_TYPE)
+        .map(|s| s.into_owned())
+        .unwrap_or_default();
+    let aggregate_id = header_str(table, relay_headers::AGGREGATE_ID)
+        .map(|s| s.into_owned())
+        .unwrap_or_default();
+    let mut headers = headers_to_json(table);
+    for promoted in [
+        relay_headers::AGGREGATE_TYPE,
+        relay_headers::AGGREGATE_ID,
+        relay_headers::CREATED_AT,
+    ] {
+        headers.remove(promoted);
+    }
+    Ok(Envelope {
+        message_id,
+        event_type,
+        aggregate_type,
+        aggregate_id,
+        created_at,
+        headers,
+        payload,
+    })
+}
+
+/// The event type: the `type` property, else the original routing key (retried copies arrive with
+/// the queue name as routing key), else the routing key.
+pub fn event_type(properties: &BasicProperties, routing_key: &str) -> String {
+    if let Some(t) = properties
+        .kind()
+        .as_ref()
+        .filter(|t| !t.as_str().is_empty())
+    {
+        return t.as_str().to_string();
+    }
+    original_routing_key(properties, routing_key)
+}
+
+/// Routing key the message was first published with.
+pub fn original_routing_key(properties: &BasicProperties, routing_key: &str) -> String {
+    properties
+        .headers()
+        .as_ref()
+        .and_then(|t| header_str(t, headers::ORIGINAL_ROUTING_KEY).map(|s| s.into_owned()))
+        .unwrap_or_else(|| routing_key.to_string())
+}
+
+/// The attempt this delivery is for (1 when the header is absent).
+pub fn attempt(properties: &BasicProperties) -> u32 {
+    properties
+        .headers()
+        .as_ref()
+        .and_then(|t| header_int(t, headers::ATTEMPT))
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(1)
+}
+
+/// Reads an integer header of any AMQP integer width (or a decimal string).
+pub fn header_int(table: &FieldTable, name: &str) -> Option<i64> {
+    match table.inner().get(name)? {
+        AMQPValue::ShortShortInt(i) => Some(i64::from(*i)),
+        AMQPValue::ShortShortUInt(i) => Some(i64::from(*i)),
+        AMQPValue::ShortInt(i) => Some(i64::from(*i)),
+        AMQPValue::ShortUInt(i) => Some(i64::from(*i)),
+        AMQPValue::LongInt(i) => Some(i64::from(*i)),
+        AMQPValue::LongUInt(i) => Some(i64::from(*i)),
+        AMQPValue::LongLongInt(i) => Some(*i),
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).trim().parse().ok(),
+        AMQPValue::ShortString(s) => s.as_str().trim().parse().ok(),
+        _ => None,
+    }
+}
+
+/// Sets a string header.
+pub fn set_text(table: &mut FieldTable, name: &str, value: &str) {
+    table.insert(
+        ShortString::from(name),
+        AMQPValue::LongString(LongString::from(value)),
+    );
+}
+
+/// Sets an integer header.
+pub fn set_int(table: &mut FieldTable, name: &str, value: i64) {
+    table.insert(ShortString::from(name), AMQPValue::LongLongInt(value));
+}
+
+/// Removes a header (FieldTable has no removal of its own).
+pub fn remove(table: &mut FieldTable, names: &[&str]) {
+    let mut kept = FieldTable::default();
+    for (k, v) in table.inner().iter() {
+        if !names.contains(&k.as_str()) {
+            kept.insert(k.clone(), v.clone());
+        }
+    }
+    *table = kept;
+}
+
+/// Headers carry reasons for humans: keep them short enough for any broker frame.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props() -> BasicProperties {
+        let mut t = FieldTable::default();
+        set_text(&mut t, "aggregate_type", "account");
+        set_text(&mut t, "aggregate_id", "a-1");
+        set_text(&mut t, "created_at", "2026-11-30T10:00:00.123456Z");
+        set_text(&mut t, "traceparent", "00-abc-def-01");
+        BasicProperties::default()
+            .with_message_id("0192d3a4-0000-7000-8000-000000000001".into())
+            .with_type("payment.captured".into())
+            .with_headers(t)
+    }
+
+    #[test]
+    fn decodes_what_the_relay_publishes() {
+        let env = decode(
+            &props(),
+            "payment.captured",
+            br#"{"account":"a","amount":5}"#,
+        )
+        .unwrap();
+        assert_eq!(env.event_type, "payment.captured");
+        assert_eq!(env.aggregate_type, "account");
+        assert_eq!(env.aggregate_id, "a-1");
+        assert_eq!(env.created_at.unwrap().timestamp_subsec_micros(), 123_456);
+        assert_eq!(env.traceparent(), Some("00-abc-def-01"));
+        assert!(!env.headers.contains_key("aggregate_id"));
+        assert_eq!(env.payload["amount"], 5);
+        assert_eq!(attempt(&props()), 1);
+    }
+
+    #[test]
+    fn rejects_what_cannot_be_processed() {
+        let no_id = BasicProperties::default().with_type("x".into());
+        assert!(
+            decode(&no_id, "x", b"{}")
+                .unwrap_err()
+                .contains("missing message_id")
+        );
+        let bad_id = BasicProperties::default().with_message_id("nope".into());
+        assert!(
+            decode(&bad_id, "x", b"{}")
+                .unwrap_err()
+                .contains("not a UUID")
+        );
+        assert!(
+            decode(&props(), "x", b"{not json")
+                .unwrap_err()
+                .contains("not valid JSON")
+        );
+    }
+
+    #[test]
+    fn retried_copies_keep_their_event_type_and_attempt() {
+        let mut t = FieldTable::default();
+        set_text(&mut t, headers::ORIGINAL_ROUTING_KEY, "payment.captured");
+        set_int(&mut t, headers::ATTEMPT, 3);
+        let p = BasicProperties::default().with_headers(t.clone());
+        assert_eq!(event_type(&p, "ledger"), "payment.captured");
+        assert_eq!(attempt(&p), 3);
+        remove(&mut t, &[headers::ATTEMPT]);
+        assert!(t.inner().get(headers::ATTEMPT).is_none());
+        assert!(t.inner().get(headers::ORIGINAL_ROUTING_KEY).is_some());
+        assert_eq!(truncate("héllo", 2), "h...");
+    }
+}

@@ -1,0 +1,180 @@
+//! The broker objects a consumer owns, named after the consumer, and their declaration.
+//!
+//! ```text
+//!  outbox exchange (topic) --binding keys--> NAME (quorum queue) --reject--> NAME.dlx (fanout) --> NAME.dlq
+//!                                              ^        |  transient failure: publish with x-attempt+1
+//!                                              |        v
+//!                     (TTL expired, dead-lettered back) NAME.retry.<delay>   (one queue per delay)
+//! ```
+//!
+//! Retries wait in per-delay queues with `x-message-ttl` whose messages dead-letter back into the
+//! main queue, so a failing message never spins in a hot requeue loop and a long delay does not
+//! hold back a short one. Dead letters are published by the runtime to `NAME.dlx` with the reason
+//! in headers; the main queue also dead-letters into it, so anything the broker rejects lands in the
+//! same place. The dead-letter queue is a classic queue so that `dlq list` can browse it without
+//! counting deliveries.
+
+use crate::config::format_duration;
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Connection, ExchangeKind};
+use std::time::Duration;
+
+/// Names of a consumer's queues and exchanges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    /// The durable quorum queue bound to the outbox exchange: `NAME`.
+    pub queue: String,
+    /// Fanout exchange dead letters go to: `NAME.dlx`.
+    pub dead_letter_exchange: String,
+    /// Durable queue keeping dead letters until replayed: `NAME.dlq`.
+    pub dead_letter_queue: String,
+    /// One queue per distinct retry delay: `NAME.retry.<delay>` (e.g. `ledger.retry.10s`).
+    pub retry_queues: Vec<(Duration, String)>,
+}
+
+impl Topology {
+    pub fn new(name: &str, retry_delays: &[Duration]) -> Self {
+        let mut retry_queues: Vec<(Duration, String)> = Vec::new();
+        for &d in retry_delays {
+            if !retry_queues.iter().any(|(x, _)| *x == d) {
+                retry_queues.push((d, format!("{name}.retry.{}", format_duration(d))));
+            }
+        }
+        Self {
+            queue: name.to_string(),
+            dead_letter_exchange: format!("{name}.dlx"),
+            dead_letter_queue: format!("{name}.dlq"),
+            retry_queues,
+        }
+    }
+
+    /// Every queue of this consumer (for operators and test cleanup).
+    pub fn queues(&self) -> Vec<String> {
+        let mut q = vec![self.queue.clone(), self.dead_letter_queue.clone()];
+        q.extend(self.retry_queues.iter().map(|(_, n)| n.clone()));
+        q
+    }
+
+    /// Every exchange of this consumer (the outbox exchange is shared, not listed).
+    pub fn exchanges(&self) -> Vec<String> {
+        vec![self.dead_letter_exchange.clone()]
+    }
+
+    /// The retry queue that delays `delay`.
+    pub fn retry_queue(&self, delay: Duration) -> Option<&str> {
+        self.retry_queues
+            .iter()
+            .find(|(d, _)| *d == delay)
+            .map(|(_, n)| n.as_str())
+    }
+
+    /// Declares everything (idempotent): the outbox exchange, the dead-letter exchange and queue,
+    /// the main queue with `bindings`, and the retry queues.
+    pub async fn declare(
+        &self,
+        conn: &Connection,
+        exchange: &str,
+        bindings: &[String],
+    ) -> Result<(), lapin::Error> {
+        shared::amqp::declare_outbox_exchange(conn, exchange, true).await?;
+        let ch = conn.create_channel().await?;
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+
+        ch.exchange_declare(
+            self.dead_letter_exchange.as_str().into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_declare(
+            self.dead_letter_queue.as_str().into(),
+            durable,
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_bind(
+            self.dead_letter_queue.as_str().into(),
+            self.dead_letter_exchange.as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+
+        let mut args = FieldTable::default();
+        args.insert("x-queue-type".into(), text("quorum"));
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            text(&self.dead_letter_exchange),
+        );
+        ch.queue_declare(self.queue.as_str().into(), durable, args)
+            .await?;
+        for key in bindings {
+            ch.queue_bind(
+                self.queue.as_str().into(),
+                exchange.into(),
+                key.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        }
+
+        for (delay, name) in &self.retry_queues {
+            let mut args = FieldTable::default();
+            let ttl = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+            args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl));
+            args.insert("x-dead-letter-exchange".into(), text(""));
+            args.insert("x-dead-letter-routing-key".into(), text(&self.queue));
+            ch.queue_declare(name.as_str().into(), durable, args)
+                .await?;
+        }
+        let _ = ch.close(200, ShortString::from("declared")).await;
+        Ok(())
+    }
+}
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_derive_from_the_consumer() {
+        let t = Topology::new(
+            "ledger",
+            &[
+                Duration::from_millis(100),
+                Duration::from_secs(5),
+                Duration::from_millis(100),
+            ],
+        );
+        assert_eq!(t.queue, "ledger");
+        assert_eq!(t.dead_letter_exchange, "ledger.dlx");
+        assert_eq!(t.dead_letter_queue, "ledger.dlq");
+        assert_eq!(
+            t.queues(),
+            vec![
+                "ledger",
+                "ledger.dlq",
+                "ledger.retry.100ms",
+                "ledger.retry.5s"
+            ]
+        );
+        assert_eq!(
+            t.retry_queue(Duration::from_secs(5)),
+            Some("ledger.retry.5s")
+        );
+    }
+}
