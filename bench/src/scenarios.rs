@@ -396,16 +396,411 @@ async fn measure_commit_to_delivery(
     Ok(h)
 }
 
-async fn consumer(_env: &BenchEnv, _c: &mut Ceilings) -> anyhow::Result<Vec<Line>> {
-    anyhow::bail!("not implemented yet")
+/// Publishes `n` ledger events (`payment.captured`) to the exchange with confirms.
+async fn publish_ledger_events(env: &BenchEnv, n: u64, routing_key: &str) -> anyhow::Result<()> {
+    let ch = env.conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let mut in_flight = FuturesUnordered::new();
+    for i in 0..n {
+        while in_flight.len() >= 1000 {
+            let r: Result<Confirmation, lapin::Error> = in_flight.next().await.unwrap();
+            anyhow::ensure!(matches!(r?, Confirmation::Ack(None)), "publish not acked");
+        }
+        let body = payload(i).to_string();
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "aggregate_type".into(),
+            lapin::types::AMQPValue::LongString("account".into()),
+        );
+        headers.insert(
+            "aggregate_id".into(),
+            lapin::types::AMQPValue::LongString(format!("acct-{:05}", i % 1000).into()),
+        );
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_type("payment.captured".into())
+            .with_message_id(uuid::Uuid::now_v7().to_string().into())
+            .with_headers(headers);
+        let confirm = ch
+            .basic_publish(
+                env.exchange.as_str().into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                body.as_bytes(),
+                props,
+            )
+            .await?;
+        in_flight.push(confirm);
+    }
+    while let Some(r) = in_flight.next().await {
+        anyhow::ensure!(matches!(r?, Confirmation::Ack(None)), "publish not acked");
+    }
+    Ok(())
 }
 
-async fn end_to_end(_env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
-    anyhow::bail!("not implemented yet")
+fn consumer_topology(name: &str) -> consumer::Topology {
+    let delays: Vec<Duration> = ["1s", "10s", "1m", "5m"]
+        .iter()
+        .map(|d| consumer::config::parse_duration(d).expect("valid default delay"))
+        .collect();
+    consumer::Topology::new(name, &delays)
 }
 
-async fn api(_env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
-    anyhow::bail!("not implemented yet")
+async fn delete_consumer_topology(env: &BenchEnv, name: &str) {
+    let t = consumer_topology(name);
+    for q in t.queues() {
+        env.delete_queue(&q).await;
+    }
+    if let Ok(ch) = env.conn.create_channel().await {
+        for e in t.exchanges() {
+            let _ = ch
+                .exchange_delete(e.as_str().into(), Default::default())
+                .await;
+        }
+    }
+}
+
+async fn ledger_updates(env: &BenchEnv) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT coalesce(sum(updates), 0)::bigint FROM ledger_balances")
+            .fetch_one(&env.pool)
+            .await?,
+    )
+}
+
+/// Raw consume+ack from a quorum queue vs the ledger consumer (dedup + effect) on the same messages.
+async fn consumer(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>> {
+    let n = env.n(50_000, 500);
+    // Raw: a quorum queue like the consumer's, manual ack per message, prefetch 1000.
+    let raw_q = format!("{}.raw", env.exchange);
+    {
+        let ch = env.conn.create_channel().await?;
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            lapin::types::AMQPValue::LongString("quorum".into()),
+        );
+        ch.queue_declare(
+            raw_q.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await?;
+        ch.queue_bind(
+            raw_q.as_str().into(),
+            env.exchange.as_str().into(),
+            "raw.captured".into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    }
+    publish_ledger_events(env, n, "raw.captured").await?;
+    let ch = env.conn.create_channel().await?;
+    ch.basic_qos(1000, BasicQosOptions::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            raw_q.as_str().into(),
+            "bench-raw".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let started = Instant::now();
+    let mut got = 0u64;
+    while got < n {
+        let d = tokio::time::timeout(Duration::from_secs(30), consumer.next())
+            .await
+            .context("raw consume stalled")?
+            .context("consumer ended")??;
+        d.ack(lapin::options::BasicAckOptions::default()).await?;
+        got += 1;
+    }
+    let raw = n as f64 / started.elapsed().as_secs_f64();
+    drop(consumer);
+    let _ = ch.close(200, "done".into()).await;
+    env.delete_queue(&raw_q).await;
+    c.raw_consume = Some(raw);
+
+    // The ledger consumer: start once to declare its queue, stop, fill the queue, start and time it.
+    let name = format!("{}-ledger", env.exchange.replace('.', "-"));
+    let args = ["--name", name.as_str(), "--bind", "payment.captured"];
+    let first = env.spawn("consumer", &args, &[])?;
+    wait_queue_exists(env, &name).await?;
+    env::stop(first).await;
+    sqlx::query("TRUNCATE ledger_balances, processed_messages")
+        .execute(&env.pool)
+        .await?;
+    publish_ledger_events(env, n, "payment.captured").await?;
+    let consumer = env.spawn("consumer", &args, &[])?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut t0 = None;
+    loop {
+        let done = ledger_updates(env).await?;
+        if done > 0 && t0.is_none() {
+            t0 = Some((Instant::now(), done));
+        }
+        if done as u64 >= n {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "consumer did not finish in 300 s ({done} of {n})"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (t0, first_done) = t0.context("no progress")?;
+    let rate = (n - first_done as u64) as f64 / t0.elapsed().as_secs_f64().max(1e-6);
+    env::stop(consumer).await;
+    delete_consumer_topology(env, &name).await;
+    Ok(vec![
+        Line::new("consumer raw consume+ack", raw, "msg/s").note(format!("{n} messages from a quorum queue, manual ack, prefetch 1000")),
+        Line::new("consumer ledger (dedup + effect)", rate, "msg/s")
+            .vs_ceiling(raw, Some(0.6))
+            .note("consumer binary with default settings; ceiling = raw consume+ack of the same messages"),
+    ])
+}
+
+async fn wait_queue_exists(env: &BenchEnv, queue: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ch = env.conn.create_channel().await?;
+        let r = ch
+            .queue_declare(
+                queue.into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        if r.is_ok() {
+            let _ = ch.close(200, "ok".into()).await;
+            // Consumers attached means the consumer is fully up.
+            if r.map(|q| q.consumer_count()).unwrap_or(0) > 0 {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "consumer queue {queue} not declared within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Producer commit to consumer commit at 1,000 msg/s: relay + ledger consumer running.
+async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
+    let duration = env.secs(30.0, 2.0);
+    env.reset_outbox().await?;
+    sqlx::query("TRUNCATE ledger_balances, processed_messages")
+        .execute(&env.pool)
+        .await?;
+    let name = format!("{}-e2e", env.exchange.replace('.', "-"));
+    let consumer = env.spawn(
+        "consumer",
+        &["--name", name.as_str(), "--bind", "payment.captured"],
+        &[],
+    )?;
+    wait_queue_exists(env, &name).await?;
+    let relay = env.spawn_relay(&[])?;
+    wait_partitions_split(env, 1).await?;
+
+    // Producers: like relay-latency, but ledger events, recording each commit's wall-clock time.
+    let commits: Arc<Mutex<HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>>>> =
+        Arc::new(Mutex::new(HashMap::new()));
+    let rate = 1000u64;
+    let mut producers = Vec::new();
+    for p in 0..4u64 {
+        let pool = env.pool.clone();
+        let commits = commits.clone();
+        producers.push(tokio::spawn(async move {
+            let per_conn = rate / 4;
+            let singles = (per_conn / 2).max(1);
+            let tens = (per_conn / 20).max(1);
+            let txs_per_sec = singles + tens;
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / txs_per_sec as f64));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let end = Instant::now() + duration;
+            let mut i = 0u64;
+            while Instant::now() < end {
+                tick.tick().await;
+                let rows = if i % txs_per_sec < tens { 10 } else { 1 };
+                let msgs = messages(p * 1_000_000_000 + i * 10, rows, 1000, "payment.captured");
+                let mut tx = pool.begin().await?;
+                shared::outbox::enqueue_many(&mut *tx, &msgs).await?;
+                tx.commit().await?;
+                let now = chrono::Utc::now();
+                let mut c = commits.lock().unwrap();
+                for m in &msgs {
+                    c.insert(m.id, now);
+                }
+                i += 1;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for p in producers {
+        p.await??;
+    }
+    let total = commits.lock().unwrap().len() as i64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM processed_messages WHERE consumer = $1")
+                .bind(&name)
+                .fetch_one(&env.pool)
+                .await?;
+        if done >= total {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {done} of {total} processed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rows: Vec<(uuid::Uuid, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT message_id, processed_at FROM processed_messages WHERE consumer = $1",
+    )
+    .bind(&name)
+    .fetch_all(&env.pool)
+    .await?;
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    {
+        let commits = commits.lock().unwrap();
+        for (id, at) in rows {
+            if let Some(c) = commits.get(&id) {
+                h.record((at - *c).num_microseconds().unwrap_or(0).max(1) as u64)
+                    .ok();
+            }
+        }
+    }
+    env::stop(relay).await;
+    env::stop(consumer).await;
+    delete_consumer_topology(env, &name).await;
+    anyhow::ensure!(!h.is_empty(), "no latencies measured");
+    Ok(latency_lines(
+        "end-to-end",
+        &h,
+        25.0,
+        "producer commit -> consumer transaction (processed_at), 1,000 msg/s, relay + ledger consumer",
+    ))
+}
+
+/// POST /orders through the real producer binary at fixed concurrency: new keys, then replays.
+async fn api(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
+    let duration = env.secs(10.0, 1.0);
+    let concurrency = 16usize;
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let key_out = tokio::process::Command::new(env.bin("producer")?)
+        .args(["api-key", "create", "--tenant", "bench"])
+        .env("DATABASE_URL", &env.db_url)
+        .env("RUST_LOG", "warn")
+        .output()
+        .await?;
+    anyhow::ensure!(key_out.status.success(), "api-key create failed");
+    let api_key = String::from_utf8(key_out.stdout)?.trim().to_string();
+    let producer = env.spawn("producer", &[], &[("LISTEN_ADDR", &addr.to_string())])?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .build()?;
+    let base = format!("http://{addr}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .map(|r| r.status().is_success())
+        .ok()
+        != Some(true)
+    {
+        anyhow::ensure!(Instant::now() < deadline, "producer not ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let body = serde_json::json!({"customer_id": "c-1", "currency": "EUR", "items": [{"sku": "sku-1", "quantity": 2, "unit_price": 1250}]});
+    let mut lines = Vec::new();
+    let keys: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    for mode in ["new keys", "replays"] {
+        let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
+            1, 60_000_000, 3,
+        )?));
+        let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let started = Instant::now();
+        let end = started + duration;
+        let mut workers = Vec::new();
+        for w in 0..concurrency {
+            let (http, base, api_key, body, hist, count, keys) = (
+                http.clone(),
+                base.clone(),
+                api_key.clone(),
+                body.clone(),
+                hist.clone(),
+                count.clone(),
+                keys.clone(),
+            );
+            let replay = mode == "replays";
+            workers.push(tokio::spawn(async move {
+                let mut i = 0usize;
+                while Instant::now() < end {
+                    let key = if replay {
+                        let k = keys.lock().unwrap();
+                        anyhow::ensure!(!k.is_empty(), "no keys to replay");
+                        k[(w * 7919 + i) % k.len()].clone()
+                    } else {
+                        uuid::Uuid::new_v4().to_string()
+                    };
+                    let t = Instant::now();
+                    let r = http
+                        .post(format!("{base}/orders"))
+                        .bearer_auth(&api_key)
+                        .header("Idempotency-Key", &key)
+                        .json(&body)
+                        .send()
+                        .await?;
+                    let status = r.status();
+                    let _ = r.bytes().await?;
+                    anyhow::ensure!(status.as_u16() == 201, "unexpected status {status}");
+                    hist.lock()
+                        .unwrap()
+                        .record(t.elapsed().as_micros().max(1) as u64)
+                        .ok();
+                    count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if !replay {
+                        keys.lock().unwrap().push(key);
+                    }
+                    i += 1;
+                }
+                Ok::<_, anyhow::Error>(())
+            }));
+        }
+        for w in workers {
+            w.await??;
+        }
+        let n = count.load(std::sync::atomic::Ordering::Relaxed);
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        let h = hist.lock().unwrap().clone();
+        lines.push(
+            Line::new(&format!("api POST /orders {mode}"), rate, "req/s")
+                .note(format!("{concurrency} concurrent clients, {n} requests")),
+        );
+        lines.push(Line::new(
+            &format!("api POST /orders {mode} p99"),
+            h.value_at_quantile(0.99) as f64 / 1000.0,
+            "ms",
+        ));
+    }
+    env::stop(producer).await;
+    Ok(lines)
 }
 
 /// Peak RSS of one relay process draining a large backlog.
