@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole system on the local PostgreSQL and RabbitMQ, without Docker: the producer API, two
-# relays, the ledger and payments consumers and a small load generator. Ctrl-C stops everything.
+# relays, a stand-in payment gateway, the ledger consumer and a small load generator, as in
+# docker-compose.yml. Ctrl-C stops everything.
 #
 #   scripts/up.sh            # runs until Ctrl-C
 #   UP_SECONDS=30 scripts/up.sh   # runs 30 s, prints what happened, stops
@@ -36,26 +37,27 @@ API_KEY="$("$BIN/producer" api-key create --tenant demo)"
 LISTEN_ADDR="$API_ADDR" "$BIN/producer" >"$LOG_DIR/producer.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:9101 "$BIN/relay" >"$LOG_DIR/relay-1.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:9102 "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($!)
-METRICS_ADDR=127.0.0.1:9103 "$BIN/consumer" --name payments --handler payments --bind payment.requested >"$LOG_DIR/consumer-payments.log" 2>&1 & pids+=($!)
-METRICS_ADDR=127.0.0.1:9104 "$BIN/consumer" --name ledger --handler ledger --bind payment.captured >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
+METRICS_ADDR=127.0.0.1:9103 "$BIN/consumer" --name ledger --bind payment.captured >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
+deploy/payment-gateway.sh >"$LOG_DIR/payment-gateway.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 1 100); do curl -fsS "http://$API_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 cat <<EOT
 running:
   producer API   http://$API_ADDR  (API key: $API_KEY)
   relay metrics  http://127.0.0.1:9101/metrics  http://127.0.0.1:9102/metrics
-  consumers      http://127.0.0.1:9103/metrics (payments)  http://127.0.0.1:9104/metrics (ledger)
+  consumer       http://127.0.0.1:9103/metrics (ledger, payment.captured)
+  gateway        deploy/payment-gateway.sh settles pending payments and emits payment.captured
   logs           $LOG_DIR/
-load: an order and its payment every 200 ms (every 5th request is sent twice: a replay)
+load: deploy/loadgen.sh places an order and pays it every 200 ms (with replays, conflicts, mismatches)
 EOT
 
-API_KEY="$API_KEY" API_ADDR="$API_ADDR" deploy/loadgen.sh & pids+=($!)
+API_KEY="$API_KEY" API_ADDR="$API_ADDR" deploy/loadgen.sh >"$LOG_DIR/loadgen.log" 2>&1 & pids+=($!)
 
 if [[ -n "${UP_SECONDS:-}" ]]; then
     sleep "$UP_SECONDS"
     echo "--- after ${UP_SECONDS}s"
     psql "$DATABASE_URL" -c "SELECT (SELECT count(*) FROM orders) AS orders, (SELECT count(*) FROM payments) AS payments,
-        (SELECT count(*) FROM payments WHERE status = 'captured') AS captured,
+        (SELECT count(*) FROM payments WHERE status = 'succeeded') AS succeeded,
         (SELECT count(*) FROM outbox WHERE state = 'pending') AS outbox_pending,
         (SELECT coalesce(sum(updates), 0) FROM ledger_balances) AS ledger_updates"
 else
