@@ -51,7 +51,10 @@ enum DlqCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    shared::telemetry::init_logging();
+    shared::telemetry::init(
+        &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "consumer".into()),
+        cli.settings.connections.otlp_endpoint.as_deref(),
+    );
     let database_url = cli.settings.connections.database_url.clone();
     let config = cli.settings.into_config().context("invalid settings")?;
     match cli.command {
@@ -94,7 +97,9 @@ async fn main() -> anyhow::Result<()> {
                 pool = connect => pool.context("connecting to PostgreSQL")?,
                 _ = shutdown.cancelled() => return Ok(()),
             };
-            consumer::run(config, pool, consumer::ledger::handlers(), shutdown).await?;
+            let result = consumer::run(config, pool, consumer::ledger::handlers(), shutdown).await;
+            shared::telemetry::shutdown_tracing();
+            result?;
         }
     }
     Ok(())

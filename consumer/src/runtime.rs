@@ -880,10 +880,15 @@ fn message_span(env: &Envelope, attempt: u32) -> tracing::Span {
         message_id = %env.message_id,
         event_type = %env.event_type,
         attempt,
+        trace_id = tracing::field::Empty,
         traceparent = tracing::field::Empty,
     );
     if let Some(tp) = env.traceparent() {
         span.record("traceparent", tp);
+        if let Some(id) = shared::trace::trace_id(Some(tp)) {
+            span.record("trace_id", id);
+        }
+        shared::trace::set_parent(&span, tp);
     }
     span
 }

@@ -24,6 +24,10 @@ pub struct Config {
     /// How long to keep retrying to connect and migrate at start, in seconds.
     #[arg(long, env = "DB_CONNECT_DEADLINE_SECS", default_value_t = 60)]
     pub db_connect_deadline_secs: u64,
+    /// Export spans over OTLP/HTTP to this collector (e.g. `http://127.0.0.1:4318`); off when unset.
+    /// The events' `traceparent` then points at the request's span.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// How long an idempotency key is kept, in seconds; afterwards the same key counts as new.
     #[arg(long, env = "IDEMPOTENCY_TTL_SECS", default_value_t = 86_400,
           value_parser = clap::value_parser!(u64).range(1..=31_536_000))]

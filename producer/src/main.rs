@@ -38,14 +38,17 @@ enum ApiKeyCommand {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    shared::telemetry::init_logging();
     let cli = Cli::parse();
+    shared::telemetry::init(
+        &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "producer".into()),
+        cli.config.otlp_endpoint.as_deref(),
+    );
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             let shutdown = shared::shutdown::on_signal();
-            producer::run(cli.config, shutdown)
-                .await
-                .context("producer failed")
+            let result = producer::run(cli.config, shutdown).await;
+            shared::telemetry::shutdown_tracing();
+            result.context("producer failed")
         }
         Command::ApiKey(ApiKeyCommand::Create { tenant }) => {
             if !producer::auth::valid_tenant(&tenant) {

@@ -16,6 +16,7 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use shared::NewMessage;
+use tracing::Instrument;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -123,7 +124,7 @@ pub async fn create_order(
     let key = idempotency::key_from_headers(&headers)?;
     let order = validation::order(&validation::json_body(&headers, body)?)?;
     let fingerprint = idempotency::fingerprint(Operation::CreateOrder, &order.normalized());
-    let traceparent = trace_context::continue_or_start(&headers);
+    let (span, traceparent) = trace_context::request_span(&headers, "create_order");
     let tenant_name = tenant.0.clone();
     idempotency::execute(
         &state,
@@ -133,6 +134,7 @@ pub async fn create_order(
         fingerprint,
         move |ctx| Box::pin(place(ctx, tenant, order, traceparent)),
     )
+    .instrument(span)
     .await
 }
 
@@ -183,6 +185,7 @@ async fn place(
     let message = NewMessage::new("order", id.to_string(), "order.placed", event)
         .with_header("traceparent", traceparent)
         .with_header("tenant", tenant.0.clone());
+    tracing::Span::current().record("message_id", tracing::field::display(message.id));
 
     let mut tx = ctx.state.pool.begin().await?;
     // Fenced first: the record row stays locked until commit, and a holder that lost its lease

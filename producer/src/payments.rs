@@ -17,6 +17,7 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use shared::NewMessage;
+use tracing::Instrument;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -90,7 +91,7 @@ pub async fn create_payment(
     let key = idempotency::key_from_headers(&headers)?;
     let payment = validation::payment(&validation::json_body(&headers, body)?)?;
     let fingerprint = idempotency::fingerprint(Operation::CreatePayment, &payment.normalized());
-    let traceparent = trace_context::continue_or_start(&headers);
+    let (span, traceparent) = trace_context::request_span(&headers, "create_payment");
     let tenant_name = tenant.0.clone();
     idempotency::execute(
         &state,
@@ -100,6 +101,7 @@ pub async fn create_payment(
         fingerprint,
         move |ctx| Box::pin(request(ctx, tenant, payment, traceparent)),
     )
+    .instrument(span)
     .await
 }
 
@@ -171,6 +173,7 @@ async fn request(
     let message = NewMessage::new("payment", id.to_string(), "payment.requested", event)
         .with_header("traceparent", traceparent)
         .with_header("tenant", tenant.0.clone());
+    tracing::Span::current().record("message_id", tracing::field::display(message.id));
 
     // The outcome of the charge is not known yet: the record stays `pending` (never purged) until
     // the payment leaves `pending` (trigger in the migration).

@@ -17,6 +17,31 @@ pub fn continue_or_start(headers: &HeaderMap) -> String {
     }
 }
 
+/// The span of one API request. It carries the trace id on every log line of the request and, once
+/// the event is written, its message id. With OTLP export on, the span continues the incoming trace
+/// and the events' `traceparent` points at it, so relay and consumer spans hang under this request.
+pub fn request_span(headers: &HeaderMap, operation: &'static str) -> (tracing::Span, String) {
+    let incoming = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| parse(v).is_some());
+    let span = tracing::info_span!(
+        "request",
+        operation,
+        trace_id = tracing::field::Empty,
+        message_id = tracing::field::Empty,
+    );
+    if let Some(tp) = incoming {
+        shared::trace::set_parent(&span, tp);
+    }
+    let traceparent =
+        shared::trace::traceparent_of(&span).unwrap_or_else(|| continue_or_start(headers));
+    if let Some(id) = shared::trace::trace_id(Some(&traceparent)) {
+        span.record("trace_id", id);
+    }
+    (span, traceparent)
+}
+
 /// The parts of a valid `traceparent` that a child keeps.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Parent<'a> {

@@ -305,6 +305,9 @@ async fn publish_loop(
         }
         for (i, reason, error) in &outcome.failed {
             let row = &rows[*i];
+            let trace_id =
+                shared::trace::trace_id(row.headers.get("traceparent").and_then(|v| v.as_str()))
+                    .unwrap_or("");
             let attempt = (row.attempts + 1).max(1) as u32;
             let retry_in = opts.retry_delay(attempt);
             match store::record_failure(
@@ -319,14 +322,14 @@ async fn publish_loop(
             {
                 Ok(store::FailedState::Dead) => {
                     internal_events::rows_dead(1);
-                    tracing::error!(message_id = %row.id, seq = row.seq, %error, attempts = attempt, "row is dead after max attempts");
+                    tracing::error!(message_id = %row.id, trace_id, seq = row.seq, %error, attempts = attempt, "row is dead after max attempts");
                 }
                 Ok(store::FailedState::Retry) => {
-                    tracing::warn!(message_id = %row.id, seq = row.seq, reason = reason.as_str(), %error, attempt, ?retry_in, "publish failed; partition held back until retry");
+                    tracing::warn!(message_id = %row.id, trace_id, seq = row.seq, reason = reason.as_str(), %error, attempt, ?retry_in, "publish failed; partition held back until retry");
                 }
                 Err(e) => {
                     // Not recorded: the row stays pending and is simply retried without a charge.
-                    tracing::warn!(error = %ErrorChain(&e), seq = row.seq, "recording a failed publish failed");
+                    tracing::warn!(error = %ErrorChain(&e), message_id = %row.id, trace_id, seq = row.seq, "recording a failed publish failed");
                 }
             }
         }

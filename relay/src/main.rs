@@ -50,11 +50,16 @@ enum DeadCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    shared::telemetry::init_logging();
+    shared::telemetry::init(
+        &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "relay".into()),
+        cli.config.connections.otlp_endpoint.as_deref(),
+    );
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => {
             let shutdown = shared::shutdown::on_signal();
-            relay::run(cli.config, shutdown).await?;
+            let result = relay::run(cli.config, shutdown).await;
+            shared::telemetry::shutdown_tracing();
+            result?;
         }
         Command::Migrate => {
             let pool =

@@ -176,7 +176,16 @@ impl Publisher {
                 if failed_partitions.contains(&row.partition) {
                     continue; // its successors stay unsent too
                 }
-                let span = tracing::debug_span!("publish", message_id = %row.id, seq = row.seq);
+                let traceparent = row.headers.get("traceparent").and_then(|v| v.as_str());
+                let span = tracing::info_span!(
+                    "publish",
+                    message_id = %row.id,
+                    trace_id = shared::trace::trace_id(traceparent).unwrap_or(""),
+                    seq = row.seq
+                );
+                if let Some(tp) = traceparent {
+                    shared::trace::set_parent(&span, tp);
+                }
                 match self.send(&channel, row).instrument(span).await {
                     Ok(confirm) => {
                         sent += 1;

@@ -25,4 +25,8 @@ pub struct Connections {
     /// Address of the HTTP server for /metrics, /healthz and /readyz.
     #[arg(long, env = "METRICS_ADDR", default_value = "127.0.0.1:9100")]
     pub metrics_addr: SocketAddr,
+    /// Export spans over OTLP/HTTP to this collector (e.g. `http://127.0.0.1:4318`); off when unset.
+    /// Spans continue each message's `traceparent`.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }

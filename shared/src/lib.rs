@@ -5,7 +5,9 @@
 //! - [`outbox`]: the Rust producer API: enqueue one or many messages through the caller's transaction.
 //! - [`db`]: connecting to PostgreSQL and applying the embedded migrations (safe with many instances).
 //! - [`amqp`]: connecting to RabbitMQ with heartbeats and timeouts, and the header mapping both sides use.
-//! - [`telemetry`]: logging (human or JSON), the Prometheus recorder, and the `/metrics`, `/healthz`, `/readyz` server.
+//! - [`telemetry`]: logging (human or JSON), optional OTLP span export, the Prometheus recorder, and the
+//!   `/metrics`, `/healthz`, `/readyz` server.
+//! - [`trace`]: W3C `traceparent` parsing and continuing a message's trace.
 //! - [`shutdown`]: SIGTERM/SIGINT as a cancellation token passed to every `run`.
 //! - [`backoff`]: exponential backoff with full jitter, shared by retries and reconnects.
 //! - [`config`]: the connection settings (flags and env vars) every binary takes.
@@ -18,6 +20,7 @@ pub mod envelope;
 pub mod outbox;
 pub mod shutdown;
 pub mod telemetry;
+pub mod trace;
 
 pub use envelope::{Envelope, NewMessage};
 pub use tokio_util::sync::CancellationToken;

@@ -27,26 +27,111 @@ pub const SIZE_BUCKETS: &[f64] = &[
 ];
 
 /// Installs the global tracing subscriber once; later calls are no-ops (tests run many components
-/// in one process).
+/// in one process). OTLP trace export is on when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
 pub fn init_logging() {
-    static INIT: OnceLock<()> = OnceLock::new();
-    INIT.get_or_init(|| {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let json = std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr);
-        let _ = if json {
-            builder
-                .json()
-                .flatten_event(true)
-                .with_current_span(true)
-                .try_init()
-        } else {
-            builder.try_init()
-        };
+    let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .ok()
+        .filter(|e| !e.trim().is_empty());
+    let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "outbox".into())
     });
+    init(&service, endpoint.as_deref());
+}
+
+static OTLP: OnceLock<Option<opentelemetry_sdk::trace::SdkTracerProvider>> = OnceLock::new();
+
+/// Whether spans are exported over OTLP.
+pub fn otlp_enabled() -> bool {
+    OTLP.get().is_some_and(Option::is_some)
+}
+
+/// Installs logging (and OTLP export of spans to `otlp_endpoint`, e.g. `http://collector:4318`).
+pub fn init(service: &str, otlp_endpoint: Option<&str>) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let provider = OTLP.get_or_init(|| otlp_endpoint.and_then(|e| otlp_provider(service, e)));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    let fmt = if json {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(std::io::stderr)
+            .boxed()
+    } else {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed()
+    };
+    let otel = provider.as_ref().map(|p| {
+        use opentelemetry::trace::TracerProvider;
+        tracing_opentelemetry::layer().with_tracer(p.tracer(service.to_string()))
+    });
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .try_init();
+}
+
+fn otlp_provider(
+    service: &str,
+    endpoint: &str,
+) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use opentelemetry_otlp::WithExportConfig;
+    let url = if endpoint.trim_end_matches('/').ends_with("/v1/traces") {
+        endpoint.to_string()
+    } else {
+        format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+    };
+    let service = service.to_string();
+    // The blocking HTTP client must not be built inside the async runtime.
+    std::thread::spawn(move || {
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(url)
+            .with_timeout(Duration::from_secs(5))
+            .build();
+        match exporter {
+            Ok(exporter) => Some(
+                opentelemetry_sdk::trace::SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(
+                        opentelemetry_sdk::Resource::builder()
+                            .with_service_name(service)
+                            .build(),
+                    )
+                    .build(),
+            ),
+            Err(e) => {
+                eprintln!("OTLP export disabled: {e}");
+                None
+            }
+        }
+    })
+    .join()
+    .ok()
+    .flatten()
+}
+
+/// Flushes and stops OTLP export (call before exiting). A no-op when export is off.
+pub fn shutdown_tracing() {
+    if let Some(Some(p)) = OTLP.get() {
+        let p = p.clone();
+        // Flushing uses the blocking client: keep it off the async runtime.
+        let _ = std::thread::spawn(move || {
+            let _ = p.force_flush();
+            let _ = p.shutdown();
+        })
+        .join();
+    }
 }
 
 /// The process-wide Prometheus recorder, installed on first use.

@@ -33,6 +33,7 @@ fn config(db_url: &str, amqp_url: &str, exchange: &str, options: RelayOptions) -
             amqp_url: amqp_url.to_string(),
             exchange: exchange.to_string(),
             metrics_addr: free_addr(),
+            otlp_endpoint: None,
         },
         options,
     }
