@@ -139,7 +139,11 @@ impl BenchEnv {
             .env("DATABASE_URL", &self.db_url)
             .env("AMQP_URL", &self.amqp_url)
             .env("OUTBOX_EXCHANGE", &self.exchange)
-            .env("METRICS_ADDR", "127.0.0.1:0")
+            // BENCH_RELAY_METRICS_ADDR: scrape the (single) relay while a scenario runs.
+            .env(
+                "METRICS_ADDR",
+                std::env::var("BENCH_RELAY_METRICS_ADDR").unwrap_or_else(|_| "127.0.0.1:0".into()),
+            )
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .kill_on_drop(true)
@@ -222,4 +226,105 @@ pub fn rss(pid: u32) -> Option<(u64, u64)> {
             .map(|kb| kb * 1024)
     };
     Some((field("VmHWM:")?, field("VmRSS:")?))
+}
+
+/// CPU time used per process group (rabbitmq, postgres, relay, other) and by the whole machine,
+/// between two snapshots: where the time goes during a scenario.
+#[derive(Debug, Clone, Default)]
+pub struct CpuSnapshot {
+    at: Option<std::time::Instant>,
+    machine_busy: u64,
+    machine_total: u64,
+    groups: std::collections::BTreeMap<String, u64>,
+}
+
+const CLK_TCK: f64 = 100.0;
+
+fn group_of(comm: &str) -> &'static str {
+    match comm {
+        "beam.smp" | "erl_child_setup" | "inet_gethost" | "epmd" => "rabbitmq",
+        c if c.starts_with("postgres") || c.starts_with("postmaster") => "postgres",
+        "relay" => "relay",
+        "consumer" => "consumer",
+        "producer" => "producer",
+        "bench" => "bench",
+        _ => "other",
+    }
+}
+
+impl CpuSnapshot {
+    pub fn take() -> Self {
+        let mut s = CpuSnapshot {
+            at: Some(std::time::Instant::now()),
+            ..Default::default()
+        };
+        if let Ok(stat) = std::fs::read_to_string("/proc/stat")
+            && let Some(line) = stat.lines().next()
+        {
+            let v: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+            s.machine_total = v.iter().sum();
+            s.machine_busy = s.machine_total - idle;
+        }
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let name = e.file_name();
+                let Some(pid) = name
+                    .to_str()
+                    .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                else {
+                    continue;
+                };
+                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                    continue;
+                };
+                let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                    continue;
+                };
+                let comm = &stat[open + 1..close];
+                let rest: Vec<&str> = stat[close + 2..].split(' ').collect();
+                // utime and stime are fields 14 and 15 (1-based); `rest` starts at field 3.
+                let ticks = rest
+                    .get(11)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+                    + rest
+                        .get(12)
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0);
+                *s.groups.entry(group_of(comm).to_string()).or_default() += ticks;
+            }
+        }
+        s
+    }
+
+    /// "machine 97% busy; cpu ms per 1000 msgs: rabbitmq 80, postgres 40, relay 30".
+    pub fn report_since(&self, earlier: &CpuSnapshot, messages: u64) -> String {
+        let total = self
+            .machine_total
+            .saturating_sub(earlier.machine_total)
+            .max(1);
+        let busy = self.machine_busy.saturating_sub(earlier.machine_busy);
+        let mut parts = Vec::new();
+        for (g, t) in &self.groups {
+            let before = earlier.groups.get(g).copied().unwrap_or(0);
+            let ms = t.saturating_sub(before) as f64 / CLK_TCK * 1000.0;
+            if ms >= 1.0 && g != "other" {
+                parts.push(format!("{g} {:.0}", ms * 1000.0 / messages.max(1) as f64));
+            }
+        }
+        let secs = match (self.at, earlier.at) {
+            (Some(a), Some(b)) => a.duration_since(b).as_secs_f64(),
+            _ => 0.0,
+        };
+        format!(
+            "machine {:.0}% busy over {secs:.1} s; CPU ms per 1000 msgs: {}",
+            busy as f64 * 100.0 / total as f64,
+            parts.join(", ")
+        )
+    }
 }

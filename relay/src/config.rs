@@ -53,8 +53,8 @@ pub struct RelayOptions {
     /// How often backlog gauges (pending, oldest age, dead, unrouted) are refreshed, in milliseconds.
     #[arg(long, env = "RELAY_STATS_INTERVAL_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
     pub stats_interval_ms: u64,
-    /// PostgreSQL connections: claim/mark, LISTEN, leases and stats each use one at a time.
-    #[arg(long, env = "RELAY_DB_POOL_SIZE", default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..))]
+    /// PostgreSQL connections: LISTEN holds one; claim, mark, leases and stats use one each at a time.
+    #[arg(long, env = "RELAY_DB_POOL_SIZE", default_value_t = 6, value_parser = clap::value_parser!(u32).range(2..))]
     pub db_pool_size: u32,
     /// Instance id in relay_instances and relay_partitions (default: hostname and a random suffix).
     #[arg(long, env = "RELAY_INSTANCE_ID")]

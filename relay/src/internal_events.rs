@@ -78,6 +78,16 @@ pub fn describe() {
         "Outbox insert to broker confirm"
     );
     describe_histogram!("relay_batch_size", "Rows per claimed batch");
+    describe_histogram!(
+        "relay_claim_lag_seconds",
+        Unit::Seconds,
+        "Outbox insert to the claim that picked the row up"
+    );
+    describe_histogram!(
+        "relay_confirm_duration_seconds",
+        Unit::Seconds,
+        "Publish sent to broker confirm"
+    );
 }
 
 pub fn published(count: usize) {
@@ -94,6 +104,14 @@ pub fn publish_failed(reason: FailureReason, count: usize) {
 
 pub fn rows_dead(count: usize) {
     counter!("relay_dead_total").increment(count as u64);
+}
+
+pub fn claim_lag(lag: Duration) {
+    histogram!("relay_claim_lag_seconds").record(lag.as_secs_f64());
+}
+
+pub fn confirm_duration(d: Duration) {
+    histogram!("relay_confirm_duration_seconds").record(d.as_secs_f64());
 }
 
 pub fn batch_claimed(size: usize) {

@@ -131,24 +131,23 @@ impl Leases {
         Ok(())
     }
 
-    /// Gives back the surplus partitions. Call only at a safe point: nothing published unmarked.
-    pub async fn release_surplus(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+    /// Local lease end of a partition, if held.
+    pub fn valid_until(&self, partition: i16) -> Option<Instant> {
+        self.held.lock().unwrap().get(&partition).copied()
+    }
+
+    /// Partitions to give back for rebalancing (the highest ones held), resetting the request.
+    /// The caller stops claiming them and releases them once nothing of theirs is in flight.
+    pub fn take_surplus(&self) -> Vec<i16> {
         let n = std::mem::take(&mut *self.surplus.lock().unwrap());
-        if n == 0 {
-            return Ok(());
-        }
-        let give: Vec<i16> = self
-            .held
+        self.held
             .lock()
             .unwrap()
             .keys()
             .rev()
             .take(n)
             .copied()
-            .collect();
-        self.release(pool, &give).await?;
-        tracing::info!(partitions = ?give, "gave partitions back for rebalancing");
-        Ok(())
+            .collect()
     }
 
     /// Releases partitions (or all of them, at shutdown) so another relay can take them at once.

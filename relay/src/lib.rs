@@ -5,20 +5,23 @@
 //! - [`config`]: flags and env vars ([`RelayConfig`]).
 //! - [`leases`]: which of the 64 outbox partitions this instance publishes; takeover after a crash.
 //! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead rows.
-//! - [`publisher`]: RabbitMQ connection, confirm channel, a window of publishes in flight.
+//! - [`pipeline`]: claims, publishes and marks overlapping; per-aggregate chains keep the order.
+//! - [`publisher`]: the RabbitMQ connection, confirm channel, and the AMQP form of a row.
 //! - [`internal_events`]: every metric the relay emits.
 //! - [`run`] / [`run_with_pool`]: the loop tying them together; the binary and embedding services call these.
 //!
-//! One round: claim up to `batch_size` pending rows of the owned, unblocked partitions (a plain
+//! The flow: claim up to `batch_size` pending rows of the owned, unblocked partitions (a plain
 //! read, no transaction held) -> publish them with up to `window` confirms outstanding -> delete
-//! (or mark) the confirmed rows in one statement -> record failures, which block their partition
-//! for the retry backoff. Rounds follow each other while rows keep coming; when a claim comes back
-//! empty the relay waits for a NOTIFY from a producer's commit or the fallback poll.
+//! (or mark) confirmed rows in one statement per batch -> record refusals, which block their
+//! partition for the retry backoff. Claims and marks run while publishes are in flight, so the
+//! broker never waits for the database; when a claim comes back empty the relay waits for a
+//! NOTIFY from a producer's commit or the fallback poll.
 
 pub mod config;
 pub mod dead;
 pub mod internal_events;
 pub mod leases;
+pub(crate) mod pipeline;
 pub mod publisher;
 pub mod store;
 
@@ -31,7 +34,6 @@ use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Why the relay could not run.
@@ -121,23 +123,15 @@ pub async fn run_with_pool(
         )));
     }
 
-    let mut publisher = Publisher::new(
+    let publisher = Publisher::new(
         &config.connections.amqp_url,
         &config.connections.exchange,
         opts.alternate_exchange,
-        opts.window as usize,
-        opts.confirm_timeout(),
     );
-    publish_loop(
-        &pool,
-        &mut publisher,
-        &leases,
-        &wake,
-        &readiness,
-        &opts,
-        &shutdown,
-    )
-    .await;
+    let mut publisher =
+        pipeline::Pipeline::new(&pool, publisher, &leases, &wake, &readiness, &opts)
+            .run(&shutdown)
+            .await;
 
     // Safe point: nothing is in flight and everything confirmed is marked (or given up on after a
     // bounded wait). Hand the partitions over at once instead of making the others wait the lease.
@@ -169,179 +163,7 @@ fn validate(opts: &RelayOptions) -> Result<(), RelayError> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn publish_loop(
-    pool: &PgPool,
-    publisher: &mut Publisher,
-    leases: &Leases,
-    wake: &Notify,
-    readiness: &Readiness,
-    opts: &RelayOptions,
-    shutdown: &CancellationToken,
-) {
-    let retain = opts.retention_secs > 0;
-    let mut unmarked: Vec<i64> = Vec::new();
-    let mut db_failures = 0u32;
-    let mut amqp_failures = 0u32;
-    let mut last_unrouted = Instant::now() - opts.stats_interval();
-    let need = opts.confirm_timeout() + opts.lease() / 10;
-    let backoff =
-        |n: u32| shared::backoff::delay(n, Duration::from_millis(100), Duration::from_secs(5));
-
-    loop {
-        // Rows the broker confirmed must be marked before anything else; at shutdown, try for a while.
-        if !unmarked.is_empty() {
-            match store::mark_published(pool, &unmarked, retain).await {
-                Ok(()) => {
-                    internal_events::published(unmarked.len());
-                    unmarked.clear();
-                    db_failures = 0;
-                }
-                Err(e) => {
-                    db_failures += 1;
-                    set_ready(readiness, Some(false), None);
-                    tracing::warn!(error = %ErrorChain(&e), rows = unmarked.len(), "marking published rows failed; retrying");
-                    if shutdown.is_cancelled() && db_failures > 5 {
-                        tracing::warn!(
-                            rows = unmarked.len(),
-                            "giving up marking at shutdown: these rows will be published again"
-                        );
-                        break;
-                    }
-                    sleep_or_cancel(
-                        backoff(db_failures),
-                        if shutdown.is_cancelled() {
-                            None
-                        } else {
-                            Some(shutdown)
-                        },
-                    )
-                    .await;
-                    continue;
-                }
-            }
-        }
-        if shutdown.is_cancelled() {
-            break;
-        }
-        if let Err(e) = leases.release_surplus(pool).await {
-            tracing::warn!(error = %ErrorChain(&e), "releasing surplus partitions failed");
-        }
-        if let Err(e) = publisher.ensure_connected().await {
-            amqp_failures += 1;
-            set_ready(readiness, None, Some(false));
-            internal_events::reconnect("rabbitmq");
-            tracing::warn!(error = %ErrorChain(&e), attempt = amqp_failures, "RabbitMQ unavailable; retrying");
-            sleep_or_cancel(backoff(amqp_failures), Some(shutdown)).await;
-            continue;
-        }
-        amqp_failures = 0;
-        set_ready(readiness, None, Some(true));
-        if last_unrouted.elapsed() >= opts.stats_interval() {
-            last_unrouted = Instant::now();
-            if let Some(depth) = publisher.unrouted_depth().await {
-                internal_events::unrouted(depth);
-            }
-        }
-
-        let (partitions, lease_end) = leases.usable(need);
-        if partitions.is_empty() {
-            wait_for_work(wake, opts.poll_interval(), shutdown).await;
-            continue;
-        }
-        let batch = opts.batch_size as i64;
-        let per_partition = ((batch * 2) / partitions.len() as i64).clamp(8, batch);
-        let rows = match store::claim(pool, &leases.instance_id, &partitions, per_partition, batch)
-            .await
-        {
-            Ok(rows) => {
-                db_failures = 0;
-                set_ready(readiness, Some(true), None);
-                rows
-            }
-            Err(e) => {
-                db_failures += 1;
-                set_ready(readiness, Some(false), None);
-                internal_events::reconnect("postgres");
-                tracing::warn!(error = %ErrorChain(&e), attempt = db_failures, "claim failed; retrying");
-                sleep_or_cancel(backoff(db_failures), Some(shutdown)).await;
-                continue;
-            }
-        };
-        if rows.is_empty() {
-            wait_for_work(wake, opts.poll_interval(), shutdown).await;
-            continue;
-        }
-        internal_events::batch_claimed(rows.len());
-
-        // Send nothing whose confirm could arrive after the earliest lease end.
-        let send_until = lease_end - opts.confirm_timeout();
-        let outcome = publisher.publish_batch(&rows, send_until).await;
-        let now = chrono::Utc::now();
-        for (_, created_at) in &outcome.published {
-            internal_events::publish_latency((now - *created_at).to_std().unwrap_or_default());
-        }
-        let published: Vec<i64> = outcome.published.iter().map(|(seq, _)| *seq).collect();
-        let retried: Vec<i64> = rows
-            .iter()
-            .filter(|r| r.attempts > 0 && published.contains(&r.seq))
-            .map(|r| r.seq)
-            .collect();
-        unmarked = published;
-        match store::mark_published(pool, &unmarked, retain).await {
-            Ok(()) => {
-                internal_events::published(unmarked.len());
-                unmarked.clear();
-            }
-            Err(e) => {
-                tracing::warn!(error = %ErrorChain(&e), rows = unmarked.len(), "marking published rows failed; will retry");
-                continue;
-            }
-        }
-        if !retried.is_empty()
-            && let Err(e) = store::unblock_published(pool, &retried).await
-        {
-            tracing::warn!(error = %ErrorChain(&e), "unblocking partitions failed; they unblock when the backoff ends");
-        }
-        for (i, reason, error) in &outcome.failed {
-            let row = &rows[*i];
-            let trace_id =
-                shared::trace::trace_id(row.headers.get("traceparent").and_then(|v| v.as_str()))
-                    .unwrap_or("");
-            let attempt = (row.attempts + 1).max(1) as u32;
-            let retry_in = opts.retry_delay(attempt);
-            match store::record_failure(
-                pool,
-                row.seq,
-                row.partition,
-                error,
-                opts.max_attempts,
-                retry_in,
-            )
-            .await
-            {
-                Ok(store::FailedState::Dead) => {
-                    internal_events::rows_dead(1);
-                    tracing::error!(message_id = %row.id, trace_id, seq = row.seq, %error, attempts = attempt, "row is dead after max attempts");
-                }
-                Ok(store::FailedState::Retry) => {
-                    tracing::warn!(message_id = %row.id, trace_id, seq = row.seq, reason = reason.as_str(), %error, attempt, ?retry_in, "publish failed; partition held back until retry");
-                }
-                Err(e) => {
-                    // Not recorded: the row stays pending and is simply retried without a charge.
-                    tracing::warn!(error = %ErrorChain(&e), message_id = %row.id, trace_id, seq = row.seq, "recording a failed publish failed");
-                }
-            }
-        }
-        if outcome.link_error.is_some() {
-            set_ready(readiness, None, Some(false));
-            amqp_failures += 1;
-            sleep_or_cancel(backoff(amqp_failures), Some(shutdown)).await;
-        }
-    }
-}
-
-fn set_ready(readiness: &Readiness, postgres: Option<bool>, rabbitmq: Option<bool>) {
+pub(crate) fn set_ready(readiness: &Readiness, postgres: Option<bool>, rabbitmq: Option<bool>) {
     if let Some(p) = postgres {
         readiness.set_postgres(p);
     }
@@ -349,26 +171,6 @@ fn set_ready(readiness: &Readiness, postgres: Option<bool>, rabbitmq: Option<boo
         readiness.set_rabbitmq(r);
     }
     internal_events::ready(readiness.ready());
-}
-
-async fn wait_for_work(wake: &Notify, poll: Duration, shutdown: &CancellationToken) {
-    tokio::select! {
-        _ = wake.notified() => {}
-        _ = tokio::time::sleep(poll) => {}
-        _ = shutdown.cancelled() => {}
-    }
-}
-
-async fn sleep_or_cancel(d: Duration, shutdown: Option<&CancellationToken>) {
-    match shutdown {
-        Some(s) => {
-            tokio::select! {
-                _ = tokio::time::sleep(d) => {}
-                _ = s.cancelled() => {}
-            }
-        }
-        None => tokio::time::sleep(d).await,
-    }
 }
 
 async fn lease_loop(

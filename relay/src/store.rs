@@ -25,21 +25,32 @@ pub struct OutboxRow {
 }
 
 /// The head of each owned, unblocked partition in seq order: at most `per_partition` rows of each,
-/// at most `limit` in all (the lowest seqs, so every partition keeps a prefix).
+/// at most `limit` in all (the lowest seqs, so every partition keeps a prefix), leaving out the
+/// rows this relay already holds (`held`: seq and partition). Each partition is checked only
+/// against its own held rows, so the exclusion stays cheap with thousands of rows in flight.
 pub async fn claim(
     pool: &PgPool,
     owner: &str,
     partitions: &[i16],
     per_partition: i64,
     limit: i64,
+    held: &[(i64, i16)],
 ) -> Result<Vec<OutboxRow>, sqlx::Error> {
+    let held_seqs: Vec<i64> = held.iter().map(|(s, _)| *s).collect();
+    let held_partitions: Vec<i16> = held.iter().map(|(_, p)| *p).collect();
     let rows = sqlx::query(
-        "SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload, \
+        "WITH held AS ( \
+             SELECT h.p, array_agg(h.s) AS seqs \
+             FROM unnest($5::bigint[], $6::smallint[]) AS h(s, p) GROUP BY h.p \
+         ) \
+         SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload::text AS payload, \
                 o.headers, o.created_at, o.attempts, o.partition \
          FROM relay_partitions rp \
+         LEFT JOIN held ON held.p = rp.partition \
          CROSS JOIN LATERAL ( \
              SELECT * FROM outbox o \
              WHERE o.partition = rp.partition AND o.state = 'pending' \
+               AND (held.seqs IS NULL OR o.seq <> ALL(held.seqs)) \
              ORDER BY o.seq LIMIT $3 \
          ) o \
          WHERE rp.partition = ANY($1) AND rp.owner = $2 \
@@ -50,6 +61,8 @@ pub async fn claim(
     .bind(owner)
     .bind(per_partition)
     .bind(limit)
+    .bind(&held_seqs)
+    .bind(&held_partitions)
     .fetch_all(pool)
     .await?;
     rows.into_iter()
@@ -71,24 +84,33 @@ pub async fn claim(
 }
 
 /// Marks confirmed rows: deletes them, or keeps them as `published` when a retention is set.
+///
+/// The commit does not wait for the WAL flush (`synchronous_commit = off` for this transaction
+/// only): if PostgreSQL itself crashes within a fraction of a second after, the mark may be lost
+/// and those rows published again, which at-least-once allows; nothing can be lost that way.
 pub async fn mark_published(pool: &PgPool, seqs: &[i64], retain: bool) -> Result<(), sqlx::Error> {
     if seqs.is_empty() {
         return Ok(());
     }
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL synchronous_commit = off")
+        .execute(&mut *tx)
+        .await?;
     if retain {
         sqlx::query(
             "UPDATE outbox SET state = 'published', published_at = now() \
              WHERE seq = ANY($1) AND state = 'pending'",
         )
         .bind(seqs)
-        .execute(pool)
+        .execute(&mut *tx)
         .await?;
     } else {
         sqlx::query("DELETE FROM outbox WHERE seq = ANY($1)")
             .bind(seqs)
-            .execute(pool)
+            .execute(&mut *tx)
             .await?;
     }
+    tx.commit().await?;
     Ok(())
 }
 

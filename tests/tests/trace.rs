@@ -43,6 +43,9 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
     let db = TestDb::new().await;
     let broker = TestBroker::new();
     let exchange = broker.exchange("outbox");
+    // The consumer asks for the alternate exchange too (and then uses the exchange as it is).
+    broker.track_exchange(&shared::amqp::unrouted_name(&exchange));
+    broker.track_queue(&shared::amqp::unrouted_name(&exchange));
     let conn = broker.connect().await;
     // No alternate exchange: the unbound event is returned, and the relay logs the failure.
     shared::amqp::declare_outbox_exchange(&conn, &exchange, false)

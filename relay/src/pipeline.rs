@@ -1,0 +1,612 @@
+//! The publishing pipeline: claiming, publishing and marking overlap, so the broker always has a
+//! window of publishes to confirm.
+//!
+//! Every claimed row stays in `claimed` until it is settled (marked published, or given back to
+//! the outbox after a failure); claims exclude those rows, so a row is never sent twice by one
+//! relay. A claim may run while a mark commits: rows whose mark finished during a claim are
+//! remembered until that claim returns, so a snapshot taken before the delete cannot resurrect them.
+//!
+//! Order: rows are grouped into per-aggregate chains. A chain has at most one row in flight; its
+//! next row is sent only after the broker confirmed the previous one. A refused row (nack, return)
+//! gives every unsent row of its partition back to the outbox and blocks the partition for the
+//! retry backoff (locally and in `relay_partitions`, so any relay respects it). A link failure gives
+//! back everything unconfirmed. Either way nothing later of an aggregate overtakes an earlier row.
+
+use crate::RelayOptions;
+use crate::internal_events::{self, FailureReason};
+use crate::leases::Leases;
+use crate::publisher::Publisher;
+use crate::store::{self, OutboxRow};
+use futures::stream::{FuturesUnordered, StreamExt};
+use lapin::Confirmation;
+use shared::telemetry::{ErrorChain, Readiness};
+use sqlx::PgPool;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+/// A running mark (delete or update of confirmed rows).
+type MarkTask = JoinHandle<Result<(), sqlx::Error>>;
+type ConfirmResult = Result<Result<Confirmation, lapin::Error>, tokio::time::error::Elapsed>;
+type ConfirmFuture = Pin<Box<dyn Future<Output = (OutboxRow, ConfirmResult, Instant)> + Send>>;
+
+/// The rows of one aggregate that this relay holds, in seq order.
+struct Chain {
+    partition: i16,
+    /// A row of this aggregate was sent and is not confirmed yet.
+    in_flight: bool,
+    queue: VecDeque<OutboxRow>,
+}
+
+enum Event {
+    Confirm(Box<(OutboxRow, ConfirmResult)>, Instant),
+    Claimed(Result<Vec<OutboxRow>, String>),
+    Marked(Result<(), String>),
+    Wake,
+    Stop,
+}
+
+pub(crate) struct Pipeline<'a> {
+    pool: &'a PgPool,
+    publisher: Publisher,
+    leases: &'a Leases,
+    wake: &'a Notify,
+    readiness: &'a Readiness,
+    opts: &'a RelayOptions,
+    /// Every claimed, unsettled row: seq -> partition.
+    claimed: HashMap<i64, i16>,
+    chains: HashMap<String, Chain>,
+    /// Aggregates whose chain may send its next row.
+    ready: VecDeque<String>,
+    confirms: FuturesUnordered<ConfirmFuture>,
+    /// Confirmed rows waiting for their mark.
+    to_mark: Vec<i64>,
+    /// Confirmed rows that had failed before: their partition may be unblocked once marked.
+    retried: Vec<i64>,
+    marking: Option<(MarkTask, Vec<i64>)>,
+    claiming: Option<JoinHandle<Result<Vec<OutboxRow>, sqlx::Error>>>,
+    /// Partitions with a refused row: nothing of theirs is sent before this time.
+    blocked: HashMap<i16, Instant>,
+    /// Partitions being given back for rebalancing: not claimed, released once nothing of theirs
+    /// is claimed.
+    releasing: HashSet<i16>,
+    /// Claim again without waiting for a wake-up (the last claim found rows).
+    more: bool,
+    /// Rows whose mark finished while a claim was running: that claim's snapshot may still show
+    /// them as pending, so its result must not hand them out again.
+    marked_during_claim: HashSet<i64>,
+    db_failures: u32,
+    amqp_failures: u32,
+    retry_at: Option<Instant>,
+    last_unrouted: Option<Instant>,
+}
+
+impl<'a> Pipeline<'a> {
+    pub(crate) fn new(
+        pool: &'a PgPool,
+        publisher: Publisher,
+        leases: &'a Leases,
+        wake: &'a Notify,
+        readiness: &'a Readiness,
+        opts: &'a RelayOptions,
+    ) -> Self {
+        Self {
+            pool,
+            publisher,
+            leases,
+            wake,
+            readiness,
+            opts,
+            claimed: HashMap::new(),
+            chains: HashMap::new(),
+            ready: VecDeque::new(),
+            confirms: FuturesUnordered::new(),
+            to_mark: Vec::new(),
+            retried: Vec::new(),
+            marking: None,
+            claiming: None,
+            blocked: HashMap::new(),
+            releasing: HashSet::new(),
+            more: true,
+            marked_during_claim: HashSet::new(),
+            db_failures: 0,
+            amqp_failures: 0,
+            retry_at: None,
+            last_unrouted: None,
+        }
+    }
+
+    /// Runs until `shutdown`, then settles what is in flight (bounded by the confirm timeout) and
+    /// marks what was confirmed. Returns the publisher for a clean disconnect.
+    pub(crate) async fn run(mut self, shutdown: &CancellationToken) -> Publisher {
+        let mut poll = tokio::time::interval(self.opts.poll_interval());
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stop_mark_failures = 0u32;
+        loop {
+            let stopping = shutdown.is_cancelled();
+            if stopping {
+                self.give_back_unsent();
+            }
+            let backoff_over = self.retry_at.is_none_or(|t| Instant::now() >= t);
+            if backoff_over {
+                self.retry_at = None;
+            }
+            if !stopping
+                && backoff_over
+                && self.confirms.is_empty()
+                && !self.publisher.is_connected()
+            {
+                self.connect().await;
+            }
+            if !stopping {
+                self.rebalance().await;
+                self.refresh_unrouted().await;
+                self.fill_window().await;
+            }
+            self.start_db_op(stopping);
+            if stopping
+                && self.confirms.is_empty()
+                && self.marking.is_none()
+                && self.claiming.is_none()
+            {
+                if self.to_mark.is_empty() {
+                    break;
+                }
+                if stop_mark_failures > 5 {
+                    tracing::warn!(
+                        rows = self.to_mark.len(),
+                        "giving up marking at shutdown: these rows will be published again"
+                    );
+                    break;
+                }
+            }
+
+            let retry_at = self.retry_at;
+            let (confirms, claiming, marking) =
+                (&mut self.confirms, &mut self.claiming, &mut self.marking);
+            let event = tokio::select! {
+                Some((row, result, sent)) = confirms.next(), if !confirms.is_empty() => Event::Confirm(Box::new((row, result)), sent),
+                r = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => Event::Claimed(flatten(r)),
+                r = async { (&mut marking.as_mut().expect("guarded").0).await }, if marking.is_some() => Event::Marked(flatten(r)),
+                _ = self.wake.notified(), if !stopping => Event::Wake,
+                _ = poll.tick(), if !stopping => Event::Wake,
+                _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => Event::Wake,
+                _ = shutdown.cancelled(), if !stopping => Event::Stop,
+            };
+            match event {
+                Event::Confirm(confirmed, sent) => {
+                    internal_events::confirm_duration(sent.elapsed());
+                    let (row, result) = *confirmed;
+                    self.on_confirm(row, result).await
+                }
+                Event::Claimed(result) => {
+                    self.claiming = None;
+                    self.on_claimed(result)
+                }
+                Event::Marked(result) => {
+                    if result.is_err() && stopping {
+                        stop_mark_failures += 1;
+                    }
+                    self.on_marked(result).await
+                }
+                Event::Wake => self.more = true,
+                Event::Stop => {}
+            }
+        }
+        self.publisher
+    }
+
+    async fn connect(&mut self) {
+        match self.publisher.ensure_connected().await {
+            Ok(()) => {
+                self.amqp_failures = 0;
+                self.set_ready(None, Some(true));
+                self.more = true;
+            }
+            Err(e) => {
+                self.amqp_failures += 1;
+                self.set_ready(None, Some(false));
+                internal_events::reconnect("rabbitmq");
+                tracing::warn!(error = %ErrorChain(&e), attempt = self.amqp_failures, "RabbitMQ unavailable; retrying");
+                self.back_off(self.amqp_failures);
+            }
+        }
+    }
+
+    fn back_off(&mut self, failures: u32) {
+        let d =
+            shared::backoff::delay(failures, Duration::from_millis(100), Duration::from_secs(5));
+        self.retry_at = Some(Instant::now() + d);
+    }
+
+    fn set_ready(&self, postgres: Option<bool>, rabbitmq: Option<bool>) {
+        crate::set_ready(self.readiness, postgres, rabbitmq);
+    }
+
+    /// Starts a mark and a claim when due (at most one of each at a time).
+    fn start_db_op(&mut self, stopping: bool) {
+        if self.marking.is_none() && !self.to_mark.is_empty() && self.retry_at.is_none() {
+            let seqs = std::mem::take(&mut self.to_mark);
+            let pool = self.pool.clone();
+            let retain = self.opts.retention_secs > 0;
+            let batch = seqs.clone();
+            self.marking = Some((
+                tokio::spawn(async move { store::mark_published(&pool, &batch, retain).await }),
+                seqs,
+            ));
+        }
+        let claim_due = !stopping
+            && self.more
+            && self.claiming.is_none()
+            && self.retry_at.is_none()
+            && self.publisher.is_connected()
+            && self.claimed.len() < 2 * self.opts.batch_size as usize;
+        if claim_due {
+            self.start_claim();
+        }
+    }
+
+    fn start_claim(&mut self) {
+        let need = self.opts.confirm_timeout() + self.opts.lease() / 10;
+        let now = Instant::now();
+        let (mut partitions, _) = self.leases.usable(need);
+        self.blocked.retain(|_, until| *until > now);
+        partitions.retain(|p| !self.blocked.contains_key(p) && !self.releasing.contains(p));
+        if partitions.is_empty() {
+            self.more = false;
+            return;
+        }
+        let batch = self.opts.batch_size as i64;
+        let per_partition = ((batch * 2) / partitions.len() as i64).clamp(8, batch);
+        let held: Vec<(i64, i16)> = self.claimed.iter().map(|(s, p)| (*s, *p)).collect();
+        let pool = self.pool.clone();
+        let owner = self.leases.instance_id.clone();
+        self.more = false;
+        self.claiming = Some(tokio::spawn(async move {
+            store::claim(&pool, &owner, &partitions, per_partition, batch, &held).await
+        }));
+    }
+
+    fn on_claimed(&mut self, result: Result<Vec<OutboxRow>, String>) {
+        let marked = std::mem::take(&mut self.marked_during_claim);
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.db_failures += 1;
+                self.set_ready(Some(false), None);
+                internal_events::reconnect("postgres");
+                tracing::warn!(error = %e, attempt = self.db_failures, "claim failed; retrying");
+                self.back_off(self.db_failures);
+                self.more = true;
+                return;
+            }
+        };
+        self.db_failures = 0;
+        self.set_ready(Some(true), None);
+        if rows.is_empty() {
+            return;
+        }
+        self.more = true;
+        internal_events::batch_claimed(rows.len());
+        let wall = chrono::Utc::now();
+        for row in &rows {
+            internal_events::claim_lag((wall - row.created_at).to_std().unwrap_or_default());
+        }
+        let now = Instant::now();
+        for row in rows {
+            let p = row.partition;
+            if self.claimed.contains_key(&row.seq)
+                || marked.contains(&row.seq)
+                || self.blocked.get(&p).is_some_and(|until| *until > now)
+                || self.releasing.contains(&p)
+            {
+                continue;
+            }
+            self.claimed.insert(row.seq, p);
+            let chain = self
+                .chains
+                .entry(row.aggregate_id.clone())
+                .or_insert_with(|| Chain {
+                    partition: p,
+                    in_flight: false,
+                    queue: VecDeque::new(),
+                });
+            chain.queue.push_back(row);
+            if !chain.in_flight && chain.queue.len() == 1 {
+                self.ready.push_back(chain.queue[0].aggregate_id.clone());
+            }
+        }
+    }
+
+    /// Sends ready rows while the window has room.
+    async fn fill_window(&mut self) {
+        let window = self.opts.window as usize;
+        let timeout = self.opts.confirm_timeout();
+        while self.confirms.len() < window && self.publisher.is_connected() {
+            let Some(aggregate) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(chain) = self.chains.get_mut(&aggregate) else {
+                continue;
+            };
+            if chain.in_flight || chain.queue.is_empty() {
+                continue;
+            }
+            let p = chain.partition;
+            // The lease must outlast the confirm, or another relay could publish the partition too.
+            let lease_ok = self
+                .leases
+                .valid_until(p)
+                .is_some_and(|until| until > Instant::now() + timeout);
+            if !lease_ok {
+                self.give_back_partition(p);
+                continue;
+            }
+            let row = chain.queue.pop_front().expect("non-empty");
+            chain.in_flight = true;
+            let traceparent = row.headers.get("traceparent").and_then(|v| v.as_str());
+            // An exported span per publish only when OTLP is on; otherwise a debug span, which
+            // costs nothing unless debug logging is enabled.
+            let span = if shared::telemetry::otlp_enabled() {
+                let span = tracing::info_span!(
+                    "publish",
+                    message_id = %row.id,
+                    trace_id = shared::trace::trace_id(traceparent).unwrap_or(""),
+                    seq = row.seq
+                );
+                if let Some(tp) = traceparent {
+                    shared::trace::set_parent(&span, tp);
+                }
+                span
+            } else {
+                tracing::debug_span!(
+                    "publish",
+                    message_id = %row.id,
+                    trace_id = shared::trace::trace_id(traceparent).unwrap_or(""),
+                    seq = row.seq
+                )
+            };
+            let sent = Instant::now();
+            match self.publisher.send(&row).instrument(span).await {
+                Ok(confirm) => self.confirms.push(Box::pin(async move {
+                    let result = tokio::time::timeout(timeout, confirm).await;
+                    (row, result, sent)
+                })),
+                Err(e) => {
+                    self.claimed.remove(&row.seq);
+                    self.link_failed(FailureReason::Connection, &e.to_string())
+                        .await;
+                    break;
+                }
+            }
+        }
+    }
+
+    async fn on_confirm(&mut self, row: OutboxRow, result: ConfirmResult) {
+        match result {
+            Ok(Ok(Confirmation::Ack(None))) => {
+                let latency = (chrono::Utc::now() - row.created_at)
+                    .to_std()
+                    .unwrap_or_default();
+                internal_events::publish_latency(latency);
+                self.to_mark.push(row.seq);
+                if row.attempts > 0 {
+                    self.retried.push(row.seq);
+                }
+                if let Some(chain) = self.chains.get_mut(&row.aggregate_id) {
+                    chain.in_flight = false;
+                    if chain.queue.is_empty() {
+                        self.chains.remove(&row.aggregate_id);
+                    } else {
+                        self.ready.push_back(row.aggregate_id.clone());
+                    }
+                }
+            }
+            Ok(Ok(Confirmation::Ack(Some(returned)))) => {
+                let why = format!(
+                    "unroutable: {} {}",
+                    returned.reply_code,
+                    returned.reply_text.as_str()
+                );
+                self.refused(row, FailureReason::Unroutable, why).await;
+            }
+            Ok(Ok(Confirmation::Nack(_))) => {
+                self.refused(row, FailureReason::Nack, "nacked by broker".into())
+                    .await;
+            }
+            Ok(Ok(Confirmation::NotRequested)) => {
+                self.claimed.remove(&row.seq);
+                self.link_failed(FailureReason::Connection, "channel not in confirm mode")
+                    .await;
+            }
+            Ok(Err(e)) => {
+                self.claimed.remove(&row.seq);
+                self.link_failed(FailureReason::Connection, &e.to_string())
+                    .await;
+            }
+            Err(_) => {
+                self.claimed.remove(&row.seq);
+                let why = format!("no confirm within {:?}", self.opts.confirm_timeout());
+                self.link_failed(FailureReason::ConfirmTimeout, &why).await;
+            }
+        }
+    }
+
+    /// The broker refused a row: charge it an attempt, hold its partition back.
+    async fn refused(&mut self, row: OutboxRow, reason: FailureReason, error: String) {
+        internal_events::publish_failed(reason, 1);
+        self.claimed.remove(&row.seq);
+        if let Some(chain) = self.chains.get_mut(&row.aggregate_id) {
+            chain.in_flight = false;
+        }
+        self.give_back_partition(row.partition);
+        let attempt = (row.attempts + 1).max(1) as u32;
+        let retry_in = self.opts.retry_delay(attempt);
+        let trace_id =
+            shared::trace::trace_id(row.headers.get("traceparent").and_then(|v| v.as_str()))
+                .unwrap_or("");
+        match store::record_failure(
+            self.pool,
+            row.seq,
+            row.partition,
+            &error,
+            self.opts.max_attempts,
+            retry_in,
+        )
+        .await
+        {
+            Ok(store::FailedState::Dead) => {
+                internal_events::rows_dead(1);
+                tracing::error!(message_id = %row.id, trace_id, seq = row.seq, %error, attempts = attempt, "row is dead after max attempts");
+            }
+            Ok(store::FailedState::Retry) => {
+                self.blocked
+                    .insert(row.partition, Instant::now() + retry_in);
+                tracing::warn!(message_id = %row.id, trace_id, seq = row.seq, reason = reason.as_str(), %error, attempt, ?retry_in, "publish failed; partition held back until retry");
+            }
+            Err(e) => {
+                // Not recorded: the row stays pending and is retried without a charge, after a pause.
+                self.blocked
+                    .insert(row.partition, Instant::now() + retry_in);
+                tracing::warn!(error = %ErrorChain(&e), message_id = %row.id, trace_id, seq = row.seq, "recording a failed publish failed");
+            }
+        }
+    }
+
+    /// Gives every unsent row of a partition back to the outbox (it stays pending there).
+    fn give_back_partition(&mut self, partition: i16) {
+        let claimed = &mut self.claimed;
+        self.chains.retain(|_, chain| {
+            if chain.partition != partition {
+                return true;
+            }
+            for row in chain.queue.drain(..) {
+                claimed.remove(&row.seq);
+            }
+            chain.in_flight
+        });
+    }
+
+    /// Gives back everything not yet sent (at shutdown).
+    fn give_back_unsent(&mut self) {
+        let claimed = &mut self.claimed;
+        self.chains.retain(|_, chain| {
+            for row in chain.queue.drain(..) {
+                claimed.remove(&row.seq);
+            }
+            chain.in_flight
+        });
+        self.ready.clear();
+    }
+
+    /// The link failed: every unconfirmed row goes back to the outbox, nothing is charged.
+    async fn link_failed(&mut self, reason: FailureReason, error: &str) {
+        let unconfirmed = self.confirms.len();
+        self.confirms = FuturesUnordered::new();
+        self.chains.clear();
+        self.ready.clear();
+        let keep: HashSet<i64> = self
+            .to_mark
+            .iter()
+            .chain(self.marking.iter().flat_map(|(_, seqs)| seqs.iter()))
+            .copied()
+            .collect();
+        self.claimed.retain(|seq, _| keep.contains(seq));
+        internal_events::publish_failed(reason, unconfirmed.max(1));
+        tracing::warn!(%error, unconfirmed, "broker link failed; unconfirmed rows stay pending");
+        self.publisher.disconnect().await;
+        self.set_ready(None, Some(false));
+        self.amqp_failures += 1;
+        self.back_off(self.amqp_failures);
+    }
+
+    async fn on_marked(&mut self, result: Result<(), String>) {
+        let (_, seqs) = self.marking.take().expect("a mark was running");
+        match result {
+            Ok(()) => {
+                self.db_failures = 0;
+                internal_events::published(seqs.len());
+                let claim_running = self.claiming.is_some();
+                for seq in &seqs {
+                    self.claimed.remove(seq);
+                    if claim_running {
+                        self.marked_during_claim.insert(*seq);
+                    }
+                }
+                if !self.retried.is_empty() {
+                    let done: HashSet<i64> = seqs.iter().copied().collect();
+                    let (now, later): (Vec<i64>, Vec<i64>) =
+                        self.retried.iter().partition(|s| done.contains(s));
+                    self.retried = later;
+                    if !now.is_empty()
+                        && let Err(e) = store::unblock_published(self.pool, &now).await
+                    {
+                        tracing::warn!(error = %ErrorChain(&e), "unblocking partitions failed; they unblock when the backoff ends");
+                    }
+                }
+            }
+            Err(e) => {
+                self.db_failures += 1;
+                self.set_ready(Some(false), None);
+                tracing::warn!(error = %e, rows = seqs.len(), "marking published rows failed; retrying");
+                self.to_mark.extend(seqs);
+                self.back_off(self.db_failures);
+            }
+        }
+    }
+
+    /// Hands surplus partitions to other relays once nothing of theirs is claimed here.
+    async fn rebalance(&mut self) {
+        self.releasing.extend(self.leases.take_surplus());
+        if self.releasing.is_empty() {
+            return;
+        }
+        let busy: HashSet<i16> = self.claimed.values().copied().collect();
+        let free: Vec<i16> = self
+            .releasing
+            .iter()
+            .copied()
+            .filter(|p| !busy.contains(p))
+            .collect();
+        if free.is_empty() {
+            return;
+        }
+        match self.leases.release(self.pool, &free).await {
+            Ok(()) => {
+                tracing::info!(partitions = ?free, "gave partitions back for rebalancing");
+                for p in &free {
+                    self.releasing.remove(p);
+                }
+            }
+            Err(e) => tracing::warn!(error = %ErrorChain(&e), "releasing partitions failed"),
+        }
+    }
+
+    async fn refresh_unrouted(&mut self) {
+        if self
+            .last_unrouted
+            .is_some_and(|t| t.elapsed() < self.opts.stats_interval())
+            || !self.publisher.is_connected()
+        {
+            return;
+        }
+        self.last_unrouted = Some(Instant::now());
+        if let Some(depth) = self.publisher.unrouted_depth().await {
+            internal_events::unrouted(depth);
+        }
+    }
+}
+
+fn flatten<T>(r: Result<Result<T, sqlx::Error>, tokio::task::JoinError>) -> Result<T, String> {
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(ErrorChain(&e).to_string()),
+        Err(e) => Err(format!("task failed: {e}")),
+    }
+}
