@@ -37,7 +37,7 @@ API_KEY="$("$BIN/producer" api-key create --tenant demo)"
 LISTEN_ADDR="$API_ADDR" "$BIN/producer" >"$LOG_DIR/producer.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:9101 "$BIN/relay" >"$LOG_DIR/relay-1.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:9102 "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($!)
-METRICS_ADDR=127.0.0.1:9103 "$BIN/consumer" --name ledger --bind payment.captured >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
+METRICS_ADDR=127.0.0.1:9103 "$BIN/consumer" --name ledger --bind "payment.*" --bind "order.*" >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
 deploy/payment-gateway.sh >"$LOG_DIR/payment-gateway.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 1 100); do curl -fsS "http://$API_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
@@ -45,7 +45,7 @@ cat <<EOT
 running:
   producer API   http://$API_ADDR  (API key: $API_KEY)
   relay metrics  http://127.0.0.1:9101/metrics  http://127.0.0.1:9102/metrics
-  consumer       http://127.0.0.1:9103/metrics (ledger, payment.captured)
+  consumer       http://127.0.0.1:9103/metrics (ledger: applies payment.captured, acks the other events)
   gateway        deploy/payment-gateway.sh settles pending payments and emits payment.captured
   logs           $LOG_DIR/
 load: deploy/loadgen.sh places an order and pays it every 200 ms (with replays, conflicts, mismatches)

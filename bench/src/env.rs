@@ -153,11 +153,14 @@ impl BenchEnv {
     /// Starts any workspace binary with the bench's connection settings.
     pub fn spawn(&self, bin: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Child> {
         let mut cmd = Command::new(self.bin(bin)?);
+        // BENCH_<BIN>_METRICS_ADDR: scrape that process while a scenario runs.
+        let metrics = std::env::var(format!("BENCH_{}_METRICS_ADDR", bin.to_ascii_uppercase()))
+            .unwrap_or_else(|_| "127.0.0.1:0".into());
         cmd.args(args)
             .env("DATABASE_URL", &self.db_url)
             .env("AMQP_URL", &self.amqp_url)
             .env("OUTBOX_EXCHANGE", &self.exchange)
-            .env("METRICS_ADDR", "127.0.0.1:0")
+            .env("METRICS_ADDR", metrics)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .kill_on_drop(true);

@@ -297,8 +297,14 @@ async fn relay_latency(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     env.reset_outbox().await?;
     let q = env.queue("latency", "bench.latency").await?;
     // The floor: the same rate published straight to the broker, publish -> delivery.
-    let floor =
-        measure_publish_to_delivery(env, &q, duration.min(Duration::from_secs(10)), 1000).await?;
+    let floor = measure_publish_to_delivery(
+        env,
+        &q,
+        "bench.latency",
+        duration.min(Duration::from_secs(10)),
+        1000,
+    )
+    .await?;
     let relay = env.spawn_relay(&[])?;
     wait_partitions_split(env, 1).await?;
     let hist = measure_commit_to_delivery(env, &q, duration, 1000).await?;
@@ -328,6 +334,7 @@ async fn relay_latency(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
 async fn measure_publish_to_delivery(
     env: &BenchEnv,
     queue: &str,
+    routing_key: &str,
     duration: Duration,
     rate: u64,
 ) -> anyhow::Result<Histogram<u64>> {
@@ -338,10 +345,8 @@ async fn measure_publish_to_delivery(
         .basic_consume(
             queue.into(),
             "bench-floor".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
+            // Manual acks, one per delivery, like a consumer (acks are quorum-queue log writes too).
+            BasicConsumeOptions::default(),
             FieldTable::default(),
         )
         .await?;
@@ -354,6 +359,7 @@ async fn measure_publish_to_delivery(
             tokio::time::timeout(Duration::from_secs(10), consumer.next()).await
         {
             let now = Instant::now();
+            let _ = d.ack(lapin::options::BasicAckOptions::default()).await;
             let id = d
                 .properties
                 .message_id()
@@ -388,7 +394,7 @@ async fn measure_publish_to_delivery(
         confirms.push(
             ch.basic_publish(
                 env.exchange.as_str().into(),
-                "bench.latency".into(),
+                routing_key.into(),
                 BasicPublishOptions::default(),
                 body.as_bytes(),
                 props,
@@ -727,6 +733,41 @@ async fn wait_queue_exists(env: &BenchEnv, queue: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Producers committing outbox rows at `rate` msg/s (half single-row, half 10-row transactions,
+/// 4 connections) for `duration`, without recording anything: background load.
+fn spawn_commit_load(
+    env: &BenchEnv,
+    duration: Duration,
+    rate: u64,
+) -> Vec<tokio::task::JoinHandle<anyhow::Result<()>>> {
+    (0..4u64)
+        .map(|p| {
+            let pool = env.pool.clone();
+            tokio::spawn(async move {
+                let per_conn = rate / 4;
+                let singles = (per_conn / 2).max(1);
+                let tens = (per_conn / 20).max(1);
+                let txs_per_sec = singles + tens;
+                let mut tick =
+                    tokio::time::interval(Duration::from_secs_f64(1.0 / txs_per_sec as f64));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                let end = Instant::now() + duration;
+                let mut i = 0u64;
+                while Instant::now() < end {
+                    tick.tick().await;
+                    let rows = if i % txs_per_sec < tens { 10 } else { 1 };
+                    let msgs = messages(p * 1_000_000_000 + i * 10, rows, 1000, "bench.load");
+                    let mut tx = pool.begin().await?;
+                    shared::outbox::enqueue_many(&mut *tx, &msgs).await?;
+                    tx.commit().await?;
+                    i += 1;
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
 /// Producer commit to consumer commit at 1,000 msg/s: relay + ledger consumer running.
 async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let duration = env.secs(30.0, 2.0);
@@ -818,12 +859,74 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     env::stop(consumer).await;
     delete_consumer_topology(env, &name).await;
     anyhow::ensure!(!h.is_empty(), "no latencies measured");
-    Ok(latency_lines(
+    // The floor: the same rate published straight into a quorum queue (the consumer's queue
+    // type), publish -> delivery, no database on either side.
+    let floor_q = format!("{}.e2e-floor", env.exchange);
+    {
+        let ch = env.conn.create_channel().await?;
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            lapin::types::AMQPValue::LongString("quorum".into()),
+        );
+        ch.queue_declare(
+            floor_q.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await?;
+        ch.queue_bind(
+            floor_q.as_str().into(),
+            env.exchange.as_str().into(),
+            "floor.quorum".into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    }
+    let floor_time = duration.min(Duration::from_secs(10));
+    let floor =
+        measure_publish_to_delivery(env, &floor_q, "floor.quorum", floor_time, 1000).await?;
+    // The same, while PostgreSQL commits 1,000 rows/s as in the run (both services fsync to one
+    // disk): how much of the end-to-end latency the services' own contention explains.
+    let load = spawn_commit_load(env, floor_time, 1000);
+    let floor_loaded =
+        measure_publish_to_delivery(env, &floor_q, "floor.quorum", floor_time, 1000).await?;
+    for l in load {
+        l.await??;
+    }
+    env.reset_outbox().await?;
+    env.delete_queue(&floor_q).await;
+    let ms = |us: u64| us as f64 / 1000.0;
+    let mut lines = latency_lines(
         "end-to-end",
         &h,
         25.0,
         "producer commit -> consumer transaction (processed_at), 1,000 msg/s, relay + ledger consumer",
-    ))
+    );
+    lines.push(Line::new(
+        "end-to-end floor p50 (raw publish -> quorum queue delivery)",
+        ms(floor.value_at_quantile(0.5)),
+        "ms",
+    ));
+    lines.push(Line::new(
+        "end-to-end floor p99 (raw publish -> quorum queue delivery)",
+        ms(floor.value_at_quantile(0.99)),
+        "ms",
+    ));
+    lines.push(Line::new(
+        "end-to-end floor p50 (same, with 1,000 commits/s in PostgreSQL)",
+        ms(floor_loaded.value_at_quantile(0.5)),
+        "ms",
+    ));
+    lines.push(
+        Line::new("end-to-end floor p99 (same, with 1,000 commits/s in PostgreSQL)", ms(floor_loaded.value_at_quantile(0.99)), "ms")
+            .note("quorum queues deliver after their Raft log is fsynced; PostgreSQL fsyncs its WAL on the same disk"),
+    );
+    Ok(lines)
 }
 
 /// POST /orders through the real producer binary at fixed concurrency: new keys, then replays.
