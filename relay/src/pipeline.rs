@@ -17,6 +17,7 @@ use crate::internal_events::{self, FailureReason};
 use crate::leases::Leases;
 use crate::publisher::Publisher;
 use crate::store::{self, OutboxRow};
+use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::Confirmation;
 use shared::telemetry::{ErrorChain, Readiness};
@@ -71,11 +72,18 @@ pub(crate) struct Pipeline<'a> {
     retried: Vec<i64>,
     marking: Option<(MarkTask, Vec<i64>)>,
     claiming: Option<JoinHandle<Result<Vec<OutboxRow>, sqlx::Error>>>,
+    /// Bumped whenever rows are given back to the outbox. A claim that started before cannot
+    /// know those rows are free again, so its rows (later ones of the same aggregates) would
+    /// overtake them: its result is dropped and the claim redone.
+    generation: u64,
+    claim_generation: u64,
     /// Partitions with a refused row: nothing of theirs is sent before this time.
     blocked: HashMap<i16, Instant>,
     /// Partitions being given back for rebalancing: not claimed, released once nothing of theirs
     /// is claimed.
     releasing: HashSet<i16>,
+    /// Message ids the broker returned (unroutable), with the reason, until their row is settled.
+    returned: HashMap<String, String>,
     /// Claim again without waiting for a wake-up (the last claim found rows).
     more: bool,
     /// Rows whose mark finished while a claim was running: that claim's snapshot may still show
@@ -113,6 +121,9 @@ impl<'a> Pipeline<'a> {
             claiming: None,
             blocked: HashMap::new(),
             releasing: HashSet::new(),
+            returned: HashMap::new(),
+            generation: 0,
+            claim_generation: 0,
             more: true,
             marked_during_claim: HashSet::new(),
             db_failures: 0,
@@ -182,8 +193,45 @@ impl<'a> Pipeline<'a> {
             match event {
                 Event::Confirm(confirmed, sent) => {
                     internal_events::confirm_duration(sent.elapsed());
-                    let (row, result) = *confirmed;
-                    self.on_confirm(row, result).await
+                    // Confirms of one multiple-ack resolve together, and lapin hands a basic.return
+                    // to whichever of them it completes first: take every ready confirm, learn
+                    // which messages were really returned (by message id), then settle each row.
+                    let mut batch = vec![*confirmed];
+                    while let Some(Some((row, result, sent))) = self.confirms.next().now_or_never()
+                    {
+                        internal_events::confirm_duration(sent.elapsed());
+                        batch.push((row, result));
+                    }
+                    for (_, result) in &mut batch {
+                        if let Ok(Ok(Confirmation::Ack(returned) | Confirmation::Nack(returned))) =
+                            result
+                            && let Some(r) = returned.take()
+                        {
+                            let id = r
+                                .delivery
+                                .properties
+                                .message_id()
+                                .as_ref()
+                                .map(|m| m.as_str().to_string());
+                            if let Some(id) = id {
+                                self.returned.insert(
+                                    id,
+                                    format!(
+                                        "unroutable: {} {}",
+                                        r.reply_code,
+                                        r.reply_text.as_str()
+                                    ),
+                                );
+                            }
+                        }
+                    }
+                    for (row, result) in batch {
+                        self.on_confirm(row, result).await;
+                    }
+                    if self.confirms.is_empty() {
+                        // Every return belongs to a publish that was in flight.
+                        self.returned.clear();
+                    }
                 }
                 Event::Claimed(result) => {
                     self.claiming = None;
@@ -268,6 +316,7 @@ impl<'a> Pipeline<'a> {
         let pool = self.pool.clone();
         let owner = self.leases.instance_id.clone();
         self.more = false;
+        self.claim_generation = self.generation;
         self.claiming = Some(tokio::spawn(async move {
             store::claim(&pool, &owner, &partitions, per_partition, batch, &held).await
         }));
@@ -289,6 +338,11 @@ impl<'a> Pipeline<'a> {
         };
         self.db_failures = 0;
         self.set_ready(Some(true), None);
+        if self.claim_generation != self.generation {
+            // Rows were given back while this claim ran: claim again from the partition heads.
+            self.more = true;
+            return;
+        }
         if rows.is_empty() {
             return;
         }
@@ -390,7 +444,14 @@ impl<'a> Pipeline<'a> {
 
     async fn on_confirm(&mut self, row: OutboxRow, result: ConfirmResult) {
         match result {
-            Ok(Ok(Confirmation::Ack(None))) => {
+            Ok(Ok(Confirmation::Ack(_))) if self.returned.contains_key(&row.id.to_string()) => {
+                let why = self
+                    .returned
+                    .remove(&row.id.to_string())
+                    .unwrap_or_default();
+                self.refused(row, FailureReason::Unroutable, why).await;
+            }
+            Ok(Ok(Confirmation::Ack(_))) => {
                 let latency = (chrono::Utc::now() - row.created_at)
                     .to_std()
                     .unwrap_or_default();
@@ -407,14 +468,6 @@ impl<'a> Pipeline<'a> {
                         self.ready.push_back(row.aggregate_id.clone());
                     }
                 }
-            }
-            Ok(Ok(Confirmation::Ack(Some(returned)))) => {
-                let why = format!(
-                    "unroutable: {} {}",
-                    returned.reply_code,
-                    returned.reply_text.as_str()
-                );
-                self.refused(row, FailureReason::Unroutable, why).await;
             }
             Ok(Ok(Confirmation::Nack(_))) => {
                 self.refused(row, FailureReason::Nack, "nacked by broker".into())
@@ -481,6 +534,7 @@ impl<'a> Pipeline<'a> {
 
     /// Gives every unsent row of a partition back to the outbox (it stays pending there).
     fn give_back_partition(&mut self, partition: i16) {
+        self.generation += 1;
         let claimed = &mut self.claimed;
         self.chains.retain(|_, chain| {
             if chain.partition != partition {
@@ -495,6 +549,7 @@ impl<'a> Pipeline<'a> {
 
     /// Gives back everything not yet sent (at shutdown).
     fn give_back_unsent(&mut self) {
+        self.generation += 1;
         let claimed = &mut self.claimed;
         self.chains.retain(|_, chain| {
             for row in chain.queue.drain(..) {
@@ -507,6 +562,7 @@ impl<'a> Pipeline<'a> {
 
     /// The link failed: every unconfirmed row goes back to the outbox, nothing is charged.
     async fn link_failed(&mut self, reason: FailureReason, error: &str) {
+        self.generation += 1;
         let unconfirmed = self.confirms.len();
         self.confirms = FuturesUnordered::new();
         self.chains.clear();
