@@ -42,36 +42,9 @@ pub fn request_span(headers: &HeaderMap, operation: &'static str) -> (tracing::S
     (span, traceparent)
 }
 
-/// The parts of a valid `traceparent` that a child keeps.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Parent<'a> {
-    pub trace_id: &'a str,
-    pub flags: &'a str,
-}
-
-/// Parses `version-traceid-parentid-flags` (lower-case hex; version `ff` and all-zero ids invalid;
-/// versions above 00 may append fields, which are ignored).
-pub fn parse(value: &str) -> Option<Parent<'_>> {
-    let value = value.trim();
-    let mut parts = value.splitn(5, '-');
-    let (version, trace_id, parent_id, flags) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let rest = parts.next();
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    let valid = hex(version, 2)
-        && version != "ff"
-        && (version != "00" || rest.is_none())
-        && hex(trace_id, 32)
-        && trace_id.bytes().any(|b| b != b'0')
-        && hex(parent_id, 16)
-        && parent_id.bytes().any(|b| b != b'0')
-        && hex(flags, 2);
-    valid.then_some(Parent { trace_id, flags })
-}
+/// Parses a `traceparent` (the shared W3C rules: lower-case hex, no all-zero ids, version `ff`
+/// invalid, fields after version 00 ignored).
+pub use shared::trace::parse;
 
 fn new_id<const N: usize>() -> String {
     loop {

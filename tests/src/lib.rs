@@ -55,22 +55,11 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> Self {
-        init_logging();
-        let name = unique("t");
-        let admin = admin_url();
-        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+        let db = Self::new_unmigrated().await;
+        shared::db::migrate(&db.pool)
             .await
-            .expect("connect admin db");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut conn)
-            .await
-            .expect("create test database");
-        let url = replace_db(&admin, &name);
-        let pool = shared::db::connect(&url, 10, "tests")
-            .await
-            .expect("connect test db");
-        shared::db::migrate(&pool).await.expect("migrate test db");
-        Self { name, url, pool }
+            .expect("migrate test db");
+        db
     }
 
     /// The database URL with its host:port replaced (to go through a [`TcpProxy`]).
