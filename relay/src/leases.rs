@@ -186,11 +186,6 @@ impl Leases {
         crate::internal_events::owned_partitions(0);
         Ok(())
     }
-
-    /// Drops the local view (the database is unreachable: we cannot know we still hold anything).
-    pub fn forget(&self) {
-        self.held.lock().unwrap().clear();
-    }
 }
 
 pub fn hostname() -> String {

@@ -111,6 +111,12 @@ pub async fn run_with_pool(
         tokio::spawn(listen_loop(pool.clone(), wake.clone(), tasks.clone())),
         tokio::spawn(stats_loop(
             pool.clone(),
+            opts.alternate_exchange.then(|| {
+                (
+                    config.connections.amqp_url.clone(),
+                    config.connections.exchange.clone(),
+                )
+            }),
             opts.stats_interval(),
             tasks.clone(),
         )),
@@ -212,11 +218,10 @@ async fn listen_loop(pool: PgPool, wake: Arc<Notify>, stop: CancellationToken) {
             // Anything committed while we were not listening is found by this wake-up.
             wake.notify_one();
             loop {
-                // try_recv: Ok(None) means the connection was lost (and will be re-established).
-                match listener.try_recv().await? {
-                    Some(_) => wake.notify_one(),
-                    None => wake.notify_one(),
-                }
+                // A notification, or Ok(None) after a reconnect that may have dropped some:
+                // either way, look at the outbox.
+                listener.try_recv().await?;
+                wake.notify_one();
             }
             #[allow(unreachable_code)]
             Ok::<(), sqlx::Error>(())
@@ -237,16 +242,41 @@ async fn listen_loop(pool: PgPool, wake: Arc<Notify>, stop: CancellationToken) {
     }
 }
 
-async fn stats_loop(pool: PgPool, every: Duration, stop: CancellationToken) {
+/// Refreshes the backlog gauges, and the unrouted-queue depth over a connection of its own, so
+/// the publish loop never waits on these.
+async fn stats_loop(
+    pool: PgPool,
+    amqp: Option<(String, String)>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let mut conn: Option<lapin::Connection> = None;
     loop {
         match store::backlog(&pool).await {
             Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
             Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
         }
+        if let Some((url, exchange)) = &amqp {
+            if !conn.as_ref().is_some_and(|c| c.status().connected()) {
+                conn = shared::amqp::connect(url, "outbox-relay-stats").await.ok();
+            }
+            if let Some(c) = &conn
+                && let Some(depth) = publisher::unrouted_depth(c, exchange).await
+            {
+                internal_events::unrouted(depth);
+            }
+        }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => break,
         }
+    }
+    if let Some(c) = conn {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            c.close(200, "relay stopping".into()),
+        )
+        .await;
     }
 }
 

@@ -92,7 +92,6 @@ pub(crate) struct Pipeline<'a> {
     db_failures: u32,
     amqp_failures: u32,
     retry_at: Option<Instant>,
-    last_unrouted: Option<Instant>,
 }
 
 impl<'a> Pipeline<'a> {
@@ -129,7 +128,6 @@ impl<'a> Pipeline<'a> {
             db_failures: 0,
             amqp_failures: 0,
             retry_at: None,
-            last_unrouted: None,
         }
     }
 
@@ -157,7 +155,6 @@ impl<'a> Pipeline<'a> {
             }
             if !stopping {
                 self.rebalance().await;
-                self.refresh_unrouted().await;
                 self.fill_window().await;
             }
             self.start_db_op(stopping);
@@ -641,20 +638,6 @@ impl<'a> Pipeline<'a> {
                 }
             }
             Err(e) => tracing::warn!(error = %ErrorChain(&e), "releasing partitions failed"),
-        }
-    }
-
-    async fn refresh_unrouted(&mut self) {
-        if self
-            .last_unrouted
-            .is_some_and(|t| t.elapsed() < self.opts.stats_interval())
-            || !self.publisher.is_connected()
-        {
-            return;
-        }
-        self.last_unrouted = Some(Instant::now());
-        if let Some(depth) = self.publisher.unrouted_depth().await {
-            internal_events::unrouted(depth);
         }
     }
 }

@@ -78,35 +78,6 @@ impl Publisher {
         }
     }
 
-    /// Depth of the unrouted queue, when the alternate exchange is on.
-    pub async fn unrouted_depth(&self) -> Option<u32> {
-        if !self.alternate_exchange {
-            return None;
-        }
-        let (conn, _) = self.conn.as_ref()?;
-        let name = shared::amqp::unrouted_name(&self.exchange);
-        let fut = async {
-            let ch = conn.create_channel().await.ok()?;
-            let q = ch
-                .queue_declare(
-                    name.as_str().into(),
-                    lapin::options::QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .ok()?;
-            let _ = ch.close(200, "ok".into()).await;
-            Some(q.message_count())
-        };
-        tokio::time::timeout(Duration::from_secs(2), fut)
-            .await
-            .ok()
-            .flatten()
-    }
-
     /// Sends one row (persistent, mandatory) and returns the future of its confirm.
     pub async fn send(&self, row: &OutboxRow) -> Result<lapin::PublisherConfirm, lapin::Error> {
         let Some((_, channel)) = self.conn.as_ref() else {
@@ -151,4 +122,29 @@ impl Publisher {
             )
             .await
     }
+}
+
+/// Depth of `<exchange>.unrouted` through a passive declare on `conn` (bounded to 2 s).
+pub async fn unrouted_depth(conn: &Connection, exchange: &str) -> Option<u32> {
+    let name = shared::amqp::unrouted_name(exchange);
+    let fut = async {
+        let ch = conn.create_channel().await.ok()?;
+        let q = ch
+            .queue_declare(
+                name.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .ok()?;
+        let _ = ch.close(200, "ok".into()).await;
+        Some(q.message_count())
+    };
+    tokio::time::timeout(Duration::from_secs(2), fut)
+        .await
+        .ok()
+        .flatten()
 }
