@@ -501,39 +501,15 @@ async fn measure_commit_to_delivery(
         early
     });
 
-    // Producers: 4 connections; each tick sends either one single-row tx or one 10-row tx.
-    let per_conn = rate / 4;
-    let mut producers = Vec::new();
-    for p in 0..4u64 {
-        let pool = env.pool.clone();
-        let commits = commits.clone();
-        producers.push(tokio::spawn(async move {
-            // per second: per_conn/2 rows as single-row txs, per_conn/2 rows as 10-row txs.
-            let singles = (per_conn / 2).max(1);
-            let tens = (per_conn / 20).max(1);
-            let txs_per_sec = singles + tens;
-            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / txs_per_sec as f64));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            let end = Instant::now() + duration;
-            let mut i = 0u64;
-            while Instant::now() < end {
-                tick.tick().await;
-                let rows = if i % txs_per_sec < tens { 10 } else { 1 };
-                let msgs = producer_messages(p, i, rows, "bench.latency");
-                let mut tx = pool.begin().await?;
-                shared::outbox::enqueue_many(&mut *tx, &msgs).await?;
-                tx.commit().await?;
-                let now = Instant::now();
-                let mut c = commits.lock().unwrap();
-                for m in &msgs {
-                    c.insert(m.id.to_string(), now);
-                }
-                i += 1;
-            }
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for p in producers {
+    let c = commits.clone();
+    let record: OnCommit = Arc::new(move |msgs: &[NewMessage]| {
+        let now = Instant::now();
+        let mut c = c.lock().unwrap();
+        for m in msgs {
+            c.insert(m.id.to_string(), now);
+        }
+    });
+    for p in spawn_commit_load(env, duration, rate, "bench.latency", Some(record)) {
         p.await??;
     }
     let early = receiver.await?;
@@ -750,16 +726,23 @@ async fn wait_queue_exists(env: &BenchEnv, queue: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Producers committing outbox rows at `rate` msg/s (half single-row, half 10-row transactions,
-/// 4 connections) for `duration`, without recording anything: background load.
+/// Called after each producer commit with the committed messages.
+type OnCommit = Arc<dyn Fn(&[NewMessage]) + Send + Sync>;
+
+/// Producers committing outbox rows of `event_type` at `rate` msg/s for `duration`: 4
+/// connections, half the rows in single-row and half in 10-row transactions; `on_commit` sees
+/// each transaction's messages right after its commit returned.
 fn spawn_commit_load(
     env: &BenchEnv,
     duration: Duration,
     rate: u64,
+    event_type: &'static str,
+    on_commit: Option<OnCommit>,
 ) -> Vec<tokio::task::JoinHandle<anyhow::Result<()>>> {
     (0..4u64)
         .map(|p| {
             let pool = env.pool.clone();
+            let on_commit = on_commit.clone();
             tokio::spawn(async move {
                 let per_conn = rate / 4;
                 let singles = (per_conn / 2).max(1);
@@ -773,10 +756,13 @@ fn spawn_commit_load(
                 while Instant::now() < end {
                     tick.tick().await;
                     let rows = if i % txs_per_sec < tens { 10 } else { 1 };
-                    let msgs = producer_messages(p, i, rows, "bench.load");
+                    let msgs = producer_messages(p, i, rows, event_type);
                     let mut tx = pool.begin().await?;
                     shared::outbox::enqueue_many(&mut *tx, &msgs).await?;
                     tx.commit().await?;
+                    if let Some(f) = &on_commit {
+                        f(&msgs);
+                    }
                     i += 1;
                 }
                 Ok(())
@@ -805,38 +791,15 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     // Producers: like relay-latency, but ledger events, recording each commit's wall-clock time.
     let commits: Arc<Mutex<HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>>>> =
         Arc::new(Mutex::new(HashMap::new()));
-    let rate = 1000u64;
-    let mut producers = Vec::new();
-    for p in 0..4u64 {
-        let pool = env.pool.clone();
-        let commits = commits.clone();
-        producers.push(tokio::spawn(async move {
-            let per_conn = rate / 4;
-            let singles = (per_conn / 2).max(1);
-            let tens = (per_conn / 20).max(1);
-            let txs_per_sec = singles + tens;
-            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / txs_per_sec as f64));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            let end = Instant::now() + duration;
-            let mut i = 0u64;
-            while Instant::now() < end {
-                tick.tick().await;
-                let rows = if i % txs_per_sec < tens { 10 } else { 1 };
-                let msgs = producer_messages(p, i, rows, "payment.captured");
-                let mut tx = pool.begin().await?;
-                shared::outbox::enqueue_many(&mut *tx, &msgs).await?;
-                tx.commit().await?;
-                let now = chrono::Utc::now();
-                let mut c = commits.lock().unwrap();
-                for m in &msgs {
-                    c.insert(m.id, now);
-                }
-                i += 1;
-            }
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for p in producers {
+    let c = commits.clone();
+    let record: OnCommit = Arc::new(move |msgs: &[NewMessage]| {
+        let now = chrono::Utc::now();
+        let mut c = c.lock().unwrap();
+        for m in msgs {
+            c.insert(m.id, now);
+        }
+    });
+    for p in spawn_commit_load(env, duration, 1000, "payment.captured", Some(record)) {
         p.await??;
     }
     let total = commits.lock().unwrap().len() as i64;
@@ -909,7 +872,7 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         measure_publish_to_delivery(env, &floor_q, "floor.quorum", floor_time, 1000).await?;
     // The same, while PostgreSQL commits 1,000 rows/s as in the run (both services fsync to one
     // disk): how much of the end-to-end latency the services' own contention explains.
-    let load = spawn_commit_load(env, floor_time, 1000);
+    let load = spawn_commit_load(env, floor_time, 1000, "bench.load", None);
     let floor_loaded =
         measure_publish_to_delivery(env, &floor_q, "floor.quorum", floor_time, 1000).await?;
     for l in load {
