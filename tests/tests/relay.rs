@@ -900,3 +900,95 @@ async fn published_rows_are_kept_for_the_retention_then_removed() {
     .await;
     relay.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (conn, exchange) = topology(&broker, true).await;
+    let queue = broker.queue("q");
+    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    proxy.set_mode(ProxyMode::Down);
+    let metrics = free_addr();
+    let mut relay = spawn_relay(&db.url_via(proxy.addr), &exchange, metrics, &[]);
+
+    // Alive and serving, but not ready, while PostgreSQL cannot be reached.
+    let http = reqwest::Client::new();
+    wait_until("/readyz answers 503", Duration::from_secs(20), || async {
+        let r = http
+            .get(format!("http://{metrics}/readyz"))
+            .send()
+            .await
+            .ok()?;
+        (r.status() == 503).then_some(())
+    })
+    .await;
+    let ids = produce(&db.pool, 5, 0..20, 50).await;
+    proxy.set_mode(ProxyMode::Pass);
+
+    let received = receive_n(&mut rx, ids.len(), Duration::from_secs(60)).await;
+    let got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
+    assert!(ids.iter().all(|id| got.contains(&id.to_string())));
+    assert_first_occurrences_in_order(&received);
+    wait_until("/readyz answers 200", Duration::from_secs(20), || async {
+        let r = http
+            .get(format!("http://{metrics}/readyz"))
+            .send()
+            .await
+            .ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    sigterm(&relay);
+    assert!(relay.wait().await.unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_bounded_time() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (conn, exchange) = topology(&broker, true).await;
+    let queue = broker.queue("q");
+    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
+    let via_proxy = amqp_url().replace("127.0.0.1:5672", &proxy.addr.to_string());
+    let mut relay = spawn_relay(&db.url, &exchange, free_addr(), &["--amqp-url", &via_proxy]);
+    let first = produce(&db.pool, 10, 0..10, 100).await;
+    receive_n(&mut rx, first.len(), Duration::from_secs(30)).await;
+
+    // Confirms stop coming back; the relay is told to stop while publishes are in flight.
+    proxy.set_mode(ProxyMode::Blackhole);
+    let stuck = produce(&db.pool, 10, 10..20, 100).await;
+    wait_until(
+        "the stuck rows are claimed",
+        Duration::from_secs(10),
+        || async {
+            let owned: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL")
+                    .fetch_one(&db.pool)
+                    .await
+                    .unwrap();
+            (owned > 0).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // let the relay send into the black hole
+    sigterm(&relay);
+    // Bounded by the confirm timeout (800 ms) plus the bounded connection close, not by the broker.
+    let status = tokio::time::timeout(Duration::from_secs(15), relay.wait())
+        .await
+        .expect("the relay exits although the broker never answers")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    // Nothing unconfirmed was marked: every stuck row is still in the outbox.
+    let left: HashSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    for id in &stuck {
+        assert!(left.contains(id), "{id} was removed without a confirm");
+    }
+}
