@@ -122,6 +122,31 @@ impl BenchEnv {
         Ok(())
     }
 
+    /// Lets the residue of earlier work settle before a latency measurement: a checkpoint now
+    /// (not in the middle of the measurement, with its full-page writes), then up to 30 s for the
+    /// machine to go quiet (autovacuum, the broker's cleanup of deleted queues). Returns how busy
+    /// the machine still was over the last half second, for the report.
+    pub async fn settle(&self) -> anyhow::Result<f64> {
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query("SET statement_timeout = 0")
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query("CHECKPOINT").execute(&mut *conn).await?;
+        sqlx::query("RESET statement_timeout")
+            .execute(&mut *conn)
+            .await?;
+        drop(conn);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let before = CpuSnapshot::take();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let busy = CpuSnapshot::take().busy_since(&before);
+            if busy < 0.15 || std::time::Instant::now() >= deadline {
+                return Ok(busy);
+            }
+        }
+    }
+
     pub fn bin(&self, name: &str) -> anyhow::Result<PathBuf> {
         let p = self.bin_dir.join(name);
         anyhow::ensure!(
@@ -303,6 +328,15 @@ impl CpuSnapshot {
             }
         }
         s
+    }
+
+    /// The fraction of the machine's CPU time that was busy between two snapshots.
+    pub fn busy_since(&self, earlier: &CpuSnapshot) -> f64 {
+        let total = self
+            .machine_total
+            .saturating_sub(earlier.machine_total)
+            .max(1);
+        self.machine_busy.saturating_sub(earlier.machine_busy) as f64 / total as f64
     }
 
     /// "machine 97% busy; cpu ms per 1000 msgs: rabbitmq 80, postgres 40, relay 30".

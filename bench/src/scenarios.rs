@@ -264,6 +264,7 @@ async fn relay_drain(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line>> 
     for relays in [1i64, 2] {
         env.reset_outbox().await?;
         let q = env.queue("drain", "bench.drain").await?;
+        env.settle().await?;
         let children: Vec<_> = (0..relays)
             .map(|_| env.spawn_relay(&[]))
             .collect::<Result<_, _>>()?;
@@ -313,6 +314,7 @@ async fn relay_latency(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let duration = env.secs(30.0, 2.0);
     env.reset_outbox().await?;
     let q = env.queue("latency", "bench.latency").await?;
+    env.settle().await?;
     // The floor: the same rate published straight to the broker, publish -> delivery.
     let floor = measure_publish_to_delivery(
         env,
@@ -324,7 +326,10 @@ async fn relay_latency(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     .await?;
     let relay = env.spawn_relay(&[])?;
     wait_partitions_split(env, 1).await?;
+    let busy = env.settle().await?;
+    let cpu = env::CpuSnapshot::take();
     let hist = measure_commit_to_delivery(env, &q, duration, 1000).await?;
+    let cpu_note = env::CpuSnapshot::take().report_since(&cpu, hist.len());
     env::stop(relay).await;
     env.delete_queue(&q).await;
     let ms = |us: u64| us as f64 / 1000.0;
@@ -332,7 +337,10 @@ async fn relay_latency(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         "relay-latency",
         &hist,
         10.0,
-        "commit -> delivery to a queue consumer (after the broker confirm path), 1,000 msg/s, 1- and 10-row transactions on 4 connections",
+        &format!(
+            "commit -> delivery to a queue consumer, 1,000 msg/s, 1- and 10-row transactions on 4 connections; machine {:.0}% busy before the start, during: {cpu_note}",
+            busy * 100.0
+        ),
     );
     lines.push(Line::new(
         "relay-latency floor p50 (raw publish -> delivery)",
@@ -787,6 +795,7 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     wait_queue_exists(env, &name).await?;
     let relay = env.spawn_relay(&[])?;
     wait_partitions_split(env, 1).await?;
+    let busy = env.settle().await?;
 
     // Producers: like relay-latency, but ledger events, recording each commit's wall-clock time.
     let commits: Arc<Mutex<HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>>>> =
@@ -799,10 +808,12 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             c.insert(m.id, now);
         }
     });
+    let cpu = env::CpuSnapshot::take();
     for p in spawn_commit_load(env, duration, 1000, "payment.captured", Some(record)) {
         p.await??;
     }
     let total = commits.lock().unwrap().len() as i64;
+    let cpu_note = env::CpuSnapshot::take().report_since(&cpu, total as u64);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let done: i64 =
@@ -885,7 +896,10 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         "end-to-end",
         &h,
         25.0,
-        "producer commit -> consumer transaction (processed_at), 1,000 msg/s, relay + ledger consumer",
+        &format!(
+            "producer commit -> consumer transaction (processed_at), 1,000 msg/s, relay + ledger consumer; machine {:.0}% busy before the start, during: {cpu_note}",
+            busy * 100.0
+        ),
     );
     lines.push(Line::new(
         "end-to-end floor p50 (raw publish -> quorum queue delivery)",
@@ -1134,6 +1148,7 @@ async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
         .execute(&mut *conn)
         .await?;
     drop(conn);
+    env.settle().await?;
     let partitions: Vec<i16> = (0..64).collect();
     let started = Instant::now();
     let mut done = 0u64;

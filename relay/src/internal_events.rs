@@ -88,6 +88,11 @@ pub fn describe() {
         Unit::Seconds,
         "Publish sent to broker confirm"
     );
+    describe_histogram!(
+        "relay_db_duration_seconds",
+        Unit::Seconds,
+        "Run time of the relay's claim and mark statements, by op"
+    );
 }
 
 pub fn published(count: usize) {
@@ -112,6 +117,21 @@ pub fn claim_lag(lag: Duration) {
 
 pub fn confirm_duration(d: Duration) {
     histogram!("relay_confirm_duration_seconds").record(d.as_secs_f64());
+}
+
+/// Which relay statement a [`db_duration`] belongs to.
+#[derive(Debug, Clone, Copy)]
+pub enum DbOp {
+    Claim,
+    Mark,
+}
+
+pub fn db_duration(op: DbOp, d: Duration) {
+    let op = match op {
+        DbOp::Claim => "claim",
+        DbOp::Mark => "mark",
+    };
+    histogram!("relay_db_duration_seconds", "op" => op).record(d.as_secs_f64());
 }
 
 pub fn batch_claimed(size: usize) {

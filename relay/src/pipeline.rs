@@ -13,7 +13,7 @@
 //! back everything unconfirmed. Either way nothing later of an aggregate overtakes an earlier row.
 
 use crate::RelayOptions;
-use crate::internal_events::{self, FailureReason};
+use crate::internal_events::{self, DbOp, FailureReason};
 use crate::leases::Leases;
 use crate::publisher::Publisher;
 use crate::store::{self, OutboxRow};
@@ -282,7 +282,12 @@ impl<'a> Pipeline<'a> {
             let retain = self.opts.retention_secs > 0;
             let batch = seqs.clone();
             self.marking = Some((
-                tokio::spawn(async move { store::mark_published(&pool, &batch, retain).await }),
+                tokio::spawn(async move {
+                    let started = Instant::now();
+                    let done = store::mark_published(&pool, &batch, retain).await;
+                    internal_events::db_duration(DbOp::Mark, started.elapsed());
+                    done
+                }),
                 seqs,
             ));
         }
@@ -315,7 +320,10 @@ impl<'a> Pipeline<'a> {
         self.more = false;
         self.claim_generation = self.generation;
         self.claiming = Some(tokio::spawn(async move {
-            store::claim(&pool, &owner, &partitions, per_partition, batch, &held).await
+            let started = Instant::now();
+            let rows = store::claim(&pool, &owner, &partitions, per_partition, batch, &held).await;
+            internal_events::db_duration(DbOp::Claim, started.elapsed());
+            rows
         }));
     }
 
