@@ -17,7 +17,7 @@ pub struct RelayConfig {
 #[derive(Debug, Clone, clap::Args)]
 pub struct RelayOptions {
     /// Rows claimed per round. Bigger batches amortize the claim and the mark over more publishes.
-    #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=50_000))]
+    #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=50_000))]
     pub batch_size: u32,
     /// Publishes in flight (sent, confirm not yet received) on the channel. RabbitMQ confirms in
     /// bulk, so a wide window is what makes publishing fast.
