@@ -449,7 +449,9 @@ impl<'a> Pipeline<'a> {
 
     async fn on_confirm(&mut self, row: OutboxRow, result: ConfirmResult) {
         match result {
-            Ok(Ok(Confirmation::Ack(_))) if self.returned.contains_key(&row.id.to_string()) => {
+            Ok(Ok(Confirmation::Ack(_)))
+                if !self.returned.is_empty() && self.returned.contains_key(&row.id.to_string()) =>
+            {
                 let why = self
                     .returned
                     .remove(&row.id.to_string())
