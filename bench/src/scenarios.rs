@@ -763,7 +763,11 @@ fn spawn_commit_load(
                 let mut i = 0u64;
                 while Instant::now() < end {
                     tick.tick().await;
-                    let rows = if (i + p * 3) % 11 == 0 { 10 } else { 1 };
+                    let rows = if (i + p * 3).is_multiple_of(11) {
+                        10
+                    } else {
+                        1
+                    };
                     let msgs = producer_messages(p, i, rows, event_type);
                     let mut tx = pool.begin().await?;
                     shared::outbox::enqueue_many(&mut *tx, &msgs).await?;
