@@ -384,10 +384,16 @@ impl<'a> Pipeline<'a> {
     }
 
     /// Sends ready rows while the window has room.
+    ///
+    /// All of them are handed to lapin at once: each publish waits until lapin's I/O thread has
+    /// written its frames, so sending one at a time costs two thread hand-offs per message, while
+    /// a whole batch is written and acknowledged in one. (lapin numbers a publish for its confirm
+    /// and queues its frames in the same poll, so confirms still match their rows.)
     async fn fill_window(&mut self) {
         let window = self.opts.window as usize;
         let timeout = self.opts.confirm_timeout();
-        while self.confirms.len() < window && self.publisher.is_connected() {
+        let mut batch: Vec<(OutboxRow, tracing::Span)> = Vec::new();
+        while self.confirms.len() + batch.len() < window && self.publisher.is_connected() {
             let Some(aggregate) = self.ready.pop_front() else {
                 break;
             };
@@ -409,41 +415,35 @@ impl<'a> Pipeline<'a> {
             }
             let row = chain.queue.pop_front().expect("non-empty");
             chain.in_flight = true;
-            let traceparent = row.headers.get("traceparent").and_then(|v| v.as_str());
-            // An exported span per publish only when OTLP is on; otherwise a debug span, which
-            // costs nothing unless debug logging is enabled.
-            let span = if shared::telemetry::otlp_enabled() {
-                let span = tracing::info_span!(
-                    "publish",
-                    message_id = %row.id,
-                    trace_id = shared::trace::trace_id(traceparent).unwrap_or(""),
-                    seq = row.seq
-                );
-                if let Some(tp) = traceparent {
-                    shared::trace::set_parent(&span, tp);
-                }
-                span
-            } else {
-                tracing::debug_span!(
-                    "publish",
-                    message_id = %row.id,
-                    trace_id = shared::trace::trace_id(traceparent).unwrap_or(""),
-                    seq = row.seq
-                )
-            };
-            let sent = Instant::now();
-            match self.publisher.send(&row).instrument(span).await {
+            let span = publish_span(&row);
+            batch.push((row, span));
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let sent = Instant::now();
+        let results = futures::future::join_all(
+            batch
+                .iter()
+                .map(|(row, span)| self.publisher.send(row).instrument(span.clone())),
+        )
+        .await;
+        let mut failure = None;
+        for ((row, _), result) in batch.into_iter().zip(results) {
+            match result {
                 Ok(confirm) => self.confirms.push(Box::pin(async move {
                     let result = tokio::time::timeout(timeout, confirm).await;
                     (row, result, sent)
                 })),
                 Err(e) => {
                     self.claimed.remove(&row.seq);
-                    self.link_failed(FailureReason::Connection, &e.to_string())
-                        .await;
-                    break;
+                    failure.get_or_insert(e.to_string());
                 }
             }
+        }
+        if let Some(e) = failure {
+            // Everything unconfirmed, including what was just sent, goes back to the outbox.
+            self.link_failed(FailureReason::Connection, &e).await;
         }
     }
 
@@ -657,5 +657,30 @@ fn flatten<T>(r: Result<Result<T, sqlx::Error>, tokio::task::JoinError>) -> Resu
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(ErrorChain(&e).to_string()),
         Err(e) => Err(format!("task failed: {e}")),
+    }
+}
+
+/// The span of one publish: exported (under the message's trace) only when OTLP is on; otherwise a
+/// debug span, which costs nothing unless debug logging is enabled.
+fn publish_span(row: &OutboxRow) -> tracing::Span {
+    let traceparent = row.headers.get("traceparent").and_then(|v| v.as_str());
+    if shared::telemetry::otlp_enabled() {
+        let span = tracing::info_span!(
+            "publish",
+            message_id = %row.id,
+            trace_id = shared::trace::trace_id(traceparent).unwrap_or(""),
+            seq = row.seq
+        );
+        if let Some(tp) = traceparent {
+            shared::trace::set_parent(&span, tp);
+        }
+        span
+    } else {
+        tracing::debug_span!(
+            "publish",
+            message_id = %row.id,
+            trace_id = shared::trace::trace_id(traceparent).unwrap_or(""),
+            seq = row.seq
+        )
     }
 }
