@@ -122,10 +122,10 @@ impl BenchEnv {
         Ok(())
     }
 
-    /// Lets the residue of earlier work settle before a latency measurement: a checkpoint now
-    /// (not in the middle of the measurement, with its full-page writes), then up to 30 s for the
-    /// machine to go quiet (autovacuum, the broker's cleanup of deleted queues). Returns how busy
-    /// the machine still was over the last half second, for the report.
+    /// Lets the residue of earlier work settle before a measurement: a checkpoint now (not in the
+    /// middle of the measurement, with its full-page writes), then up to 30 s (scaled by
+    /// `--scale`) for the machine to go quiet (autovacuum, the broker's cleanup of deleted
+    /// queues). Returns how busy the machine still was over the last half second, for the report.
     pub async fn settle(&self) -> anyhow::Result<f64> {
         let mut conn = self.pool.acquire().await?;
         sqlx::query("SET statement_timeout = 0")
@@ -136,7 +136,8 @@ impl BenchEnv {
             .execute(&mut *conn)
             .await?;
         drop(conn);
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        // A smoke run (small --scale) waits at most a second or so.
+        let deadline = std::time::Instant::now() + self.secs(30.0, 1.0);
         loop {
             let before = CpuSnapshot::take();
             tokio::time::sleep(Duration::from_millis(500)).await;
