@@ -142,8 +142,14 @@ pub async fn run_with_pool(
     // Safe point: nothing is in flight and everything confirmed is marked (or given up on after a
     // bounded wait). Hand the partitions over at once instead of making the others wait the lease.
     tasks.cancel();
-    for h in handles {
-        let _ = h.await;
+    // The helpers stop at their next wait; one stuck on a silent database is not waited for.
+    for mut h in handles {
+        if tokio::time::timeout(Duration::from_secs(2), &mut h)
+            .await
+            .is_err()
+        {
+            h.abort();
+        }
     }
     if let Err(e) = tokio::time::timeout(Duration::from_secs(5), leases.release_all(&pool))
         .await
@@ -190,7 +196,7 @@ async fn lease_loop(
     let period = lease / 4;
     loop {
         let before = leases.held_count();
-        match leases.tick(&pool).await {
+        match store::bounded(leases.tick(&pool)).await {
             Ok(()) => {
                 set_ready(&readiness, Some(true), None);
                 if leases.held_count() > before {
@@ -252,7 +258,7 @@ async fn stats_loop(
 ) {
     let mut conn: Option<lapin::Connection> = None;
     loop {
-        match store::backlog(&pool).await {
+        match store::bounded(store::backlog(&pool)).await {
             Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
             Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
         }
@@ -284,7 +290,7 @@ async fn retention_loop(pool: PgPool, retention: Duration, stop: CancellationTok
     const BATCH: i64 = 5000;
     loop {
         loop {
-            match store::purge_published(&pool, retention, BATCH).await {
+            match store::bounded(store::purge_published(&pool, retention, BATCH)).await {
                 Ok(n) if n as i64 >= BATCH && !stop.is_cancelled() => continue,
                 Ok(_) => break,
                 Err(e) => {

@@ -35,6 +35,8 @@ use tracing::Instrument;
 /// A running mark (delete or update of confirmed rows).
 type MarkTask = JoinHandle<Result<(), sqlx::Error>>;
 type ConfirmResult = Result<Result<Confirmation, lapin::Error>, tokio::time::error::Elapsed>;
+/// How long a stopping relay keeps trying to mark confirmed rows, beyond the confirm timeout.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 type ConfirmFuture = Pin<Box<dyn Future<Output = (OutboxRow, ConfirmResult, Instant)> + Send>>;
 
 /// The rows of one aggregate that this relay holds, in seq order.
@@ -131,16 +133,25 @@ impl<'a> Pipeline<'a> {
         }
     }
 
-    /// Runs until `shutdown`, then settles what is in flight (bounded by the confirm timeout) and
-    /// marks what was confirmed. Returns the publisher for a clean disconnect.
+    /// Runs until `shutdown`, then settles what is in flight and marks what was confirmed, for at
+    /// most the confirm timeout plus [`STOP_GRACE`]: whatever is not marked by then (the database
+    /// is failing or silent) stays pending and is published again later. Returns the publisher
+    /// for a clean disconnect.
     pub(crate) async fn run(mut self, shutdown: &CancellationToken) -> Publisher {
         let mut poll = tokio::time::interval(self.opts.poll_interval());
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut stop_mark_failures = 0u32;
+        let mut stop_by: Option<Instant> = None;
         loop {
             let stopping = shutdown.is_cancelled();
             if stopping {
                 self.give_back_unsent();
+                let deadline = *stop_by.get_or_insert_with(|| {
+                    Instant::now() + self.opts.confirm_timeout() + STOP_GRACE
+                });
+                if Instant::now() >= deadline {
+                    self.abandon_at_stop();
+                    break;
+                }
             }
             let backoff_over = self.retry_at.is_none_or(|t| Instant::now() >= t);
             if backoff_over {
@@ -162,17 +173,9 @@ impl<'a> Pipeline<'a> {
                 && self.confirms.is_empty()
                 && self.marking.is_none()
                 && self.claiming.is_none()
+                && self.to_mark.is_empty()
             {
-                if self.to_mark.is_empty() {
-                    break;
-                }
-                if stop_mark_failures > 5 {
-                    tracing::warn!(
-                        rows = self.to_mark.len(),
-                        "giving up marking at shutdown: these rows will be published again"
-                    );
-                    break;
-                }
+                break;
             }
 
             let retry_at = self.retry_at;
@@ -186,6 +189,7 @@ impl<'a> Pipeline<'a> {
                 _ = poll.tick(), if !stopping => Event::Wake,
                 _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => Event::Wake,
                 _ = shutdown.cancelled(), if !stopping => Event::Stop,
+                _ = tokio::time::sleep_until(stop_by.unwrap_or_else(Instant::now)), if stop_by.is_some() => Event::Stop,
             };
             match event {
                 Event::Confirm(confirmed, sent) => {
@@ -234,17 +238,29 @@ impl<'a> Pipeline<'a> {
                     self.claiming = None;
                     self.on_claimed(result)
                 }
-                Event::Marked(result) => {
-                    if result.is_err() && stopping {
-                        stop_mark_failures += 1;
-                    }
-                    self.on_marked(result).await
-                }
+                Event::Marked(result) => self.on_marked(result).await,
                 Event::Wake => self.more = true,
                 Event::Stop => {}
             }
         }
         self.publisher
+    }
+
+    /// The shutdown deadline passed: stop waiting for confirms and the database. Nothing is lost:
+    /// every row not marked is still pending in the outbox.
+    fn abandon_at_stop(&mut self) {
+        let marking = self.marking.take().map_or(0, |(task, seqs)| {
+            task.abort();
+            seqs.len()
+        });
+        if let Some(task) = self.claiming.take() {
+            task.abort();
+        }
+        tracing::warn!(
+            unconfirmed = self.confirms.len(),
+            unmarked = self.to_mark.len() + marking,
+            "stopping before everything was settled: these rows stay pending and will be published again"
+        );
     }
 
     async fn connect(&mut self) {
@@ -284,7 +300,7 @@ impl<'a> Pipeline<'a> {
             self.marking = Some((
                 tokio::spawn(async move {
                     let started = Instant::now();
-                    let done = store::mark_published(&pool, &batch, retain).await;
+                    let done = store::bounded(store::mark_published(&pool, &batch, retain)).await;
                     internal_events::db_duration(DbOp::Mark, started.elapsed());
                     done
                 }),
@@ -321,7 +337,15 @@ impl<'a> Pipeline<'a> {
         self.claim_generation = self.generation;
         self.claiming = Some(tokio::spawn(async move {
             let started = Instant::now();
-            let rows = store::claim(&pool, &owner, &partitions, per_partition, batch, &held).await;
+            let rows = store::bounded(store::claim(
+                &pool,
+                &owner,
+                &partitions,
+                per_partition,
+                batch,
+                &held,
+            ))
+            .await;
             internal_events::db_duration(DbOp::Claim, started.elapsed());
             rows
         }));
@@ -511,14 +535,14 @@ impl<'a> Pipeline<'a> {
         let trace_id =
             shared::trace::trace_id(row.headers.get("traceparent").and_then(|v| v.as_str()))
                 .unwrap_or("");
-        match store::record_failure(
+        match store::bounded(store::record_failure(
             self.pool,
             row.seq,
             row.partition,
             &error,
             self.opts.max_attempts,
             retry_in,
-        )
+        ))
         .await
         {
             Ok(store::FailedState::Dead) => {
@@ -608,7 +632,8 @@ impl<'a> Pipeline<'a> {
                         self.retried.iter().partition(|s| done.contains(s));
                     self.retried = later;
                     if !now.is_empty()
-                        && let Err(e) = store::unblock_published(self.pool, &now).await
+                        && let Err(e) =
+                            store::bounded(store::unblock_published(self.pool, &now)).await
                     {
                         tracing::warn!(error = %ErrorChain(&e), "unblocking partitions failed; they unblock when the backoff ends");
                     }
@@ -640,7 +665,7 @@ impl<'a> Pipeline<'a> {
         if free.is_empty() {
             return;
         }
-        match self.leases.release(self.pool, &free).await {
+        match store::bounded(self.leases.release(self.pool, &free)).await {
             Ok(()) => {
                 tracing::info!(partitions = ?free, "gave partitions back for rebalancing");
                 for p in &free {

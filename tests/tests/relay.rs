@@ -992,3 +992,50 @@ async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_b
         assert!(left.contains(id), "{id} was removed without a confirm");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_the_database_black_holed_exits_in_bounded_time_and_loses_nothing() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (conn, exchange) = topology(&broker, true).await;
+    let queue = broker.queue("q");
+    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let mut relay = spawn_relay(&db.url_via(proxy.addr), &exchange, free_addr(), &[]);
+    let first = produce(&db.pool, 10, 0..10, 100).await;
+    let mut received = receive_n(&mut rx, first.len(), Duration::from_secs(30)).await;
+
+    // The database stops answering (open connections, nothing comes back), more rows are
+    // committed directly, and the relay is told to stop while its claims and marks hang.
+    proxy.set_mode(ProxyMode::Blackhole);
+    let later = produce(&db.pool, 10, 10..20, 100).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sigterm(&relay);
+    let status = tokio::time::timeout(Duration::from_secs(30), relay.wait())
+        .await
+        .expect("the relay exits although PostgreSQL never answers")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+
+    // Nothing lost: a new relay on a working link publishes whatever is still pending (rows
+    // confirmed but not marked may come twice, which at-least-once allows).
+    let mut relay = spawn_relay(&db.url, &exchange, free_addr(), &[]);
+    let all: Vec<uuid::Uuid> = first.iter().chain(&later).copied().collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        received.extend(drain(&mut rx, Duration::from_millis(300)).await);
+        let got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
+        if all.iter().all(|id| got.contains(&id.to_string())) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {} rows published after the restart",
+            got.len(),
+            all.len()
+        );
+    }
+    assert_eq!(outbox_count(&db.pool, "pending").await, 0);
+    sigterm(&relay);
+    assert!(relay.wait().await.unwrap().success());
+}
