@@ -79,6 +79,25 @@ impl BenchEnv {
 
     /// A durable queue (like a consumer's) bound to the bench exchange with `key`.
     pub async fn queue(&self, name: &str, key: &str) -> anyhow::Result<String> {
+        self.declare_queue(name, key, FieldTable::default()).await
+    }
+
+    /// A quorum queue (the consumer's queue type) bound to the bench exchange with `key`.
+    pub async fn quorum_queue(&self, name: &str, key: &str) -> anyhow::Result<String> {
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            lapin::types::AMQPValue::LongString("quorum".into()),
+        );
+        self.declare_queue(name, key, args).await
+    }
+
+    async fn declare_queue(
+        &self,
+        name: &str,
+        key: &str,
+        args: FieldTable,
+    ) -> anyhow::Result<String> {
         let q = format!("{}.{name}", self.exchange);
         let ch = self.conn.create_channel().await?;
         ch.queue_declare(
@@ -87,7 +106,7 @@ impl BenchEnv {
                 durable: true,
                 ..Default::default()
             },
-            FieldTable::default(),
+            args,
         )
         .await?;
         ch.queue_bind(
@@ -127,25 +146,33 @@ impl BenchEnv {
     /// `--scale`) for the machine to go quiet (autovacuum, the broker's cleanup of deleted
     /// queues). Returns how busy the machine still was over the last half second, for the report.
     pub async fn settle(&self) -> anyhow::Result<f64> {
-        let mut conn = self.pool.acquire().await?;
-        sqlx::query("SET statement_timeout = 0")
-            .execute(&mut *conn)
-            .await?;
-        sqlx::query("CHECKPOINT").execute(&mut *conn).await?;
-        sqlx::query("RESET statement_timeout")
-            .execute(&mut *conn)
-            .await?;
-        drop(conn);
+        self.without_timeout(&["CHECKPOINT"]).await?;
         // A smoke run (small --scale) waits at most a second or so.
         let deadline = std::time::Instant::now() + self.secs(30.0, 1.0);
         loop {
-            let before = CpuSnapshot::take();
+            let before = CpuSnapshot::machine();
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let busy = CpuSnapshot::take().busy_since(&before);
+            let busy = CpuSnapshot::machine().busy_since(&before);
             if busy < 0.15 || std::time::Instant::now() >= deadline {
                 return Ok(busy);
             }
         }
+    }
+
+    /// Runs maintenance statements (CHECKPOINT, VACUUM, bulk fills) on one connection without the
+    /// statement timeout the pool sets for everything else.
+    pub async fn without_timeout(&self, statements: &[&'static str]) -> anyhow::Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query("SET statement_timeout = 0")
+            .execute(&mut *conn)
+            .await?;
+        for sql in statements {
+            sqlx::query(*sql).execute(&mut *conn).await?;
+        }
+        sqlx::query("RESET statement_timeout")
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
     }
 
     pub fn bin(&self, name: &str) -> anyhow::Result<PathBuf> {
@@ -160,20 +187,7 @@ impl BenchEnv {
 
     /// Starts a relay process on the bench database and exchange.
     pub fn spawn_relay(&self, extra: &[&str]) -> anyhow::Result<Child> {
-        Ok(Command::new(self.bin("relay")?)
-            .args(extra)
-            .env("DATABASE_URL", &self.db_url)
-            .env("AMQP_URL", &self.amqp_url)
-            .env("OUTBOX_EXCHANGE", &self.exchange)
-            // BENCH_RELAY_METRICS_ADDR: scrape the (single) relay while a scenario runs.
-            .env(
-                "METRICS_ADDR",
-                std::env::var("BENCH_RELAY_METRICS_ADDR").unwrap_or_else(|_| "127.0.0.1:0".into()),
-            )
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()?)
+        self.spawn("relay", extra, &[])
     }
 
     /// Starts any workspace binary with the bench's connection settings.
@@ -282,7 +296,8 @@ fn group_of(comm: &str) -> &'static str {
 }
 
 impl CpuSnapshot {
-    pub fn take() -> Self {
+    /// The whole machine only (one read of /proc/stat): enough for [`busy_since`](Self::busy_since).
+    pub fn machine() -> Self {
         let mut s = CpuSnapshot {
             at: Some(std::time::Instant::now()),
             ..Default::default()
@@ -299,6 +314,12 @@ impl CpuSnapshot {
             s.machine_total = v.iter().sum();
             s.machine_busy = s.machine_total - idle;
         }
+        s
+    }
+
+    /// The machine and every process, grouped (rabbitmq, postgres, relay, ...).
+    pub fn take() -> Self {
+        let mut s = Self::machine();
         if let Ok(dir) = std::fs::read_dir("/proc") {
             for e in dir.flatten() {
                 let name = e.file_name();
@@ -342,11 +363,6 @@ impl CpuSnapshot {
 
     /// "machine 97% busy; cpu ms per 1000 msgs: rabbitmq 80, postgres 40, relay 30".
     pub fn report_since(&self, earlier: &CpuSnapshot, messages: u64) -> String {
-        let total = self
-            .machine_total
-            .saturating_sub(earlier.machine_total)
-            .max(1);
-        let busy = self.machine_busy.saturating_sub(earlier.machine_busy);
         let mut parts = Vec::new();
         for (g, t) in &self.groups {
             let before = earlier.groups.get(g).copied().unwrap_or(0);
@@ -361,7 +377,7 @@ impl CpuSnapshot {
         };
         format!(
             "machine {:.0}% busy over {secs:.1} s; CPU ms per 1000 msgs: {}",
-            busy as f64 * 100.0 / total as f64,
+            self.busy_since(earlier) * 100.0,
             parts.join(", ")
         )
     }

@@ -629,32 +629,7 @@ async fn ledger_updates(env: &BenchEnv) -> anyhow::Result<i64> {
 async fn consumer(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>> {
     let n = env.n(50_000, 500);
     // Raw: a quorum queue like the consumer's, manual ack per message, prefetch 1000.
-    let raw_q = format!("{}.raw", env.exchange);
-    {
-        let ch = env.conn.create_channel().await?;
-        let mut args = FieldTable::default();
-        args.insert(
-            "x-queue-type".into(),
-            lapin::types::AMQPValue::LongString("quorum".into()),
-        );
-        ch.queue_declare(
-            raw_q.as_str().into(),
-            lapin::options::QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await?;
-        ch.queue_bind(
-            raw_q.as_str().into(),
-            env.exchange.as_str().into(),
-            "raw.captured".into(),
-            Default::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    }
+    let raw_q = env.quorum_queue("raw", "raw.captured").await?;
     publish_ledger_events(env, n, "raw.captured").await?;
     let ch = env.conn.create_channel().await?;
     ch.basic_qos(1000, BasicQosOptions::default()).await?;
@@ -872,32 +847,7 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     anyhow::ensure!(!h.is_empty(), "no latencies measured");
     // The floor: the same rate published straight into a quorum queue (the consumer's queue
     // type), publish -> delivery, no database on either side.
-    let floor_q = format!("{}.e2e-floor", env.exchange);
-    {
-        let ch = env.conn.create_channel().await?;
-        let mut args = FieldTable::default();
-        args.insert(
-            "x-queue-type".into(),
-            lapin::types::AMQPValue::LongString("quorum".into()),
-        );
-        ch.queue_declare(
-            floor_q.as_str().into(),
-            lapin::options::QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await?;
-        ch.queue_bind(
-            floor_q.as_str().into(),
-            env.exchange.as_str().into(),
-            "floor.quorum".into(),
-            Default::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    }
+    let floor_q = env.quorum_queue("e2e-floor", "floor.quorum").await?;
     let floor_time = duration.min(Duration::from_secs(10));
     let floor =
         measure_publish_to_delivery(env, &floor_q, "floor.quorum", floor_time, 1000).await?;
@@ -1163,17 +1113,7 @@ async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
         .await?;
     fill_outbox(env, n, 1000, "bench.claim").await?;
     // Same table state for both measurements: vacuumed and analyzed right before.
-    let mut conn = env.pool.acquire().await?;
-    sqlx::query("SET statement_timeout = 0")
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query("VACUUM ANALYZE outbox")
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query("RESET statement_timeout")
-        .execute(&mut *conn)
-        .await?;
-    drop(conn);
+    env.without_timeout(&["VACUUM ANALYZE outbox"]).await?;
     env.settle().await?;
     let partitions: Vec<i16> = (0..64).collect();
     let started = Instant::now();
