@@ -34,6 +34,8 @@ use tracing::Instrument;
 
 /// A running mark (delete or update of confirmed rows).
 type MarkTask = JoinHandle<Result<(), sqlx::Error>>;
+/// A running claim.
+type ClaimTask = JoinHandle<Result<Vec<OutboxRow>, sqlx::Error>>;
 type ConfirmResult = Result<Result<Confirmation, lapin::Error>, tokio::time::error::Elapsed>;
 /// How long a stopping relay keeps trying to mark confirmed rows, beyond the confirm timeout.
 const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -73,12 +75,12 @@ pub(crate) struct Pipeline<'a> {
     /// Confirmed rows that had failed before: their partition may be unblocked once marked.
     retried: Vec<i64>,
     marking: Option<(MarkTask, Vec<i64>)>,
-    claiming: Option<JoinHandle<Result<Vec<OutboxRow>, sqlx::Error>>>,
+    /// The running claim, with the [`generation`](Self::generation) it started in.
+    claiming: Option<(ClaimTask, u64)>,
     /// Bumped whenever rows are given back to the outbox. A claim that started before cannot
     /// know those rows are free again, so its rows (later ones of the same aggregates) would
     /// overtake them: its result is dropped and the claim redone.
     generation: u64,
-    claim_generation: u64,
     /// Partitions with a refused row: nothing of theirs is sent before this time.
     blocked: HashMap<i16, Instant>,
     /// Partitions being given back for rebalancing: not claimed, released once nothing of theirs
@@ -124,7 +126,6 @@ impl<'a> Pipeline<'a> {
             releasing: HashSet::new(),
             returned: HashMap::new(),
             generation: 0,
-            claim_generation: 0,
             more: true,
             marked_during_claim: HashSet::new(),
             db_failures: 0,
@@ -183,7 +184,7 @@ impl<'a> Pipeline<'a> {
                 (&mut self.confirms, &mut self.claiming, &mut self.marking);
             let event = tokio::select! {
                 Some((row, result, sent)) = confirms.next(), if !confirms.is_empty() => Event::Confirm(Box::new((row, result)), sent),
-                r = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => Event::Claimed(flatten(r)),
+                r = async { (&mut claiming.as_mut().expect("guarded").0).await }, if claiming.is_some() => Event::Claimed(flatten(r)),
                 r = async { (&mut marking.as_mut().expect("guarded").0).await }, if marking.is_some() => Event::Marked(flatten(r)),
                 _ = self.wake.notified(), if !stopping => Event::Wake,
                 _ = poll.tick(), if !stopping => Event::Wake,
@@ -235,8 +236,8 @@ impl<'a> Pipeline<'a> {
                     }
                 }
                 Event::Claimed(result) => {
-                    self.claiming = None;
-                    self.on_claimed(result)
+                    let (_, started_in) = self.claiming.take().expect("a claim was running");
+                    self.on_claimed(result, started_in)
                 }
                 Event::Marked(result) => self.on_marked(result).await,
                 Event::Wake => self.more = true,
@@ -253,7 +254,7 @@ impl<'a> Pipeline<'a> {
             task.abort();
             seqs.len()
         });
-        if let Some(task) = self.claiming.take() {
+        if let Some((task, _)) = self.claiming.take() {
             task.abort();
         }
         tracing::warn!(
@@ -334,8 +335,7 @@ impl<'a> Pipeline<'a> {
         let pool = self.pool.clone();
         let owner = self.leases.instance_id.clone();
         self.more = false;
-        self.claim_generation = self.generation;
-        self.claiming = Some(tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let started = Instant::now();
             let rows = store::bounded(store::claim(
                 &pool,
@@ -348,10 +348,11 @@ impl<'a> Pipeline<'a> {
             .await;
             internal_events::db_duration(DbOp::Claim, started.elapsed());
             rows
-        }));
+        });
+        self.claiming = Some((task, self.generation));
     }
 
-    fn on_claimed(&mut self, result: Result<Vec<OutboxRow>, String>) {
+    fn on_claimed(&mut self, result: Result<Vec<OutboxRow>, String>, started_in: u64) {
         let marked = std::mem::take(&mut self.marked_during_claim);
         let rows = match result {
             Ok(rows) => rows,
@@ -367,7 +368,7 @@ impl<'a> Pipeline<'a> {
         };
         self.db_failures = 0;
         self.set_ready(Some(true), None);
-        if self.claim_generation != self.generation {
+        if started_in != self.generation {
             // Rows were given back while this claim ran: claim again from the partition heads.
             self.more = true;
             return;
