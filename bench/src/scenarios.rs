@@ -699,23 +699,11 @@ async fn consumer(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>>
 async fn wait_queue_exists(env: &BenchEnv, queue: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let ch = env.conn.create_channel().await?;
-        let r = ch
-            .queue_declare(
-                queue.into(),
-                lapin::options::QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
-        if r.is_ok() {
-            let _ = ch.close(200, "ok".into()).await;
-            // Consumers attached means the consumer is fully up.
-            if r.map(|q| q.consumer_count()).unwrap_or(0) > 0 {
-                return Ok(());
-            }
+        // Consumers attached means the consumer is fully up.
+        if let Ok(q) = shared::amqp::inspect_queue(&env.conn, queue).await
+            && q.consumer_count() > 0
+        {
+            return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < deadline,

@@ -124,27 +124,15 @@ impl Publisher {
     }
 }
 
-/// Depth of `<exchange>.unrouted` through a passive declare on `conn` (bounded to 2 s).
+/// Depth of `<exchange>.unrouted` (bounded to 2 s).
 pub async fn unrouted_depth(conn: &Connection, exchange: &str) -> Option<u32> {
     let name = shared::amqp::unrouted_name(exchange);
-    let fut = async {
-        let ch = conn.create_channel().await.ok()?;
-        let q = ch
-            .queue_declare(
-                name.as_str().into(),
-                lapin::options::QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .ok()?;
-        let _ = ch.close(200, "ok".into()).await;
-        Some(q.message_count())
-    };
-    tokio::time::timeout(Duration::from_secs(2), fut)
-        .await
-        .ok()
-        .flatten()
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        shared::amqp::inspect_queue(conn, &name),
+    )
+    .await
+    .ok()?
+    .ok()
+    .map(|q| q.message_count())
 }

@@ -159,6 +159,24 @@ pub mod headers {
     pub const CREATED_AT: &str = "created_at";
 }
 
+/// Looks a queue up without creating it: a passive declare on a channel of its own, closed after.
+/// Gives its message and consumer counts, or the broker's error (404 when it does not exist).
+pub async fn inspect_queue(conn: &Connection, queue: &str) -> Result<lapin::Queue, lapin::Error> {
+    let ch = conn.create_channel().await?;
+    let q = ch
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let _ = ch.close(200, "inspected".into()).await;
+    Ok(q)
+}
+
 /// Name of the alternate exchange and of the queue that keeps unroutable events of `exchange`.
 pub fn unrouted_name(exchange: &str) -> String {
     format!("{exchange}.unrouted")

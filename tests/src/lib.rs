@@ -289,6 +289,14 @@ async fn pump(
     }
 }
 
+/// The HTTP status of `GET http://{addr}{path}`, or `None` when nothing answers.
+pub async fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+    reqwest::get(format!("http://{addr}{path}"))
+        .await
+        .ok()
+        .map(|r| r.status().as_u16())
+}
+
 /// Path of a workspace binary built next to the test executable (`cargo build --bins` first;
 /// `scripts/test.sh` does).
 pub fn bin_path(name: &str) -> PathBuf {

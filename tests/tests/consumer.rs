@@ -4,7 +4,7 @@
 
 use consumer::topology::Topology;
 use consumer::{Config, Consumer, ConsumerError, Handler, HandlerError, Handlers, Stats};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use serde_json::json;
@@ -281,18 +281,7 @@ async fn processed_rows(pool: &PgPool, consumer: &str) -> i64 {
 /// Ready messages in a queue.
 async fn queue_depth(broker: &TestBroker, queue: &str) -> u32 {
     let conn = broker.connect().await;
-    let ch = conn.create_channel().await.unwrap();
-    let q = ch
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let q = shared::amqp::inspect_queue(&conn, queue).await.unwrap();
     let _ = conn.close(200, "bye".into()).await;
     q.message_count()
 }
@@ -339,13 +328,6 @@ async fn outcome(addr: SocketAddr, consumer: &str, outcome: &str) -> f64 {
     )
     .await
     .unwrap_or(0.0)
-}
-
-async fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
-    reqwest::get(format!("http://{addr}{path}"))
-        .await
-        .ok()
-        .map(|r| r.status().as_u16())
 }
 
 /// The `consumer` binary as a child process.

@@ -914,14 +914,8 @@ async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes
     let mut relay = spawn_relay(&db.url_via(proxy.addr), &exchange, metrics, &[]);
 
     // Alive and serving, but not ready, while PostgreSQL cannot be reached.
-    let http = reqwest::Client::new();
     wait_until("/readyz answers 503", Duration::from_secs(20), || async {
-        let r = http
-            .get(format!("http://{metrics}/readyz"))
-            .send()
-            .await
-            .ok()?;
-        (r.status() == 503).then_some(())
+        (http_status(metrics, "/readyz").await == Some(503)).then_some(())
     })
     .await;
     let ids = produce(&db.pool, 5, 0..20, 50).await;
@@ -932,12 +926,7 @@ async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes
     assert!(ids.iter().all(|id| got.contains(&id.to_string())));
     assert_first_occurrences_in_order(&received);
     wait_until("/readyz answers 200", Duration::from_secs(20), || async {
-        let r = http
-            .get(format!("http://{metrics}/readyz"))
-            .send()
-            .await
-            .ok()?;
-        (r.status() == 200).then_some(())
+        (http_status(metrics, "/readyz").await == Some(200)).then_some(())
     })
     .await;
     sigterm(&relay);

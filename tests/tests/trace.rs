@@ -102,18 +102,7 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
         let conn = &conn;
         let queue = queue.clone();
         async move {
-            let ch = conn.create_channel().await.ok()?;
-            let q = ch
-                .queue_declare(
-                    queue.as_str().into(),
-                    lapin::options::QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    Default::default(),
-                )
-                .await
-                .ok()?;
+            let q = shared::amqp::inspect_queue(conn, &queue).await.ok()?;
             (q.consumer_count() > 0).then_some(())
         }
     })
@@ -149,18 +138,7 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
             let conn = &conn;
             let dlq = dlq.clone();
             async move {
-                let ch = conn.create_channel().await.ok()?;
-                let q = ch
-                    .queue_declare(
-                        dlq.as_str().into(),
-                        lapin::options::QueueDeclareOptions {
-                            passive: true,
-                            ..Default::default()
-                        },
-                        Default::default(),
-                    )
-                    .await
-                    .ok()?;
+                let q = shared::amqp::inspect_queue(conn, &dlq).await.ok()?;
                 (q.message_count() == 1).then_some(())
             }
         },
