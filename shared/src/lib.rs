@@ -3,6 +3,7 @@
 //! A short tour:
 //! - [`envelope`]: the message as producers write it ([`NewMessage`]) and as consumers read it ([`Envelope`]).
 //! - [`outbox`]: the Rust producer API: enqueue one or many messages through the caller's transaction.
+//! - [`display`]: escaping what CLIs print, so no value can forge operator output.
 //! - [`db`]: connecting to PostgreSQL and applying the embedded migrations (safe with many instances).
 //! - [`amqp`]: connecting to RabbitMQ with heartbeats and timeouts, and the header mapping both sides use.
 //! - [`telemetry`]: logging (human or JSON), optional OTLP span export, the Prometheus recorder, and the
@@ -16,6 +17,7 @@ pub mod amqp;
 pub mod backoff;
 pub mod config;
 pub mod db;
+pub mod display;
 pub mod envelope;
 pub mod outbox;
 pub mod shutdown;
