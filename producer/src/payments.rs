@@ -190,7 +190,9 @@ async fn request(
     .bind(ctx.now)
     .execute(&mut *tx)
     .await?;
-    shared::outbox::enqueue(&mut *tx, &message).await?;
+    shared::outbox::enqueue(&mut *tx, &message)
+        .await
+        .map_err(sqlx::Error::from)?;
     ctx.hook(Stage::BeforeCommit).await?;
     tx.commit().await?;
     Ok(stored)

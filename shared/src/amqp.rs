@@ -45,15 +45,30 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
     }
 }
 
+/// A header name that is not an AMQP short string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("header name of {0} bytes is longer than an AMQP short string (255 bytes)")]
+pub struct HeaderNameTooLong(pub usize);
+
 /// Converts a JSON object (the outbox `headers` column) into AMQP headers. Strings stay strings,
-/// integers become 64-bit integers, booleans booleans; anything else travels as its JSON text.
-pub fn json_to_headers(headers: &Map<String, Value>, table: &mut FieldTable) {
+/// integers become 64-bit integers, booleans booleans, arrays field arrays; objects and anything
+/// nested deeper than a few levels travel as their JSON text. A name longer than 255 bytes is an
+/// error (and nothing is inserted for it); everything else converts.
+pub fn json_to_headers(
+    headers: &Map<String, Value>,
+    table: &mut FieldTable,
+) -> Result<(), HeaderNameTooLong> {
     for (k, v) in headers {
-        table.insert(ShortString::from(k.as_str()), json_to_amqp(v));
+        let name = ShortString::try_new(k.as_str()).map_err(|_| HeaderNameTooLong(k.len()))?;
+        table.insert(name, json_to_amqp(v, 0));
     }
+    Ok(())
 }
 
-fn json_to_amqp(v: &Value) -> AMQPValue {
+/// Arrays nested deeper than this travel as JSON text (no unbounded recursion on any input).
+const MAX_ARRAY_DEPTH: usize = 8;
+
+fn json_to_amqp(v: &Value, depth: usize) -> AMQPValue {
     match v {
         Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
         Value::Bool(b) => AMQPValue::Boolean(*b),
@@ -64,10 +79,10 @@ fn json_to_amqp(v: &Value) -> AMQPValue {
                 None => AMQPValue::LongString(LongString::from(n.to_string().as_str())),
             },
         },
-        Value::Array(items) => {
+        Value::Array(items) if depth < MAX_ARRAY_DEPTH => {
             let mut arr = FieldArray::default();
             for item in items {
-                arr.push(json_to_amqp(item));
+                arr.push(json_to_amqp(item, depth + 1));
             }
             AMQPValue::FieldArray(arr)
         }
@@ -128,7 +143,7 @@ mod tests {
         }))
         .unwrap();
         let mut table = FieldTable::default();
-        json_to_headers(&json, &mut table);
+        json_to_headers(&json, &mut table).unwrap();
         let back = headers_to_json(&table);
         assert_eq!(back["traceparent"], "00-abc-def-01");
         assert_eq!(back["retries"], 3);

@@ -47,6 +47,17 @@ impl NewMessage {
         self
     }
 
+    /// Checks the message against the publishability rules ([`crate::publishable`]); `enqueue`
+    /// does it too.
+    pub fn check(&self) -> Result<(), crate::publishable::MessageError> {
+        crate::publishable::check(
+            &self.aggregate_type,
+            &self.aggregate_id,
+            &self.event_type,
+            &self.headers,
+        )
+    }
+
     /// Serializes a typed payload.
     pub fn from_serde<T: Serialize>(
         aggregate_type: impl Into<String>,

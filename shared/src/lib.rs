@@ -3,6 +3,8 @@
 //! A short tour:
 //! - [`envelope`]: the message as producers write it ([`NewMessage`]) and as consumers read it ([`Envelope`]).
 //! - [`outbox`]: the Rust producer API: enqueue one or many messages through the caller's transaction.
+//! - [`publishable`]: the rules a message must meet to be publishable (AMQP limits, reserved headers),
+//!   the same the outbox table's CHECK constraints and the relay's encoder enforce.
 //! - [`display`]: escaping what CLIs print, so no value can forge operator output.
 //! - [`db`]: connecting to PostgreSQL and applying the embedded migrations (safe with many instances).
 //! - [`amqp`]: connecting to RabbitMQ with heartbeats and timeouts, and the header mapping both sides use.
@@ -20,6 +22,7 @@ pub mod db;
 pub mod display;
 pub mod envelope;
 pub mod outbox;
+pub mod publishable;
 pub mod shutdown;
 pub mod telemetry;
 pub mod trace;

@@ -2,15 +2,46 @@
 //!
 //! Every function takes any [`sqlx::PgExecutor`], so pass `&mut *tx` and the event commits or rolls
 //! back with the business change. Non-Rust producers use the plain SQL contract in README.md.
+//!
+//! Messages are checked against [`crate::publishable`] before anything is sent to the database: a
+//! message that could never be published is an [`EnqueueError::Invalid`], and nothing is written.
 
 use crate::envelope::NewMessage;
+use crate::publishable::MessageError;
 use uuid::Uuid;
 
+/// Why a message was not added.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// The message breaks a publishability rule; nothing was sent to the database.
+    #[error("message {id} cannot be published")]
+    Invalid {
+        id: Uuid,
+        #[source]
+        source: MessageError,
+    },
+    /// The INSERT failed.
+    #[error("adding to the outbox failed")]
+    Database(#[from] sqlx::Error),
+}
+
+/// So that `?` works in code that returns `sqlx::Error` (a consumer handler, a repository): an
+/// invalid message becomes [`sqlx::Error::Encode`], which carries the [`MessageError`].
+impl From<EnqueueError> for sqlx::Error {
+    fn from(e: EnqueueError) -> Self {
+        match e {
+            EnqueueError::Database(e) => e,
+            invalid @ EnqueueError::Invalid { .. } => sqlx::Error::Encode(Box::new(invalid)),
+        }
+    }
+}
+
 /// Adds one event to the outbox and returns its message id.
-pub async fn enqueue<'e, E>(executor: E, msg: &NewMessage) -> Result<Uuid, sqlx::Error>
+pub async fn enqueue<'e, E>(executor: E, msg: &NewMessage) -> Result<Uuid, EnqueueError>
 where
     E: sqlx::PgExecutor<'e>,
 {
+    msg.check().map_err(|source| EnqueueError::Invalid { id: msg.id, source })?;
     sqlx::query(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) \
          VALUES ($1, $2, $3, $4, $5, $6)",
@@ -28,12 +59,16 @@ where
 
 /// Adds many events with one statement (one round trip, one NOTIFY) and returns their ids in order.
 /// Within one aggregate they are published in the order given.
-pub async fn enqueue_many<'e, E>(executor: E, msgs: &[NewMessage]) -> Result<Vec<Uuid>, sqlx::Error>
+/// All or nothing: one invalid message and none is added.
+pub async fn enqueue_many<'e, E>(executor: E, msgs: &[NewMessage]) -> Result<Vec<Uuid>, EnqueueError>
 where
     E: sqlx::PgExecutor<'e>,
 {
     if msgs.is_empty() {
         return Ok(Vec::new());
+    }
+    for msg in msgs {
+        msg.check().map_err(|source| EnqueueError::Invalid { id: msg.id, source })?;
     }
     let ids: Vec<Uuid> = msgs.iter().map(|m| m.id).collect();
     let aggregate_types: Vec<&str> = msgs.iter().map(|m| m.aggregate_type.as_str()).collect();

@@ -201,7 +201,7 @@ impl Publisher {
 fn relay_properties(m: &NewMessage) -> BasicProperties {
     let now = chrono::Utc::now();
     let mut headers = FieldTable::default();
-    shared::amqp::json_to_headers(&m.headers, &mut headers);
+    shared::amqp::json_to_headers(&m.headers, &mut headers).unwrap();
     let mut extra = serde_json::Map::new();
     extra.insert(
         shared::amqp::headers::AGGREGATE_TYPE.into(),
@@ -215,7 +215,7 @@ fn relay_properties(m: &NewMessage) -> BasicProperties {
         shared::amqp::headers::CREATED_AT.into(),
         json!(now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)),
     );
-    shared::amqp::json_to_headers(&extra, &mut headers);
+    shared::amqp::json_to_headers(&extra, &mut headers).unwrap();
     BasicProperties::default()
         .with_message_id(m.id.to_string().into())
         .with_type(m.event_type.as_str().into())
