@@ -177,7 +177,20 @@ async fn ceiling_amqp(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Li
                             partition: 0,
                         })
                         .collect();
-                    futures::future::join_all(rows.iter().map(|row| publisher.send(row))).await
+                    let limits = relay::encoder::Limits {
+                        frame_max: publisher.frame_max().unwrap_or(131_072),
+                        max_payload_bytes: 16 * 1024 * 1024,
+                    };
+                    let encoded = rows
+                        .iter()
+                        .map(|row| relay::encoder::encode(row, &limits))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    futures::future::join_all(
+                        rows.iter()
+                            .zip(&encoded)
+                            .map(|(row, e)| publisher.send(e, row.payload.as_bytes())),
+                    )
+                    .await
                 };
                 for c in confirms {
                     in_flight.push(c?);
@@ -1108,10 +1121,16 @@ async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
     let mut done = 0u64;
     loop {
         let rows = relay::store::claim(&env.pool, "bench", &partitions, 32, 1000, &[]).await?;
-        if rows.is_empty() {
+        let seqs: Vec<i64> = rows
+            .iter()
+            .map(|c| match c {
+                relay::store::Claimed::Row(r) => r.seq,
+                relay::store::Claimed::Undecodable { seq, .. } => *seq,
+            })
+            .collect();
+        if seqs.is_empty() {
             break;
         }
-        let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
         relay::store::mark_published(&env.pool, &seqs, false).await?;
         done += seqs.len() as u64;
     }

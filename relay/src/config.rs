@@ -37,6 +37,12 @@ pub struct RelayOptions {
     /// outages do not count: they are waited out, not charged to the message.
     #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
+    /// Largest payload published, in bytes. A bigger row goes dead with the reason instead of being
+    /// sent: RabbitMQ refuses messages over its `max_message_size` (128 MiB in 3.x, 16 MiB from
+    /// 4.0) by closing the channel, which would fail every publish in flight. Keep it at or below
+    /// the broker's setting.
+    #[arg(long, env = "RELAY_MAX_PAYLOAD_BYTES", default_value_t = 16 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..=(512 * 1024 * 1024)))]
+    pub max_payload_bytes: u64,
     /// First retry delay in milliseconds; doubles per attempt, with full jitter.
     #[arg(long, env = "RELAY_RETRY_BASE_MS", default_value_t = 500)]
     pub retry_base_ms: u64,

@@ -1,11 +1,13 @@
 //! `relay dead list` and `relay dead requeue`: operating on rows that exhausted their attempts.
 
 use crate::store;
+use shared::display::escape_control as esc;
 use sqlx::PgPool;
 use std::io::Write;
 use uuid::Uuid;
 
-/// Prints dead rows as a table, oldest first.
+/// Prints dead rows as a table, oldest first. Every value from a row is escaped
+/// ([`shared::display::escape_control`]): a newline in an id cannot forge a line.
 pub async fn list(pool: &PgPool, limit: i64, out: &mut impl Write) -> anyhow::Result<usize> {
     let rows = store::dead_rows(pool, limit).await?;
     writeln!(
@@ -18,20 +20,30 @@ pub async fn list(pool: &PgPool, limit: i64, out: &mut impl Write) -> anyhow::Re
             out,
             "{:<36}  {:<24}  {:<24}  {:>8}  {:<20}  {}",
             r.id,
-            r.event_type,
-            format!("{}/{}", r.aggregate_type, r.aggregate_id),
+            esc(&r.event_type),
+            format!("{}/{}", esc(&r.aggregate_type), esc(&r.aggregate_id)),
             r.attempts,
             r.last_attempt_at
                 .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
                 .unwrap_or_default(),
-            r.last_error.as_deref().unwrap_or(""),
+            esc(r.last_error.as_deref().unwrap_or("")),
         )?;
     }
     writeln!(out, "{} dead row(s)", rows.len())?;
     Ok(rows.len())
 }
 
-/// Requeues the given dead rows, or all of them.
-pub async fn requeue(pool: &PgPool, ids: Option<&[Uuid]>) -> anyhow::Result<u64> {
-    Ok(store::requeue_dead(pool, ids).await?)
+/// Requeues the given dead rows, or all of them, and prints what it did; rows that still break a
+/// publishability rule stay dead and are listed with the rule.
+pub async fn requeue(
+    pool: &PgPool,
+    ids: Option<&[Uuid]>,
+    out: &mut impl Write,
+) -> anyhow::Result<store::Requeued> {
+    let done = store::requeue_dead(pool, ids).await?;
+    writeln!(out, "{} row(s) requeued", done.requeued)?;
+    for (id, why) in &done.still_unpublishable {
+        writeln!(out, "  {id} stays dead: {}", esc(why))?;
+    }
+    Ok(done)
 }

@@ -16,6 +16,12 @@ pub enum FailureReason {
     ConfirmTimeout,
     /// The connection or channel failed with the publish unconfirmed.
     Connection,
+    /// The row can never be published as it is (a broken rule, too large for a frame or the
+    /// payload limit, undecodable): dead at once.
+    Unpublishable,
+    /// The broker closed the channel because of this row (found by sending the rows in flight one
+    /// at a time after such a close).
+    BrokerRefused,
 }
 
 impl FailureReason {
@@ -25,11 +31,19 @@ impl FailureReason {
             FailureReason::Unroutable => "unroutable",
             FailureReason::ConfirmTimeout => "confirm_timeout",
             FailureReason::Connection => "connection",
+            FailureReason::Unpublishable => "unpublishable",
+            FailureReason::BrokerRefused => "broker_refused",
         }
     }
     /// Whether the failure is the message's own (counts toward max attempts) rather than the link's.
     pub fn charged_to_message(self) -> bool {
-        matches!(self, FailureReason::Nack | FailureReason::Unroutable)
+        matches!(
+            self,
+            FailureReason::Nack
+                | FailureReason::Unroutable
+                | FailureReason::Unpublishable
+                | FailureReason::BrokerRefused
+        )
     }
 }
 

@@ -6,7 +6,9 @@
 //! - [`leases`]: which of the 64 outbox partitions this instance publishes; takeover after a crash.
 //! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead rows.
 //! - [`pipeline`]: claims, publishes and marks overlapping; per-aggregate chains keep the order.
-//! - [`publisher`]: the RabbitMQ connection, confirm channel, and the AMQP form of a row.
+//! - [`encoder`]: the AMQP form of a row, checked (AMQP limits, reserved headers, frame and payload
+//!   size) before anything is sent: a row that can never be published goes dead, never reaches lapin.
+//! - [`publisher`]: the RabbitMQ connection and confirm channel.
 //! - [`internal_events`]: every metric the relay emits.
 //! - [`run`] / [`run_with_pool`]: the loop tying them together; the binary and embedding services call these.
 //!
@@ -19,6 +21,7 @@
 
 pub mod config;
 pub mod dead;
+pub mod encoder;
 pub mod internal_events;
 pub mod leases;
 pub(crate) mod pipeline;

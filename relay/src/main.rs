@@ -78,9 +78,12 @@ async fn main() -> anyhow::Result<()> {
                     relay::dead::list(&pool, limit, &mut std::io::stdout()).await?;
                 }
                 DeadCommand::Requeue { ids, all } => {
-                    let n =
-                        relay::dead::requeue(&pool, if all { None } else { Some(&ids) }).await?;
-                    println!("{n} row(s) requeued");
+                    relay::dead::requeue(
+                        &pool,
+                        if all { None } else { Some(&ids) },
+                        &mut std::io::stdout(),
+                    )
+                    .await?;
                 }
             }
         }

@@ -13,10 +13,11 @@
 //! back everything unconfirmed. Either way nothing later of an aggregate overtakes an earlier row.
 
 use crate::RelayOptions;
+use crate::encoder::{self, Encoded, Limits};
 use crate::internal_events::{self, DbOp, FailureReason};
 use crate::leases::Leases;
 use crate::publisher::Publisher;
-use crate::store::{self, OutboxRow};
+use crate::store::{self, Charge, Claimed, OutboxRow};
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::Confirmation;
@@ -35,10 +36,12 @@ use tracing::Instrument;
 /// A running mark (delete or update of confirmed rows).
 type MarkTask = JoinHandle<Result<(), sqlx::Error>>;
 /// A running claim.
-type ClaimTask = JoinHandle<Result<Vec<OutboxRow>, sqlx::Error>>;
+type ClaimTask = JoinHandle<Result<Vec<Claimed>, sqlx::Error>>;
 type ConfirmResult = Result<Result<Confirmation, lapin::Error>, tokio::time::error::Elapsed>;
 /// How long a stopping relay keeps trying to mark confirmed rows, beyond the confirm timeout.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Longest the relay publishes one row at a time to find the row the broker refused.
+const ISOLATION_LIMIT: Duration = Duration::from_secs(60);
 type ConfirmFuture = Pin<Box<dyn Future<Output = (OutboxRow, ConfirmResult, Instant)> + Send>>;
 
 /// The rows of one aggregate that this relay holds, in seq order.
@@ -51,10 +54,17 @@ struct Chain {
 
 enum Event {
     Confirm(Box<(OutboxRow, ConfirmResult)>, Instant),
-    Claimed(Result<Vec<OutboxRow>, String>),
+    Claimed(Result<Vec<Claimed>, String>),
     Marked(Result<(), String>),
     Wake,
     Stop,
+}
+
+/// The broker closed the channel over a message, and several were in flight: until each of them
+/// is settled, rows are sent one at a time, so a refusal names its row.
+struct Isolation {
+    suspects: HashSet<i64>,
+    until: Instant,
 }
 
 pub(crate) struct Pipeline<'a> {
@@ -70,6 +80,10 @@ pub(crate) struct Pipeline<'a> {
     /// Aggregates whose chain may send its next row.
     ready: VecDeque<String>,
     confirms: FuturesUnordered<ConfirmFuture>,
+    /// Rows sent and not settled yet (the ones `confirms` waits for).
+    in_flight: HashSet<i64>,
+    /// Set after the broker refused a message while several were in flight.
+    isolation: Option<Isolation>,
     /// Confirmed rows waiting for their mark.
     to_mark: Vec<i64>,
     /// Confirmed rows that had failed before: their partition may be unblocked once marked.
@@ -118,6 +132,8 @@ impl<'a> Pipeline<'a> {
             chains: HashMap::new(),
             ready: VecDeque::new(),
             confirms: FuturesUnordered::new(),
+            in_flight: HashSet::new(),
+            isolation: None,
             to_mark: Vec::new(),
             retried: Vec::new(),
             marking: None,
@@ -236,8 +252,8 @@ impl<'a> Pipeline<'a> {
                     }
                 }
                 Event::Claimed(result) => {
-                    let (_, started_in) = self.claiming.take().expect("a claim was running");
-                    self.on_claimed(result, started_in)
+                    let started_in = self.claiming.take().map_or(self.generation, |(_, g)| g);
+                    self.on_claimed(result, started_in).await
                 }
                 Event::Marked(result) => self.on_marked(result).await,
                 Event::Wake => self.more = true,
@@ -352,9 +368,9 @@ impl<'a> Pipeline<'a> {
         self.claiming = Some((task, self.generation));
     }
 
-    fn on_claimed(&mut self, result: Result<Vec<OutboxRow>, String>, started_in: u64) {
+    async fn on_claimed(&mut self, result: Result<Vec<Claimed>, String>, started_in: u64) {
         let marked = std::mem::take(&mut self.marked_during_claim);
-        let rows = match result {
+        let claimed = match result {
             Ok(rows) => rows,
             Err(e) => {
                 self.db_failures += 1;
@@ -373,17 +389,28 @@ impl<'a> Pipeline<'a> {
             self.more = true;
             return;
         }
-        if rows.is_empty() {
+        if claimed.is_empty() {
             return;
         }
         self.more = true;
-        internal_events::batch_claimed(rows.len());
+        internal_events::batch_claimed(claimed.len());
         let wall = chrono::Utc::now();
-        for row in &rows {
-            internal_events::claim_lag((wall - row.created_at).to_std().unwrap_or_default());
-        }
         let now = Instant::now();
-        for row in rows {
+        for item in claimed {
+            let row = match item {
+                Claimed::Row(row) => row,
+                Claimed::Undecodable {
+                    seq,
+                    partition,
+                    reason,
+                } => {
+                    if !self.claimed.contains_key(&seq) && !marked.contains(&seq) {
+                        self.bury(seq, partition, None, &reason).await;
+                    }
+                    continue;
+                }
+            };
+            internal_events::claim_lag((wall - row.created_at).to_std().unwrap_or_default());
             let p = row.partition;
             if self.claimed.contains_key(&row.seq)
                 || marked.contains(&row.seq)
@@ -408,6 +435,38 @@ impl<'a> Pipeline<'a> {
         }
     }
 
+    /// Marks a row dead at once because it can never be published as it is (it broke a rule, does
+    /// not fit, or cannot be decoded). It holds nothing back from then on. If the mark fails, the
+    /// row stays pending and its partition waits a retry delay before it is tried again.
+    async fn bury(&mut self, seq: i64, partition: i16, id: Option<uuid::Uuid>, reason: &str) {
+        internal_events::publish_failed(FailureReason::Unpublishable, 1);
+        self.claimed.remove(&seq);
+        let recorded = store::bounded(store::record_failure(
+            self.pool,
+            seq,
+            partition,
+            reason,
+            Charge::Unpublishable,
+        ))
+        .await;
+        let message_id = id.map(|i| i.to_string()).unwrap_or_default();
+        match recorded {
+            Ok(_) => {
+                internal_events::rows_dead(1);
+                if self.claiming.is_some() {
+                    self.marked_during_claim.insert(seq);
+                }
+                tracing::error!(%message_id, seq, partition, %reason, "row can never be published as it is: marked dead");
+            }
+            Err(e) => {
+                self.give_back_partition(partition);
+                self.blocked
+                    .insert(partition, Instant::now() + self.opts.retry_delay(1));
+                tracing::warn!(error = %ErrorChain(&e), %message_id, seq, %reason, "marking an unpublishable row dead failed; its partition waits");
+            }
+        }
+    }
+
     /// Sends ready rows while the window has room.
     ///
     /// All of them are handed to lapin at once: each publish waits until lapin's I/O thread has
@@ -415,9 +474,25 @@ impl<'a> Pipeline<'a> {
     /// a whole batch is written and acknowledged in one. (lapin numbers a publish for its confirm
     /// and queues its frames in the same poll, so confirms still match their rows.)
     async fn fill_window(&mut self) {
-        let window = self.opts.window as usize;
+        let now = Instant::now();
+        if self.isolation.as_ref().is_some_and(|i| i.suspects.is_empty() || i.until <= now) {
+            self.isolation = None;
+        }
+        let window = if self.isolation.is_some() {
+            1
+        } else {
+            self.opts.window as usize
+        };
+        let Some(frame_max) = self.publisher.frame_max() else {
+            return;
+        };
+        let limits = Limits {
+            frame_max,
+            max_payload_bytes: usize::try_from(self.opts.max_payload_bytes).unwrap_or(usize::MAX),
+        };
         let timeout = self.opts.confirm_timeout();
-        let mut batch: Vec<(OutboxRow, tracing::Span)> = Vec::new();
+        let mut batch: Vec<(OutboxRow, Encoded, tracing::Span)> = Vec::new();
+        let mut unpublishable: Vec<(OutboxRow, String)> = Vec::new();
         while self.confirms.len() + batch.len() < window && self.publisher.is_connected() {
             let Some(aggregate) = self.ready.pop_front() else {
                 break;
@@ -425,7 +500,7 @@ impl<'a> Pipeline<'a> {
             let Some(chain) = self.chains.get_mut(&aggregate) else {
                 continue;
             };
-            if chain.in_flight || chain.queue.is_empty() {
+            if chain.in_flight {
                 continue;
             }
             let p = chain.partition;
@@ -438,28 +513,51 @@ impl<'a> Pipeline<'a> {
                 self.give_back_partition(p);
                 continue;
             }
-            let row = chain.queue.pop_front().expect("non-empty");
-            chain.in_flight = true;
-            let span = publish_span(&row);
-            batch.push((row, span));
+            let Some(row) = chain.queue.pop_front() else {
+                self.chains.remove(&aggregate);
+                continue;
+            };
+            match encoder::encode(&row, &limits) {
+                Ok(encoded) => {
+                    chain.in_flight = true;
+                    let span = publish_span(&row);
+                    batch.push((row, encoded, span));
+                }
+                Err(e) => {
+                    // Dead, so it holds nothing back: the aggregate's next row may go.
+                    if chain.queue.is_empty() {
+                        self.chains.remove(&aggregate);
+                    } else {
+                        self.ready.push_back(aggregate);
+                    }
+                    unpublishable.push((row, format!("unpublishable: {e}")));
+                }
+            }
+        }
+        for (row, reason) in unpublishable {
+            self.bury(row.seq, row.partition, Some(row.id), &reason)
+                .await;
         }
         if batch.is_empty() {
             return;
         }
         let sent = Instant::now();
-        let results = futures::future::join_all(
-            batch
-                .iter()
-                .map(|(row, span)| self.publisher.send(row).instrument(span.clone())),
-        )
+        let results = futures::future::join_all(batch.iter().map(|(row, encoded, span)| {
+            self.publisher
+                .send(encoded, row.payload.as_bytes())
+                .instrument(span.clone())
+        }))
         .await;
         let mut failure = None;
-        for ((row, _), result) in batch.into_iter().zip(results) {
+        for ((row, _, _), result) in batch.into_iter().zip(results) {
             match result {
-                Ok(confirm) => self.confirms.push(Box::pin(async move {
-                    let result = tokio::time::timeout(timeout, confirm).await;
-                    (row, result, sent)
-                })),
+                Ok(confirm) => {
+                    self.in_flight.insert(row.seq);
+                    self.confirms.push(Box::pin(async move {
+                        let result = tokio::time::timeout(timeout, confirm).await;
+                        (row, result, sent)
+                    }))
+                }
                 Err(e) => {
                     self.claimed.remove(&row.seq);
                     failure.get_or_insert(e.to_string());
@@ -473,6 +571,10 @@ impl<'a> Pipeline<'a> {
     }
 
     async fn on_confirm(&mut self, row: OutboxRow, result: ConfirmResult) {
+        self.in_flight.remove(&row.seq);
+        if let Some(isolation) = &mut self.isolation {
+            isolation.suspects.remove(&row.seq);
+        }
         match result {
             Ok(Ok(Confirmation::Ack(_)))
                 if !self.returned.is_empty() && self.returned.contains_key(&row.id.to_string()) =>
@@ -510,11 +612,33 @@ impl<'a> Pipeline<'a> {
                 self.link_failed(FailureReason::Connection, "channel not in confirm mode")
                     .await;
             }
-            Ok(Err(e)) => {
-                self.claimed.remove(&row.seq);
-                self.link_failed(FailureReason::Connection, &e.to_string())
-                    .await;
-            }
+            Ok(Err(e)) => match broker_refusal(&e) {
+                Some(why) if self.isolation.is_some() && self.in_flight.is_empty() => {
+                    // It was alone on the wire: the refusal is this row's.
+                    self.refused(row, FailureReason::BrokerRefused, why).await;
+                    // The broker closed the channel; the next turn reconnects.
+                    self.publisher.disconnect().await;
+                    self.set_ready(None, Some(false));
+                }
+                Some(why) => {
+                    // One of the rows in flight made the broker close the channel: find which, by
+                    // sending them (given back below, claimed again) one at a time.
+                    let mut suspects = std::mem::take(&mut self.in_flight);
+                    suspects.insert(row.seq);
+                    tracing::warn!(%why, rows = suspects.len(), "the broker refused a message; sending the rows that were in flight one at a time to find it");
+                    self.isolation = Some(Isolation {
+                        suspects,
+                        until: Instant::now() + ISOLATION_LIMIT,
+                    });
+                    self.claimed.remove(&row.seq);
+                    self.link_failed(FailureReason::Connection, &why).await;
+                }
+                None => {
+                    self.claimed.remove(&row.seq);
+                    self.link_failed(FailureReason::Connection, &e.to_string())
+                        .await;
+                }
+            },
             Err(_) => {
                 self.claimed.remove(&row.seq);
                 let why = format!("no confirm within {:?}", self.opts.confirm_timeout());
@@ -541,8 +665,10 @@ impl<'a> Pipeline<'a> {
             row.seq,
             row.partition,
             &error,
-            self.opts.max_attempts,
-            retry_in,
+            Charge::Attempt {
+                max_attempts: self.opts.max_attempts,
+                retry_in,
+            },
         ))
         .await
         {
@@ -597,6 +723,7 @@ impl<'a> Pipeline<'a> {
         self.generation += 1;
         let unconfirmed = self.confirms.len();
         self.confirms = FuturesUnordered::new();
+        self.in_flight.clear();
         self.chains.clear();
         self.ready.clear();
         let keep: HashSet<i64> = self
@@ -675,6 +802,22 @@ impl<'a> Pipeline<'a> {
             }
             Err(e) => tracing::warn!(error = %ErrorChain(&e), "releasing partitions failed"),
         }
+    }
+}
+
+/// The reason, when the broker closed the channel or connection over a message it refused
+/// (PRECONDITION_FAILED such as a message over `max_message_size`, a frame or syntax error) rather
+/// than over the link, its topology or its permissions (those are retried without charging a row).
+fn broker_refusal(e: &lapin::Error) -> Option<String> {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) if matches!(amqp.get_id(), 406 | 501 | 502 | 503 | 505) => {
+            Some(format!(
+                "refused by the broker: {} {}",
+                amqp.get_id(),
+                amqp.get_message().as_str()
+            ))
+        }
+        _ => None,
     }
 }
 

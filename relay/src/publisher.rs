@@ -1,11 +1,9 @@
 //! The broker side: one connection with one confirm-mode channel, the exchange topology, and the
-//! AMQP form of an outbox row. What is sent when is decided by [`crate::pipeline`].
+//! sending of encoded rows ([`crate::encoder`]). What is sent when is decided by [`crate::pipeline`].
 
-use crate::store::OutboxRow;
+use crate::encoder::Encoded;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection};
-use shared::amqp::headers as h;
+use lapin::{Channel, Connection};
 use std::time::Duration;
 
 /// Errors setting up the broker side.
@@ -78,47 +76,35 @@ impl Publisher {
         }
     }
 
-    /// Sends one row (persistent, mandatory) and returns the future of its confirm.
-    pub async fn send(&self, row: &OutboxRow) -> Result<lapin::PublisherConfirm, lapin::Error> {
+    /// The connection's negotiated `frame_max` (properties and headers of one message must fit a
+    /// frame), once connected.
+    pub fn frame_max(&self) -> Option<u32> {
+        self.conn
+            .as_ref()
+            .map(|(c, _)| c.configuration().frame_max())
+    }
+
+    /// Sends one encoded row (persistent, mandatory) and returns the future of its confirm.
+    pub async fn send(
+        &self,
+        message: &Encoded,
+        payload: &[u8],
+    ) -> Result<lapin::PublisherConfirm, lapin::Error> {
         let Some((_, channel)) = self.conn.as_ref() else {
             return Err(lapin::Error::from(
                 lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
             ));
         };
-        let mut headers = FieldTable::default();
-        shared::amqp::json_to_headers(&row.headers, &mut headers);
-        headers.insert(
-            h::AGGREGATE_TYPE.into(),
-            AMQPValue::LongString(LongString::from(row.aggregate_type.as_str())),
-        );
-        headers.insert(
-            h::AGGREGATE_ID.into(),
-            AMQPValue::LongString(LongString::from(row.aggregate_id.as_str())),
-        );
-        let created = row
-            .created_at
-            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        headers.insert(
-            h::CREATED_AT.into(),
-            AMQPValue::LongString(LongString::from(created.as_str())),
-        );
-        let props = BasicProperties::default()
-            .with_message_id(ShortString::from(row.id.to_string()))
-            .with_type(ShortString::from(row.event_type.as_str()))
-            .with_content_type("application/json".into())
-            .with_delivery_mode(2)
-            .with_timestamp(row.created_at.timestamp().max(0) as u64)
-            .with_headers(headers);
         channel
             .basic_publish(
                 self.exchange.as_str().into(),
-                row.event_type.as_str().into(),
+                message.routing_key.clone(),
                 BasicPublishOptions {
                     mandatory: true,
                     ..Default::default()
                 },
-                row.payload.as_bytes(),
-                props,
+                payload,
+                message.properties.clone(),
             )
             .await
     }

@@ -3,7 +3,6 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
-use sqlx::types::Json;
 use sqlx::{PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
@@ -57,7 +56,7 @@ pub async fn claim(
     per_partition: i64,
     limit: i64,
     held: &[(i64, i16)],
-) -> Result<Vec<OutboxRow>, sqlx::Error> {
+) -> Result<Vec<Claimed>, sqlx::Error> {
     let held_seqs: Vec<i64> = held.iter().map(|(s, _)| *s).collect();
     let held_partitions: Vec<i16> = held.iter().map(|(_, p)| *p).collect();
     let rows = sqlx::query(
@@ -66,7 +65,9 @@ pub async fn claim(
              FROM unnest($5::bigint[], $6::smallint[]) AS h(s, p) GROUP BY h.p \
          ) \
          SELECT c.seq, c.id, c.aggregate_type, c.aggregate_id, c.event_type, c.payload::text AS payload, \
-                c.headers, c.created_at, c.attempts, c.partition \
+                c.headers::text AS headers, \
+                CASE WHEN isfinite(c.created_at) THEN c.created_at END AS created_at, \
+                c.attempts, c.partition \
          FROM ( \
              SELECT o.* FROM relay_partitions rp \
              LEFT JOIN held ON held.p = rp.partition \
@@ -89,22 +90,52 @@ pub async fn claim(
     .bind(&held_partitions)
     .fetch_all(pool)
     .await?;
-    rows.into_iter()
-        .map(|r| {
-            Ok(OutboxRow {
-                seq: r.try_get("seq")?,
-                id: r.try_get("id")?,
-                aggregate_type: r.try_get("aggregate_type")?,
-                aggregate_id: r.try_get("aggregate_id")?,
-                event_type: r.try_get("event_type")?,
-                payload: r.try_get("payload")?,
-                headers: r.try_get::<Json<Map<String, Value>>, _>("headers")?.0,
-                created_at: r.try_get("created_at")?,
-                attempts: r.try_get("attempts")?,
-                partition: r.try_get("partition")?,
-            })
+    rows.iter().map(decode_row).collect()
+}
+
+/// A claimed row, or one that cannot even be decoded (it is isolated by its seq, never allowed to
+/// fail the whole claim).
+#[derive(Debug, Clone)]
+pub enum Claimed {
+    Row(OutboxRow),
+    Undecodable { seq: i64, partition: i16, reason: String },
+}
+
+/// Decodes one claimed row. `seq` and `partition` are non-null integers (they always decode);
+/// anything else that does not decode (headers nested beyond serde_json's limit or not an object,
+/// an infinite `created_at`, text that is not UTF-8 in a SQL_ASCII database) makes the row
+/// [`Claimed::Undecodable`] with the reason. Returns `Err` only if seq or partition fail.
+fn decode_row(r: &sqlx::postgres::PgRow) -> Result<Claimed, sqlx::Error> {
+    let seq: i64 = r.try_get("seq")?;
+    let partition: i16 = r.try_get("partition")?;
+    let decoded = (|| -> Result<OutboxRow, String> {
+        let text = |name: &str| r.try_get::<String, _>(name).map_err(|e| format!("{name}: {e}"));
+        let headers_text = text("headers")?;
+        let headers: Map<String, Value> = serde_json::from_str(&headers_text)
+            .map_err(|e| format!("headers cannot be decoded as a JSON object: {e}"))?;
+        let created_at: Option<DateTime<Utc>> =
+            r.try_get("created_at").map_err(|e| format!("created_at: {e}"))?;
+        Ok(OutboxRow {
+            seq,
+            id: r.try_get("id").map_err(|e| format!("id: {e}"))?,
+            aggregate_type: text("aggregate_type")?,
+            aggregate_id: text("aggregate_id")?,
+            event_type: text("event_type")?,
+            payload: text("payload")?,
+            headers,
+            created_at: created_at.ok_or("created_at is not a finite time")?,
+            attempts: r.try_get("attempts").map_err(|e| format!("attempts: {e}"))?,
+            partition,
         })
-        .collect()
+    })();
+    Ok(match decoded {
+        Ok(row) => Claimed::Row(row),
+        Err(reason) => Claimed::Undecodable {
+            seq,
+            partition,
+            reason: format!("undecodable: {reason}"),
+        },
+    })
 }
 
 /// Marks confirmed rows: deletes them, or keeps them as `published` when a retention is set.
@@ -158,16 +189,32 @@ pub enum FailedState {
     Dead,
 }
 
-/// Records a failed attempt on one row, and blocks its partition until `retry_in` has passed
+/// How a failure counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charge {
+    /// One attempt of `max_attempts`: retried after the backoff, dead after the last.
+    Attempt { max_attempts: u32, retry_in: Duration },
+    /// The row can never be published as it is (it broke a rule, does not fit a frame, cannot be
+    /// decoded): dead at once, retrying cannot help.
+    Unpublishable,
+}
+
+/// Records a failed attempt on one row, and blocks its partition until the retry delay has passed
 /// (or unblocks it if the row is now dead, so the rest of the partition moves on).
 pub async fn record_failure(
     pool: &PgPool,
     seq: i64,
     partition: i16,
     error: &str,
-    max_attempts: u32,
-    retry_in: Duration,
+    charge: Charge,
 ) -> Result<FailedState, sqlx::Error> {
+    let (max_attempts, retry_in) = match charge {
+        Charge::Attempt {
+            max_attempts,
+            retry_in,
+        } => (max_attempts, retry_in),
+        Charge::Unpublishable => (0, Duration::ZERO),
+    };
     let mut tx = pool.begin().await?;
     let state: Option<String> = sqlx::query_scalar(
         "UPDATE outbox SET attempts = attempts + 1, last_error = $2, last_attempt_at = now(), \
@@ -176,7 +223,7 @@ pub async fn record_failure(
     )
     .bind(seq)
     .bind(error)
-    .bind(max_attempts as i32)
+    .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
     .fetch_optional(&mut *tx)
     .await?;
     let failed = match state.as_deref() {
@@ -297,26 +344,44 @@ pub async fn dead_rows(pool: &PgPool, limit: i64) -> Result<Vec<DeadRow>, sqlx::
         .collect()
 }
 
+/// What a requeue did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Requeued {
+    /// Rows put back to pending.
+    pub requeued: u64,
+    /// Dead rows left dead because they still break a publishability rule, with the rule.
+    pub still_unpublishable: Vec<(Uuid, String)>,
+}
+
 /// Puts dead rows back to pending with fresh attempts (all of them when `ids` is `None`) and wakes
-/// the relays. Returns how many rows were requeued.
-pub async fn requeue_dead(pool: &PgPool, ids: Option<&[Uuid]>) -> Result<u64, sqlx::Error> {
+/// the relays. Rows that still break a publishability rule stay dead (fix them first) and are
+/// reported, so one of them never blocks the rest.
+pub async fn requeue_dead(pool: &PgPool, ids: Option<&[Uuid]>) -> Result<Requeued, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let done = match ids {
-        Some(ids) => {
-            sqlx::query("UPDATE outbox SET state = 'pending', attempts = 0 WHERE state = 'dead' AND id = ANY($1)")
-                .bind(ids)
-                .execute(&mut *tx)
-                .await?
-        }
-        None => {
-            sqlx::query("UPDATE outbox SET state = 'pending', attempts = 0 WHERE state = 'dead'")
-                .execute(&mut *tx)
-                .await?
-        }
-    };
+    let requeued = sqlx::query(
+        "UPDATE outbox SET state = 'pending', attempts = 0 \
+         WHERE state = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1)) \
+           AND outbox_unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) IS NULL",
+    )
+    .bind(ids)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    let still: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, outbox_unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) \
+         FROM outbox WHERE state = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1)) \
+           AND outbox_unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) IS NOT NULL \
+         ORDER BY seq",
+    )
+    .bind(ids)
+    .fetch_all(&mut *tx)
+    .await?;
     sqlx::query("SELECT pg_notify('outbox', '')")
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
-    Ok(done.rows_affected())
+    Ok(Requeued {
+        requeued,
+        still_unpublishable: still,
+    })
 }
