@@ -207,8 +207,11 @@ mod tests {
             frame_max: 4096,
             ..LIMITS
         };
-        let err = encode(&row("e", &"i".repeat(1000), json!({"v": "x".repeat(3500)})), &small)
-            .unwrap_err();
+        let err = encode(
+            &row("e", &"i".repeat(1000), json!({"v": "x".repeat(3500)})),
+            &small,
+        )
+        .unwrap_err();
         assert!(matches!(err, EncodeError::FrameTooLarge { .. }), "{err}");
         let mut big = row("e", "o", json!({}));
         big.payload = "x".repeat(101);

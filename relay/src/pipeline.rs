@@ -475,7 +475,11 @@ impl<'a> Pipeline<'a> {
     /// and queues its frames in the same poll, so confirms still match their rows.)
     async fn fill_window(&mut self) {
         let now = Instant::now();
-        if self.isolation.as_ref().is_some_and(|i| i.suspects.is_empty() || i.until <= now) {
+        if self
+            .isolation
+            .as_ref()
+            .is_some_and(|i| i.suspects.is_empty() || i.until <= now)
+        {
             self.isolation = None;
         }
         let window = if self.isolation.is_some() {
@@ -810,7 +814,9 @@ impl<'a> Pipeline<'a> {
 /// than over the link, its topology or its permissions (those are retried without charging a row).
 fn broker_refusal(e: &lapin::Error) -> Option<String> {
     match e.kind() {
-        lapin::ErrorKind::ProtocolError(amqp) if matches!(amqp.get_id(), 406 | 501 | 502 | 503 | 505) => {
+        lapin::ErrorKind::ProtocolError(amqp)
+            if matches!(amqp.get_id(), 406 | 501 | 502 | 503 | 505) =>
+        {
             Some(format!(
                 "refused by the broker: {} {}",
                 amqp.get_id(),

@@ -98,7 +98,11 @@ pub async fn claim(
 #[derive(Debug, Clone)]
 pub enum Claimed {
     Row(OutboxRow),
-    Undecodable { seq: i64, partition: i16, reason: String },
+    Undecodable {
+        seq: i64,
+        partition: i16,
+        reason: String,
+    },
 }
 
 /// Decodes one claimed row. `seq` and `partition` are non-null integers (they always decode);
@@ -109,12 +113,16 @@ fn decode_row(r: &sqlx::postgres::PgRow) -> Result<Claimed, sqlx::Error> {
     let seq: i64 = r.try_get("seq")?;
     let partition: i16 = r.try_get("partition")?;
     let decoded = (|| -> Result<OutboxRow, String> {
-        let text = |name: &str| r.try_get::<String, _>(name).map_err(|e| format!("{name}: {e}"));
+        let text = |name: &str| {
+            r.try_get::<String, _>(name)
+                .map_err(|e| format!("{name}: {e}"))
+        };
         let headers_text = text("headers")?;
         let headers: Map<String, Value> = serde_json::from_str(&headers_text)
             .map_err(|e| format!("headers cannot be decoded as a JSON object: {e}"))?;
-        let created_at: Option<DateTime<Utc>> =
-            r.try_get("created_at").map_err(|e| format!("created_at: {e}"))?;
+        let created_at: Option<DateTime<Utc>> = r
+            .try_get("created_at")
+            .map_err(|e| format!("created_at: {e}"))?;
         Ok(OutboxRow {
             seq,
             id: r.try_get("id").map_err(|e| format!("id: {e}"))?,
@@ -124,7 +132,9 @@ fn decode_row(r: &sqlx::postgres::PgRow) -> Result<Claimed, sqlx::Error> {
             payload: text("payload")?,
             headers,
             created_at: created_at.ok_or("created_at is not a finite time")?,
-            attempts: r.try_get("attempts").map_err(|e| format!("attempts: {e}"))?,
+            attempts: r
+                .try_get("attempts")
+                .map_err(|e| format!("attempts: {e}"))?,
             partition,
         })
     })();
@@ -193,7 +203,10 @@ pub enum FailedState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Charge {
     /// One attempt of `max_attempts`: retried after the backoff, dead after the last.
-    Attempt { max_attempts: u32, retry_in: Duration },
+    Attempt {
+        max_attempts: u32,
+        retry_in: Duration,
+    },
     /// The row can never be published as it is (it broke a rule, does not fit a frame, cannot be
     /// decoded): dead at once, retrying cannot help.
     Unpublishable,
@@ -291,7 +304,7 @@ pub async fn backlog(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
     let row = sqlx::query(
         "SELECT (SELECT count(*) FROM outbox WHERE state = 'pending') AS pending, \
                 (SELECT count(*) FROM outbox WHERE state = 'dead') AS dead, \
-                (SELECT extract(epoch FROM now() - min(h.created_at))::float8 FROM generate_series(0, 63) p \
+                (SELECT extract(epoch FROM now() - min(h.created_at) FILTER (WHERE isfinite(h.created_at)))::float8 FROM generate_series(0, 63) p \
                  CROSS JOIN LATERAL (SELECT created_at FROM outbox o \
                      WHERE o.partition = p AND o.state = 'pending' ORDER BY o.seq LIMIT 1) h) AS oldest",
     )
@@ -301,7 +314,7 @@ pub async fn backlog(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
     Ok(Backlog {
         pending: row.try_get("pending")?,
         dead: row.try_get("dead")?,
-        oldest_age: Duration::from_secs_f64(oldest.unwrap_or(0.0).max(0.0)),
+        oldest_age: Duration::try_from_secs_f64(oldest.unwrap_or(0.0).max(0.0)).unwrap_or_default(),
     })
 }
 
@@ -316,12 +329,14 @@ pub struct DeadRow {
     pub attempts: i32,
     pub last_error: Option<String>,
     pub last_attempt_at: Option<DateTime<Utc>>,
-    pub created_at: DateTime<Utc>,
+    /// `None` when the row's `created_at` is not a finite time (one reason a row goes dead).
+    pub created_at: Option<DateTime<Utc>>,
 }
 
 pub async fn dead_rows(pool: &PgPool, limit: i64) -> Result<Vec<DeadRow>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT seq, id, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, created_at \
+        "SELECT seq, id, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, \
+                CASE WHEN isfinite(created_at) THEN created_at END AS created_at \
          FROM outbox WHERE state = 'dead' ORDER BY seq LIMIT $1",
     )
     .bind(limit)
