@@ -410,8 +410,9 @@ def relay():
                                 "RabbitMQ: messages received")),
                        unit="ops"),
             timeseries("Publish failures by reason",
-                       "Publishes that did not count (relay_publish_failures_total): nack and unroutable are charged "
-                       "to the row (dead after RELAY_MAX_ATTEMPTS); confirm_timeout and connection are the link's "
+                       "Publishes that did not count (relay_publish_failures_total): nack, unroutable and broker_refused are "
+                       "charged to the row (dead after RELAY_MAX_ATTEMPTS); unpublishable rows go dead at once; "
+                       "confirm_timeout and connection are the link's "
                        "and retried without limit. RabbitMQ's unroutable counters explain 'unroutable'.",
                        targets((f"sum by (reason) (rate(relay_publish_failures_total{sel}[{RI}]))", "{{reason}}"),
                                (f"sum(rate(rabbitmq_channel_messages_unroutable_returned_total[{RI}]))",

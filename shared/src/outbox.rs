@@ -41,7 +41,8 @@ pub async fn enqueue<'e, E>(executor: E, msg: &NewMessage) -> Result<Uuid, Enque
 where
     E: sqlx::PgExecutor<'e>,
 {
-    msg.check().map_err(|source| EnqueueError::Invalid { id: msg.id, source })?;
+    msg.check()
+        .map_err(|source| EnqueueError::Invalid { id: msg.id, source })?;
     sqlx::query(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) \
          VALUES ($1, $2, $3, $4, $5, $6)",
@@ -60,7 +61,10 @@ where
 /// Adds many events with one statement (one round trip, one NOTIFY) and returns their ids in order.
 /// Within one aggregate they are published in the order given.
 /// All or nothing: one invalid message and none is added.
-pub async fn enqueue_many<'e, E>(executor: E, msgs: &[NewMessage]) -> Result<Vec<Uuid>, EnqueueError>
+pub async fn enqueue_many<'e, E>(
+    executor: E,
+    msgs: &[NewMessage],
+) -> Result<Vec<Uuid>, EnqueueError>
 where
     E: sqlx::PgExecutor<'e>,
 {
@@ -68,7 +72,8 @@ where
         return Ok(Vec::new());
     }
     for msg in msgs {
-        msg.check().map_err(|source| EnqueueError::Invalid { id: msg.id, source })?;
+        msg.check()
+            .map_err(|source| EnqueueError::Invalid { id: msg.id, source })?;
     }
     let ids: Vec<Uuid> = msgs.iter().map(|m| m.id).collect();
     let aggregate_types: Vec<&str> = msgs.iter().map(|m| m.aggregate_type.as_str()).collect();

@@ -26,17 +26,23 @@ pub const MAX_HEADERS_BYTES: usize = 64 * 1024;
 /// table, named in [`MessageError::constraint`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MessageError {
-    #[error("event_type must be 1 to {MAX_SHORT_STRING_BYTES} bytes (it is the AMQP routing key), not {0}")]
+    #[error(
+        "event_type must be 1 to {MAX_SHORT_STRING_BYTES} bytes (it is the AMQP routing key), not {0}"
+    )]
     EventTypeLength(usize),
     #[error("aggregate_type must be 1 to {MAX_SHORT_STRING_BYTES} bytes, not {0}")]
     AggregateTypeLength(usize),
     #[error("aggregate_id must be at most {MAX_AGGREGATE_ID_BYTES} bytes, not {0}")]
     AggregateIdLength(usize),
-    #[error("header {name:?}: its value must be a string, a number or a boolean (headers are a flat object)")]
+    #[error(
+        "header {name:?}: its value must be a string, a number or a boolean (headers are a flat object)"
+    )]
     HeaderValueNotScalar { name: String },
     #[error("header {name:?}: the number is out of range for a 64-bit float")]
     HeaderNumberOutOfRange { name: String },
-    #[error("header name {name:?} must be 1 to {MAX_SHORT_STRING_BYTES} bytes (an AMQP short string)")]
+    #[error(
+        "header name {name:?} must be 1 to {MAX_SHORT_STRING_BYTES} bytes (an AMQP short string)"
+    )]
     HeaderNameLength { name: String },
     #[error(
         "header name {name:?} is reserved: CC and BCC route copies and x-* headers steer RabbitMQ and \
@@ -157,7 +163,9 @@ mod tests {
 
     #[test]
     fn accepts_ordinary_messages() {
-        let h = headers(json!({"traceparent": "00-a-b-01", "tenant": "t1", "n": 3, "r": 0.5, "ok": true}));
+        let h = headers(
+            json!({"traceparent": "00-a-b-01", "tenant": "t1", "n": 3, "r": 0.5, "ok": true}),
+        );
         assert_eq!(check("order", "o-1", "order.placed", &h), Ok(()));
         assert_eq!(check("order", "", "order.placed", &Map::new()), Ok(()));
     }
@@ -183,10 +191,20 @@ mod tests {
 
     #[test]
     fn reserved_and_nested_headers_are_refused() {
-        for name in ["CC", "bcc", "x-death", "X-Delay", "aggregate_id", "Created_At"] {
+        for name in [
+            "CC",
+            "bcc",
+            "x-death",
+            "X-Delay",
+            "aggregate_id",
+            "Created_At",
+        ] {
             let h = headers(json!({ name: "v" }));
             assert!(
-                matches!(check_headers(&h), Err(MessageError::HeaderNameReserved { .. })),
+                matches!(
+                    check_headers(&h),
+                    Err(MessageError::HeaderNameReserved { .. })
+                ),
                 "{name}"
             );
         }
@@ -207,7 +225,10 @@ mod tests {
         }
         assert_eq!(check_headers(&h), Err(MessageError::TooManyHeaders(257)));
         let h = headers(json!({"big": "v".repeat(MAX_HEADERS_BYTES)}));
-        assert!(matches!(check_headers(&h), Err(MessageError::HeadersTooLarge(_))));
+        assert!(matches!(
+            check_headers(&h),
+            Err(MessageError::HeadersTooLarge(_))
+        ));
         let h = headers(json!({"big": "v".repeat(MAX_HEADERS_BYTES - 3)}));
         assert_eq!(check_headers(&h), Ok(()));
     }
