@@ -531,3 +531,52 @@ async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
     );
     relay.kill().await.unwrap();
 }
+
+/// The three places that enforce the header rules agree: for any headers object,
+/// `shared::publishable::check_headers` accepts it exactly when the outbox's
+/// `outbox_unpublishable_reason` (the constraints) does. Runs `PROPTEST_CASES` cases (default 256).
+#[test]
+fn rust_and_sql_agree_on_which_headers_are_publishable() {
+    use proptest::prelude::*;
+    use proptest::test_runner::TestRunner;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let db = rt.block_on(TestDb::new());
+    let name = prop_oneof![
+        "[a-zA-Z_-]{0,6}",
+        "(x-|X-|cc|CC|Bcc|aggregate_id|created_at)[a-z]{0,2}",
+        "[a-z€]{80,260}",
+    ];
+    let scalar = prop_oneof![
+        "[^\u{0}]{0,20}".prop_map(Value::from),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        (-1e300f64..1e300).prop_map(Value::from),
+    ];
+    let value = prop_oneof![
+        4 => scalar,
+        1 => Just(Value::Null),
+        1 => Just(json!([1, "a"])),
+        1 => Just(json!({"nested": true})),
+        1 => (0usize..70_000).prop_map(|n| Value::from("v".repeat(n))),
+    ];
+    let headers = prop::collection::btree_map(name, value, 0..6);
+    let mut runner = TestRunner::default();
+    runner
+        .run(&headers, |h| {
+            let map: serde_json::Map<String, Value> = h.into_iter().collect();
+            let rust = shared::publishable::check_headers(&map);
+            let sql: Option<String> = rt.block_on(async {
+                sqlx::query_scalar(
+                    "SELECT outbox_unpublishable_reason('e', 't', 'a', now(), $1::jsonb)",
+                )
+                .bind(serde_json::to_string(&map).unwrap())
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+            });
+            prop_assert_eq!(rust.is_ok(), sql.is_none(), "{:?} vs {:?}", rust, sql);
+            Ok(())
+        })
+        .unwrap();
+    drop(db);
+}
