@@ -29,18 +29,18 @@ done
 
 sql="
 WITH settled AS (
-    UPDATE payments p
+    UPDATE demo.payments p
        SET status = CASE WHEN random() * 100 < $fail THEN 'failed' ELSE 'succeeded' END,
            updated_at = clock_timestamp()
-     WHERE p.id IN (SELECT id FROM payments WHERE status = 'pending'
+     WHERE p.id IN (SELECT id FROM demo.payments WHERE status = 'pending'
                     ORDER BY created_at LIMIT 1000 FOR UPDATE SKIP LOCKED)
  RETURNING p.id, p.tenant, p.order_id, p.amount, p.currency, p.status
 ), paid AS (
-    UPDATE orders o SET status = 'paid'
+    UPDATE demo.orders o SET status = 'paid'
       FROM settled s
      WHERE o.id = s.order_id AND s.status = 'succeeded' AND o.status = 'placed'
 )
-INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, headers)
 SELECT 'payment', s.id::text, 'payment.captured',
        jsonb_build_object(
            'payment_id', s.id,

@@ -23,7 +23,7 @@ mkdir -p "$LOG_DIR"
 db_name="${DATABASE_URL##*/}"
 psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$db_name'" | grep -q 1 \
     || psql -h 127.0.0.1 -U postgres -d postgres -qc "CREATE DATABASE $db_name"
-"$BIN/relay" migrate
+"$BIN/producer" migrate   # the product schema (outbox) and the example application's (demo)
 
 pids=()
 cleanup() {
@@ -37,7 +37,7 @@ API_KEY="$("$BIN/producer" api-key create --tenant demo)"
 LISTEN_ADDR="$API_ADDR" "$BIN/producer" >"$LOG_DIR/producer.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:9101 "$BIN/relay" >"$LOG_DIR/relay-1.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:9102 "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($!)
-METRICS_ADDR=127.0.0.1:9103 "$BIN/consumer" --name ledger --bind "payment.*" --bind "order.*" >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
+METRICS_ADDR=127.0.0.1:9103 "$BIN/producer" ledger --name ledger --bind "payment.*" --bind "order.*" >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
 deploy/payment-gateway.sh >"$LOG_DIR/payment-gateway.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 1 100); do curl -fsS "http://$API_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
@@ -45,7 +45,7 @@ cat <<EOT
 running:
   producer API   http://$API_ADDR  (API key: $API_KEY)
   relay metrics  http://127.0.0.1:9101/metrics  http://127.0.0.1:9102/metrics
-  consumer       http://127.0.0.1:9103/metrics (ledger: applies payment.captured, acks the other events)
+  ledger         http://127.0.0.1:9103/metrics (producer ledger, the example consumer: applies payment.captured, acks the other events)
   gateway        deploy/payment-gateway.sh settles pending payments and emits payment.captured
   logs           $LOG_DIR/
 load: deploy/loadgen.sh places an order and pays it every 200 ms (with replays, conflicts, mismatches)
@@ -56,10 +56,10 @@ API_KEY="$API_KEY" API_ADDR="$API_ADDR" deploy/loadgen.sh >"$LOG_DIR/loadgen.log
 if [[ -n "${UP_SECONDS:-}" ]]; then
     sleep "$UP_SECONDS"
     echo "--- after ${UP_SECONDS}s"
-    psql "$DATABASE_URL" -c "SELECT (SELECT count(*) FROM orders) AS orders, (SELECT count(*) FROM payments) AS payments,
-        (SELECT count(*) FROM payments WHERE status = 'succeeded') AS succeeded,
-        (SELECT count(*) FROM outbox WHERE state = 'pending') AS outbox_pending,
-        (SELECT coalesce(sum(updates), 0) FROM ledger_balances) AS ledger_updates"
+    psql "$DATABASE_URL" -c "SELECT (SELECT count(*) FROM demo.orders) AS orders, (SELECT count(*) FROM demo.payments) AS payments,
+        (SELECT count(*) FROM demo.payments WHERE status = 'succeeded') AS succeeded,
+        (SELECT count(*) FROM outbox.messages WHERE state = 'pending') AS outbox_pending,
+        (SELECT coalesce(sum(updates), 0) FROM demo.ledger_balances) AS ledger_updates"
 else
     wait
 fi

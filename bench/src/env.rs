@@ -42,7 +42,7 @@ impl BenchEnv {
             .context("database url has a database")?;
         let db_url = format!("{base}/{db_name}");
         let pool = shared::db::connect(&db_url, 8, "bench").await?;
-        shared::db::migrate(&pool).await?;
+        demo::migrate::run(&pool, &shared::schema::Schema::default()).await?;
         let conn = shared::amqp::connect(&args.amqp_url, "bench").await?;
         let exchange = format!("bench.{suffix}");
         shared::amqp::declare_outbox_exchange(&conn, &exchange, true).await?;
@@ -131,11 +131,11 @@ impl BenchEnv {
 
     /// Empties the outbox and frees every partition lease.
     pub async fn reset_outbox(&self) -> anyhow::Result<()> {
-        sqlx::query("TRUNCATE outbox").execute(&self.pool).await?;
-        sqlx::query("UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity', blocked_until = NULL, blocked_seq = NULL")
+        sqlx::query("TRUNCATE outbox.messages").execute(&self.pool).await?;
+        sqlx::query("UPDATE outbox.relay_partitions SET owner = NULL, lease_until = '-infinity', blocked_until = NULL, blocked_seq = NULL")
             .execute(&self.pool)
             .await?;
-        sqlx::query("DELETE FROM relay_instances")
+        sqlx::query("DELETE FROM outbox.relay_instances")
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -289,6 +289,7 @@ fn group_of(comm: &str) -> &'static str {
         c if c.starts_with("postgres") || c.starts_with("postmaster") => "postgres",
         "relay" => "relay",
         "consumer" => "consumer",
+        // The example application: its API, and its ledger consumer (`producer ledger`).
         "producer" => "producer",
         "bench" => "bench",
         _ => "other",

@@ -105,7 +105,7 @@ async fn fill_outbox(
 /// 1 while any row is pending, else 0: an index probe, so polling it does not load PostgreSQL.
 async fn pending(env: &BenchEnv) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 'pending' LIMIT 1) t",
+        "SELECT count(*) FROM (SELECT 1 FROM outbox.messages WHERE state = 'pending' LIMIT 1) t",
     )
     .fetch_one(&env.pool)
     .await?)
@@ -232,13 +232,13 @@ async fn ceiling_pg(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line
     let n = env.n(100_000, 1000);
     env.reset_outbox().await?;
     fill_outbox(env, n, 1000, "bench.ceiling").await?;
-    sqlx::query("ANALYZE outbox").execute(&env.pool).await?;
+    sqlx::query("ANALYZE outbox.messages").execute(&env.pool).await?;
     let started = Instant::now();
     let mut done = 0u64;
     loop {
         let rows: Vec<(i64, uuid::Uuid, String)> = sqlx::query_as(
-            "DELETE FROM outbox WHERE seq IN ( \
-                 SELECT seq FROM outbox WHERE state = 'pending' ORDER BY seq LIMIT 1000 FOR UPDATE SKIP LOCKED) \
+            "DELETE FROM outbox.messages WHERE seq IN ( \
+                 SELECT seq FROM outbox.messages WHERE state = 'pending' ORDER BY seq LIMIT 1000 FOR UPDATE SKIP LOCKED) \
              RETURNING seq, id, payload::text",
         )
         .fetch_all(&env.pool)
@@ -259,14 +259,14 @@ async fn wait_partitions_split(env: &BenchEnv, relays: i64) -> anyhow::Result<()
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (owners, owned): (i64, i64) = sqlx::query_as(
-            "SELECT count(DISTINCT owner), count(owner) FROM relay_partitions WHERE lease_until > now()",
+            "SELECT count(DISTINCT owner), count(owner) FROM outbox.relay_partitions WHERE lease_until > now()",
         )
         .fetch_one(&env.pool)
         .await?;
         if owners == relays && owned == 64 {
             // Balanced: nobody holds more than its share.
             let max: i64 = sqlx::query_scalar(
-                "SELECT coalesce(max(c), 0) FROM (SELECT count(*) c FROM relay_partitions GROUP BY owner) t",
+                "SELECT coalesce(max(c), 0) FROM (SELECT count(*) c FROM outbox.relay_partitions GROUP BY owner) t",
             )
             .fetch_one(&env.pool)
             .await?;
@@ -632,7 +632,7 @@ async fn delete_consumer_topology(env: &BenchEnv, name: &str) {
 
 async fn ledger_updates(env: &BenchEnv) -> anyhow::Result<i64> {
     Ok(
-        sqlx::query_scalar("SELECT coalesce(sum(updates), 0)::bigint FROM ledger_balances")
+        sqlx::query_scalar("SELECT coalesce(sum(updates), 0)::bigint FROM demo.ledger_balances")
             .fetch_one(&env.pool)
             .await?,
     )
@@ -672,15 +672,15 @@ async fn consumer(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>>
 
     // The ledger consumer: start once to declare its queue, stop, fill the queue, start and time it.
     let name = format!("{}-ledger", env.exchange.replace('.', "-"));
-    let args = ["--name", name.as_str(), "--bind", "payment.captured"];
-    let first = env.spawn("consumer", &args, &[])?;
+    let args = ["ledger", "--name", name.as_str(), "--bind", "payment.captured"];
+    let first = env.spawn("producer", &args, &[])?;
     wait_queue_exists(env, &name).await?;
     env::stop(first).await;
-    sqlx::query("TRUNCATE ledger_balances, processed_messages")
+    sqlx::query("TRUNCATE demo.ledger_balances, outbox.processed_messages")
         .execute(&env.pool)
         .await?;
     publish_ledger_events(env, n, "payment.captured").await?;
-    let consumer = env.spawn("consumer", &args, &[])?;
+    let consumer = env.spawn("producer", &args, &[])?;
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut t0 = None;
     loop {
@@ -779,13 +779,13 @@ fn spawn_commit_load(
 async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let duration = env.secs(30.0, 2.0);
     env.reset_outbox().await?;
-    sqlx::query("TRUNCATE ledger_balances, processed_messages")
+    sqlx::query("TRUNCATE demo.ledger_balances, outbox.processed_messages")
         .execute(&env.pool)
         .await?;
     let name = format!("{}-e2e", env.exchange.replace('.', "-"));
     let consumer = env.spawn(
-        "consumer",
-        &["--name", name.as_str(), "--bind", "payment.captured"],
+        "producer",
+        &["ledger", "--name", name.as_str(), "--bind", "payment.captured"],
         &[],
     )?;
     wait_queue_exists(env, &name).await?;
@@ -813,7 +813,7 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let done: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM processed_messages WHERE consumer = $1")
+            sqlx::query_scalar("SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1")
                 .bind(&name)
                 .fetch_one(&env.pool)
                 .await?;
@@ -827,7 +827,7 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let rows: Vec<(uuid::Uuid, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT message_id, processed_at FROM processed_messages WHERE consumer = $1",
+        "SELECT message_id, processed_at FROM outbox.processed_messages WHERE consumer = $1",
     )
     .bind(&name)
     .fetch_all(&env.pool)
@@ -1054,7 +1054,7 @@ async fn table_growth(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     while done < filler {
         let k = chunk.min(filler - done);
         sqlx::query(
-            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, state, published_at, attempts, last_error) \
+            "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, state, published_at, attempts, last_error) \
              SELECT 'bench', 'agg-' || (g % 100000), 'bench.old', '{\"old\": true}'::jsonb, \
                     CASE WHEN g % 2 = 0 THEN 'published' ELSE 'dead' END, \
                     CASE WHEN g % 2 = 0 THEN now() ELSE NULL END, \
@@ -1068,7 +1068,7 @@ async fn table_growth(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         .await?;
         done += k;
     }
-    sqlx::query("VACUUM ANALYZE outbox")
+    sqlx::query("VACUUM ANALYZE outbox.messages")
         .execute(&mut *conn)
         .await?;
     sqlx::query("RESET statement_timeout")
@@ -1076,7 +1076,7 @@ async fn table_growth(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         .await?;
     drop(conn);
     let full = median_claim_rate(env, n).await?;
-    sqlx::query("TRUNCATE outbox").execute(&env.pool).await?;
+    sqlx::query("TRUNCATE outbox.messages").execute(&env.pool).await?;
     let empty_after = median_claim_rate(env, n).await?;
     let empty = (empty_before + empty_after) / 2.0;
     let ratio = full / empty;
@@ -1106,21 +1106,22 @@ async fn median_claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
 }
 
 async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
-    sqlx::query("DELETE FROM outbox WHERE state = 'pending'")
+    sqlx::query("DELETE FROM outbox.messages WHERE state = 'pending'")
         .execute(&env.pool)
         .await?;
-    sqlx::query("UPDATE relay_partitions SET owner = 'bench', lease_until = 'infinity', blocked_until = NULL, blocked_seq = NULL")
+    sqlx::query("UPDATE outbox.relay_partitions SET owner = 'bench', lease_until = 'infinity', blocked_until = NULL, blocked_seq = NULL")
         .execute(&env.pool)
         .await?;
     fill_outbox(env, n, 1000, "bench.claim").await?;
     // Same table state for both measurements: vacuumed and analyzed right before.
-    env.without_timeout(&["VACUUM ANALYZE outbox"]).await?;
+    env.without_timeout(&["VACUUM ANALYZE outbox.messages"]).await?;
     env.settle().await?;
     let partitions: Vec<i16> = (0..64).collect();
+    let schema = shared::schema::Schema::default();
     let started = Instant::now();
     let mut done = 0u64;
     loop {
-        let rows = relay::store::claim(&env.pool, "bench", &partitions, 32, 1000, &[]).await?;
+        let rows = relay::store::claim(&env.pool, &schema, "bench", &partitions, 32, 1000, &[]).await?;
         let seqs: Vec<i64> = rows
             .iter()
             .map(|c| match c {
@@ -1131,11 +1132,11 @@ async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
         if seqs.is_empty() {
             break;
         }
-        relay::store::mark_published(&env.pool, &seqs, false).await?;
+        relay::store::mark_published(&env.pool, &schema, &seqs, false).await?;
         done += seqs.len() as u64;
     }
     let rate = done as f64 / started.elapsed().as_secs_f64();
-    sqlx::query("UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity'")
+    sqlx::query("UPDATE outbox.relay_partitions SET owner = NULL, lease_until = '-infinity'")
         .execute(&env.pool)
         .await?;
     Ok(rate)

@@ -45,6 +45,7 @@ async fn main() -> anyhow::Result<()> {
         db,
         config.pool_size(),
         "order-totals",
+        &config.schema,
         Duration::from_secs(60),
     )
     .await?;

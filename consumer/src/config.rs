@@ -1,6 +1,7 @@
 //! Settings: the library's [`Config`], and [`Settings`], the flags and env vars that build it.
 
 use crate::error::ConfigError;
+use shared::schema::Schema;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -50,6 +51,8 @@ pub struct Config {
     /// Fault injection for tests: wait this long between commit and ack, to widen the window in
     /// which a crash leaves committed but unacknowledged deliveries. Zero in production.
     pub ack_delay: Duration,
+    /// The product schema that holds `processed_messages` (`outbox` by default).
+    pub schema: Schema,
 }
 
 impl Config {
@@ -81,6 +84,7 @@ impl Config {
             retention_batch: 5000,
             metrics_addr: None,
             ack_delay: Duration::ZERO,
+            schema: Schema::default(),
         }
     }
 
@@ -237,6 +241,7 @@ impl Settings {
         c.retention_interval = self.retention_interval;
         c.metrics_addr = Some(self.connections.metrics_addr);
         c.ack_delay = self.debug_ack_delay;
+        c.schema = self.connections.schema;
         c.validate()?;
         Ok(c)
     }

@@ -1,6 +1,7 @@
 //! The deduplication record: `processed_messages (consumer, message_id)`, written in the
 //! transaction of the effect.
 
+use shared::schema::Schema;
 use sqlx::PgConnection;
 use std::collections::HashSet;
 use uuid::Uuid;
@@ -13,6 +14,7 @@ use uuid::Uuid;
 /// that transaction commits, the id is a duplicate here; if it rolls back, it is ours.
 pub async fn claim(
     conn: &mut PgConnection,
+    schema: &Schema,
     consumer: &str,
     ids: &[Uuid],
 ) -> Result<HashSet<Uuid>, sqlx::Error> {
@@ -20,10 +22,10 @@ pub async fn claim(
     sorted.sort_unstable();
     sorted.dedup();
     let fresh: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO processed_messages (consumer, message_id) \
+        schema.sql("INSERT INTO {{schema}}.processed_messages (consumer, message_id) \
          SELECT $1, id FROM unnest($2::uuid[]) AS t(id) \
          ON CONFLICT (consumer, message_id) DO NOTHING \
-         RETURNING message_id",
+         RETURNING message_id"),
     )
     .bind(consumer)
     .bind(&sorted)
@@ -36,6 +38,7 @@ pub async fn claim(
 /// rolled back to a savepoint, so they must be processed again when retried).
 pub async fn unclaim(
     conn: &mut PgConnection,
+    schema: &Schema,
     consumer: &str,
     ids: &[Uuid],
 ) -> Result<(), sqlx::Error> {
@@ -43,7 +46,7 @@ pub async fn unclaim(
         return Ok(());
     }
     sqlx::query(
-        "DELETE FROM processed_messages WHERE consumer = $1 AND message_id = ANY($2::uuid[])",
+        schema.sql("DELETE FROM {{schema}}.processed_messages WHERE consumer = $1 AND message_id = ANY($2::uuid[])"),
     )
     .bind(consumer)
     .bind(ids)

@@ -13,18 +13,23 @@
 //! - [`dedup`]: the `processed_messages` statements and which database errors are infrastructure.
 //! - [`topology`]: the queue, retry queues, dead-letter exchange and queue a consumer declares.
 //! - [`message`]: AMQP delivery to [`Envelope`], and the headers retries and dead letters carry.
-//! - [`dlq`]: `consumer dlq list` and `consumer dlq replay`.
+//! - [`dlq`]: `consumer dlq list` and `consumer dlq replay` (the `consumer` binary is this CLI; the
+//!   example application's `producer ledger` runs a consumer with a handler).
 //! - [`retention`]: the bounded, single-instance sweep of old dedup rows.
 //! - [`internal_events`]: every metric, with fixed label sets, and the in-process [`Stats`].
 //! - [`config`]: [`Config`] and the command-line [`config::Settings`].
-//! - [`ledger`]: the example handler the `consumer` binary runs.
 //! - [`error`]: the error types.
 //!
 //! ```no_run
 //! # async fn example(pool: sqlx::PgPool) -> Result<(), consumer::ConsumerError> {
-//! let config = consumer::Config::new("ledger", "amqp://guest:guest@127.0.0.1:5672/%2f", "outbox.events");
+//! # #[derive(Clone)] struct MyHandler;
+//! # impl consumer::Handler for MyHandler {
+//! #     async fn handle(&self, _: &mut sqlx::PgConnection, _: &consumer::Envelope) -> Result<(), consumer::HandlerError> { Ok(()) }
+//! # }
+//! let config = consumer::Config::new("billing", "amqp://guest:guest@127.0.0.1:5672/%2f", "outbox.events");
+//! let handlers = consumer::Handlers::new().on("invoice.*", MyHandler);
 //! let shutdown = shared::shutdown::on_signal();
-//! consumer::run(config, pool, consumer::ledger::handlers(), shutdown).await
+//! consumer::run(config, pool, handlers, shutdown).await
 //! # }
 //! ```
 
@@ -34,7 +39,6 @@ pub mod dlq;
 pub mod error;
 pub mod handler;
 pub mod internal_events;
-pub mod ledger;
 pub mod message;
 pub mod retention;
 pub mod runtime;

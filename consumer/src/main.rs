@@ -1,12 +1,11 @@
-//! `consumer`: runs the example ledger handler, or manages dead letters.
+//! `consumer`: manages a consumer's dead letters. Consuming is done by the library, embedded in a
+//! service with its handlers (see `producer ledger` for the example application's).
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use consumer::dlq;
-use std::time::Duration;
 
-/// Consumes outbox events from RabbitMQ and applies each once (built-in handler: `ledger`, for
-/// `payment.captured`). Stops on SIGTERM/SIGINT after finishing in-flight work.
+/// Manages the dead letters of a consumer built with the `consumer` library.
 #[derive(Debug, Parser)]
 #[command(name = "consumer", version)]
 struct Cli {
@@ -55,7 +54,6 @@ async fn main() -> anyhow::Result<()> {
         &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "consumer".into()),
         cli.settings.connections.otlp_endpoint.as_deref(),
     );
-    let database_url = cli.settings.connections.database_url.clone();
     let config = cli.settings.into_config().context("invalid settings")?;
     match cli.command {
         Some(Command::Dlq {
@@ -84,23 +82,11 @@ async fn main() -> anyhow::Result<()> {
                 );
             }
         }
-        None => {
-            let shutdown = shared::shutdown::on_signal();
-            let app_name = format!("consumer {}", config.name);
-            let connect = shared::db::connect_and_migrate(
-                &database_url,
-                config.pool_size(),
-                &app_name,
-                Duration::from_secs(120),
-            );
-            let pool = tokio::select! {
-                pool = connect => pool.context("connecting to PostgreSQL")?,
-                _ = shutdown.cancelled() => return Ok(()),
-            };
-            let result = consumer::run(config, pool, consumer::ledger::handlers(), shutdown).await;
-            shared::telemetry::shutdown_tracing();
-            result?;
-        }
+        None => anyhow::bail!(
+            "the consumer binary manages dead letters (`consumer dlq list|replay`); to consume, embed \
+             consumer::run with your handlers in your service (the example application runs one: \
+             `producer ledger`)"
+        ),
     }
     Ok(())
 }

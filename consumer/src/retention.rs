@@ -1,6 +1,7 @@
 //! Deletes old deduplication rows in bounded batches, one instance at a time.
 
 use crate::internal_events::Events;
+use shared::schema::Schema;
 use sqlx::PgPool;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +20,7 @@ pub enum Sweep {
 /// instance deletes at a time; a busy lock ends the sweep (the holder is doing the work).
 pub async fn sweep(
     pool: &PgPool,
+    schema: &Schema,
     consumer: &str,
     retention: Duration,
     batch: i64,
@@ -41,12 +43,12 @@ pub async fn sweep(
             });
         }
         let deleted = sqlx::query(
-            "DELETE FROM processed_messages p USING ( \
-                 SELECT consumer, message_id FROM processed_messages \
+            schema.sql("DELETE FROM {{schema}}.processed_messages p USING ( \
+                 SELECT consumer, message_id FROM {{schema}}.processed_messages \
                  WHERE consumer = $1 AND processed_at < now() - make_interval(secs => $2) \
                  LIMIT $3 \
              ) old \
-             WHERE p.consumer = old.consumer AND p.message_id = old.message_id",
+             WHERE p.consumer = old.consumer AND p.message_id = old.message_id"),
         )
         .bind(consumer)
         .bind(retention.as_secs_f64())
@@ -65,6 +67,7 @@ pub async fn sweep(
 /// Runs [`sweep`] every `interval` until `shutdown`.
 pub(crate) async fn run_periodically(
     pool: PgPool,
+    schema: Schema,
     consumer: String,
     retention: Duration,
     interval: Duration,
@@ -79,7 +82,7 @@ pub(crate) async fn run_periodically(
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match sweep(&pool, &consumer, retention, batch, &shutdown).await {
+        match sweep(&pool, &schema, &consumer, retention, batch, &shutdown).await {
             Ok(Sweep::Deleted(n)) => {
                 events.dedup_rows_deleted(n);
                 if n > 0 {

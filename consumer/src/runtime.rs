@@ -132,6 +132,7 @@ impl Consumer {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(crate::retention::run_periodically(
             ctx.pool.clone(),
+            cfg.schema.clone(),
             cfg.name.clone(),
             cfg.retention,
             cfg.retention_interval,
@@ -616,7 +617,7 @@ impl Worker {
         let ids: Vec<Uuid> = order.iter().map(|(_, env, _)| env.message_id).collect();
 
         let mut tx = self.ctx.pool.begin().await?;
-        let fresh = dedup::claim(&mut tx, name, &ids).await?;
+        let fresh = dedup::claim(&mut tx, &self.ctx.config.schema, name, &ids).await?;
         let mut claimed: HashSet<Uuid> = HashSet::with_capacity(fresh.len());
         // Not fresh: committed before (by us or another instance). Already claimed: an earlier
         // copy in this batch runs it (if that copy fails, its retry or dead letter carries it on).
@@ -717,7 +718,7 @@ impl Worker {
                 }
             }
         }
-        dedup::unclaim(&mut tx, name, &failed).await?;
+        dedup::unclaim(&mut tx, &self.ctx.config.schema, name, &failed).await?;
         tx.commit().await?;
         Ok(TxOutcome::Committed(fates))
     }

@@ -2,14 +2,20 @@
 
 use crate::store;
 use shared::display::escape_control as esc;
+use shared::schema::Schema;
 use sqlx::PgPool;
 use std::io::Write;
 use uuid::Uuid;
 
 /// Prints dead rows as a table, oldest first. Every value from a row is escaped
 /// ([`shared::display::escape_control`]): a newline in an id cannot forge a line.
-pub async fn list(pool: &PgPool, limit: i64, out: &mut impl Write) -> anyhow::Result<usize> {
-    let rows = store::dead_rows(pool, limit).await?;
+pub async fn list(
+    pool: &PgPool,
+    schema: &Schema,
+    limit: i64,
+    out: &mut impl Write,
+) -> anyhow::Result<usize> {
+    let rows = store::dead_rows(pool, schema, limit).await?;
     writeln!(
         out,
         "{:<36}  {:<24}  {:<24}  {:>8}  {:<20}  last error",
@@ -37,10 +43,11 @@ pub async fn list(pool: &PgPool, limit: i64, out: &mut impl Write) -> anyhow::Re
 /// publishability rule stay dead and are listed with the rule.
 pub async fn requeue(
     pool: &PgPool,
+    schema: &Schema,
     ids: Option<&[Uuid]>,
     out: &mut impl Write,
 ) -> anyhow::Result<store::Requeued> {
-    let done = store::requeue_dead(pool, ids).await?;
+    let done = store::requeue_dead(pool, schema, ids).await?;
     writeln!(out, "{} row(s) requeued", done.requeued)?;
     for (id, why) in &done.still_unpublishable {
         writeln!(out, "  {id} stays dead: {}", esc(why))?;

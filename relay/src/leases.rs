@@ -9,6 +9,7 @@
 //! confirm timeout left, and that view ends before the database's `lease_until`: two relays never
 //! publish one partition at the same time unless the clocks lie or a pause outlasts the lease.
 
+use shared::schema::Schema;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -21,6 +22,7 @@ pub const PARTITIONS: i64 = 64;
 #[derive(Debug)]
 pub struct Leases {
     pub instance_id: String,
+    schema: Schema,
     lease: Duration,
     /// Partition -> local instant until which it may be used.
     held: Mutex<BTreeMap<i16, Instant>>,
@@ -29,9 +31,10 @@ pub struct Leases {
 }
 
 impl Leases {
-    pub fn new(instance_id: String, lease: Duration) -> Self {
+    pub fn new(instance_id: String, schema: Schema, lease: Duration) -> Self {
         Self {
             instance_id,
+            schema,
             lease,
             held: Mutex::new(BTreeMap::new()),
             surplus: Mutex::new(0),
@@ -55,6 +58,11 @@ impl Leases {
         (parts, earliest)
     }
 
+    /// The product schema the partitions and the outbox live in.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
     pub fn held_count(&self) -> usize {
         self.held.lock().unwrap().len()
     }
@@ -68,15 +76,15 @@ impl Leases {
         let started = Instant::now();
         let lease_secs = self.lease.as_secs_f64();
         sqlx::query(
-            "INSERT INTO relay_instances (instance_id, hostname) VALUES ($1, $2) \
-             ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()",
+            self.schema.sql("INSERT INTO {{schema}}.relay_instances (instance_id, hostname) VALUES ($1, $2) \
+             ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()"),
         )
         .bind(&self.instance_id)
         .bind(hostname())
         .execute(pool)
         .await?;
         let live: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM relay_instances WHERE heartbeat_at > now() - make_interval(secs => $1)",
+            self.schema.sql("SELECT count(*) FROM {{schema}}.relay_instances WHERE heartbeat_at > now() - make_interval(secs => $1)"),
         )
         .bind(lease_secs)
         .fetch_one(pool)
@@ -84,8 +92,8 @@ impl Leases {
         let fair = (PARTITIONS + live.max(1) - 1) / live.max(1);
 
         let mut renewed: Vec<i16> = sqlx::query_scalar(
-            "UPDATE relay_partitions SET lease_until = now() + make_interval(secs => $2) \
-             WHERE owner = $1 RETURNING partition",
+            self.schema.sql("UPDATE {{schema}}.relay_partitions SET lease_until = now() + make_interval(secs => $2) \
+             WHERE owner = $1 RETURNING partition"),
         )
         .bind(&self.instance_id)
         .bind(lease_secs)
@@ -94,12 +102,12 @@ impl Leases {
         let missing = fair - renewed.len() as i64;
         if missing > 0 {
             let taken: Vec<i16> = sqlx::query_scalar(
-                "UPDATE relay_partitions SET owner = $1, lease_until = now() + make_interval(secs => $2) \
+                self.schema.sql("UPDATE {{schema}}.relay_partitions SET owner = $1, lease_until = now() + make_interval(secs => $2) \
                  WHERE partition IN ( \
-                     SELECT partition FROM relay_partitions \
+                     SELECT partition FROM {{schema}}.relay_partitions \
                      WHERE owner IS NULL OR lease_until < now() \
                      ORDER BY partition LIMIT $3 FOR UPDATE SKIP LOCKED) \
-                 RETURNING partition",
+                 RETURNING partition"),
             )
             .bind(&self.instance_id)
             .bind(lease_secs)
@@ -123,7 +131,7 @@ impl Leases {
         crate::internal_events::owned_partitions(renewed.len());
         // Forget relays gone for long (their partitions expired long ago).
         sqlx::query(
-            "DELETE FROM relay_instances WHERE heartbeat_at < now() - make_interval(secs => $1 * 10)",
+            self.schema.sql("DELETE FROM {{schema}}.relay_instances WHERE heartbeat_at < now() - make_interval(secs => $1 * 10)"),
         )
         .bind(lease_secs)
         .execute(pool)
@@ -159,8 +167,8 @@ impl Leases {
             }
         }
         sqlx::query(
-            "UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity' \
-             WHERE owner = $1 AND partition = ANY($2)",
+            self.schema.sql("UPDATE {{schema}}.relay_partitions SET owner = NULL, lease_until = '-infinity' \
+             WHERE owner = $1 AND partition = ANY($2)"),
         )
         .bind(&self.instance_id)
         .bind(partitions)
@@ -174,12 +182,12 @@ impl Leases {
     pub async fn release_all(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
         self.held.lock().unwrap().clear();
         sqlx::query(
-            "UPDATE relay_partitions SET owner = NULL, lease_until = '-infinity' WHERE owner = $1",
+            self.schema.sql("UPDATE {{schema}}.relay_partitions SET owner = NULL, lease_until = '-infinity' WHERE owner = $1"),
         )
         .bind(&self.instance_id)
         .execute(pool)
         .await?;
-        sqlx::query("DELETE FROM relay_instances WHERE instance_id = $1")
+        sqlx::query(self.schema.sql("DELETE FROM {{schema}}.relay_instances WHERE instance_id = $1"))
             .bind(&self.instance_id)
             .execute(pool)
             .await?;

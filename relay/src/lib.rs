@@ -31,6 +31,7 @@ pub mod store;
 pub use config::{RelayConfig, RelayOptions};
 
 use leases::Leases;
+use shared::schema::Schema;
 use publisher::Publisher;
 use shared::telemetry::{ErrorChain, Readiness};
 use sqlx::PgPool;
@@ -66,6 +67,7 @@ pub async fn run(config: RelayConfig, shutdown: CancellationToken) -> Result<(),
         &config.connections.database_url,
         config.options.db_pool_size,
         "outbox-relay",
+        &config.connections.schema,
         Duration::from_secs(u64::MAX / 4),
     );
     let pool = tokio::select! {
@@ -99,7 +101,8 @@ pub async fn run_with_pool(
     tracing::info!(exchange = %config.connections.exchange, "relay starting");
     readiness.set_postgres(true);
 
-    let leases = Arc::new(Leases::new(instance_id, opts.lease()));
+    let schema = config.connections.schema.clone();
+    let leases = Arc::new(Leases::new(instance_id, schema.clone(), opts.lease()));
     let wake = Arc::new(Notify::new());
     let tasks = CancellationToken::new();
     let mut handles = vec![
@@ -111,9 +114,15 @@ pub async fn run_with_pool(
             opts.lease(),
             tasks.clone(),
         )),
-        tokio::spawn(listen_loop(pool.clone(), wake.clone(), tasks.clone())),
+        tokio::spawn(listen_loop(
+            pool.clone(),
+            schema.notify_channel(),
+            wake.clone(),
+            tasks.clone(),
+        )),
         tokio::spawn(stats_loop(
             pool.clone(),
+            schema.clone(),
             opts.alternate_exchange.then(|| {
                 (
                     config.connections.amqp_url.clone(),
@@ -127,6 +136,7 @@ pub async fn run_with_pool(
     if opts.retention_secs > 0 {
         handles.push(tokio::spawn(retention_loop(
             pool.clone(),
+            schema.clone(),
             Duration::from_secs(opts.retention_secs),
             tasks.clone(),
         )));
@@ -218,12 +228,12 @@ async fn lease_loop(
     }
 }
 
-async fn listen_loop(pool: PgPool, wake: Arc<Notify>, stop: CancellationToken) {
+async fn listen_loop(pool: PgPool, channel: String, wake: Arc<Notify>, stop: CancellationToken) {
     let mut failures = 0u32;
     loop {
         let result = async {
             let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
-            listener.listen("outbox").await?;
+            listener.listen(&channel).await?;
             // Anything committed while we were not listening is found by this wake-up.
             wake.notify_one();
             loop {
@@ -255,13 +265,14 @@ async fn listen_loop(pool: PgPool, wake: Arc<Notify>, stop: CancellationToken) {
 /// the publish loop never waits on these.
 async fn stats_loop(
     pool: PgPool,
+    schema: Schema,
     amqp: Option<(String, String)>,
     every: Duration,
     stop: CancellationToken,
 ) {
     let mut conn: Option<lapin::Connection> = None;
     loop {
-        match store::bounded(store::backlog(&pool)).await {
+        match store::bounded(store::backlog(&pool, &schema)).await {
             Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
             Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
         }
@@ -289,11 +300,16 @@ async fn stats_loop(
     }
 }
 
-async fn retention_loop(pool: PgPool, retention: Duration, stop: CancellationToken) {
+async fn retention_loop(
+    pool: PgPool,
+    schema: Schema,
+    retention: Duration,
+    stop: CancellationToken,
+) {
     const BATCH: i64 = 5000;
     loop {
         loop {
-            match store::bounded(store::purge_published(&pool, retention, BATCH)).await {
+            match store::bounded(store::purge_published(&pool, &schema, retention, BATCH)).await {
                 Ok(n) if n as i64 >= BATCH && !stop.is_cancelled() => continue,
                 Ok(_) => break,
                 Err(e) => {

@@ -54,6 +54,7 @@ async fn main() -> anyhow::Result<()> {
         &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "relay".into()),
         cli.config.connections.otlp_endpoint.as_deref(),
     );
+    let schema = cli.config.connections.schema.clone();
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => {
             let shutdown = shared::shutdown::on_signal();
@@ -65,21 +66,22 @@ async fn main() -> anyhow::Result<()> {
             let pool =
                 shared::db::connect(&cli.config.connections.database_url, 1, "relay-migrate")
                     .await?;
-            shared::db::migrate(&pool).await?;
-            println!("migrations applied");
+            shared::db::migrate(&pool, &schema).await?;
+            println!("migrations applied in schema {schema}");
         }
         Command::Dead { command } => {
             let pool = shared::db::connect(&cli.config.connections.database_url, 1, "relay-dead")
                 .await
                 .context("connecting to PostgreSQL")?;
-            shared::db::migrate(&pool).await?;
+            shared::db::migrate(&pool, &schema).await?;
             match command {
                 DeadCommand::List { limit } => {
-                    relay::dead::list(&pool, limit, &mut std::io::stdout()).await?;
+                    relay::dead::list(&pool, &schema, limit, &mut std::io::stdout()).await?;
                 }
                 DeadCommand::Requeue { ids, all } => {
                     relay::dead::requeue(
                         &pool,
+                        &schema,
                         if all { None } else { Some(&ids) },
                         &mut std::io::stdout(),
                     )

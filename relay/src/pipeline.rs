@@ -312,12 +312,13 @@ impl<'a> Pipeline<'a> {
         if self.marking.is_none() && !self.to_mark.is_empty() && self.retry_at.is_none() {
             let seqs = std::mem::take(&mut self.to_mark);
             let pool = self.pool.clone();
+            let schema = self.leases.schema().clone();
             let retain = self.opts.retention_secs > 0;
             let batch = seqs.clone();
             self.marking = Some((
                 tokio::spawn(async move {
                     let started = Instant::now();
-                    let done = store::bounded(store::mark_published(&pool, &batch, retain)).await;
+                    let done = store::bounded(store::mark_published(&pool, &schema, &batch, retain)).await;
                     internal_events::db_duration(DbOp::Mark, started.elapsed());
                     done
                 }),
@@ -349,12 +350,14 @@ impl<'a> Pipeline<'a> {
         let per_partition = ((batch * 2) / partitions.len() as i64).clamp(8, batch);
         let held: Vec<(i64, i16)> = self.claimed.iter().map(|(s, p)| (*s, *p)).collect();
         let pool = self.pool.clone();
+        let schema = self.leases.schema().clone();
         let owner = self.leases.instance_id.clone();
         self.more = false;
         let task = tokio::spawn(async move {
             let started = Instant::now();
             let rows = store::bounded(store::claim(
                 &pool,
+                &schema,
                 &owner,
                 &partitions,
                 per_partition,
@@ -443,6 +446,7 @@ impl<'a> Pipeline<'a> {
         self.claimed.remove(&seq);
         let recorded = store::bounded(store::record_failure(
             self.pool,
+            self.leases.schema(),
             seq,
             partition,
             reason,
@@ -666,6 +670,7 @@ impl<'a> Pipeline<'a> {
                 .unwrap_or("");
         match store::bounded(store::record_failure(
             self.pool,
+            self.leases.schema(),
             row.seq,
             row.partition,
             &error,
@@ -765,7 +770,7 @@ impl<'a> Pipeline<'a> {
                     self.retried = later;
                     if !now.is_empty()
                         && let Err(e) =
-                            store::bounded(store::unblock_published(self.pool, &now)).await
+                            store::bounded(store::unblock_published(self.pool, self.leases.schema(), &now)).await
                     {
                         tracing::warn!(error = %ErrorChain(&e), "unblocking partitions failed; they unblock when the backoff ends");
                     }

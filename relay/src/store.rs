@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
+use shared::schema::Schema;
 use sqlx::{PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
@@ -51,6 +52,7 @@ pub struct OutboxRow {
 /// returned, not for every partition head looked at.
 pub async fn claim(
     pool: &PgPool,
+    schema: &Schema,
     owner: &str,
     partitions: &[i16],
     per_partition: i64,
@@ -60,7 +62,7 @@ pub async fn claim(
     let held_seqs: Vec<i64> = held.iter().map(|(s, _)| *s).collect();
     let held_partitions: Vec<i16> = held.iter().map(|(_, p)| *p).collect();
     let rows = sqlx::query(
-        "WITH held AS MATERIALIZED ( \
+        schema.sql("WITH held AS MATERIALIZED ( \
              SELECT h.p, array_agg(h.s) AS seqs \
              FROM unnest($5::bigint[], $6::smallint[]) AS h(s, p) GROUP BY h.p \
          ) \
@@ -69,10 +71,10 @@ pub async fn claim(
                 CASE WHEN isfinite(c.created_at) THEN c.created_at END AS created_at, \
                 c.attempts, c.partition \
          FROM ( \
-             SELECT o.* FROM relay_partitions rp \
+             SELECT o.* FROM {{schema}}.relay_partitions rp \
              LEFT JOIN held ON held.p = rp.partition \
              CROSS JOIN LATERAL ( \
-                 SELECT * FROM outbox o \
+                 SELECT * FROM {{schema}}.messages o \
                  WHERE o.partition = rp.partition AND o.state = 'pending' \
                    AND (held.seqs IS NULL OR o.seq <> ALL(held.seqs)) \
                  ORDER BY o.seq LIMIT $3 \
@@ -80,7 +82,7 @@ pub async fn claim(
              WHERE rp.partition = ANY($1) AND rp.owner = $2 \
                AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \
              ORDER BY o.seq LIMIT $4 \
-         ) c",
+         ) c"),
     )
     .bind(partitions)
     .bind(owner)
@@ -153,7 +155,7 @@ fn decode_row(r: &sqlx::postgres::PgRow) -> Result<Claimed, sqlx::Error> {
 /// The commit does not wait for the WAL flush (`synchronous_commit = off` for this transaction
 /// only): if PostgreSQL itself crashes within a fraction of a second after, the mark may be lost
 /// and those rows published again, which at-least-once allows; nothing can be lost that way.
-pub async fn mark_published(pool: &PgPool, seqs: &[i64], retain: bool) -> Result<(), sqlx::Error> {
+pub async fn mark_published(pool: &PgPool, schema: &Schema, seqs: &[i64], retain: bool) -> Result<(), sqlx::Error> {
     if seqs.is_empty() {
         return Ok(());
     }
@@ -163,14 +165,14 @@ pub async fn mark_published(pool: &PgPool, seqs: &[i64], retain: bool) -> Result
         .await?;
     if retain {
         sqlx::query(
-            "UPDATE outbox SET state = 'published', published_at = now() \
-             WHERE seq = ANY($1) AND state = 'pending'",
+            schema.sql("UPDATE {{schema}}.messages SET state = 'published', published_at = now() \
+             WHERE seq = ANY($1) AND state = 'pending'"),
         )
         .bind(seqs)
         .execute(&mut *tx)
         .await?;
     } else {
-        sqlx::query("DELETE FROM outbox WHERE seq = ANY($1)")
+        sqlx::query(schema.sql("DELETE FROM {{schema}}.messages WHERE seq = ANY($1)"))
             .bind(seqs)
             .execute(&mut *tx)
             .await?;
@@ -180,9 +182,9 @@ pub async fn mark_published(pool: &PgPool, seqs: &[i64], retain: bool) -> Result
 }
 
 /// Unblocks partitions whose blocking row has now been published.
-pub async fn unblock_published(pool: &PgPool, seqs: &[i64]) -> Result<(), sqlx::Error> {
+pub async fn unblock_published(pool: &PgPool, schema: &Schema, seqs: &[i64]) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE relay_partitions SET blocked_until = NULL, blocked_seq = NULL WHERE blocked_seq = ANY($1)",
+        schema.sql("UPDATE {{schema}}.relay_partitions SET blocked_until = NULL, blocked_seq = NULL WHERE blocked_seq = ANY($1)"),
     )
     .bind(seqs)
     .execute(pool)
@@ -216,6 +218,7 @@ pub enum Charge {
 /// (or unblocks it if the row is now dead, so the rest of the partition moves on).
 pub async fn record_failure(
     pool: &PgPool,
+    schema: &Schema,
     seq: i64,
     partition: i16,
     error: &str,
@@ -230,9 +233,9 @@ pub async fn record_failure(
     };
     let mut tx = pool.begin().await?;
     let state: Option<String> = sqlx::query_scalar(
-        "UPDATE outbox SET attempts = attempts + 1, last_error = $2, last_attempt_at = now(), \
+        schema.sql("UPDATE {{schema}}.messages SET attempts = attempts + 1, last_error = $2, last_attempt_at = now(), \
                 state = CASE WHEN attempts + 1 >= $3 THEN 'dead' ELSE 'pending' END \
-         WHERE seq = $1 AND state = 'pending' RETURNING state",
+         WHERE seq = $1 AND state = 'pending' RETURNING state"),
     )
     .bind(seq)
     .bind(error)
@@ -246,9 +249,9 @@ pub async fn record_failure(
     match failed {
         FailedState::Retry => {
             sqlx::query(
-                "UPDATE relay_partitions \
+                schema.sql("UPDATE {{schema}}.relay_partitions \
                  SET blocked_until = now() + make_interval(secs => $2), blocked_seq = $3 \
-                 WHERE partition = $1",
+                 WHERE partition = $1"),
             )
             .bind(partition)
             .bind(retry_in.as_secs_f64())
@@ -258,8 +261,8 @@ pub async fn record_failure(
         }
         FailedState::Dead => {
             sqlx::query(
-                "UPDATE relay_partitions SET blocked_until = NULL, blocked_seq = NULL \
-                 WHERE partition = $1 AND blocked_seq = $2",
+                schema.sql("UPDATE {{schema}}.relay_partitions SET blocked_until = NULL, blocked_seq = NULL \
+                 WHERE partition = $1 AND blocked_seq = $2"),
             )
             .bind(partition)
             .bind(seq)
@@ -274,14 +277,15 @@ pub async fn record_failure(
 /// Deletes published rows older than the retention, at most `batch` rows per call.
 pub async fn purge_published(
     pool: &PgPool,
+    schema: &Schema,
     older_than: Duration,
     batch: i64,
 ) -> Result<u64, sqlx::Error> {
     let done = sqlx::query(
-        "DELETE FROM outbox WHERE seq IN ( \
-             SELECT seq FROM outbox \
+        schema.sql("DELETE FROM {{schema}}.messages WHERE seq IN ( \
+             SELECT seq FROM {{schema}}.messages \
              WHERE state = 'published' AND published_at < now() - make_interval(secs => $1) \
-             LIMIT $2 FOR UPDATE SKIP LOCKED)",
+             LIMIT $2 FOR UPDATE SKIP LOCKED)"),
     )
     .bind(older_than.as_secs_f64())
     .bind(batch)
@@ -300,13 +304,13 @@ pub struct Backlog {
 
 /// Counts pending and dead rows; the oldest pending age comes from the head of each partition
 /// (64 index probes), not from a scan.
-pub async fn backlog(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
+pub async fn backlog(pool: &PgPool, schema: &Schema) -> Result<Backlog, sqlx::Error> {
     let row = sqlx::query(
-        "SELECT (SELECT count(*) FROM outbox WHERE state = 'pending') AS pending, \
-                (SELECT count(*) FROM outbox WHERE state = 'dead') AS dead, \
+        schema.sql("SELECT (SELECT count(*) FROM {{schema}}.messages WHERE state = 'pending') AS pending, \
+                (SELECT count(*) FROM {{schema}}.messages WHERE state = 'dead') AS dead, \
                 (SELECT extract(epoch FROM now() - min(h.created_at) FILTER (WHERE isfinite(h.created_at)))::float8 FROM generate_series(0, 63) p \
-                 CROSS JOIN LATERAL (SELECT created_at FROM outbox o \
-                     WHERE o.partition = p AND o.state = 'pending' ORDER BY o.seq LIMIT 1) h) AS oldest",
+                 CROSS JOIN LATERAL (SELECT created_at FROM {{schema}}.messages o \
+                     WHERE o.partition = p AND o.state = 'pending' ORDER BY o.seq LIMIT 1) h) AS oldest"),
     )
     .fetch_one(pool)
     .await?;
@@ -333,11 +337,11 @@ pub struct DeadRow {
     pub created_at: Option<DateTime<Utc>>,
 }
 
-pub async fn dead_rows(pool: &PgPool, limit: i64) -> Result<Vec<DeadRow>, sqlx::Error> {
+pub async fn dead_rows(pool: &PgPool, schema: &Schema, limit: i64) -> Result<Vec<DeadRow>, sqlx::Error> {
     let rows = sqlx::query(
-        "SELECT seq, id, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, \
+        schema.sql("SELECT seq, id, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, \
                 CASE WHEN isfinite(created_at) THEN created_at END AS created_at \
-         FROM outbox WHERE state = 'dead' ORDER BY seq LIMIT $1",
+         FROM {{schema}}.messages WHERE state = 'dead' ORDER BY seq LIMIT $1"),
     )
     .bind(limit)
     .fetch_all(pool)
@@ -371,27 +375,28 @@ pub struct Requeued {
 /// Puts dead rows back to pending with fresh attempts (all of them when `ids` is `None`) and wakes
 /// the relays. Rows that still break a publishability rule stay dead (fix them first) and are
 /// reported, so one of them never blocks the rest.
-pub async fn requeue_dead(pool: &PgPool, ids: Option<&[Uuid]>) -> Result<Requeued, sqlx::Error> {
+pub async fn requeue_dead(pool: &PgPool, schema: &Schema, ids: Option<&[Uuid]>) -> Result<Requeued, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let requeued = sqlx::query(
-        "UPDATE outbox SET state = 'pending', attempts = 0 \
+        schema.sql("UPDATE {{schema}}.messages SET state = 'pending', attempts = 0 \
          WHERE state = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1)) \
-           AND outbox_unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) IS NULL",
+           AND {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) IS NULL"),
     )
     .bind(ids)
     .execute(&mut *tx)
     .await?
     .rows_affected();
     let still: Vec<(Uuid, String)> = sqlx::query_as(
-        "SELECT id, outbox_unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) \
-         FROM outbox WHERE state = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1)) \
-           AND outbox_unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) IS NOT NULL \
-         ORDER BY seq",
+        schema.sql("SELECT id, {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) \
+         FROM {{schema}}.messages WHERE state = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1)) \
+           AND {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) IS NOT NULL \
+         ORDER BY seq"),
     )
     .bind(ids)
     .fetch_all(&mut *tx)
     .await?;
-    sqlx::query("SELECT pg_notify('outbox', '')")
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(schema.notify_channel())
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;

@@ -19,6 +19,9 @@ pub struct Connections {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub amqp_url: String,
+    /// The PostgreSQL schema that holds the product's tables and migration history.
+    #[arg(long, env = "OUTBOX_SCHEMA", default_value = crate::schema::DEFAULT)]
+    pub schema: crate::schema::Schema,
     /// The topic exchange events are published to.
     #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox.events")]
     pub exchange: String,

@@ -1,12 +1,11 @@
-//! PostgreSQL connections and the embedded migrations.
+//! PostgreSQL connections, and the product's migrations at start-up.
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 use std::str::FromStr;
 use std::time::Duration;
 
-/// The schema, from `migrations/`, compiled into every binary.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+use crate::schema::Schema;
 
 /// Errors from connecting or migrating.
 #[derive(Debug, thiserror::Error)]
@@ -35,10 +34,12 @@ pub async fn connect(url: &str, max_connections: u32, app_name: &str) -> Result<
         .map_err(DbError::Connect)
 }
 
-/// Applies pending migrations. sqlx holds an advisory lock while migrating, so instances that start
-/// together wait for each other instead of racing.
-pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
-    MIGRATOR.run(pool).await.map_err(DbError::Migrate)
+/// Applies the product's pending migrations in `schema` (see [`crate::migrate`]). sqlx holds an
+/// advisory lock while migrating, so instances that start together wait for each other.
+pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<(), DbError> {
+    crate::migrate::run(pool, schema)
+        .await
+        .map_err(DbError::Migrate)
 }
 
 /// Connects and migrates, retrying with backoff until `deadline` (PostgreSQL may still be starting).
@@ -46,6 +47,7 @@ pub async fn connect_and_migrate(
     url: &str,
     max_connections: u32,
     app_name: &str,
+    schema: &Schema,
     deadline: Duration,
 ) -> Result<PgPool, DbError> {
     let start = tokio::time::Instant::now();
@@ -53,7 +55,7 @@ pub async fn connect_and_migrate(
     loop {
         let result = async {
             let pool = connect(url, max_connections, app_name).await?;
-            migrate(&pool).await?;
+            migrate(&pool, schema).await?;
             Ok::<_, DbError>(pool)
         }
         .await;

@@ -6,7 +6,9 @@
 //! - [`publishable`]: the rules a message must meet to be publishable (AMQP limits, reserved headers),
 //!   the same the outbox table's CHECK constraints and the relay's encoder enforce.
 //! - [`display`]: escaping what CLIs print, so no value can forge operator output.
-//! - [`db`]: connecting to PostgreSQL and applying the embedded migrations (safe with many instances).
+//! - [`schema`]: the product's own PostgreSQL schema (`outbox` by default), validated and quoted.
+//! - [`migrate`]: the product's migrations, applied in that schema with their own history table.
+//! - [`db`]: connecting to PostgreSQL with bounded waits, and migrating at start (safe with many instances).
 //! - [`amqp`]: connecting to RabbitMQ with heartbeats and timeouts, and the header mapping both sides use.
 //! - [`telemetry`]: logging (human or JSON), optional OTLP span export, the Prometheus recorder, and the
 //!   `/metrics`, `/healthz`, `/readyz` server.
@@ -21,8 +23,10 @@ pub mod config;
 pub mod db;
 pub mod display;
 pub mod envelope;
+pub mod migrate;
 pub mod outbox;
 pub mod publishable;
+pub mod schema;
 pub mod shutdown;
 pub mod telemetry;
 pub mod trace;

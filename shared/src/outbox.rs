@@ -8,6 +8,7 @@
 
 use crate::envelope::NewMessage;
 use crate::publishable::MessageError;
+use crate::schema::Schema;
 use uuid::Uuid;
 
 /// Why a message was not added.
@@ -36,31 +37,101 @@ impl From<EnqueueError> for sqlx::Error {
     }
 }
 
-/// Adds one event to the outbox and returns its message id.
+/// The outbox of one installation: where [`Outbox::enqueue`] writes. [`Outbox::default`] (and the
+/// free functions [`enqueue`], [`enqueue_many`]) use the default schema `outbox`; a service that
+/// configures another schema keeps one `Outbox` built from its configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outbox {
+    schema: Schema,
+}
+
+impl Outbox {
+    pub fn new(schema: Schema) -> Self {
+        Self { schema }
+    }
+
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// Adds one event to the outbox and returns its message id.
+    pub async fn enqueue<'e, E>(&self, executor: E, msg: &NewMessage) -> Result<Uuid, EnqueueError>
+    where
+        E: sqlx::PgExecutor<'e>,
+    {
+        msg.check()
+            .map_err(|source| EnqueueError::Invalid { id: msg.id, source })?;
+        sqlx::query(self.schema.sql(
+            "INSERT INTO {{schema}}.messages (id, aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        ))
+        .bind(msg.id)
+        .bind(&msg.aggregate_type)
+        .bind(&msg.aggregate_id)
+        .bind(&msg.event_type)
+        .bind(sqlx::types::Json(&msg.payload))
+        .bind(sqlx::types::Json(&msg.headers))
+        .execute(executor)
+        .await?;
+        Ok(msg.id)
+    }
+
+    /// Adds many events with one statement (one round trip, one NOTIFY) and returns their ids in
+    /// order. Within one aggregate they are published in the order given. All or nothing: one
+    /// invalid message and none is added.
+    pub async fn enqueue_many<'e, E>(
+        &self,
+        executor: E,
+        msgs: &[NewMessage],
+    ) -> Result<Vec<Uuid>, EnqueueError>
+    where
+        E: sqlx::PgExecutor<'e>,
+    {
+        if msgs.is_empty() {
+            return Ok(Vec::new());
+        }
+        for msg in msgs {
+            msg.check()
+                .map_err(|source| EnqueueError::Invalid { id: msg.id, source })?;
+        }
+        let ids: Vec<Uuid> = msgs.iter().map(|m| m.id).collect();
+        let aggregate_types: Vec<&str> = msgs.iter().map(|m| m.aggregate_type.as_str()).collect();
+        let aggregate_ids: Vec<&str> = msgs.iter().map(|m| m.aggregate_id.as_str()).collect();
+        let event_types: Vec<&str> = msgs.iter().map(|m| m.event_type.as_str()).collect();
+        let payloads: Vec<String> = msgs.iter().map(|m| m.payload.to_string()).collect();
+        let headers: Vec<String> = msgs
+            .iter()
+            .map(|m| serde_json::Value::Object(m.headers.clone()).to_string())
+            .collect();
+        // WITH ORDINALITY + ORDER BY keeps the identity (seq) in the order given.
+        sqlx::query(self.schema.sql(
+            "INSERT INTO {{schema}}.messages (id, aggregate_type, aggregate_id, event_type, payload, headers) \
+             SELECT id, aggregate_type, aggregate_id, event_type, payload::jsonb, headers::jsonb \
+             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
+                  WITH ORDINALITY AS t(id, aggregate_type, aggregate_id, event_type, payload, headers, n) \
+             ORDER BY n",
+        ))
+        .bind(&ids)
+        .bind(&aggregate_types)
+        .bind(&aggregate_ids)
+        .bind(&event_types)
+        .bind(&payloads)
+        .bind(&headers)
+        .execute(executor)
+        .await?;
+        Ok(ids)
+    }
+}
+
+/// [`Outbox::enqueue`] into the default schema (`outbox`).
 pub async fn enqueue<'e, E>(executor: E, msg: &NewMessage) -> Result<Uuid, EnqueueError>
 where
     E: sqlx::PgExecutor<'e>,
 {
-    msg.check()
-        .map_err(|source| EnqueueError::Invalid { id: msg.id, source })?;
-    sqlx::query(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(msg.id)
-    .bind(&msg.aggregate_type)
-    .bind(&msg.aggregate_id)
-    .bind(&msg.event_type)
-    .bind(sqlx::types::Json(&msg.payload))
-    .bind(sqlx::types::Json(&msg.headers))
-    .execute(executor)
-    .await?;
-    Ok(msg.id)
+    Outbox::default().enqueue(executor, msg).await
 }
 
-/// Adds many events with one statement (one round trip, one NOTIFY) and returns their ids in order.
-/// Within one aggregate they are published in the order given.
-/// All or nothing: one invalid message and none is added.
+/// [`Outbox::enqueue_many`] into the default schema (`outbox`).
 pub async fn enqueue_many<'e, E>(
     executor: E,
     msgs: &[NewMessage],
@@ -68,39 +139,7 @@ pub async fn enqueue_many<'e, E>(
 where
     E: sqlx::PgExecutor<'e>,
 {
-    if msgs.is_empty() {
-        return Ok(Vec::new());
-    }
-    for msg in msgs {
-        msg.check()
-            .map_err(|source| EnqueueError::Invalid { id: msg.id, source })?;
-    }
-    let ids: Vec<Uuid> = msgs.iter().map(|m| m.id).collect();
-    let aggregate_types: Vec<&str> = msgs.iter().map(|m| m.aggregate_type.as_str()).collect();
-    let aggregate_ids: Vec<&str> = msgs.iter().map(|m| m.aggregate_id.as_str()).collect();
-    let event_types: Vec<&str> = msgs.iter().map(|m| m.event_type.as_str()).collect();
-    let payloads: Vec<String> = msgs.iter().map(|m| m.payload.to_string()).collect();
-    let headers: Vec<String> = msgs
-        .iter()
-        .map(|m| serde_json::Value::Object(m.headers.clone()).to_string())
-        .collect();
-    // WITH ORDINALITY + ORDER BY keeps the identity (seq) in the order given.
-    sqlx::query(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) \
-         SELECT id, aggregate_type, aggregate_id, event_type, payload::jsonb, headers::jsonb \
-         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
-              WITH ORDINALITY AS t(id, aggregate_type, aggregate_id, event_type, payload, headers, n) \
-         ORDER BY n",
-    )
-    .bind(&ids)
-    .bind(&aggregate_types)
-    .bind(&aggregate_ids)
-    .bind(&event_types)
-    .bind(&payloads)
-    .bind(&headers)
-    .execute(executor)
-    .await?;
-    Ok(ids)
+    Outbox::default().enqueue_many(executor, msgs).await
 }
 
 /// Serializes this transaction with every other transaction that locks the same aggregate, until

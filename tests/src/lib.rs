@@ -56,7 +56,8 @@ pub struct TestDb {
 impl TestDb {
     pub async fn new() -> Self {
         let db = Self::new_unmigrated().await;
-        shared::db::migrate(&db.pool)
+        // The product's migrations, then the example application's (schema demo).
+        demo::migrate::run(&db.pool, &shared::schema::Schema::default())
             .await
             .expect("migrate test db");
         db
@@ -475,7 +476,7 @@ pub async fn drain(
 
 /// Number of rows still in the outbox with the given state.
 pub async fn outbox_count(pool: &PgPool, state: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = $1")
+    sqlx::query_scalar("SELECT count(*) FROM outbox.messages WHERE state = $1")
         .bind(state)
         .fetch_one(pool)
         .await

@@ -392,7 +392,7 @@ async fn backlog_alerts_fire_while_the_broker_link_is_cut_and_resolve_when_it_is
         .collect();
     let mut tx = db.pool.begin().await.unwrap();
     shared::outbox::enqueue_many(&mut *tx, &msgs).await.unwrap();
-    sqlx::query("UPDATE outbox SET created_at = now() - interval '1 hour'")
+    sqlx::query("UPDATE outbox.messages SET created_at = now() - interval '1 hour'")
         .execute(&mut *tx)
         .await
         .unwrap();

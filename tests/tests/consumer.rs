@@ -256,7 +256,7 @@ fn payments(n: usize, accounts: usize) -> (Vec<NewMessage>, BTreeMap<String, (i6
 
 async fn ledger(pool: &PgPool) -> BTreeMap<String, (i64, i64)> {
     let rows: Vec<(String, i64, i64)> =
-        sqlx::query_as("SELECT account, balance, updates FROM ledger_balances ORDER BY account")
+        sqlx::query_as("SELECT account, balance, updates FROM demo.ledger_balances ORDER BY account")
             .fetch_all(pool)
             .await
             .unwrap();
@@ -264,14 +264,14 @@ async fn ledger(pool: &PgPool) -> BTreeMap<String, (i64, i64)> {
 }
 
 async fn total_updates(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT COALESCE(sum(updates), 0)::bigint FROM ledger_balances")
+    sqlx::query_scalar("SELECT COALESCE(sum(updates), 0)::bigint FROM demo.ledger_balances")
         .fetch_one(pool)
         .await
         .unwrap()
 }
 
 async fn processed_rows(pool: &PgPool, consumer: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM processed_messages WHERE consumer = $1")
+    sqlx::query_scalar("SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1")
         .bind(consumer)
         .fetch_one(pool)
         .await
@@ -339,8 +339,8 @@ struct ConsumerProcess {
 impl ConsumerProcess {
     fn spawn(db_url: &str, exchange: &str, name: &str, extra: &[&str]) -> Self {
         let metrics = free_addr();
-        let child = Command::new(bin_path("consumer"))
-            .args(["--name", name, "--bind", "payment.captured"])
+        let child = Command::new(bin_path("producer"))
+            .args(["ledger", "--name", name, "--bind", "payment.captured"])
             .args([
                 "--database-url",
                 db_url,
@@ -471,7 +471,7 @@ async fn the_same_message_five_times_is_applied_once() {
     let metrics_addr = free_addr();
     config.metrics_addr = Some(metrics_addr);
     let pool = consumer_pool(&db.url, &config).await;
-    let running = Running::start(config, pool, consumer::ledger::handlers()).await;
+    let running = Running::start(config, pool, demo::ledger::handlers()).await;
     let publisher = Publisher::new(&broker, &exchange).await;
 
     let twice = payment("acct-dup", 42);
@@ -769,7 +769,7 @@ impl Handler for Picky {
             Some("down") => return Err(HandlerError::transient("dependency is down")),
             _ => {}
         }
-        consumer::ledger::Ledger.handle(tx, msg).await
+        demo::ledger::Ledger.handle(tx, msg).await
     }
 }
 
@@ -1004,7 +1004,7 @@ async fn unknown_event_types_are_ignored_or_dead_lettered_in_strict_mode() {
         config.bindings = vec!["#".into()];
         config.strict = is_strict;
         let pool = consumer_pool(&db.url, &config).await;
-        running.push(Running::start(config, pool, consumer::ledger::handlers()).await);
+        running.push(Running::start(config, pool, demo::ledger::handlers()).await);
     }
     let publisher = Publisher::new(&broker, &exchange).await;
     publisher
@@ -1045,7 +1045,7 @@ async fn a_database_outage_is_waited_out_without_dead_letters() {
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let config = test_config(&name, &exchange);
     let pool = consumer_pool(&db.url_via(proxy.addr), &config).await;
-    let running = Running::start(config, pool, consumer::ledger::handlers()).await;
+    let running = Running::start(config, pool, demo::ledger::handlers()).await;
     let publisher = Publisher::new(&broker, &exchange).await;
 
     let (msgs, expected) = payments(400, 9);
@@ -1096,7 +1096,7 @@ async fn a_cut_broker_link_is_reconnected_and_nothing_is_applied_twice() {
     let mut config = test_config(&name, &exchange);
     config.amqp_url = format!("amqp://guest:guest@{}/%2f", proxy.addr);
     let pool = consumer_pool(&db.url, &config).await;
-    let running = Running::start(config, pool, consumer::ledger::handlers()).await;
+    let running = Running::start(config, pool, demo::ledger::handlers()).await;
     let publisher = Publisher::new(&broker, &exchange).await; // direct, not through the proxy
 
     let (msgs, expected) = payments(400, 7);
@@ -1134,7 +1134,7 @@ async fn retention_deletes_old_rows_in_batches_one_instance_at_a_time() {
     let db = TestDb::new().await;
     let week = Duration::from_secs(7 * 24 * 3600);
     sqlx::query(
-        "INSERT INTO processed_messages (consumer, message_id, processed_at) \
+        "INSERT INTO outbox.processed_messages (consumer, message_id, processed_at) \
          SELECT c, gen_random_uuid(), now() - age FROM (VALUES \
            ('a', interval '8 days', 2500), ('a', interval '1 day', 10), ('b', interval '30 days', 5) \
          ) v(c, age, n), generate_series(1, n)",
@@ -1152,13 +1152,13 @@ async fn retention_deletes_old_rows_in_batches_one_instance_at_a_time() {
         .await
         .unwrap();
     assert_eq!(
-        sweep(&db.pool, "a", week, 1000, &never).await.unwrap(),
+        sweep(&db.pool, &Default::default(), "a", week, 1000, &never).await.unwrap(),
         Sweep::Busy
     );
     other.rollback().await.unwrap();
 
     assert_eq!(
-        sweep(&db.pool, "a", week, 1000, &never).await.unwrap(),
+        sweep(&db.pool, &Default::default(), "a", week, 1000, &never).await.unwrap(),
         Sweep::Deleted(2500)
     );
     assert_eq!(processed_rows(&db.pool, "a").await, 10, "recent rows stay");
@@ -1168,7 +1168,7 @@ async fn retention_deletes_old_rows_in_batches_one_instance_at_a_time() {
         "other consumers' rows are theirs to sweep"
     );
     assert_eq!(
-        sweep(&db.pool, "a", week, 1000, &never).await.unwrap(),
+        sweep(&db.pool, &Default::default(), "a", week, 1000, &never).await.unwrap(),
         Sweep::Deleted(0)
     );
 }
@@ -1206,7 +1206,7 @@ async fn end_to_end_with_a_relay_killed_mid_stream_balances_are_exact() {
     let config = test_config(&name, &exchange);
     let pool = consumer_pool(&db.url, &config).await;
     // The consumer first: its queue is bound before anything is published.
-    let running = Running::start(config, pool, consumer::ledger::handlers()).await;
+    let running = Running::start(config, pool, demo::ledger::handlers()).await;
 
     let mut doomed = spawn_relay(&db.url, &exchange);
     let mut survivor = spawn_relay(&db.url, &exchange);

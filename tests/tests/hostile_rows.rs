@@ -51,7 +51,7 @@ async fn insert_sql(
     created_at: Option<&str>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at) \
+        "INSERT INTO outbox.messages (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6::jsonb, coalesce($7::timestamptz, now()))",
     )
     .bind(m.id)
@@ -186,7 +186,7 @@ async fn the_door_refuses_what_can_never_be_published_with_named_reasons() {
             }
         }
     }
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages")
         .fetch_one(&db.pool)
         .await
         .unwrap();
@@ -222,7 +222,7 @@ fn spawn_relay(db_url: &str, exchange: &str, metrics: std::net::SocketAddr) -> C
 async fn drop_the_door(pool: &sqlx::PgPool) {
     for c in CONSTRAINTS {
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "ALTER TABLE outbox DROP CONSTRAINT {c}"
+            "ALTER TABLE outbox.messages DROP CONSTRAINT {c}"
         )))
         .execute(pool)
         .await
@@ -313,7 +313,7 @@ fn assert_once_each_in_order(received: &[Received], good: &[NewMessage]) {
 }
 
 async fn assert_dead_with_reasons(pool: &sqlx::PgPool, bad: &HashMap<uuid::Uuid, &'static str>) {
-    let dead = relay::store::dead_rows(pool, 1000).await.unwrap();
+    let dead = relay::store::dead_rows(pool, &Default::default(), 1000).await.unwrap();
     let by_id: HashMap<uuid::Uuid, &relay::store::DeadRow> =
         dead.iter().map(|d| (d.id, d)).collect();
     for (id, constraint) in bad {
@@ -345,7 +345,7 @@ async fn rows_past_the_door_go_dead_while_the_same_relay_publishes_everything_el
     // A relay started with the bad rows already there (the crash-loop case) drains the rest.
     let aggregates = refused_cases().len() + 8;
     let (good, bad) = produce_mixed(&db.pool, aggregates, 5, 0).await;
-    let partitions: i64 = sqlx::query_scalar("SELECT count(DISTINCT partition) FROM outbox")
+    let partitions: i64 = sqlx::query_scalar("SELECT count(DISTINCT partition) FROM outbox.messages")
         .fetch_one(&db.pool)
         .await
         .unwrap();
@@ -406,7 +406,7 @@ async fn control_characters_cannot_forge_lines_in_relay_dead_list() {
     let mut m = msg(forged, "thing.ok\r\nnext", 0);
     m.aggregate_type = "t\u{1b}[2J".to_string();
     shared::outbox::enqueue(&db.pool, &m).await.unwrap();
-    sqlx::query("UPDATE outbox SET state = 'dead', attempts = 1, last_error = 'boom\nfake line'")
+    sqlx::query("UPDATE outbox.messages SET state = 'dead', attempts = 1, last_error = 'boom\nfake line'")
         .execute(&db.pool)
         .await
         .unwrap();
@@ -460,7 +460,7 @@ async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
 
     let huge = msg("huge", "thing.ok", 0);
     sqlx::query(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+        "INSERT INTO outbox.messages (id, aggregate_type, aggregate_id, event_type, payload) \
          VALUES ($1, 'test', 'huge', 'thing.ok', to_jsonb(repeat('x', 135000000)))",
     )
     .bind(huge.id)
@@ -517,7 +517,7 @@ async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
         || async { (outbox_count(&db.pool, "dead").await == 1).then_some(()) },
     )
     .await;
-    let dead = relay::store::dead_rows(&db.pool, 10).await.unwrap();
+    let dead = relay::store::dead_rows(&db.pool, &Default::default(), 10).await.unwrap();
     assert_eq!(dead[0].id, huge.id);
     assert_eq!(dead[0].attempts, 2);
     let error = dead[0].last_error.as_deref().unwrap_or_default();
@@ -567,7 +567,7 @@ fn rust_and_sql_agree_on_which_headers_are_publishable() {
             let rust = shared::publishable::check_headers(&map);
             let sql: Option<String> = rt.block_on(async {
                 sqlx::query_scalar(
-                    "SELECT outbox_unpublishable_reason('e', 't', 'a', now(), $1::jsonb)",
+                    "SELECT outbox.unpublishable_reason('e', 't', 'a', now(), $1::jsonb)",
                 )
                 .bind(serde_json::to_string(&map).unwrap())
                 .fetch_one(&db.pool)

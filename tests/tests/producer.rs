@@ -2,8 +2,8 @@
 
 use chrono::Utc;
 use futures::future::join_all;
-use producer::idempotency::{hash_key, mark_replayed};
-use producer::{AppState, FaultHook, InjectedFault, ManualClock, Settings, Stage};
+use demo::idempotency::{hash_key, mark_replayed};
+use demo::{AppState, FaultHook, InjectedFault, ManualClock, Settings, Stage};
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -78,10 +78,10 @@ impl Resp {
 
 async fn start(opts: Options) -> Api {
     let db = TestDb::new().await;
-    let a = producer::auth::create_api_key(&db.pool, "acme")
+    let a = demo::auth::create_api_key(&db.pool, "acme")
         .await
         .expect("create key");
-    let b = producer::auth::create_api_key(&db.pool, "globex")
+    let b = demo::auth::create_api_key(&db.pool, "globex")
         .await
         .expect("create key");
     let mut state = AppState::new(db.pool.clone(), opts.settings);
@@ -92,7 +92,7 @@ async fn start(opts: Options) -> Api {
         state = state.with_fault_hook(hook);
     }
     let shutdown = CancellationToken::new();
-    let server = producer::start(state, "127.0.0.1:0".parse().unwrap(), shutdown.clone())
+    let server = demo::start(state, "127.0.0.1:0".parse().unwrap(), shutdown.clone())
         .await
         .expect("start producer");
     let base = format!("http://{}", server.local_addr());
@@ -266,22 +266,22 @@ async fn concurrent_identical(payments: bool, n: usize) {
     assert_eq!(replays + conflicts, n - 1);
     eprintln!("{n} concurrent requests: 1 fresh, {replays} replays, {conflicts} conflicts");
     if payments {
-        assert_eq!(api.count("SELECT count(*) FROM payments").await, 1);
+        assert_eq!(api.count("SELECT count(*) FROM demo.payments").await, 1);
         assert_eq!(
-            api.count("SELECT count(*) FROM outbox WHERE event_type = 'payment.requested'")
+            api.count("SELECT count(*) FROM outbox.messages WHERE event_type = 'payment.requested'")
                 .await,
             1
         );
     } else {
-        assert_eq!(api.count("SELECT count(*) FROM orders").await, 1);
+        assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 1);
         assert_eq!(
-            api.count("SELECT count(*) FROM outbox WHERE event_type = 'order.placed'")
+            api.count("SELECT count(*) FROM outbox.messages WHERE event_type = 'order.placed'")
                 .await,
             1
         );
     }
     assert_eq!(
-        api.count("SELECT count(*) FROM idempotency_keys WHERE status = 'processing'")
+        api.count("SELECT count(*) FROM outbox.idempotency_keys WHERE status = 'processing'")
             .await,
         0
     );
@@ -365,11 +365,11 @@ async fn replay_is_byte_identical_and_other_payloads_are_rejected() {
     without_marker.as_object_mut().unwrap().remove("replayed");
     assert_eq!(got.json(), without_marker);
 
-    assert_eq!(api.count("SELECT count(*) FROM orders").await, 1);
-    assert_eq!(api.count("SELECT count(*) FROM order_items").await, 1);
-    assert_eq!(api.count("SELECT count(*) FROM outbox").await, 1);
+    assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 1);
+    assert_eq!(api.count("SELECT count(*) FROM demo.order_items").await, 1);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.messages").await, 1);
     assert_eq!(
-        api.count("SELECT count(*) FROM idempotency_keys WHERE status = 'completed'")
+        api.count("SELECT count(*) FROM outbox.idempotency_keys WHERE status = 'completed'")
             .await,
         1
     );
@@ -418,14 +418,14 @@ async fn definitive_business_errors_are_stored_and_replayed() {
         .await;
     assert_eq!(r.status, 404, "{}", r.body);
 
-    assert_eq!(api.count("SELECT count(*) FROM payments").await, 0);
+    assert_eq!(api.count("SELECT count(*) FROM demo.payments").await, 0);
     assert_eq!(
-        api.count("SELECT count(*) FROM outbox WHERE event_type = 'payment.requested'")
+        api.count("SELECT count(*) FROM outbox.messages WHERE event_type = 'payment.requested'")
             .await,
         0
     );
     assert_eq!(
-        api.count("SELECT count(*) FROM idempotency_keys WHERE status = 'failed'")
+        api.count("SELECT count(*) FROM outbox.idempotency_keys WHERE status = 'failed'")
             .await,
         3
     );
@@ -468,8 +468,8 @@ async fn keys_are_scoped_by_tenant_and_operation() {
     assert_eq!(hidden.status, 404);
     assert_error_shape(&hidden);
 
-    assert_eq!(api.count("SELECT count(*) FROM orders").await, 2);
-    assert_eq!(api.count("SELECT count(*) FROM idempotency_keys").await, 3);
+    assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 2);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -501,8 +501,8 @@ async fn idempotency_key_rules() {
         .await;
     assert_eq!(two.status, 400);
     assert_error_shape(&two);
-    assert_eq!(api.count("SELECT count(*) FROM idempotency_keys").await, 0);
-    assert_eq!(api.count("SELECT count(*) FROM orders").await, 0);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 0);
+    assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 0);
 
     // SQL in a key is just bytes: stored (hashed) literally, replayed, nothing dropped.
     let sql_key = "'; DROP TABLE orders; --";
@@ -514,12 +514,12 @@ async fn idempotency_key_rules() {
         .post("/orders", Some(&api.a), Some(sql_key), ORDER)
         .await;
     assert!(replay.replayed());
-    let stored: Vec<u8> = sqlx::query_scalar("SELECT key_hash FROM idempotency_keys")
+    let stored: Vec<u8> = sqlx::query_scalar("SELECT key_hash FROM outbox.idempotency_keys")
         .fetch_one(&api.db.pool)
         .await
         .unwrap();
     assert_eq!(stored, hash_key(sql_key).0.to_vec());
-    assert_eq!(api.count("SELECT count(*) FROM orders").await, 1);
+    assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 1);
 
     // 255 printable characters are fine.
     let longest = "k".repeat(255);
@@ -558,9 +558,9 @@ async fn failure_before_effect_releases_the_key(stage: Stage, panic: bool) {
     assert_eq!(failed.status, 500, "{}", failed.body);
     assert_eq!(failed.json(), json!({"error": "internal server error"}));
     // Released: no record, no effect.
-    assert_eq!(api.count("SELECT count(*) FROM idempotency_keys").await, 0);
-    assert_eq!(api.count("SELECT count(*) FROM orders").await, 0);
-    assert_eq!(api.count("SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 0);
+    assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 0);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.messages").await, 0);
 
     let retry = api
         .post("/orders", Some(&api.a), Some("retry-me"), ORDER)
@@ -575,8 +575,8 @@ async fn failure_before_effect_releases_the_key(stage: Stage, panic: bool) {
         .post("/orders", Some(&api.a), Some("retry-me"), ORDER)
         .await;
     assert_eq!((replay.status, replay.replayed()), (201, true));
-    assert_eq!(api.count("SELECT count(*) FROM orders").await, 1);
-    assert_eq!(api.count("SELECT count(*) FROM outbox").await, 1);
+    assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 1);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.messages").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -665,8 +665,8 @@ async fn in_flight_conflict_lease_takeover_and_fencing() {
     assert_eq!(late.status, 409, "{}", late.body);
     assert_error_shape(&late);
 
-    assert_eq!(api.count("SELECT count(*) FROM orders").await, 1);
-    assert_eq!(api.count("SELECT count(*) FROM outbox").await, 1);
+    assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 1);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.messages").await, 1);
     let replay = api.post("/orders", Some(&api.a), Some("held"), ORDER).await;
     assert_eq!(
         (replay.status, replay.body.clone()),
@@ -716,7 +716,7 @@ async fn expired_keys_count_as_new() {
         anew.body
     );
     assert_ne!(anew.json()["id"], first.json()["id"]);
-    assert_eq!(api.count("SELECT count(*) FROM orders").await, 2);
+    assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 2);
 
     // The renewed record is in force again: another payload is a mismatch...
     let other = ORDER.replace("cust-1", "cust-9");
@@ -732,7 +732,7 @@ async fn expired_keys_count_as_new() {
         .post("/orders", Some(&api.a), Some("daily"), &other)
         .await;
     assert_eq!((r.status, r.replayed()), (201, false), "{}", r.body);
-    assert_eq!(api.count("SELECT count(*) FROM idempotency_keys").await, 1);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 1);
 
     let metrics = api.get("/metrics", None).await.body;
     assert!(
@@ -794,7 +794,7 @@ async fn purge_deletes_expired_final_records_in_batches_and_skips_processing_and
     let payment_id: Uuid = r.json()["id"].as_str().unwrap().parse().unwrap();
     // An abandoned reservation: its holder died long ago and nobody retried.
     sqlx::query(
-        "INSERT INTO idempotency_keys (tenant, operation, key_hash, fingerprint, status, lease_token, \
+        "INSERT INTO outbox.idempotency_keys (scope, operation, key_hash, fingerprint, status, lease_token, \
              lease_expires_at, created_at, updated_at, expires_at) \
          VALUES ('acme', 'create_order', $1, $1, 'processing', $2, $3, $4, $4, $5)",
     )
@@ -810,14 +810,14 @@ async fn purge_deletes_expired_final_records_in_batches_and_skips_processing_and
     let purge = |batch: u32, max_batches: u32| {
         let (pool, now) = (api.db.pool.clone(), clock.now());
         async move {
-            producer::idempotency::purge_expired(&pool, now, ttl, batch, max_batches)
+            demo::idempotency::purge_expired(&pool, &Default::default(), now, ttl, batch, max_batches)
                 .await
                 .unwrap()
         }
     };
     // Nothing has expired yet except the abandoned reservation.
     assert_eq!(purge(1, 100).await, 1);
-    assert_eq!(api.count("SELECT count(*) FROM idempotency_keys").await, 4);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 4);
 
     clock.advance(ttl + Duration::from_secs(1));
     assert_eq!(
@@ -826,20 +826,20 @@ async fn purge_deletes_expired_final_records_in_batches_and_skips_processing_and
         "completed and failed go, one per batch"
     );
     let left: Vec<String> =
-        sqlx::query_scalar("SELECT status FROM idempotency_keys ORDER BY status")
+        sqlx::query_scalar("SELECT status FROM outbox.idempotency_keys ORDER BY status")
             .fetch_all(&api.db.pool)
             .await
             .unwrap();
     assert_eq!(left, ["pending", "processing"]);
 
     // The downstream charge settles the payment: its record completes and can go.
-    sqlx::query("UPDATE payments SET status = 'succeeded' WHERE id = $1")
+    sqlx::query("UPDATE demo.payments SET status = 'succeeded' WHERE id = $1")
         .bind(payment_id)
         .execute(&api.db.pool)
         .await
         .unwrap();
     assert_eq!(purge(10, 10).await, 1);
-    let left: Vec<String> = sqlx::query_scalar("SELECT status FROM idempotency_keys")
+    let left: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox.idempotency_keys")
         .fetch_all(&api.db.pool)
         .await
         .unwrap();
@@ -848,7 +848,7 @@ async fn purge_deletes_expired_final_records_in_batches_and_skips_processing_and
     // Bounded: batch size times batches per run.
     for i in 0..5 {
         sqlx::query(
-            "INSERT INTO idempotency_keys (tenant, operation, key_hash, fingerprint, status, response_status, \
+            "INSERT INTO outbox.idempotency_keys (scope, operation, key_hash, fingerprint, status, response_status, \
                  response_body, created_at, updated_at, expires_at) \
              VALUES ('acme', 'create_order', $1, $1, 'completed', 201, '{}', $2, $2, $3)",
         )
@@ -883,12 +883,12 @@ async fn background_purge_removes_expired_records() {
     })
     .await;
     api.order("soon-gone").await;
-    assert_eq!(api.count("SELECT count(*) FROM idempotency_keys").await, 1);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 1);
     clock.advance(Duration::from_secs(61));
     wait_until(
         "the purge task to delete the expired record",
         Duration::from_secs(10),
-        || async { (api.count("SELECT count(*) FROM idempotency_keys").await == 0).then_some(()) },
+        || async { (api.count("SELECT count(*) FROM outbox.idempotency_keys").await == 0).then_some(()) },
     )
     .await;
     let metrics = api.get("/metrics", None).await.body;
@@ -962,7 +962,7 @@ async fn amount_and_currency_validation_matrix() {
     }
     // Validation errors happen before reservation: nothing was stored for them.
     assert_eq!(
-        api.count("SELECT count(*) FROM idempotency_keys WHERE operation = 'create_payment'")
+        api.count("SELECT count(*) FROM outbox.idempotency_keys WHERE operation = 'create_payment'")
             .await,
         0
     );
@@ -1053,7 +1053,7 @@ async fn amount_and_currency_validation_matrix() {
         assert_error_shape(&r);
     }
     assert_eq!(
-        api.count("SELECT count(*) FROM idempotency_keys WHERE operation = 'create_payment'")
+        api.count("SELECT count(*) FROM outbox.idempotency_keys WHERE operation = 'create_payment'")
             .await,
         0
     );
@@ -1073,21 +1073,21 @@ async fn amount_and_currency_validation_matrix() {
             .await;
         assert_eq!(r.status, 202, "{}", r.body);
     }
-    assert_eq!(api.count("SELECT count(*) FROM payments").await, 3);
+    assert_eq!(api.count("SELECT count(*) FROM demo.payments").await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_requests_get_401_and_store_nothing() {
     let api = start(Options::default()).await;
-    let revoked = producer::auth::create_api_key(&api.db.pool, "acme")
+    let revoked = demo::auth::create_api_key(&api.db.pool, "acme")
         .await
         .unwrap();
-    sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1")
-        .bind(&producer::auth::hash_api_key(&revoked)[..])
+    sqlx::query("UPDATE demo.api_keys SET revoked_at = now() WHERE key_hash = $1")
+        .bind(&demo::auth::hash_api_key(&revoked)[..])
         .execute(&api.db.pool)
         .await
         .unwrap();
-    let bogus = producer::auth::generate_api_key();
+    let bogus = demo::auth::generate_api_key();
     for key in [None, Some(bogus.as_str()), Some(""), Some(revoked.as_str())] {
         let r = api.post("/orders", key, Some("k"), ORDER).await;
         assert_eq!(r.status, 401, "{key:?}: {}", r.body);
@@ -1108,8 +1108,8 @@ async fn unauthenticated_requests_get_401_and_store_nothing() {
         )
         .await;
     assert_eq!(basic.status, 401);
-    assert_eq!(api.count("SELECT count(*) FROM idempotency_keys").await, 0);
-    assert_eq!(api.count("SELECT count(*) FROM orders").await, 0);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 0);
+    assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1130,7 +1130,7 @@ async fn oversized_bodies_get_413() {
     let r = api.post("/orders", Some(&api.a), Some("big"), &huge).await;
     assert_eq!(r.status, 413, "{}", r.body);
     assert_error_shape(&r);
-    assert_eq!(api.count("SELECT count(*) FROM idempotency_keys").await, 0);
+    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 0);
     // Under the limit is fine.
     assert_eq!(
         api.post("/orders", Some(&api.a), Some("small"), ORDER)
@@ -1158,7 +1158,7 @@ async fn events_carry_trace_context_and_tenant_and_payments_are_asynchronous() {
     assert_eq!(r.status, 201);
     let order_id = r.json()["id"].as_str().unwrap().to_owned();
     let (aggregate_type, aggregate_id, payload, headers): (String, String, Value, Value) = sqlx::query_as(
-        "SELECT aggregate_type, aggregate_id, payload, headers FROM outbox WHERE event_type = 'order.placed'",
+        "SELECT aggregate_type, aggregate_id, payload, headers FROM outbox.messages WHERE event_type = 'order.placed'",
     )
     .fetch_one(&api.db.pool)
     .await
@@ -1171,7 +1171,7 @@ async fn events_carry_trace_context_and_tenant_and_payments_are_asynchronous() {
     assert_eq!(payload["tenant"], json!("acme"));
     assert_eq!(headers["tenant"], json!("acme"));
     let tp = headers["traceparent"].as_str().unwrap();
-    let parent = producer::trace_context::parse(tp).expect("valid traceparent");
+    let parent = demo::trace_context::parse(tp).expect("valid traceparent");
     assert_eq!(parent.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
     assert_ne!(tp, incoming, "a new span id for this hop");
 
@@ -1200,7 +1200,7 @@ async fn events_carry_trace_context_and_tenant_and_payments_are_asynchronous() {
     assert_eq!(got.json()["status"], json!("pending"));
     assert_eq!(api.get(&location, Some(&api.b)).await.status, 404);
     let (aggregate_type, aggregate_id, headers): (String, String, Value) = sqlx::query_as(
-        "SELECT aggregate_type, aggregate_id, headers FROM outbox WHERE event_type = 'payment.requested'",
+        "SELECT aggregate_type, aggregate_id, headers FROM outbox.messages WHERE event_type = 'payment.requested'",
     )
     .fetch_one(&api.db.pool)
     .await
@@ -1209,7 +1209,7 @@ async fn events_carry_trace_context_and_tenant_and_payments_are_asynchronous() {
     assert_eq!(aggregate_id, accepted["id"].as_str().unwrap());
     let tp = headers["traceparent"].as_str().unwrap();
     assert_ne!(
-        producer::trace_context::parse(tp)
+        demo::trace_context::parse(tp)
             .expect("valid traceparent")
             .trace_id,
         parent.trace_id
@@ -1316,12 +1316,12 @@ async fn api_key_create_command_prints_one_key_that_works() {
         "{key}"
     );
     assert_eq!(
-        api.count("SELECT count(*) FROM api_keys WHERE tenant = 'initech'")
+        api.count("SELECT count(*) FROM demo.api_keys WHERE tenant = 'initech'")
             .await,
         1
     );
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM api_keys WHERE key_hash = $1")
-        .bind(&producer::auth::hash_api_key(key)[..])
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM demo.api_keys WHERE key_hash = $1")
+        .bind(&demo::auth::hash_api_key(key)[..])
         .fetch_one(&api.db.pool)
         .await
         .unwrap();

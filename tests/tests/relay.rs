@@ -30,6 +30,7 @@ fn config(db_url: &str, amqp_url: &str, exchange: &str, options: RelayOptions) -
     RelayConfig {
         connections: Connections {
             database_url: db_url.to_string(),
+            schema: Default::default(),
             amqp_url: amqp_url.to_string(),
             exchange: exchange.to_string(),
             metrics_addr: free_addr(),
@@ -259,7 +260,7 @@ async fn the_plain_sql_contract_works_for_any_language() {
     let mut rx = collect_queue(&conn, &exchange, &queue, &["order.*"]).await;
 
     let mut tx = db.pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4::jsonb)")
+    sqlx::query("INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4::jsonb)")
         .bind("order")
         .bind("o-1")
         .bind("order.placed")
@@ -269,7 +270,7 @@ async fn the_plain_sql_contract_works_for_any_language() {
         .unwrap();
     let given = uuid::Uuid::new_v4();
     sqlx::query(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) \
+        "INSERT INTO outbox.messages (id, aggregate_type, aggregate_id, event_type, payload, headers) \
          VALUES ($1, 'order', 'o-1', 'order.paid', '{\"paid\": true}'::jsonb, '{\"tenant\": \"acme\"}'::jsonb)",
     )
     .bind(given)
@@ -307,7 +308,7 @@ async fn three_relays_publish_10k_rows_once_each_in_aggregate_order() {
         .collect();
 
     wait_until("migrated", Duration::from_secs(30), || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM relay_partitions")
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox.relay_partitions")
             .fetch_one(&db.pool)
             .await
             .ok()
@@ -379,7 +380,7 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
         Duration::from_secs(30),
         || async {
             let owners: i64 = sqlx::query_scalar(
-                "SELECT count(DISTINCT owner) FROM relay_partitions WHERE owner IS NOT NULL",
+                "SELECT count(DISTINCT owner) FROM outbox.relay_partitions WHERE owner IS NOT NULL",
             )
             .fetch_one(&db.pool)
             .await
@@ -412,7 +413,7 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
         received.push(r);
     }
     let owner: Vec<Option<String>> =
-        sqlx::query_scalar("SELECT DISTINCT owner FROM relay_partitions")
+        sqlx::query_scalar("SELECT DISTINCT owner FROM outbox.relay_partitions")
             .fetch_all(&db.pool)
             .await
             .unwrap();
@@ -458,7 +459,7 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
     // While the broker is unreachable nothing may be marked: what is gone from the outbox was received.
     ids.extend(produce(&db.pool, 20, 50..70, 100).await);
     let gone_while_down: Vec<uuid::Uuid> = {
-        let left: HashSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox")
+        let left: HashSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox.messages")
             .fetch_all(&db.pool)
             .await
             .unwrap()
@@ -606,7 +607,7 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         (outbox_count(&db.pool, "dead").await == 2).then_some(())
     })
     .await;
-    let dead = relay::store::dead_rows(&db.pool, 10).await.unwrap();
+    let dead = relay::store::dead_rows(&db.pool, &Default::default(), 10).await.unwrap();
     let by_id: HashMap<uuid::Uuid, &relay::store::DeadRow> =
         dead.iter().map(|d| (d.id, d)).collect();
     assert_eq!(by_id[&unroutable].attempts, 3);
@@ -674,7 +675,7 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         nacked.to_string()
     );
     wait_until("outbox empty", Duration::from_secs(10), || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages")
             .fetch_one(&db.pool)
             .await
             .unwrap();
@@ -708,12 +709,12 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
         .unwrap();
     tx.commit().await.unwrap();
     let x_partition: i16 =
-        sqlx::query_scalar("SELECT partition FROM outbox WHERE aggregate_id = 'x' LIMIT 1")
+        sqlx::query_scalar("SELECT partition FROM outbox.messages WHERE aggregate_id = 'x' LIMIT 1")
             .fetch_one(&db.pool)
             .await
             .unwrap();
     let same_partition: HashSet<String> = sqlx::query_scalar(
-        "SELECT aggregate_id FROM outbox WHERE partition = $1 AND aggregate_id <> 'x'",
+        "SELECT aggregate_id FROM outbox.messages WHERE partition = $1 AND aggregate_id <> 'x'",
     )
     .bind(x_partition)
     .fetch_all(&db.pool)
@@ -753,7 +754,7 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
     }
     wait_until("x.1 retried", Duration::from_secs(20), || async {
         let attempts: i32 = sqlx::query_scalar(
-            "SELECT attempts FROM outbox WHERE aggregate_id = 'x' AND event_type = 'thing.later'",
+            "SELECT attempts FROM outbox.messages WHERE aggregate_id = 'x' AND event_type = 'thing.later'",
         )
         .fetch_one(&db.pool)
         .await
@@ -821,7 +822,7 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
 
     // Stopped at a safe point: every row gone from the outbox was published, nothing twice.
     received.extend(drain(&mut rx, Duration::from_millis(500)).await);
-    let left: HashSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox")
+    let left: HashSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox.messages")
         .fetch_all(&db.pool)
         .await
         .unwrap()
@@ -845,7 +846,7 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
     );
     // Partitions were handed back at once.
     let owned: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL")
+        sqlx::query_scalar("SELECT count(*) FROM outbox.relay_partitions WHERE owner IS NOT NULL")
             .fetch_one(&db.pool)
             .await
             .unwrap();
@@ -891,7 +892,7 @@ async fn published_rows_are_kept_for_the_retention_then_removed() {
     .await;
     // ...and removed by the sweep once the retention has passed.
     wait_until("published rows purged", Duration::from_secs(30), || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages")
             .fetch_one(&db.pool)
             .await
             .unwrap();
@@ -954,7 +955,7 @@ async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_b
         Duration::from_secs(10),
         || async {
             let owned: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM relay_partitions WHERE owner IS NOT NULL")
+                sqlx::query_scalar("SELECT count(*) FROM outbox.relay_partitions WHERE owner IS NOT NULL")
                     .fetch_one(&db.pool)
                     .await
                     .unwrap();
@@ -971,7 +972,7 @@ async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_b
         .unwrap();
     assert!(status.success(), "{status:?}");
     // Nothing unconfirmed was marked: every stuck row is still in the outbox.
-    let left: HashSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox")
+    let left: HashSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox.messages")
         .fetch_all(&db.pool)
         .await
         .unwrap()

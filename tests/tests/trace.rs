@@ -76,8 +76,9 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
         .unwrap();
     tx.commit().await.unwrap();
 
-    let consumer = Command::new(bin_path("consumer"))
+    let consumer = Command::new(bin_path("producer"))
         .args([
+            "ledger",
             "--name",
             &name,
             "--bind",

@@ -22,6 +22,8 @@ pub mod error;
 pub mod http;
 pub mod idempotency;
 pub mod internal_events;
+pub mod ledger;
+pub mod migrate;
 pub mod openapi;
 pub mod orders;
 pub mod payments;
@@ -55,15 +57,31 @@ pub enum ProducerError {
     Join(#[source] tokio::task::JoinError),
 }
 
-/// Connects (retrying until the deadline), applies the migrations, and serves until `shutdown`.
-pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), ProducerError> {
+/// Connects (retrying until the deadline) and applies the product's migrations, then the example
+/// application's (schema `demo`).
+pub async fn connect_and_migrate(
+    config: &Config,
+    max_connections: u32,
+    app_name: &str,
+) -> Result<sqlx::PgPool, shared::db::DbError> {
     let pool = shared::db::connect_and_migrate(
         &config.database_url,
-        config.db_max_connections,
-        "producer",
+        max_connections,
+        app_name,
+        &config.schema,
         Duration::from_secs(config.db_connect_deadline_secs),
     )
     .await?;
+    migrate::migrator(&config.schema)
+        .run(&pool)
+        .await
+        .map_err(shared::db::DbError::Migrate)?;
+    Ok(pool)
+}
+
+/// Connects (retrying until the deadline), applies the migrations, and serves until `shutdown`.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), ProducerError> {
+    let pool = connect_and_migrate(&config, config.db_max_connections, "producer").await?;
     let state = AppState::new(pool.clone(), config.settings());
     let server = start(state, config.listen_addr, shutdown).await?;
     tracing::info!(addr = %server.local_addr(), "producer API listening");

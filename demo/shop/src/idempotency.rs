@@ -28,6 +28,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use shared::schema::Schema;
 use sqlx::{PgConnection, PgPool};
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
@@ -221,6 +222,7 @@ pub struct StoredResponse {
 /// What a record is keyed by.
 #[derive(Debug, Clone)]
 pub(crate) struct Scope {
+    pub schema: Schema,
     pub tenant: String,
     pub operation: Operation,
     pub key: KeyHash,
@@ -278,11 +280,11 @@ pub(crate) async fn reserve(
     let expires_at = add(now, settings.idempotency_ttl);
     for _ in 0..RESERVE_ATTEMPTS {
         let inserted = sqlx::query(
-            "INSERT INTO idempotency_keys \
-                 (tenant, operation, key_hash, fingerprint, status, lease_token, lease_expires_at, \
+            scope.schema.sql("INSERT INTO {{schema}}.idempotency_keys \
+                 (scope, operation, key_hash, fingerprint, status, lease_token, lease_expires_at, \
                   created_at, updated_at, expires_at) \
              VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $7, $8) \
-             ON CONFLICT (tenant, operation, key_hash) DO NOTHING",
+             ON CONFLICT (scope, operation, key_hash) DO NOTHING"),
         )
         .bind(&scope.tenant)
         .bind(scope.operation.as_str())
@@ -303,9 +305,9 @@ pub(crate) async fn reserve(
         }
 
         let row: Option<RecordRow> = sqlx::query_as(
-            "SELECT fingerprint, status, response_status, response_body, resource_id, lease_token, \
+            scope.schema.sql("SELECT fingerprint, status, response_status, response_body, resource_id, lease_token, \
                     lease_expires_at, expires_at \
-             FROM idempotency_keys WHERE tenant = $1 AND operation = $2 AND key_hash = $3",
+             FROM {{schema}}.idempotency_keys WHERE scope = $1 AND operation = $2 AND key_hash = $3"),
         )
         .bind(&scope.tenant)
         .bind(scope.operation.as_str())
@@ -317,12 +319,12 @@ pub(crate) async fn reserve(
 
         if row.is_expired(now) {
             let taken = sqlx::query(
-                "UPDATE idempotency_keys SET status = 'processing', fingerprint = $4, lease_token = $5, \
+                scope.schema.sql("UPDATE {{schema}}.idempotency_keys SET status = 'processing', fingerprint = $4, lease_token = $5, \
                         lease_expires_at = $6, response_status = NULL, response_body = NULL, \
                         resource_id = NULL, created_at = $7, updated_at = $7, expires_at = $8 \
-                 WHERE tenant = $1 AND operation = $2 AND key_hash = $3 AND expires_at <= $7 \
+                 WHERE scope = $1 AND operation = $2 AND key_hash = $3 AND expires_at <= $7 \
                    AND (status IN ('completed', 'failed') \
-                        OR (status = 'processing' AND lease_expires_at <= $7))",
+                        OR (status = 'processing' AND lease_expires_at <= $7))"),
             )
             .bind(&scope.tenant)
             .bind(scope.operation.as_str())
@@ -356,9 +358,9 @@ pub(crate) async fn reserve(
                 }
                 // The holder died (or hangs): compare-and-set on the token we saw.
                 let taken = sqlx::query(
-                    "UPDATE idempotency_keys SET lease_token = $5, lease_expires_at = $6, updated_at = $7 \
-                     WHERE tenant = $1 AND operation = $2 AND key_hash = $3 \
-                       AND status = 'processing' AND lease_token = $4",
+                    scope.schema.sql("UPDATE {{schema}}.idempotency_keys SET lease_token = $5, lease_expires_at = $6, updated_at = $7 \
+                     WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+                       AND status = 'processing' AND lease_token = $4"),
                 )
                 .bind(&scope.tenant)
                 .bind(scope.operation.as_str())
@@ -412,10 +414,10 @@ pub(crate) async fn complete(
     debug_assert!(status != RecordStatus::Processing);
     let status_code = i16::try_from(response.status).unwrap_or(500);
     let done = sqlx::query(
-        "UPDATE idempotency_keys SET status = $5, response_status = $6, response_body = $7, \
+        scope.schema.sql("UPDATE {{schema}}.idempotency_keys SET status = $5, response_status = $6, response_body = $7, \
                 resource_id = $8, lease_token = NULL, lease_expires_at = NULL, updated_at = $9 \
-         WHERE tenant = $1 AND operation = $2 AND key_hash = $3 \
-           AND status = 'processing' AND lease_token = $4",
+         WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+           AND status = 'processing' AND lease_token = $4"),
     )
     .bind(&scope.tenant)
     .bind(scope.operation.as_str())
@@ -439,8 +441,8 @@ pub(crate) async fn release(
     token: Uuid,
 ) -> Result<bool, sqlx::Error> {
     let n = sqlx::query(
-        "DELETE FROM idempotency_keys \
-         WHERE tenant = $1 AND operation = $2 AND key_hash = $3 AND status = 'processing' AND lease_token = $4",
+        scope.schema.sql("DELETE FROM {{schema}}.idempotency_keys \
+         WHERE scope = $1 AND operation = $2 AND key_hash = $3 AND status = 'processing' AND lease_token = $4"),
     )
     .bind(&scope.tenant)
     .bind(scope.operation.as_str())
@@ -552,6 +554,7 @@ where
 {
     let now = state.now();
     let scope = Scope {
+        schema: state.settings.schema.clone(),
         tenant: tenant.to_owned(),
         operation,
         key,
@@ -688,6 +691,7 @@ pub(crate) fn respond(operation: Operation, stored: &StoredResponse, replayed: b
 /// Returns how many were deleted.
 pub async fn purge_expired(
     pool: &PgPool,
+    schema: &Schema,
     now: DateTime<Utc>,
     ttl: Duration,
     batch_size: u32,
@@ -698,13 +702,13 @@ pub async fn purge_expired(
     let mut total = 0u64;
     for _ in 0..max_batches {
         let n = sqlx::query(
-            "WITH doomed AS ( \
-                 SELECT tenant, operation, key_hash FROM idempotency_keys \
+            schema.sql("WITH doomed AS ( \
+                 SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
                  WHERE (status IN ('completed', 'failed') AND expires_at <= $1) \
                     OR (status = 'processing' AND lease_expires_at <= $2) \
                  LIMIT $3 FOR UPDATE SKIP LOCKED) \
-             DELETE FROM idempotency_keys k USING doomed d \
-             WHERE k.tenant = d.tenant AND k.operation = d.operation AND k.key_hash = d.key_hash",
+             DELETE FROM {{schema}}.idempotency_keys k USING doomed d \
+             WHERE k.scope = d.scope AND k.operation = d.operation AND k.key_hash = d.key_hash"),
         )
         .bind(now)
         .bind(abandoned_before)
@@ -736,6 +740,7 @@ pub(crate) async fn purge_loop(state: AppState, shutdown: CancellationToken) {
         let s = &state.settings;
         match purge_expired(
             &state.pool,
+            &s.schema,
             state.now(),
             s.idempotency_ttl,
             s.purge_batch_size,

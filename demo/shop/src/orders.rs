@@ -193,7 +193,7 @@ async fn place(
     ctx.finish(&mut tx, RecordStatus::Completed, &stored)
         .await?;
     sqlx::query(
-        "INSERT INTO orders (id, tenant, customer_id, currency, total_amount, status, created_at) \
+        "INSERT INTO demo.orders (id, tenant, customer_id, currency, total_amount, status, created_at) \
          VALUES ($1, $2, $3, $4, $5, 'placed', $6)",
     )
     .bind(id)
@@ -210,7 +210,7 @@ async fn place(
     let prices: Vec<i64> = order.items.iter().map(|i| i.unit_price).collect();
     let totals: Vec<i64> = order.items.iter().map(|i| i.line_total).collect();
     sqlx::query(
-        "INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price, line_total) \
+        "INSERT INTO demo.order_items (order_id, line_no, sku, quantity, unit_price, line_total) \
          SELECT $1, * FROM UNNEST($2::int[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])",
     )
     .bind(id)
@@ -250,7 +250,7 @@ pub async fn get_order(
     let id = parse_id(id).ok_or(ApiError::NotFound("order"))?;
     let row: Option<(Uuid, String, String, i64, String, DateTime<Utc>)> = sqlx::query_as(
         "SELECT id, customer_id, currency, total_amount, status, created_at \
-         FROM orders WHERE id = $1 AND tenant = $2",
+         FROM demo.orders WHERE id = $1 AND tenant = $2",
     )
     .bind(id)
     .bind(&tenant.0)
@@ -260,7 +260,7 @@ pub async fn get_order(
         return Err(ApiError::NotFound("order"));
     };
     let items: Vec<OrderItem> = sqlx::query_as(
-        "SELECT sku, quantity, unit_price, line_total FROM order_items WHERE order_id = $1 ORDER BY line_no",
+        "SELECT sku, quantity, unit_price, line_total FROM demo.order_items WHERE order_id = $1 ORDER BY line_no",
     )
     .bind(id)
     .fetch_all(&state.pool)

@@ -1,6 +1,7 @@
 //! Configuration: flags with env var fallbacks ([`Config`]) and the runtime knobs derived from them
 //! ([`Settings`]), which tests build directly.
 
+use shared::schema::Schema;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -17,6 +18,9 @@ pub struct Config {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     pub database_url: String,
+    /// The product schema (outbox, idempotency records); the demo's own tables are in `demo`.
+    #[arg(long, env = "OUTBOX_SCHEMA", default_value = shared::schema::DEFAULT)]
+    pub schema: Schema,
     /// Size of the PostgreSQL connection pool.
     #[arg(long, env = "DB_MAX_CONNECTIONS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(2..=200))]
@@ -61,12 +65,13 @@ impl Config {
             purge_batch_size: self.purge_batch_size,
             purge_max_batches: 100,
             readiness_interval: Duration::from_secs(5),
+            schema: self.schema.clone(),
         }
     }
 }
 
 /// Runtime knobs of the API.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     /// Retention of idempotency records (default 24 h).
     pub idempotency_ttl: Duration,
@@ -82,6 +87,8 @@ pub struct Settings {
     pub purge_max_batches: u32,
     /// Interval of the PostgreSQL check behind `/readyz`.
     pub readiness_interval: Duration,
+    /// The product schema that holds the idempotency records (`outbox` by default).
+    pub schema: Schema,
 }
 
 impl Default for Settings {
@@ -94,6 +101,7 @@ impl Default for Settings {
             purge_batch_size: 1000,
             purge_max_batches: 100,
             readiness_interval: Duration::from_secs(5),
+            schema: Schema::default(),
         }
     }
 }

@@ -1,9 +1,10 @@
-//! The built-in example handler: `payment.captured` events move ledger balances.
+//! The example application's consumer handler: `payment.captured` events move ledger balances
+//! (`demo.ledger_balances`), run by `producer ledger`.
 //!
 //! `balance = balance + amount, updates = updates + 1` is deliberately not idempotent: applied
 //! twice, the balance is wrong. The runtime's deduplication is what keeps it right.
 
-use crate::{Handler, HandlerError, Handlers};
+use consumer::{Handler, HandlerError, Handlers};
 use serde::Deserialize;
 use shared::Envelope;
 use sqlx::PgConnection;
@@ -28,9 +29,9 @@ impl Handler for Ledger {
         // A payload that does not parse never will: dead-letter it at once.
         let p: PaymentCaptured = msg.payload_as().map_err(HandlerError::permanent)?;
         sqlx::query(
-            "INSERT INTO ledger_balances (account, balance, updates) VALUES ($1, $2, 1) \
+            "INSERT INTO demo.ledger_balances (account, balance, updates) VALUES ($1, $2, 1) \
              ON CONFLICT (account) DO UPDATE \
-             SET balance = ledger_balances.balance + EXCLUDED.balance, updates = ledger_balances.updates + 1",
+             SET balance = demo.ledger_balances.balance + EXCLUDED.balance, updates = demo.ledger_balances.updates + 1",
         )
         .bind(&p.account)
         .bind(p.amount)
@@ -65,11 +66,11 @@ impl Handler for Ledger {
             counts.push(count);
         }
         sqlx::query(
-            "INSERT INTO ledger_balances (account, balance, updates) \
+            "INSERT INTO demo.ledger_balances (account, balance, updates) \
              SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) \
              ON CONFLICT (account) DO UPDATE \
-             SET balance = ledger_balances.balance + EXCLUDED.balance, \
-                 updates = ledger_balances.updates + EXCLUDED.updates",
+             SET balance = demo.ledger_balances.balance + EXCLUDED.balance, \
+                 updates = demo.ledger_balances.updates + EXCLUDED.updates",
         )
         .bind(&accounts)
         .bind(&amounts)

@@ -60,7 +60,7 @@ pub async fn create_api_key(pool: &PgPool, tenant: &str) -> Result<String, ApiKe
         return Err(ApiKeyError::InvalidTenant);
     }
     let key = generate_api_key();
-    sqlx::query("INSERT INTO api_keys (id, tenant, key_hash, key_prefix) VALUES ($1, $2, $3, $4)")
+    sqlx::query("INSERT INTO demo.api_keys (id, tenant, key_hash, key_prefix) VALUES ($1, $2, $3, $4)")
         .bind(Uuid::now_v7())
         .bind(tenant)
         .bind(&hash_api_key(&key)[..])
@@ -72,7 +72,7 @@ pub async fn create_api_key(pool: &PgPool, tenant: &str) -> Result<String, ApiKe
 
 /// The tenant of a key, if the key exists and is not revoked.
 pub async fn tenant_for_key(pool: &PgPool, key: &str) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar("SELECT tenant FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
+    sqlx::query_scalar("SELECT tenant FROM demo.api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
         .bind(&hash_api_key(key)[..])
         .fetch_optional(pool)
         .await

@@ -113,7 +113,7 @@ async fn request(
 ) -> Result<StoredResponse, ApiError> {
     let mut tx = ctx.state.pool.begin().await?;
     let order_currency: Option<String> =
-        sqlx::query_scalar("SELECT currency FROM orders WHERE id = $1 AND tenant = $2")
+        sqlx::query_scalar("SELECT currency FROM demo.orders WHERE id = $1 AND tenant = $2")
             .bind(payment.order_id)
             .bind(&tenant.0)
             .fetch_optional(&mut *tx)
@@ -179,7 +179,7 @@ async fn request(
     // the payment leaves `pending` (trigger in the migration).
     ctx.finish(&mut tx, RecordStatus::Pending, &stored).await?;
     sqlx::query(
-        "INSERT INTO payments (id, tenant, order_id, amount, currency, status, created_at, updated_at) \
+        "INSERT INTO demo.payments (id, tenant, order_id, amount, currency, status, created_at, updated_at) \
          VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6)",
     )
     .bind(id)
@@ -219,7 +219,7 @@ pub async fn get_payment(
     let id = parse_id(id).ok_or(ApiError::NotFound("payment"))?;
     let payment: Option<Payment> = sqlx::query_as(
         "SELECT id, order_id, amount, currency, status, created_at, updated_at \
-         FROM payments WHERE id = $1 AND tenant = $2",
+         FROM demo.payments WHERE id = $1 AND tenant = $2",
     )
     .bind(id)
     .bind(&tenant.0)

@@ -1,0 +1,99 @@
+//! `producer`: the example application. Serves the orders/payments HTTP API (default), runs its
+//! ledger consumer, manages API keys, applies its migrations.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "producer",
+    version,
+    about = "Orders and payments API writing to the transactional outbox"
+)]
+struct Cli {
+    #[command(flatten)]
+    config: demo::Config,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the HTTP API (the default).
+    Serve,
+    /// Manage API keys.
+    #[command(name = "api-key", subcommand)]
+    ApiKey(ApiKeyCommand),
+    /// Run the example ledger consumer (`payment.captured` moves `demo.ledger_balances`) until
+    /// SIGTERM/SIGINT.
+    Ledger {
+        #[command(flatten)]
+        settings: Box<consumer::config::Settings>,
+    },
+    /// Apply the product's and the example application's migrations, then exit.
+    Migrate,
+}
+
+#[derive(Debug, Subcommand)]
+enum ApiKeyCommand {
+    /// Create a key for a tenant and print it, alone on its line, on stdout. It is shown only once.
+    Create {
+        /// Tenant name: 1-64 letters, digits, '.', '_' or '-'.
+        #[arg(long)]
+        tenant: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    shared::telemetry::init(
+        &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "producer".into()),
+        cli.config.otlp_endpoint.as_deref(),
+    );
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => {
+            let shutdown = shared::shutdown::on_signal();
+            let result = demo::run(cli.config, shutdown).await;
+            shared::telemetry::shutdown_tracing();
+            result.context("producer failed")
+        }
+        Command::ApiKey(ApiKeyCommand::Create { tenant }) => {
+            if !demo::auth::valid_tenant(&tenant) {
+                anyhow::bail!(demo::auth::ApiKeyError::InvalidTenant);
+            }
+            let pool = demo::connect_and_migrate(&cli.config, 2, "producer-api-key")
+                .await
+                .context("cannot reach PostgreSQL")?;
+            let key = demo::auth::create_api_key(&pool, &tenant)
+                .await
+                .context("cannot create the API key")?;
+            pool.close().await;
+            println!("{key}");
+            Ok(())
+        }
+        Command::Migrate => {
+            let pool = demo::connect_and_migrate(&cli.config, 1, "producer-migrate").await?;
+            pool.close().await;
+            println!("migrations applied (schemas {} and demo)", cli.config.schema);
+            Ok(())
+        }
+        Command::Ledger { settings } => {
+            let shutdown = shared::shutdown::on_signal();
+            let mut db = cli.config.clone();
+            db.database_url = settings.connections.database_url.clone();
+            db.schema = settings.connections.schema.clone();
+            let config = (*settings).into_config().context("invalid settings")?;
+            let app_name = format!("consumer {}", config.name);
+            let pool = tokio::select! {
+                pool = demo::connect_and_migrate(&db, config.pool_size(), &app_name) => {
+                    pool.context("connecting to PostgreSQL")?
+                }
+                _ = shutdown.cancelled() => return Ok(()),
+            };
+            let result = consumer::run(config, pool, demo::ledger::handlers(), shutdown).await;
+            shared::telemetry::shutdown_tracing();
+            result.context("ledger consumer failed")
+        }
+    }
+}

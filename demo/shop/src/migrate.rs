@@ -1,0 +1,39 @@
+//! The example application's migrations: its tables live in the schema `demo`, with their own
+//! history table `demo._migrations`, beside the product's schema (which they reference for the
+//! idempotency records). [`run`] applies the product's migrations first, then these.
+
+use shared::schema::Schema;
+use sqlx::PgPool;
+use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
+use std::borrow::Cow;
+
+/// The example application's own schema.
+pub const DEMO_SCHEMA: &str = "demo";
+
+const MIGRATIONS: &[(i64, &str, &str)] = &[(1, "demo", include_str!("../migrations/0001_demo.sql"))];
+
+/// The demo's migrator; `product` is the product schema its SQL refers to.
+pub fn migrator(product: &Schema) -> Migrator {
+    let migrations = MIGRATIONS
+        .iter()
+        .map(|(version, description, template)| {
+            Migration::new(
+                *version,
+                Cow::Borrowed(*description),
+                MigrationType::Simple,
+                sqlx::SqlSafeStr::into_sql_str(product.sql(template)),
+                false,
+            )
+        })
+        .collect();
+    let mut m = Migrator::with_migrations(migrations);
+    m.create_schema(DEMO_SCHEMA);
+    m.dangerous_set_table_name(format!("{DEMO_SCHEMA}._migrations"));
+    m
+}
+
+/// Applies the product's migrations in `product`, then the demo's.
+pub async fn run(pool: &PgPool, product: &Schema) -> Result<(), MigrateError> {
+    shared::migrate::run(pool, product).await?;
+    migrator(product).run(pool).await
+}

@@ -1,0 +1,85 @@
+-- Upgrade from the releases that kept the product's tables in `public` (migrations 1 to 3 recorded
+-- in public._sqlx_migrations): their rows move into this schema, then those tables go.
+--
+-- Only tables provably ours are touched: public._sqlx_migrations must hold version 1 with the
+-- checksum of that release's migration file. Pending, published and dead outbox rows keep their
+-- order (new seq in old seq order), state, attempts and last error; a pending row that breaks a
+-- publishability rule becomes dead with the reason (it could never have been published). Every
+-- processed_messages row and idempotency record is kept. The demo's tables (orders, payments, ...)
+-- are left to the demo's own migrations. Stop the old binaries before running this.
+--
+-- On a database without those tables this does nothing.
+
+DO $$
+DECLARE
+    legacy boolean;
+BEGIN
+    legacy := to_regclass('public._sqlx_migrations') IS NOT NULL
+          AND to_regclass('public.outbox') IS NOT NULL;
+    IF legacy THEN
+        legacy := EXISTS (
+            SELECT 1 FROM public._sqlx_migrations
+             WHERE version = 1 AND description = 'outbox' AND success
+               AND checksum = '\xeac2b9d039ed69a9febd0a87f9d9852baa989b55c8a25be70ce77f54cf67800cee10a0c89c22023b5fd5b66294808ca3'::bytea
+        );
+    END IF;
+    IF NOT legacy THEN
+        RETURN;
+    END IF;
+    RAISE NOTICE 'moving the outbox tables of the previous release from public into {{schema}}';
+
+    -- Nothing may write to them while they move.
+    LOCK TABLE public.outbox IN ACCESS EXCLUSIVE MODE;
+
+    INSERT INTO {{schema}}.messages
+        (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at,
+         state, attempts, last_error, last_attempt_at, published_at)
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at,
+           CASE WHEN o.state = 'pending' AND r.reason IS NOT NULL THEN 'dead' ELSE o.state END,
+           CASE WHEN o.state = 'pending' AND r.reason IS NOT NULL THEN o.attempts + 1 ELSE o.attempts END,
+           CASE WHEN o.state = 'pending' AND r.reason IS NOT NULL THEN 'unpublishable: ' || r.reason ELSE o.last_error END,
+           o.last_attempt_at, o.published_at
+      FROM public.outbox o
+      CROSS JOIN LATERAL (SELECT {{schema}}.unpublishable_reason(
+          o.event_type, o.aggregate_type, o.aggregate_id, o.created_at, o.headers) AS reason) r
+     ORDER BY o.seq;
+
+    IF to_regclass('public.processed_messages') IS NOT NULL
+       AND EXISTS (SELECT 1 FROM public._sqlx_migrations WHERE version = 2 AND description = 'consumer'
+                   AND checksum = '\xc72da5b5373351a44de8ba18e84b7b913d947c25f81c93a0fec46d257eb27be4abdb12834fc629009dfa900b3947d875'::bytea) THEN
+        INSERT INTO {{schema}}.processed_messages (consumer, message_id, processed_at)
+        SELECT consumer, message_id, processed_at FROM public.processed_messages
+        ON CONFLICT DO NOTHING;
+        DROP TABLE public.processed_messages;
+    END IF;
+
+    IF to_regclass('public.idempotency_keys') IS NOT NULL
+       AND EXISTS (SELECT 1 FROM public._sqlx_migrations WHERE version = 3 AND description = 'producer'
+                   AND checksum = '\x18479959f4dd5009f08f912f6afb7c1d045014806b8713809050aa09bfa93ff352ac1709c83f45352ec3194c68521eed'::bytea) THEN
+        INSERT INTO {{schema}}.idempotency_keys
+            (scope, operation, key_hash, fingerprint, status, response_status, response_body,
+             resource_id, lease_token, lease_expires_at, created_at, updated_at, expires_at)
+        SELECT tenant, operation, key_hash, fingerprint, status, response_status, response_body,
+               resource_id, lease_token, lease_expires_at, created_at, updated_at, expires_at
+          FROM public.idempotency_keys
+        ON CONFLICT DO NOTHING;
+        -- The old demo trigger on payments resolved records in public.idempotency_keys.
+        DROP TRIGGER IF EXISTS payments_resolve_idempotency ON public.payments;
+        DROP FUNCTION IF EXISTS public.payments_resolve_idempotency();
+        DROP TABLE public.idempotency_keys;
+    END IF;
+
+    DROP TABLE public.outbox;
+    DROP FUNCTION IF EXISTS public.outbox_notify();
+    DROP TABLE IF EXISTS public.relay_partitions;
+    DROP TABLE IF EXISTS public.relay_instances;
+
+    -- The service's own migration history must not list ours (sqlx would refuse to run its
+    -- migrations: "previously applied but missing").
+    DELETE FROM public._sqlx_migrations
+     WHERE (version, description) IN ((1, 'outbox'), (2, 'consumer'), (3, 'producer'));
+    IF NOT EXISTS (SELECT 1 FROM public._sqlx_migrations) THEN
+        DROP TABLE public._sqlx_migrations;
+    END IF;
+END
+$$;

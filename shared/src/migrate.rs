@@ -1,0 +1,67 @@
+//! The product's migrations: applied in its own schema, recorded in its own history table.
+//!
+//! The SQL lives in `migrations/` at the workspace root with a `{{schema}}` placeholder; this
+//! module renders it for the configured [`Schema`] and runs it with sqlx's migrator, whose history
+//! table is `<schema>._migrations`, never the service's `public._sqlx_migrations`. sqlx holds a
+//! database-wide advisory lock while migrating, so binaries that start together (and a service
+//! running its own sqlx migrations at the same moment) wait for each other instead of racing.
+//!
+//! A service that embeds the relay or the consumer runs [`run`] from its own start-up code, next
+//! to its own migrations.
+
+use crate::schema::Schema;
+use sqlx::PgPool;
+use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
+use std::borrow::Cow;
+
+/// (version, description, SQL template), in order.
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "messages",
+        include_str!("../../migrations/0001_messages.sql"),
+    ),
+    (
+        2,
+        "processed_messages",
+        include_str!("../../migrations/0002_processed_messages.sql"),
+    ),
+    (
+        3,
+        "idempotency_keys",
+        include_str!("../../migrations/0003_idempotency_keys.sql"),
+    ),
+    (
+        4,
+        "adopt_legacy_tables",
+        include_str!("../../migrations/0004_adopt_legacy_tables.sql"),
+    ),
+];
+
+/// Name of the history table inside the schema.
+pub const HISTORY_TABLE: &str = "_migrations";
+
+/// The product's migrator for `schema`.
+pub fn migrator(schema: &Schema) -> Migrator {
+    let migrations = MIGRATIONS
+        .iter()
+        .map(|(version, description, template)| {
+            Migration::new(
+                *version,
+                Cow::Borrowed(*description),
+                MigrationType::Simple,
+                sqlx::SqlSafeStr::into_sql_str(schema.sql(template)),
+                false,
+            )
+        })
+        .collect();
+    let mut m = Migrator::with_migrations(migrations);
+    m.create_schema(schema.quoted().to_string());
+    m.dangerous_set_table_name(format!("{}.{HISTORY_TABLE}", schema.quoted()));
+    m
+}
+
+/// Applies the product's pending migrations in `schema`.
+pub async fn run(pool: &PgPool, schema: &Schema) -> Result<(), MigrateError> {
+    migrator(schema).run(pool).await
+}
