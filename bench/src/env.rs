@@ -41,11 +41,11 @@ impl BenchEnv {
             .rsplit_once('/')
             .context("database url has a database")?;
         let db_url = format!("{base}/{db_name}");
-        let pool = shared::db::connect(&db_url, 8, "bench").await?;
+        let pool = plumbing::db::connect(&db_url, 8, "bench").await?;
         demo::migrate::run(&pool, &shared::schema::Schema::default()).await?;
-        let conn = shared::amqp::connect(&args.amqp_url, "bench").await?;
+        let conn = plumbing::amqp::connect(&args.amqp_url, "bench").await?;
         let exchange = format!("bench.{suffix}");
-        shared::amqp::declare_outbox_exchange(&conn, &exchange, true).await?;
+        plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true).await?;
         let bin_dir = match &args.bin_dir {
             Some(d) => d.clone(),
             None => std::env::current_exe()?
@@ -215,7 +215,7 @@ impl BenchEnv {
         for q in queues {
             self.delete_queue(&q).await;
         }
-        let unrouted = shared::amqp::unrouted_name(&self.exchange);
+        let unrouted = plumbing::amqp::unrouted_name(&self.exchange);
         self.delete_queue(&unrouted).await;
         if let Ok(ch) = self.conn.create_channel().await {
             let _ = ch

@@ -713,7 +713,7 @@ async fn wait_queue_exists(env: &BenchEnv, queue: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         // Consumers attached means the consumer is fully up.
-        if let Ok(q) = shared::amqp::inspect_queue(&env.conn, queue).await
+        if let Ok(q) = plumbing::amqp::inspect_queue(&env.conn, queue).await
             && q.consumer_count() > 0
         {
             return Ok(());

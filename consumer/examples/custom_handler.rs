@@ -32,8 +32,8 @@ impl Handler for OrderTotals {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    shared::telemetry::init_logging();
-    let shutdown = shared::shutdown::on_signal();
+    plumbing::telemetry::init_logging();
+    let shutdown = plumbing::shutdown::on_signal();
     let mut config = Config::new(
         "order-totals",
         "amqp://guest:guest@127.0.0.1:5672/%2f",
@@ -41,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
     );
     config.metrics_addr = Some("127.0.0.1:9102".parse()?);
     let db = "postgres://postgres@127.0.0.1:5432/test";
-    let pool = shared::db::connect_and_migrate(
+    let pool = plumbing::db::connect_and_migrate(
         db,
         config.pool_size(),
         "order-totals",

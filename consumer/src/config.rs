@@ -181,7 +181,7 @@ pub struct Settings {
     #[arg(long = "bind", env = "CONSUMER_BINDINGS", value_delimiter = ',')]
     pub bindings: Vec<String>,
     #[command(flatten)]
-    pub connections: shared::config::Connections,
+    pub connections: plumbing::config::Connections,
     /// Concurrent workers, each with its own AMQP channel and database connection.
     #[arg(long, env = "CONSUMER_WORKERS", default_value_t = 2)]
     pub workers: usize,

@@ -44,7 +44,7 @@ pub enum ConsumerError {
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("cannot connect to RabbitMQ")]
-    Connect(#[from] shared::amqp::AmqpError),
+    Connect(#[from] plumbing::amqp::AmqpError),
     #[error("declaring the topology failed")]
     Topology(#[source] lapin::Error),
     #[error("opening a channel or consumer failed")]
@@ -71,7 +71,7 @@ pub enum SessionError {
 #[derive(Debug, thiserror::Error)]
 pub enum DlqError {
     #[error("cannot connect to RabbitMQ")]
-    Connect(#[from] shared::amqp::AmqpError),
+    Connect(#[from] plumbing::amqp::AmqpError),
     #[error("dead-letter queue {queue} not found (has consumer {consumer:?} ever run?)")]
     NoDeadLetterQueue {
         queue: String,

@@ -28,7 +28,7 @@
 //! # }
 //! let config = consumer::Config::new("billing", "amqp://guest:guest@127.0.0.1:5672/%2f", "outbox.events");
 //! let handlers = consumer::Handlers::new().on("invoice.*", MyHandler);
-//! let shutdown = shared::shutdown::on_signal();
+//! let shutdown = plumbing::shutdown::on_signal();
 //! consumer::run(config, pool, handlers, shutdown).await
 //! # }
 //! ```

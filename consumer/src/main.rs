@@ -50,7 +50,7 @@ enum DlqCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    shared::telemetry::init(
+    plumbing::telemetry::init(
         &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "consumer".into()),
         cli.settings.connections.otlp_endpoint.as_deref(),
     );

@@ -95,7 +95,7 @@ pub(crate) async fn run_periodically(
             }
             Ok(Sweep::Busy) => tracing::debug!(consumer, "another instance is sweeping"),
             Err(e) => {
-                tracing::warn!(consumer, error = %shared::telemetry::ErrorChain(&e), "retention sweep failed")
+                tracing::warn!(consumer, error = %plumbing::telemetry::ErrorChain(&e), "retention sweep failed")
             }
         }
     }

@@ -32,7 +32,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, PublisherConfirm};
 use shared::Envelope;
-use shared::telemetry::{ErrorChain, Readiness};
+use plumbing::telemetry::{ErrorChain, Readiness};
 use sqlx::{PgConnection, PgPool};
 use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
@@ -114,7 +114,7 @@ impl Consumer {
         let cfg = &ctx.config;
         let background = CancellationToken::new();
         if let Some(addr) = cfg.metrics_addr {
-            shared::telemetry::serve_ops(addr, ctx.readiness.clone(), background.clone())
+            plumbing::telemetry::serve_ops(addr, ctx.readiness.clone(), background.clone())
                 .await
                 .map_err(|source| ConsumerError::Ops { addr, source })?;
         }
@@ -172,7 +172,7 @@ impl Consumer {
             }
             attempt += 1;
             events.reconnect();
-            let delay = shared::backoff::delay(
+            let delay = plumbing::backoff::delay(
                 attempt,
                 Duration::from_millis(200),
                 Duration::from_secs(10),
@@ -242,7 +242,7 @@ async fn session(
     shutdown: &CancellationToken,
     established: &AtomicBool,
 ) -> Result<(), SessionError> {
-    let conn = shared::amqp::connect(
+    let conn = plumbing::amqp::connect(
         &ctx.config.amqp_url,
         &format!("consumer {}", ctx.config.name),
     )
@@ -487,7 +487,7 @@ impl Worker {
                         failures += 1;
                         self.events.database_failure();
                         self.ctx.readiness.set_postgres(false);
-                        let delay = shared::backoff::delay(
+                        let delay = plumbing::backoff::delay(
                             failures,
                             Duration::from_millis(100),
                             Duration::from_secs(5),
@@ -889,7 +889,7 @@ fn message_span(env: &Envelope, attempt: u32) -> tracing::Span {
         if let Some(id) = shared::trace::trace_id(Some(tp)) {
             span.record("trace_id", id);
         }
-        shared::trace::set_parent(&span, tp);
+        plumbing::trace::set_parent(&span, tp);
     }
     span
 }

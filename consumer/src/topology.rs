@@ -77,7 +77,7 @@ impl Topology {
         exchange: &str,
         bindings: &[String],
     ) -> Result<(), lapin::Error> {
-        shared::amqp::declare_outbox_exchange(conn, exchange, true).await?;
+        plumbing::amqp::declare_outbox_exchange(conn, exchange, true).await?;
         let ch = conn.create_channel().await?;
         let durable = QueueDeclareOptions {
             durable: true,

@@ -1,7 +1,7 @@
 //! Relay settings: flags with env var fallbacks, defaults that work against local services.
 
 use clap::ArgAction;
-use shared::config::Connections;
+use plumbing::config::Connections;
 use std::time::Duration;
 
 /// Everything `relay::run` needs.
@@ -78,7 +78,7 @@ impl RelayOptions {
         Duration::from_millis(self.confirm_timeout_ms)
     }
     pub fn retry_delay(&self, attempt: u32) -> Duration {
-        shared::backoff::delay(
+        plumbing::backoff::delay(
             attempt,
             Duration::from_millis(self.retry_base_ms),
             Duration::from_millis(self.retry_max_ms.max(self.retry_base_ms)),

@@ -8,7 +8,7 @@
 use crate::store::OutboxRow;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use shared::amqp::headers as h;
+use plumbing::amqp::headers as h;
 use shared::publishable::{self, MessageError};
 
 /// Bytes of a content header frame besides the properties: frame type, channel and size (7),
@@ -75,7 +75,7 @@ pub fn encode(row: &OutboxRow, limits: &Limits) -> Result<Encoded, EncodeError> 
     let routing_key = short(&row.event_type)?;
 
     let mut headers = FieldTable::default();
-    shared::amqp::json_to_headers(&row.headers, &mut headers)
+    plumbing::amqp::json_to_headers(&row.headers, &mut headers)
         .map_err(|e| EncodeError::Encoding(e.to_string()))?;
     let created = row
         .created_at
@@ -185,11 +185,11 @@ mod tests {
         assert_eq!(p.delivery_mode(), &Some(2));
         let headers = p.headers().as_ref().unwrap();
         assert_eq!(
-            shared::amqp::header_str(headers, "aggregate_id").as_deref(),
+            plumbing::amqp::header_str(headers, "aggregate_id").as_deref(),
             Some("o-1")
         );
         assert_eq!(
-            shared::amqp::header_str(headers, "created_at").as_deref(),
+            plumbing::amqp::header_str(headers, "created_at").as_deref(),
             Some("2026-12-01T10:00:00.000000Z")
         );
     }

@@ -33,7 +33,7 @@ pub use config::{RelayConfig, RelayOptions};
 use leases::Leases;
 use shared::schema::Schema;
 use publisher::Publisher;
-use shared::telemetry::{ErrorChain, Readiness};
+use plumbing::telemetry::{ErrorChain, Readiness};
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +48,7 @@ pub enum RelayError {
     #[error("cannot serve metrics")]
     Metrics(#[source] std::io::Error),
     #[error(transparent)]
-    Db(#[from] shared::db::DbError),
+    Db(#[from] plumbing::db::DbError),
 }
 
 /// Runs a relay until `shutdown` is cancelled: connects (retrying while PostgreSQL starts), applies
@@ -56,14 +56,14 @@ pub enum RelayError {
 pub async fn run(config: RelayConfig, shutdown: CancellationToken) -> Result<(), RelayError> {
     validate(&config.options)?;
     let readiness = Readiness::new();
-    shared::telemetry::serve_ops(
+    plumbing::telemetry::serve_ops(
         config.connections.metrics_addr,
         readiness.clone(),
         shutdown.clone(),
     )
     .await
     .map_err(RelayError::Metrics)?;
-    let connect = shared::db::connect_and_migrate(
+    let connect = plumbing::db::connect_and_migrate(
         &config.connections.database_url,
         config.options.db_pool_size,
         "outbox-relay",
@@ -78,8 +78,8 @@ pub async fn run(config: RelayConfig, shutdown: CancellationToken) -> Result<(),
 }
 
 /// Runs a relay on an existing pool (for a service that embeds the relay; migrations must have
-/// been applied, e.g. with `shared::db::migrate`). Does not serve HTTP: merge
-/// `shared::telemetry::ops_router(readiness)` into your own router if you want the endpoints.
+/// been applied, e.g. with `plumbing::db::migrate`). Does not serve HTTP: merge
+/// `plumbing::telemetry::ops_router(readiness)` into your own router if you want the endpoints.
 pub async fn run_with_pool(
     pool: PgPool,
     config: RelayConfig,
@@ -255,7 +255,7 @@ async fn listen_loop(pool: PgPool, channel: String, wake: Arc<Notify>, stop: Can
             _ = stop.cancelled() => return,
         }
         tokio::select! {
-            _ = tokio::time::sleep(shared::backoff::delay(failures.max(1), Duration::from_millis(200), Duration::from_secs(5))) => {}
+            _ = tokio::time::sleep(plumbing::backoff::delay(failures.max(1), Duration::from_millis(200), Duration::from_secs(5))) => {}
             _ = stop.cancelled() => return,
         }
     }
@@ -278,7 +278,7 @@ async fn stats_loop(
         }
         if let Some((url, exchange)) = &amqp {
             if !conn.as_ref().is_some_and(|c| c.status().connected()) {
-                conn = shared::amqp::connect(url, "outbox-relay-stats").await.ok();
+                conn = plumbing::amqp::connect(url, "outbox-relay-stats").await.ok();
             }
             if let Some(c) = &conn
                 && let Some(depth) = publisher::unrouted_depth(c, exchange).await

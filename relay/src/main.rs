@@ -50,30 +50,30 @@ enum DeadCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    shared::telemetry::init(
+    plumbing::telemetry::init(
         &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "relay".into()),
         cli.config.connections.otlp_endpoint.as_deref(),
     );
     let schema = cli.config.connections.schema.clone();
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => {
-            let shutdown = shared::shutdown::on_signal();
+            let shutdown = plumbing::shutdown::on_signal();
             let result = relay::run(cli.config, shutdown).await;
-            shared::telemetry::shutdown_tracing();
+            plumbing::telemetry::shutdown_tracing();
             result?;
         }
         Command::Migrate => {
             let pool =
-                shared::db::connect(&cli.config.connections.database_url, 1, "relay-migrate")
+                plumbing::db::connect(&cli.config.connections.database_url, 1, "relay-migrate")
                     .await?;
-            shared::db::migrate(&pool, &schema).await?;
+            plumbing::db::migrate(&pool, &schema).await?;
             println!("migrations applied in schema {schema}");
         }
         Command::Dead { command } => {
-            let pool = shared::db::connect(&cli.config.connections.database_url, 1, "relay-dead")
+            let pool = plumbing::db::connect(&cli.config.connections.database_url, 1, "relay-dead")
                 .await
                 .context("connecting to PostgreSQL")?;
-            shared::db::migrate(&pool, &schema).await?;
+            plumbing::db::migrate(&pool, &schema).await?;
             match command {
                 DeadCommand::List { limit } => {
                     relay::dead::list(&pool, &schema, limit, &mut std::io::stdout()).await?;

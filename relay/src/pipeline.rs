@@ -21,7 +21,7 @@ use crate::store::{self, Charge, Claimed, OutboxRow};
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use lapin::Confirmation;
-use shared::telemetry::{ErrorChain, Readiness};
+use plumbing::telemetry::{ErrorChain, Readiness};
 use sqlx::PgPool;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -299,7 +299,7 @@ impl<'a> Pipeline<'a> {
 
     fn back_off(&mut self, failures: u32) {
         let d =
-            shared::backoff::delay(failures, Duration::from_millis(100), Duration::from_secs(5));
+            plumbing::backoff::delay(failures, Duration::from_millis(100), Duration::from_secs(5));
         self.retry_at = Some(Instant::now() + d);
     }
 
@@ -844,7 +844,7 @@ fn flatten<T>(r: Result<Result<T, sqlx::Error>, tokio::task::JoinError>) -> Resu
 /// debug span, which costs nothing unless debug logging is enabled.
 fn publish_span(row: &OutboxRow) -> tracing::Span {
     let traceparent = row.headers.get("traceparent").and_then(|v| v.as_str());
-    if shared::telemetry::otlp_enabled() {
+    if plumbing::telemetry::otlp_enabled() {
         let span = tracing::info_span!(
             "publish",
             message_id = %row.id,
@@ -852,7 +852,7 @@ fn publish_span(row: &OutboxRow) -> tracing::Span {
             seq = row.seq
         );
         if let Some(tp) = traceparent {
-            shared::trace::set_parent(&span, tp);
+            plumbing::trace::set_parent(&span, tp);
         }
         span
     } else {

@@ -10,7 +10,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum PublisherError {
     #[error(transparent)]
-    Connect(#[from] shared::amqp::AmqpError),
+    Connect(#[from] plumbing::amqp::AmqpError),
     #[error("declaring the exchange or opening the confirm channel failed")]
     Setup(#[source] lapin::Error),
     #[error("declaring the exchange or opening the confirm channel timed out")]
@@ -47,9 +47,9 @@ impl Publisher {
             return Ok(());
         }
         self.disconnect().await;
-        let conn = shared::amqp::connect(&self.url, "outbox-relay").await?;
+        let conn = plumbing::amqp::connect(&self.url, "outbox-relay").await?;
         let setup = async {
-            shared::amqp::declare_outbox_exchange(&conn, &self.exchange, self.alternate_exchange)
+            plumbing::amqp::declare_outbox_exchange(&conn, &self.exchange, self.alternate_exchange)
                 .await?;
             let ch = conn.create_channel().await?;
             ch.confirm_select(ConfirmSelectOptions::default()).await?;
@@ -112,10 +112,10 @@ impl Publisher {
 
 /// Depth of `<exchange>.unrouted` (bounded to 2 s).
 pub async fn unrouted_depth(conn: &Connection, exchange: &str) -> Option<u32> {
-    let name = shared::amqp::unrouted_name(exchange);
+    let name = plumbing::amqp::unrouted_name(exchange);
     tokio::time::timeout(
         Duration::from_secs(2),
-        shared::amqp::inspect_queue(conn, &name),
+        plumbing::amqp::inspect_queue(conn, &name),
     )
     .await
     .ok()?

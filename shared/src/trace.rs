@@ -1,9 +1,6 @@
-//! W3C Trace Context across the system: the producer API puts a `traceparent` on each outbox row,
-//! the relay sends it as an AMQP header, the consumer continues it. Log lines about a message carry
-//! its `trace_id` and `message_id`; with OTLP export on (`OTEL_EXPORTER_OTLP_ENDPOINT`), spans are
-//! exported with the message's trace as their parent.
-
-use tracing_opentelemetry::OpenTelemetrySpanExt;
+//! W3C Trace Context: parsing the `traceparent` a producer puts on an outbox row (header
+//! `traceparent`), which the relay sends as an AMQP header and the consumer continues. Linking
+//! spans to it for export is in `plumbing::trace`.
 
 /// The fields of a valid `traceparent` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,36 +41,6 @@ pub fn parse(value: &str) -> Option<TraceParent<'_>> {
 /// The trace id of a `traceparent`, when it is valid.
 pub fn trace_id(traceparent: Option<&str>) -> Option<&str> {
     traceparent.and_then(parse).map(|p| p.trace_id)
-}
-
-/// Makes `span` a child of `traceparent` in exported traces (a no-op while OTLP export is off).
-pub fn set_parent(span: &tracing::Span, traceparent: &str) {
-    if !crate::telemetry::otlp_enabled() || parse(traceparent).is_none() {
-        return;
-    }
-    use opentelemetry::propagation::TextMapPropagator;
-    let mut carrier = std::collections::HashMap::new();
-    carrier.insert("traceparent".to_string(), traceparent.to_string());
-    let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
-    let _ = span.set_parent(cx);
-}
-
-/// The `traceparent` of `span` when OTLP export is on (so downstream spans hang under it).
-pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
-    if !crate::telemetry::otlp_enabled() {
-        return None;
-    }
-    use opentelemetry::trace::TraceContextExt;
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    sc.is_valid().then(|| {
-        format!(
-            "00-{}-{}-{:02x}",
-            sc.trace_id(),
-            sc.span_id(),
-            sc.trace_flags().to_u8()
-        )
-    })
 }
 
 #[cfg(test)]

@@ -145,7 +145,7 @@ impl TestBroker {
         self.queues.lock().unwrap().push(name.to_string());
     }
     pub async fn connect(&self) -> lapin::Connection {
-        shared::amqp::connect(&self.url, "tests")
+        plumbing::amqp::connect(&self.url, "tests")
             .await
             .expect("connect to RabbitMQ")
     }
@@ -162,7 +162,7 @@ impl Drop for TestBroker {
                 .build()
                 .unwrap();
             rt.block_on(async move {
-                let Ok(conn) = shared::amqp::connect(&url, "tests-cleanup").await else {
+                let Ok(conn) = plumbing::amqp::connect(&url, "tests-cleanup").await else {
                     return;
                 };
                 for q in queues {
@@ -350,7 +350,7 @@ impl TestDb {
             .await
             .expect("create test database");
         let url = replace_db(&admin, &name);
-        let pool = shared::db::connect(&url, 10, "tests")
+        let pool = plumbing::db::connect(&url, 10, "tests")
             .await
             .expect("connect test db");
         Self { name, url, pool }
@@ -369,7 +369,7 @@ pub struct Received {
 impl Received {
     pub fn header(&self, name: &str) -> Option<String> {
         let h = self.properties.headers().as_ref()?;
-        shared::amqp::header_str(h, name).map(|c| c.into_owned())
+        plumbing::amqp::header_str(h, name).map(|c| c.into_owned())
     }
 }
 

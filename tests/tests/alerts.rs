@@ -320,8 +320,8 @@ async fn backlog_alerts_fire_while_the_broker_link_is_cut_and_resolve_when_it_is
     let db = TestDb::new().await;
     let broker = TestBroker::new();
     let exchange = broker.exchange("alerts");
-    broker.track_exchange(&shared::amqp::unrouted_name(&exchange));
-    broker.track_queue(&shared::amqp::unrouted_name(&exchange));
+    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
+    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
     let amqp_via_proxy = amqp_url().replace("127.0.0.1:5672", &proxy.addr.to_string());
     let metrics = free_addr();

@@ -8,7 +8,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use serde_json::json;
-use shared::telemetry::Readiness;
+use plumbing::telemetry::Readiness;
 use shared::{Envelope, NewMessage};
 use sqlx::{PgConnection, PgPool};
 use std::collections::BTreeMap;
@@ -33,8 +33,8 @@ const LONG: Duration = Duration::from_secs(60);
 /// for deletion.
 fn names(broker: &TestBroker) -> (String, String) {
     let exchange = broker.exchange("outbox");
-    broker.track_exchange(&shared::amqp::unrouted_name(&exchange));
-    broker.track_queue(&shared::amqp::unrouted_name(&exchange));
+    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
+    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
     let name = unique("cons");
     track_consumer(broker, &name);
     (exchange, name)
@@ -61,7 +61,7 @@ fn test_config(name: &str, exchange: &str) -> Config {
 }
 
 async fn consumer_pool(url: &str, config: &Config) -> PgPool {
-    shared::db::connect(url, config.pool_size(), "consumer-test")
+    plumbing::db::connect(url, config.pool_size(), "consumer-test")
         .await
         .expect("consumer pool")
 }
@@ -127,7 +127,7 @@ struct Publisher {
 impl Publisher {
     async fn new(broker: &TestBroker, exchange: &str) -> Self {
         let conn = broker.connect().await;
-        shared::amqp::declare_outbox_exchange(&conn, exchange, true)
+        plumbing::amqp::declare_outbox_exchange(&conn, exchange, true)
             .await
             .unwrap();
         let ch = conn.create_channel().await.unwrap();
@@ -201,21 +201,21 @@ impl Publisher {
 fn relay_properties(m: &NewMessage) -> BasicProperties {
     let now = chrono::Utc::now();
     let mut headers = FieldTable::default();
-    shared::amqp::json_to_headers(&m.headers, &mut headers).unwrap();
+    plumbing::amqp::json_to_headers(&m.headers, &mut headers).unwrap();
     let mut extra = serde_json::Map::new();
     extra.insert(
-        shared::amqp::headers::AGGREGATE_TYPE.into(),
+        plumbing::amqp::headers::AGGREGATE_TYPE.into(),
         json!(m.aggregate_type),
     );
     extra.insert(
-        shared::amqp::headers::AGGREGATE_ID.into(),
+        plumbing::amqp::headers::AGGREGATE_ID.into(),
         json!(m.aggregate_id),
     );
     extra.insert(
-        shared::amqp::headers::CREATED_AT.into(),
+        plumbing::amqp::headers::CREATED_AT.into(),
         json!(now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)),
     );
-    shared::amqp::json_to_headers(&extra, &mut headers).unwrap();
+    plumbing::amqp::json_to_headers(&extra, &mut headers).unwrap();
     BasicProperties::default()
         .with_message_id(m.id.to_string().into())
         .with_type(m.event_type.as_str().into())
@@ -281,7 +281,7 @@ async fn processed_rows(pool: &PgPool, consumer: &str) -> i64 {
 /// Ready messages in a queue.
 async fn queue_depth(broker: &TestBroker, queue: &str) -> u32 {
     let conn = broker.connect().await;
-    let q = shared::amqp::inspect_queue(&conn, queue).await.unwrap();
+    let q = plumbing::amqp::inspect_queue(&conn, queue).await.unwrap();
     let _ = conn.close(200, "bye".into()).await;
     q.message_count()
 }

@@ -335,7 +335,7 @@ async fn rows_past_the_door_go_dead_while_the_same_relay_publishes_everything_el
     let broker = TestBroker::new();
     let exchange = broker.exchange("outbox");
     let conn = broker.connect().await;
-    shared::amqp::declare_outbox_exchange(&conn, &exchange, false)
+    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
         .await
         .unwrap();
     let queue = broker.queue("q");
@@ -452,7 +452,7 @@ async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
     let broker = TestBroker::new();
     let exchange = broker.exchange("outbox");
     let conn = broker.connect().await;
-    shared::amqp::declare_outbox_exchange(&conn, &exchange, false)
+    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
         .await
         .unwrap();
     let queue = broker.queue("q");

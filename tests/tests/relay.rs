@@ -4,8 +4,8 @@
 use relay::{RelayConfig, RelayOptions};
 use serde_json::json;
 use shared::NewMessage;
-use shared::config::Connections;
-use shared::telemetry::Readiness;
+use plumbing::config::Connections;
+use plumbing::telemetry::Readiness;
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -120,10 +120,10 @@ fn sigterm(child: &Child) {
 /// Exchange (with its alternate exchange) and a queue bound to everything.
 async fn topology(broker: &TestBroker, alternate: bool) -> (lapin::Connection, String) {
     let exchange = broker.exchange("outbox");
-    broker.track_exchange(&shared::amqp::unrouted_name(&exchange));
-    broker.track_queue(&shared::amqp::unrouted_name(&exchange));
+    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
+    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
     let conn = broker.connect().await;
-    shared::amqp::declare_outbox_exchange(&conn, &exchange, alternate)
+    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, alternate)
         .await
         .unwrap();
     (conn, exchange)
@@ -515,7 +515,7 @@ async fn a_cut_database_link_recovers_without_loss() {
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
-    let relay_pool = shared::db::connect(&db.url_via(proxy.addr), 4, "relay-under-test")
+    let relay_pool = plumbing::db::connect(&db.url_via(proxy.addr), 4, "relay-under-test")
         .await
         .unwrap();
     let opts = RelayOptions {

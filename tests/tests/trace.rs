@@ -44,11 +44,11 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
     let broker = TestBroker::new();
     let exchange = broker.exchange("outbox");
     // The consumer asks for the alternate exchange too (and then uses the exchange as it is).
-    broker.track_exchange(&shared::amqp::unrouted_name(&exchange));
-    broker.track_queue(&shared::amqp::unrouted_name(&exchange));
+    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
+    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
     let conn = broker.connect().await;
     // No alternate exchange: the unbound event is returned, and the relay logs the failure.
-    shared::amqp::declare_outbox_exchange(&conn, &exchange, false)
+    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
         .await
         .unwrap();
     let name = unique("traced").replace('_', "-");
@@ -103,7 +103,7 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
         let conn = &conn;
         let queue = queue.clone();
         async move {
-            let q = shared::amqp::inspect_queue(conn, &queue).await.ok()?;
+            let q = plumbing::amqp::inspect_queue(conn, &queue).await.ok()?;
             (q.consumer_count() > 0).then_some(())
         }
     })
@@ -139,7 +139,7 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
             let conn = &conn;
             let dlq = dlq.clone();
             async move {
-                let q = shared::amqp::inspect_queue(conn, &dlq).await.ok()?;
+                let q = plumbing::amqp::inspect_queue(conn, &dlq).await.ok()?;
                 (q.message_count() == 1).then_some(())
             }
         },
@@ -235,8 +235,8 @@ async fn with_otlp_on_the_relay_exports_its_publish_span_under_the_messages_trac
     let db = TestDb::new().await;
     let broker = TestBroker::new();
     let exchange = broker.exchange("outbox");
-    broker.track_exchange(&shared::amqp::unrouted_name(&exchange));
-    broker.track_queue(&shared::amqp::unrouted_name(&exchange));
+    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
+    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
     let (collector, got) = fake_collector().await;
 
     let msg = NewMessage::new("order", "o-1", "order.placed", json!({}))

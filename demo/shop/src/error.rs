@@ -6,7 +6,7 @@ use crate::state::InjectedFault;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use shared::telemetry::ErrorChain;
+use plumbing::telemetry::ErrorChain;
 use utoipa::ToSchema;
 
 /// One problem with one field of the request.

@@ -35,7 +35,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/openapi.json", get(openapi::serve))
         .merge(api)
-        .merge(shared::telemetry::ops_router(state.readiness.clone()))
+        .merge(plumbing::telemetry::ops_router(state.readiness.clone()))
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn(catch_panics))

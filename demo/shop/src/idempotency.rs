@@ -504,7 +504,7 @@ async fn release_logged(pool: &PgPool, scope: &Scope, token: Uuid, reason: Relea
         Ok(false) => {}
         Err(e) => tracing::warn!(
             key = %scope.key.log_id(),
-            error = %shared::telemetry::ErrorChain(&e),
+            error = %plumbing::telemetry::ErrorChain(&e),
             "cannot release idempotency reservation; a retry takes it over once its lease expires"
         ),
     }
@@ -751,7 +751,7 @@ pub(crate) async fn purge_loop(state: AppState, shutdown: CancellationToken) {
             Ok(0) => {}
             Ok(n) => tracing::info!(purged = n, "purged expired idempotency records"),
             Err(e) => {
-                tracing::warn!(error = %shared::telemetry::ErrorChain(&e), "purging idempotency records failed")
+                tracing::warn!(error = %plumbing::telemetry::ErrorChain(&e), "purging idempotency records failed")
             }
         }
     }

@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, thiserror::Error)]
 pub enum ProducerError {
     #[error(transparent)]
-    Database(#[from] shared::db::DbError),
+    Database(#[from] plumbing::db::DbError),
     #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
@@ -63,8 +63,8 @@ pub async fn connect_and_migrate(
     config: &Config,
     max_connections: u32,
     app_name: &str,
-) -> Result<sqlx::PgPool, shared::db::DbError> {
-    let pool = shared::db::connect_and_migrate(
+) -> Result<sqlx::PgPool, plumbing::db::DbError> {
+    let pool = plumbing::db::connect_and_migrate(
         &config.database_url,
         max_connections,
         app_name,
@@ -75,7 +75,7 @@ pub async fn connect_and_migrate(
     migrate::migrator(&config.schema)
         .run(&pool)
         .await
-        .map_err(shared::db::DbError::Migrate)?;
+        .map_err(plumbing::db::DbError::Migrate)?;
     Ok(pool)
 }
 

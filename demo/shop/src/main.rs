@@ -47,15 +47,15 @@ enum ApiKeyCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    shared::telemetry::init(
+    plumbing::telemetry::init(
         &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "producer".into()),
         cli.config.otlp_endpoint.as_deref(),
     );
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
-            let shutdown = shared::shutdown::on_signal();
+            let shutdown = plumbing::shutdown::on_signal();
             let result = demo::run(cli.config, shutdown).await;
-            shared::telemetry::shutdown_tracing();
+            plumbing::telemetry::shutdown_tracing();
             result.context("producer failed")
         }
         Command::ApiKey(ApiKeyCommand::Create { tenant }) => {
@@ -79,7 +79,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Ledger { settings } => {
-            let shutdown = shared::shutdown::on_signal();
+            let shutdown = plumbing::shutdown::on_signal();
             let mut db = cli.config.clone();
             db.database_url = settings.connections.database_url.clone();
             db.schema = settings.connections.schema.clone();
@@ -92,7 +92,7 @@ async fn main() -> anyhow::Result<()> {
                 _ = shutdown.cancelled() => return Ok(()),
             };
             let result = consumer::run(config, pool, demo::ledger::handlers(), shutdown).await;
-            shared::telemetry::shutdown_tracing();
+            plumbing::telemetry::shutdown_tracing();
             result.context("ledger consumer failed")
         }
     }

@@ -4,7 +4,7 @@ use crate::config::Settings;
 use crate::idempotency::Operation;
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 use futures::future::BoxFuture;
-use shared::telemetry::Readiness;
+use plumbing::telemetry::Readiness;
 use sqlx::PgPool;
 use std::sync::{Arc, Mutex};
 

@@ -32,10 +32,10 @@ pub fn request_span(headers: &HeaderMap, operation: &'static str) -> (tracing::S
         message_id = tracing::field::Empty,
     );
     if let Some(tp) = incoming {
-        shared::trace::set_parent(&span, tp);
+        plumbing::trace::set_parent(&span, tp);
     }
     let traceparent =
-        shared::trace::traceparent_of(&span).unwrap_or_else(|| continue_or_start(headers));
+        plumbing::trace::traceparent_of(&span).unwrap_or_else(|| continue_or_start(headers));
     if let Some(id) = shared::trace::trace_id(Some(&traceparent)) {
         span.record("trace_id", id);
     }

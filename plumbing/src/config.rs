@@ -20,8 +20,8 @@ pub struct Connections {
     )]
     pub amqp_url: String,
     /// The PostgreSQL schema that holds the product's tables and migration history.
-    #[arg(long, env = "OUTBOX_SCHEMA", default_value = crate::schema::DEFAULT)]
-    pub schema: crate::schema::Schema,
+    #[arg(long, env = "OUTBOX_SCHEMA", default_value = shared::schema::DEFAULT)]
+    pub schema: shared::schema::Schema,
     /// The topic exchange events are published to.
     #[arg(long, env = "OUTBOX_EXCHANGE", default_value = "outbox.events")]
     pub exchange: String,

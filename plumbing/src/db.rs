@@ -5,7 +5,7 @@ use sqlx::{ConnectOptions, PgPool};
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::schema::Schema;
+use shared::schema::Schema;
 
 /// Errors from connecting or migrating.
 #[derive(Debug, thiserror::Error)]
@@ -34,10 +34,10 @@ pub async fn connect(url: &str, max_connections: u32, app_name: &str) -> Result<
         .map_err(DbError::Connect)
 }
 
-/// Applies the product's pending migrations in `schema` (see [`crate::migrate`]). sqlx holds an
+/// Applies the product's pending migrations in `schema` (see [`shared::migrate`]). sqlx holds an
 /// advisory lock while migrating, so instances that start together wait for each other.
 pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<(), DbError> {
-    crate::migrate::run(pool, schema)
+    shared::migrate::run(pool, schema)
         .await
         .map_err(DbError::Migrate)
 }

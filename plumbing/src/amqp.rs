@@ -90,7 +90,7 @@ fn json_to_amqp(v: &Value, depth: usize) -> AMQPValue {
     }
 }
 
-/// Converts AMQP headers back into JSON (the consumer's [`crate::Envelope::headers`]).
+/// Converts AMQP headers back into JSON (the consumer's [`shared::Envelope::headers`]).
 pub fn headers_to_json(table: &FieldTable) -> Map<String, Value> {
     table
         .inner()

@@ -1,0 +1,22 @@
+//! What the outbox binaries (relay, consumer, the example application) share, and a producer
+//! service does not need: a producer depends on `shared` alone.
+//!
+//! A short tour:
+//! - [`db`]: connecting to PostgreSQL with bounded waits, and migrating at start (safe with many instances).
+//! - [`amqp`]: connecting to RabbitMQ with heartbeats and timeouts, and the header mapping both sides use.
+//! - [`telemetry`]: logging (human or JSON), optional OTLP span export, the Prometheus recorder, and the
+//!   `/metrics`, `/healthz`, `/readyz` server.
+//! - [`trace`]: a message's span as a child of its `traceparent`, for export.
+//! - [`shutdown`]: SIGTERM/SIGINT as a cancellation token passed to every `run`.
+//! - [`backoff`]: exponential backoff with full jitter, shared by retries and reconnects.
+//! - [`config`]: the connection settings (flags and env vars) every binary takes.
+
+pub mod amqp;
+pub mod backoff;
+pub mod config;
+pub mod db;
+pub mod shutdown;
+pub mod telemetry;
+pub mod trace;
+
+pub use tokio_util::sync::CancellationToken;
