@@ -1,5 +1,5 @@
 -- Upgrade from the releases that kept the product's tables in `public` (migrations 1 to 3 recorded
--- in public._sqlx_migrations): their rows move into this schema, then those tables go.
+-- (and 4) in public._sqlx_migrations): their rows move into this schema, then those tables go.
 --
 -- Only tables provably ours are touched: public._sqlx_migrations must hold version 1 with the
 -- checksum of that release's migration file. Pending, published and dead outbox rows keep their
@@ -71,6 +71,16 @@ BEGIN
 
     DROP TABLE public.outbox;
     DROP FUNCTION IF EXISTS public.outbox_notify();
+    -- Release migration 4 (outbox publishable): the functions behind its CHECK constraints.
+    IF EXISTS (SELECT 1 FROM public._sqlx_migrations WHERE version = 4 AND description = 'outbox publishable'
+               AND checksum = '\x84e9f3aa556d89b0db055ac203b3b0f9a448c358be446245a918d5b74826f2f4cf8f6648859f2a3e7145a593cbe56022'::bytea) THEN
+        DROP FUNCTION IF EXISTS public.outbox_unpublishable_reason(text, text, text, timestamptz, jsonb);
+        DROP FUNCTION IF EXISTS public.outbox_headers_flat_scalars(jsonb);
+        DROP FUNCTION IF EXISTS public.outbox_header_names_fit(jsonb);
+        DROP FUNCTION IF EXISTS public.outbox_header_names_not_reserved(jsonb);
+        DROP FUNCTION IF EXISTS public.outbox_headers_fit(jsonb);
+        DELETE FROM public._sqlx_migrations WHERE version = 4 AND description = 'outbox publishable';
+    END IF;
     DROP TABLE IF EXISTS public.relay_partitions;
     DROP TABLE IF EXISTS public.relay_instances;
 

@@ -26,7 +26,7 @@ pub async fn sweep(
     batch: i64,
     shutdown: &CancellationToken,
 ) -> Result<Sweep, sqlx::Error> {
-    let key = format!("consumer.processed_messages.retention:{consumer}");
+    let key = format!("{schema}.processed_messages.retention:{consumer}");
     let mut total = 0u64;
     loop {
         let mut tx = pool.begin().await?;
@@ -42,14 +42,14 @@ pub async fn sweep(
                 Sweep::Deleted(total)
             });
         }
-        let deleted = sqlx::query(
-            schema.sql("DELETE FROM {{schema}}.processed_messages p USING ( \
+        let deleted = sqlx::query(schema.sql(
+            "DELETE FROM {{schema}}.processed_messages p USING ( \
                  SELECT consumer, message_id FROM {{schema}}.processed_messages \
                  WHERE consumer = $1 AND processed_at < now() - make_interval(secs => $2) \
                  LIMIT $3 \
              ) old \
-             WHERE p.consumer = old.consumer AND p.message_id = old.message_id"),
-        )
+             WHERE p.consumer = old.consumer AND p.message_id = old.message_id",
+        ))
         .bind(consumer)
         .bind(retention.as_secs_f64())
         .bind(batch)
