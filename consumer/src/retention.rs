@@ -64,25 +64,23 @@ pub async fn sweep(
     }
 }
 
-/// Runs [`sweep`] every `interval` until `shutdown`.
+/// Runs [`sweep`] every `config.retention_interval` until `shutdown`.
 pub(crate) async fn run_periodically(
     pool: PgPool,
-    schema: Schema,
-    consumer: String,
-    retention: Duration,
-    interval: Duration,
-    batch: i64,
+    config: crate::Config,
     events: Events,
     shutdown: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(interval);
+    let (schema, consumer) = (&config.schema, config.name.as_str());
+    let (retention, batch) = (config.retention, config.retention_batch);
+    let mut tick = tokio::time::interval(config.retention_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match sweep(&pool, &schema, &consumer, retention, batch, &shutdown).await {
+        match sweep(&pool, schema, consumer, retention, batch, &shutdown).await {
             Ok(Sweep::Deleted(n)) => {
                 events.dedup_rows_deleted(n);
                 if n > 0 {

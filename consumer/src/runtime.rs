@@ -132,11 +132,7 @@ impl Consumer {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(crate::retention::run_periodically(
             ctx.pool.clone(),
-            cfg.schema.clone(),
-            cfg.name.clone(),
-            cfg.retention,
-            cfg.retention_interval,
-            cfg.retention_batch,
+            cfg.clone(),
             events.clone(),
             background.clone(),
         ));
