@@ -9,12 +9,16 @@
 //! confirm timeout left, and that view ends before the database's `lease_until`: two relays never
 //! publish one partition at the same time unless the clocks lie or a pause outlasts the lease.
 
+use crate::{set_ready, store};
+use plumbing::telemetry::{ErrorChain, Readiness};
 use shared::schema::Schema;
 use sqlx::PgPool;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 pub const PARTITIONS: i64 = 64;
 
@@ -203,4 +207,36 @@ pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Renews (and rebalances) the leases every quarter lease, reporting PostgreSQL readiness, until
+/// `stop`. New partitions may have a backlog, so gaining one wakes the pipeline.
+pub(crate) async fn renew_loop(
+    pool: PgPool,
+    leases: Arc<Leases>,
+    wake: Arc<Notify>,
+    readiness: Arc<Readiness>,
+    lease: Duration,
+    stop: CancellationToken,
+) {
+    let period = lease / 4;
+    loop {
+        let before = leases.held_count();
+        match store::bounded(leases.tick(&pool)).await {
+            Ok(()) => {
+                set_ready(&readiness, Some(true), None);
+                if leases.held_count() > before {
+                    wake.notify_one(); // new partitions may have a backlog
+                }
+            }
+            Err(e) => {
+                set_ready(&readiness, Some(false), None);
+                tracing::warn!(error = %ErrorChain(&e), "lease renewal failed; partitions are used only while the local lease view lasts");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
 }

@@ -3,7 +3,11 @@
 //!
 //! A short tour:
 //! - [`config`]: flags and env vars ([`RelayConfig`]).
-//! - [`leases`]: which of the 64 outbox partitions this instance publishes; takeover after a crash.
+//! - [`leases`]: which of the 64 outbox partitions this instance publishes; takeover after a crash;
+//!   the renewal loop.
+//! - `listen`: LISTEN/NOTIFY wake-ups, reconnected with backoff (the poll covers the gaps).
+//! - `stats`: the backlog and unrouted-queue gauges, on a timer of their own.
+//! - `retention`: purging published rows kept for `--retention-secs`.
 //! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead rows.
 //! - [`pipeline`]: claims, publishes and marks overlapping; per-aggregate chains keep the order.
 //! - [`encoder`]: the AMQP form of a row, checked (AMQP limits, reserved headers, frame and payload
@@ -24,8 +28,11 @@ pub mod dead;
 pub mod encoder;
 pub mod internal_events;
 pub mod leases;
+mod listen;
 pub(crate) mod pipeline;
 pub mod publisher;
+mod retention;
+mod stats;
 pub mod store;
 
 pub use config::{RelayConfig, RelayOptions};
@@ -33,7 +40,6 @@ pub use config::{RelayConfig, RelayOptions};
 use leases::Leases;
 use plumbing::telemetry::{ErrorChain, Readiness};
 use publisher::Publisher;
-use shared::schema::Schema;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,7 +112,7 @@ pub async fn run_with_pool(
     let wake = Arc::new(Notify::new());
     let tasks = CancellationToken::new();
     let mut handles = vec![
-        tokio::spawn(lease_loop(
+        tokio::spawn(leases::renew_loop(
             pool.clone(),
             leases.clone(),
             wake.clone(),
@@ -114,13 +120,13 @@ pub async fn run_with_pool(
             opts.lease(),
             tasks.clone(),
         )),
-        tokio::spawn(listen_loop(
+        tokio::spawn(listen::listen_loop(
             pool.clone(),
             schema.notify_channel(),
             wake.clone(),
             tasks.clone(),
         )),
-        tokio::spawn(stats_loop(
+        tokio::spawn(stats::stats_loop(
             pool.clone(),
             schema.clone(),
             opts.alternate_exchange.then(|| {
@@ -134,7 +140,7 @@ pub async fn run_with_pool(
         )),
     ];
     if opts.retention_secs > 0 {
-        handles.push(tokio::spawn(retention_loop(
+        handles.push(tokio::spawn(retention::retention_loop(
             pool.clone(),
             schema.clone(),
             Duration::from_secs(opts.retention_secs),
@@ -196,133 +202,4 @@ pub(crate) fn set_ready(readiness: &Readiness, postgres: Option<bool>, rabbitmq:
         readiness.set_rabbitmq(r);
     }
     internal_events::ready(readiness.ready());
-}
-
-async fn lease_loop(
-    pool: PgPool,
-    leases: Arc<Leases>,
-    wake: Arc<Notify>,
-    readiness: Arc<Readiness>,
-    lease: Duration,
-    stop: CancellationToken,
-) {
-    let period = lease / 4;
-    loop {
-        let before = leases.held_count();
-        match store::bounded(leases.tick(&pool)).await {
-            Ok(()) => {
-                set_ready(&readiness, Some(true), None);
-                if leases.held_count() > before {
-                    wake.notify_one(); // new partitions may have a backlog
-                }
-            }
-            Err(e) => {
-                set_ready(&readiness, Some(false), None);
-                tracing::warn!(error = %ErrorChain(&e), "lease renewal failed; partitions are used only while the local lease view lasts");
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(period) => {}
-            _ = stop.cancelled() => return,
-        }
-    }
-}
-
-async fn listen_loop(pool: PgPool, channel: String, wake: Arc<Notify>, stop: CancellationToken) {
-    let mut failures = 0u32;
-    loop {
-        let result = async {
-            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
-            listener.listen(&channel).await?;
-            // Anything committed while we were not listening is found by this wake-up.
-            wake.notify_one();
-            loop {
-                // A notification, or Ok(None) after a reconnect that may have dropped some:
-                // either way, look at the outbox.
-                listener.try_recv().await?;
-                wake.notify_one();
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), sqlx::Error>(())
-        };
-        tokio::select! {
-            r = result => {
-                if let Err(e) = r {
-                    failures += 1;
-                    tracing::warn!(error = %ErrorChain(&e), "LISTEN connection failed; the poll covers until it is back");
-                }
-            }
-            _ = stop.cancelled() => return,
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(plumbing::backoff::delay(failures.max(1), Duration::from_millis(200), Duration::from_secs(5))) => {}
-            _ = stop.cancelled() => return,
-        }
-    }
-}
-
-/// Refreshes the backlog gauges, and the unrouted-queue depth over a connection of its own, so
-/// the publish loop never waits on these.
-async fn stats_loop(
-    pool: PgPool,
-    schema: Schema,
-    amqp: Option<(String, String)>,
-    every: Duration,
-    stop: CancellationToken,
-) {
-    let mut conn: Option<lapin::Connection> = None;
-    loop {
-        match store::bounded(store::backlog(&pool, &schema)).await {
-            Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
-            Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
-        }
-        if let Some((url, exchange)) = &amqp {
-            if !conn.as_ref().is_some_and(|c| c.status().connected()) {
-                conn = plumbing::amqp::connect(url, "outbox-relay-stats")
-                    .await
-                    .ok();
-            }
-            if let Some(c) = &conn
-                && let Some(depth) = publisher::unrouted_depth(c, exchange).await
-            {
-                internal_events::unrouted(depth);
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.cancelled() => break,
-        }
-    }
-    if let Some(c) = conn {
-        let _ = tokio::time::timeout(
-            Duration::from_secs(2),
-            c.close(200, "relay stopping".into()),
-        )
-        .await;
-    }
-}
-
-async fn retention_loop(
-    pool: PgPool,
-    schema: Schema,
-    retention: Duration,
-    stop: CancellationToken,
-) {
-    const BATCH: i64 = 5000;
-    loop {
-        loop {
-            match store::bounded(store::purge_published(&pool, &schema, retention, BATCH)).await {
-                Ok(n) if n as i64 >= BATCH && !stop.is_cancelled() => continue,
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(error = %ErrorChain(&e), "purging published rows failed");
-                    break;
-                }
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(10).min(retention)) => {}
-            _ = stop.cancelled() => return,
-        }
-    }
 }
