@@ -78,7 +78,10 @@ impl IdempotencyError {
 
     /// Whether the response carries `Retry-After: 1`.
     pub fn retry_after(&self) -> bool {
-        matches!(self, Self::InFlight | Self::Superseded | Self::Unavailable(_))
+        matches!(
+            self,
+            Self::InFlight | Self::Superseded | Self::Unavailable(_)
+        )
     }
 
     /// The JSON body sent for this error.

@@ -66,7 +66,13 @@ mod tests {
             serde_json::from_str(r#"{ "b": [1, {"y": 2, "x": "é"}], "a": null }"#).unwrap();
         let b: Value = serde_json::from_str(r#"{"a":null,"b":[1,{"x":"é","y":2}]}"#).unwrap();
         assert_eq!(canonical_json(&a), r#"{"a":null,"b":[1,{"x":"é","y":2}]}"#);
-        assert_eq!(fingerprint("create_order", &a), fingerprint("create_order", &b));
-        assert_ne!(fingerprint("create_order", &a), fingerprint("create_payment", &a));
+        assert_eq!(
+            fingerprint("create_order", &a),
+            fingerprint("create_order", &b)
+        );
+        assert_ne!(
+            fingerprint("create_order", &a),
+            fingerprint("create_payment", &a)
+        );
     }
 }

@@ -15,9 +15,7 @@ use crate::error::IdempotencyError;
 use crate::fingerprint::fingerprint;
 use crate::internal_events::{self, Outcome, ReleaseReason};
 use crate::key::key_from_headers;
-use crate::persistence::{
-    self, Owned, RecordKey, RecordStatus, Reservation, StoredResponse,
-};
+use crate::persistence::{self, Owned, RecordKey, RecordStatus, Reservation, StoredResponse};
 use crate::release::ReleaseGuard;
 use crate::replay::replay;
 use crate::store::Idempotency;
@@ -38,7 +36,7 @@ use tokio::sync::Mutex;
 use uuid::Uuid;
 
 type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
-type FingerprintFn = Arc<dyn Fn(&mut Parts, &Bytes) -> Result<Value, Response> + Send + Sync>;
+type FingerprintFn = Arc<dyn Fn(&mut Parts, &Bytes) -> Result<Value, Box<Response>> + Send + Sync>;
 type LocationFn = Arc<dyn Fn(Uuid) -> String + Send + Sync>;
 type BodyFn = Arc<dyn Fn(&str) -> String + Send + Sync>;
 
@@ -136,11 +134,15 @@ impl IdempotencyLayer {
     /// (canonical JSON of it and the operation). It may answer a 4xx itself (nothing is stored)
     /// and may put the validated request into `parts.extensions` for the handler. Default: the
     /// body as JSON (400 if it is not).
-    pub fn fingerprint(
+    pub fn fingerprint<E: IntoResponse>(
         self,
-        f: impl Fn(&mut Parts, &Bytes) -> Result<Value, Response> + Send + Sync + 'static,
+        f: impl Fn(&mut Parts, &Bytes) -> Result<Value, E> + Send + Sync + 'static,
     ) -> Self {
-        self.with(|c| c.fingerprint = Some(Arc::new(f)))
+        self.with(|c| {
+            c.fingerprint = Some(Arc::new(move |parts: &mut Parts, bytes: &Bytes| {
+                f(parts, bytes).map_err(|e| Box::new(e.into_response()))
+            }))
+        })
     }
 
     /// The `Location` of a created resource (see [`ResourceId`]), set on 2xx responses and replays.
@@ -231,7 +233,7 @@ where
     let normalized = match &config.fingerprint {
         Some(f) => match f(&mut parts, &bytes) {
             Ok(value) => value,
-            Err(response) => return response,
+            Err(response) => return *response,
         },
         None => match serde_json::from_slice::<Value>(&bytes) {
             Ok(value) => value,
@@ -252,14 +254,13 @@ where
     // token-fenced delete removes whatever it reserved (and nothing else).
     let token = Uuid::new_v4();
     let mut guard = ReleaseGuard::new(store.pool.clone(), record.clone(), token);
-    let reservation =
-        match persistence::reserve(store, &record, &fingerprint, token, now).await {
-            Ok(reservation) => reservation,
-            Err(e) => {
-                guard.release(ReleaseReason::Error).await;
-                return IdempotencyError::from(e).into_response();
-            }
-        };
+    let reservation = match persistence::reserve(store, &record, &fingerprint, token, now).await {
+        Ok(reservation) => reservation,
+        Err(e) => {
+            guard.release(ReleaseReason::Error).await;
+            return IdempotencyError::from(e).into_response();
+        }
+    };
     let outcome = match reservation {
         Reservation::Replay(stored) => {
             guard.disarm();
@@ -327,10 +328,22 @@ async fn finish(
     let (mut parts, body) = response.into_parts();
     let body = match axum::body::to_bytes(body, usize::MAX).await {
         Ok(bytes) => bytes,
-        Err(e) => return fail(shared, guard, IdempotencyError::Internal(format!("response body: {e}"))).await,
+        Err(e) => {
+            return fail(
+                shared,
+                guard,
+                IdempotencyError::Internal(format!("response body: {e}")),
+            )
+            .await;
+        }
     };
     let Ok(body) = String::from_utf8(body.to_vec()) else {
-        return fail(shared, guard, IdempotencyError::Internal("response body is not UTF-8".into())).await;
+        return fail(
+            shared,
+            guard,
+            IdempotencyError::Internal("response body is not UTF-8".into()),
+        )
+        .await;
     };
     let resource_id = parts.extensions.get::<ResourceId>().map(|r| r.0);
     let record_status = match (status.is_success(), parts.extensions.get::<Pending>()) {
@@ -338,7 +351,12 @@ async fn finish(
         (true, None) => RecordStatus::Completed,
         (true, Some(_)) if resource_id.is_some() => RecordStatus::Pending,
         (true, Some(_)) => {
-            return fail(shared, guard, IdempotencyError::Internal("Pending without a ResourceId".into())).await;
+            return fail(
+                shared,
+                guard,
+                IdempotencyError::Internal("Pending without a ResourceId".into()),
+            )
+            .await;
         }
     };
     let stored = StoredResponse {
@@ -357,7 +375,12 @@ async fn finish(
     }
     let Some(mut tx) = slot.take() else {
         drop(slot);
-        return fail(shared, guard, IdempotencyError::Internal("effect transaction missing".into())).await;
+        return fail(
+            shared,
+            guard,
+            IdempotencyError::Internal("effect transaction missing".into()),
+        )
+        .await;
     };
     drop(slot);
     match persistence::complete(

@@ -2,7 +2,8 @@
 
 use chrono::Utc;
 use futures::future::join_all;
-use demo::idempotency::{hash_key, mark_replayed};
+use demo::replay_marker::mark_replayed;
+use idempotency::hash_key;
 use demo::{AppState, FaultHook, InjectedFault, ManualClock, Settings, Stage};
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
@@ -810,7 +811,7 @@ async fn purge_deletes_expired_final_records_in_batches_and_skips_processing_and
     let purge = |batch: u32, max_batches: u32| {
         let (pool, now) = (api.db.pool.clone(), clock.now());
         async move {
-            demo::idempotency::purge_expired(&pool, &Default::default(), now, ttl, batch, max_batches)
+            idempotency::purge_expired(&pool, &Default::default(), now, ttl, batch, max_batches)
                 .await
                 .unwrap()
         }
