@@ -24,6 +24,9 @@ pub enum IdempotencyError {
     /// The default fingerprint needs a JSON body: 400.
     #[error("request body must be valid JSON")]
     InvalidJson,
+    /// The body is JSON but not the request the route takes: 422, nothing stored.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
     /// Another request holds a live lease on the key: 409 + `Retry-After`.
     #[error("a request with this Idempotency-Key is still being processed; retry later")]
     InFlight,
@@ -68,7 +71,7 @@ impl IdempotencyError {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InFlight | Self::Superseded => StatusCode::CONFLICT,
-            Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::KeyReused | Self::InvalidRequest(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::NotBehindLayer | Self::Database(_) | Self::Panicked(_) | Self::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR

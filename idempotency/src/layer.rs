@@ -145,6 +145,29 @@ impl IdempotencyLayer {
         })
     }
 
+    /// The fingerprint of a JSON body deserialized as `T`: 400 if it is not JSON, 422 if it is not
+    /// a `T` (both `{"error": ...}`, nothing stored). The fingerprint is taken over `T` serialized
+    /// again (so key order and anything `T` does not keep do not matter); the handler gets the `T`
+    /// as `Extension<T>`.
+    pub fn json<T>(self) -> Self
+    where
+        T: serde::de::DeserializeOwned + serde::Serialize + Clone + Send + Sync + 'static,
+    {
+        self.fingerprint(|parts, bytes| {
+            let request: T = serde_json::from_slice(bytes).map_err(|e| {
+                if e.is_data() {
+                    IdempotencyError::InvalidRequest(e.to_string())
+                } else {
+                    IdempotencyError::InvalidJson
+                }
+            })?;
+            let normalized = serde_json::to_value(&request)
+                .map_err(|e| IdempotencyError::Internal(format!("serializing the request: {e}")))?;
+            parts.extensions.insert(request);
+            Ok::<_, IdempotencyError>(normalized)
+        })
+    }
+
     /// The `Location` of a created resource (see [`ResourceId`]), set on 2xx responses and replays.
     pub fn location(self, f: impl Fn(Uuid) -> String + Send + Sync + 'static) -> Self {
         self.with(|c| c.location = Some(Arc::new(f)))
