@@ -16,6 +16,7 @@ use idempotency::{Effect, Idempotency, IdempotencyError, ResourceId};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use shared::NewMessage;
+use shared::schema::Schema;
 
 #[derive(Clone, Deserialize, Serialize)]
 struct Refund {
@@ -42,14 +43,12 @@ async fn create_refund(
         "refund.requested",
         json!({"id": id}),
     );
-    shared::outbox::enqueue(&mut *tx, &event)
-        .await
-        .map_err(sqlx::Error::from)?;
+    shared::outbox::enqueue(&mut *tx, &event).await?; // same transaction
     Ok((StatusCode::CREATED, ResourceId(id), Json(json!({"id": id}))).into_response())
 }
 
 fn refunds(pool: sqlx::PgPool) -> Router {
-    let idempotent = Idempotency::new(pool)
+    let idempotent = Idempotency::new(pool) // records in outbox.idempotency_keys
         .route("create_refund")
         .scope(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
         .json::<Refund>()
@@ -82,7 +81,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let pool = sqlx::PgPool::connect(&url).await?;
-    shared::migrate::run(&pool, &shared::schema::Schema::default()).await?;
+    let schema = Schema::default(); // the product schema: outbox.messages, outbox.idempotency_keys
+    shared::migrate::run(&pool, &schema).await?;
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS refunds (id uuid PRIMARY KEY, account text NOT NULL, \
          payment_id text NOT NULL, amount bigint NOT NULL CHECK (amount > 0))",

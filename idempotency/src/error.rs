@@ -47,6 +47,9 @@ pub enum IdempotencyError {
     /// Any other database error: 500.
     #[error("database error")]
     Database(#[source] sqlx::Error),
+    /// The handler's outbox message was refused or could not be written: 500.
+    #[error("cannot add the message to the outbox")]
+    Enqueue(#[from] shared::outbox::EnqueueError),
     /// The handler panicked: 500 (the key was released first).
     #[error("request handler panicked: {0}")]
     Panicked(String),
@@ -73,9 +76,11 @@ impl IdempotencyError {
             Self::InFlight | Self::Superseded => StatusCode::CONFLICT,
             Self::KeyReused | Self::InvalidRequest(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::NotBehindLayer | Self::Database(_) | Self::Panicked(_) | Self::Internal(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            Self::NotBehindLayer
+            | Self::Database(_)
+            | Self::Enqueue(_)
+            | Self::Panicked(_)
+            | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

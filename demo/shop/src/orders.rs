@@ -232,7 +232,9 @@ async fn place(
     .bind(&totals)
     .execute(&mut *tx)
     .await?;
-    shared::outbox::enqueue(&mut *tx, &message)
+    // Into the configured product schema, like the idempotency record.
+    shared::outbox::Outbox::new(state.settings.schema.clone())
+        .enqueue(&mut *tx, &message)
         .await
         .map_err(sqlx::Error::from)?;
     drop(tx);
