@@ -12,7 +12,8 @@
 //! - [`auth`]: bearer API keys mapped to tenants, stored hashed; key creation.
 //! - [`error`]: [`ApiError`] and the only error body shapes.
 //! - [`trace_context`]: the W3C `traceparent` put on every event.
-//! - [`internal_events`]: every metric in one place.
+//! - [`internal_events`]: the HTTP request metric (the `api_idempotency_*` metrics are the
+//!   idempotency layer's).
 //! - [`openapi`]: the OpenAPI document served at `/openapi.json`.
 //! - [`config`], [`state`]: configuration, settings, the shared state with its idempotency store
 //!   and injectable clock.
