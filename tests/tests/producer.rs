@@ -1,9 +1,10 @@
 //! The producer API against real PostgreSQL, over real HTTP (axum on 127.0.0.1:0, reqwest).
 
 use chrono::Utc;
-use demo::idempotency::{hash_key, mark_replayed};
+use demo::replay_marker::mark_replayed;
 use demo::{AppState, FaultHook, InjectedFault, ManualClock, Settings, Stage};
 use futures::future::join_all;
+use idempotency::hash_key;
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -828,16 +829,9 @@ async fn purge_deletes_expired_final_records_in_batches_and_skips_processing_and
     let purge = |batch: u32, max_batches: u32| {
         let (pool, now) = (api.db.pool.clone(), clock.now());
         async move {
-            demo::idempotency::purge_expired(
-                &pool,
-                &Default::default(),
-                now,
-                ttl,
-                batch,
-                max_batches,
-            )
-            .await
-            .unwrap()
+            idempotency::purge_expired(&pool, &Default::default(), now, ttl, batch, max_batches)
+                .await
+                .unwrap()
         }
     };
     // Nothing has expired yet except the abandoned reservation.

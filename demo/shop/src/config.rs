@@ -79,7 +79,7 @@ pub struct Settings {
     pub lease: Duration,
     /// Largest accepted request body in bytes.
     pub body_limit: usize,
-    /// Interval of the background purge; `None` disables it (call [`crate::idempotency::purge_expired`]).
+    /// Interval of the background purge; `None` disables it (call `idempotency::purge_expired`).
     pub purge_interval: Option<Duration>,
     /// Rows per purge statement.
     pub purge_batch_size: u32,

@@ -2,9 +2,10 @@
 //! `{"errors": [{"field", "message", "code"}]}`; a 5xx body only `{"error": "..."}`. Causes
 //! (SQL, driver, panic messages) are logged, never sent.
 
-use crate::state::InjectedFault;
+use crate::fault::InjectedFault;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use idempotency::IdempotencyError;
 use plumbing::telemetry::ErrorChain;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -56,14 +57,9 @@ pub enum ApiError {
     NotFound(&'static str),
     #[error("method not allowed")]
     MethodNotAllowed,
-    #[error("a request with this Idempotency-Key is still being processed; retry later")]
-    InFlight,
-    #[error("this Idempotency-Key was already used with a different request")]
-    KeyReused,
-    #[error(
-        "this request was taken over by a retry with the same Idempotency-Key; retry to get its result"
-    )]
-    Superseded,
+    /// What the idempotency layer answers (bad key, 409 in flight or superseded, 422 reuse...).
+    #[error(transparent)]
+    Idempotency(#[from] IdempotencyError),
     #[error("request body too large")]
     PayloadTooLarge,
     #[error("Content-Type must be application/json")]
@@ -98,8 +94,7 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::InFlight | ApiError::Superseded => StatusCode::CONFLICT,
-            ApiError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Idempotency(e) => e.status(),
             ApiError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -117,6 +112,7 @@ impl ApiError {
             ApiError::Validation(errors) => serde_json::to_string(&ValidationErrorBody {
                 errors: errors.clone(),
             }),
+            ApiError::Idempotency(e) => return e.body(),
             ApiError::Unavailable(_) => serde_json::to_string(&ErrorBody {
                 error: "service temporarily unavailable".into(),
             }),
@@ -152,7 +148,10 @@ impl IntoResponse for ApiError {
             ApiError::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            ApiError::InFlight | ApiError::Superseded | ApiError::Unavailable(_) => {
+            ApiError::Unavailable(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ApiError::Idempotency(e) if e.retry_after() => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}

@@ -4,7 +4,7 @@
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{ProducerError, auth, idempotency, internal_events, openapi, orders, payments};
+use crate::{ProducerError, auth, internal_events, openapi, orders, payments};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::Method;
@@ -22,9 +22,15 @@ use tokio_util::sync::CancellationToken;
 pub fn app(state: AppState) -> Router {
     internal_events::describe();
     let api = Router::new()
-        .route("/orders", post(orders::create_order))
+        .route(
+            "/orders",
+            post(orders::create_order).layer(orders::idempotency(&state)),
+        )
         .route("/orders/{id}", get(orders::get_order))
-        .route("/payments", post(payments::create_payment))
+        .route(
+            "/payments",
+            post(payments::create_payment).layer(payments::idempotency(&state)),
+        )
         .route("/payments/{id}", get(payments::get_payment))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -115,7 +121,18 @@ pub async fn start(
     let local = listener
         .local_addr()
         .map_err(|source| ProducerError::Bind { addr, source })?;
-    tokio::spawn(idempotency::purge_loop(state.clone(), shutdown.clone()));
+    if let Some(interval) = state.settings.purge_interval {
+        let purge = idempotency::PurgeSettings {
+            interval,
+            batch_size: state.settings.purge_batch_size,
+            max_batches: state.settings.purge_max_batches,
+        };
+        tokio::spawn(idempotency::purge_loop(
+            state.idempotency.clone(),
+            purge,
+            shutdown.clone().cancelled_owned(),
+        ));
+    }
     tokio::spawn(readiness_loop(state.clone(), shutdown.clone()));
     let router = app(state);
     let task = tokio::spawn(async move {

@@ -4,37 +4,42 @@
 //!
 //! A short tour:
 //! - [`http`]: the router ([`app`]), middleware, fallbacks and the server ([`start`], [`run`]).
-//! - [`orders`], [`payments`]: the handlers, request and response types.
-//! - [`idempotency`]: Idempotency-Key rules, fingerprints, reservation before the effect, fenced
-//!   completion, release on failure, replay, expiry and purge.
+//! - [`orders`], [`payments`]: the handlers, request and response types, and each route's
+//!   Idempotency-Key layer (the `idempotency` crate: reservation before the effect, the effect's
+//!   transaction, fenced completion, release on failure, replay, expiry and purge).
+//! - [`replay_marker`]: the `"replayed": true` the demo's replays carry in their body.
 //! - [`validation`]: strict parsing of request bodies (field errors as `{"errors": [...]}`).
 //! - [`auth`]: bearer API keys mapped to tenants, stored hashed; key creation.
 //! - [`error`]: [`ApiError`] and the only error body shapes.
 //! - [`trace_context`]: the W3C `traceparent` put on every event.
-//! - [`internal_events`]: every metric in one place.
+//! - [`internal_events`]: the HTTP request metric (the `api_idempotency_*` metrics are the
+//!   idempotency layer's).
 //! - [`openapi`]: the OpenAPI document served at `/openapi.json`.
-//! - [`config`], [`state`]: configuration, settings, the shared state with its injectable clock and
-//!   fault hook.
+//! - [`config`], [`state`]: configuration, settings, the shared state with its idempotency store
+//!   and injectable clock.
+//! - [`fault`]: the fault-injection hook tests use and the operations it is called for.
 
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod fault;
 pub mod http;
-pub mod idempotency;
 pub mod internal_events;
 pub mod ledger;
 pub mod migrate;
 pub mod openapi;
 pub mod orders;
 pub mod payments;
+pub mod replay_marker;
 pub mod state;
 pub mod trace_context;
 pub mod validation;
 
 pub use config::{Config, Settings};
 pub use error::ApiError;
+pub use fault::{FaultHook, InjectedFault, Operation, Stage};
 pub use http::{Server, app, start};
-pub use state::{AppState, Clock, FaultHook, InjectedFault, ManualClock, Stage};
+pub use state::{AppState, Clock, ManualClock};
 
 use std::net::SocketAddr;
 use std::time::Duration;

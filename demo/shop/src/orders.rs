@@ -3,17 +3,19 @@
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
-use crate::idempotency::{self, EffectCtx, Operation, RecordStatus, StoredResponse};
-use crate::state::{AppState, Stage};
+use crate::fault::{Operation, Stage};
+use crate::replay_marker::mark_replayed;
+use crate::state::AppState;
 use crate::{trace_context, validation};
 use axum::Extension;
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
+use idempotency::{Effect, IdempotencyLayer, ResourceId};
 use serde::{Deserialize, Serialize};
 use shared::NewMessage;
 use tracing::Instrument;
@@ -118,32 +120,48 @@ pub struct OrderCreated {
 pub async fn create_order(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
+    Extension(order): Extension<validation::NewOrder>,
+    effect: Effect,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let key = idempotency::key_from_headers(&headers)?;
-    let order = validation::order(&validation::json_body(&headers, body)?)?;
-    let fingerprint = idempotency::fingerprint(Operation::CreateOrder, &order.normalized());
     let (span, traceparent) = trace_context::request_span(&headers, "create_order");
-    let tenant_name = tenant.0.clone();
-    idempotency::execute(
-        &state,
-        &tenant_name,
-        Operation::CreateOrder,
-        key,
-        fingerprint,
-        move |ctx| Box::pin(place(ctx, tenant, order, traceparent)),
-    )
-    .instrument(span)
-    .await
+    place(state, effect, tenant, order, traceparent)
+        .instrument(span)
+        .await
+}
+
+/// The Idempotency-Key layer of `POST /orders`: scoped by tenant, fingerprinted over the validated
+/// order (which the handler gets as an extension).
+pub(crate) fn idempotency(state: &AppState) -> IdempotencyLayer {
+    state
+        .idempotency
+        .route(Operation::CreateOrder.as_str())
+        .scope(tenant_scope)
+        .fingerprint(|parts, bytes| {
+            let order = validation::json_body(&parts.headers, Ok(bytes.clone()))
+                .and_then(|body| validation::order(&body))?;
+            let normalized = order.normalized();
+            parts.extensions.insert(order);
+            Ok::<_, ApiError>(normalized)
+        })
+        .location(|id| Operation::CreateOrder.location(id))
+        .replay_body(mark_replayed)
+}
+
+/// The scope of a key: the tenant the API-key middleware authenticated.
+pub(crate) fn tenant_scope(parts: &Parts) -> Option<String> {
+    parts.extensions.get::<Tenant>().map(|t| t.0.clone())
 }
 
 async fn place(
-    ctx: EffectCtx,
+    state: AppState,
+    effect: Effect,
     tenant: Tenant,
     order: validation::NewOrder,
     traceparent: String,
-) -> Result<StoredResponse, ApiError> {
+) -> Result<Response, ApiError> {
+    state.hook(Stage::Reserved, Operation::CreateOrder).await?;
+    let now = effect.now();
     let id = Uuid::now_v7();
     let created = OrderCreated {
         order: Order {
@@ -162,16 +180,11 @@ async fn place(
                 .collect(),
             total_amount: order.total_amount,
             status: "placed".into(),
-            created_at: ctx.now,
+            created_at: now,
         },
         replayed: false,
     };
     let body = serde_json::to_string(&created).map_err(|e| ApiError::Internal(e.to_string()))?;
-    let stored = StoredResponse {
-        status: 201,
-        body,
-        resource_id: Some(id),
-    };
 
     let event = serde_json::json!({
         "order_id": id,
@@ -180,18 +193,16 @@ async fn place(
         "currency": order.currency,
         "items": created.order.items,
         "total_amount": order.total_amount,
-        "placed_at": ctx.now,
+        "placed_at": now,
     });
     let message = NewMessage::new("order", id.to_string(), "order.placed", event)
         .with_header("traceparent", traceparent)
         .with_header("tenant", tenant.0.clone());
     tracing::Span::current().record("message_id", tracing::field::display(message.id));
 
-    let mut tx = ctx.state.pool.begin().await?;
-    // Fenced first: the record row stays locked until commit, and a holder that lost its lease
-    // stops here.
-    ctx.finish(&mut tx, RecordStatus::Completed, &stored)
-        .await?;
+    // The effect's transaction: it begins by locking the record under our fencing token (a holder
+    // that lost its lease stops here); the layer completes the record in it and commits.
+    let mut tx = effect.tx().await?;
     sqlx::query(
         "INSERT INTO demo.orders (id, tenant, customer_id, currency, total_amount, status, created_at) \
          VALUES ($1, $2, $3, $4, $5, 'placed', $6)",
@@ -201,7 +212,7 @@ async fn place(
     .bind(&order.customer_id)
     .bind(&order.currency)
     .bind(order.total_amount)
-    .bind(ctx.now)
+    .bind(now)
     .execute(&mut *tx)
     .await?;
     let line_nos: Vec<i32> = (1..).take(order.items.len()).collect();
@@ -221,12 +232,31 @@ async fn place(
     .bind(&totals)
     .execute(&mut *tx)
     .await?;
-    shared::outbox::enqueue(&mut *tx, &message)
+    // Into the configured product schema, like the idempotency record.
+    shared::outbox::Outbox::new(state.settings.schema.clone())
+        .enqueue(&mut *tx, &message)
         .await
         .map_err(sqlx::Error::from)?;
-    ctx.hook(Stage::BeforeCommit).await?;
-    tx.commit().await?;
-    Ok(stored)
+    drop(tx);
+    state
+        .hook(Stage::BeforeCommit, Operation::CreateOrder)
+        .await?;
+    Ok(json_response(StatusCode::CREATED, ResourceId(id), body))
+}
+
+/// A JSON response with the parts the idempotency layer reads.
+pub(crate) fn json_response(
+    status: StatusCode,
+    parts: impl axum::response::IntoResponseParts,
+    body: String,
+) -> Response {
+    (
+        status,
+        parts,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
 }
 
 /// Reads an order of the caller's tenant.

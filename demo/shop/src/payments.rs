@@ -3,18 +3,19 @@
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ErrorBody, FieldError, ValidationErrorBody};
-use crate::idempotency::{self, EffectCtx, Operation, RecordStatus, StoredResponse};
-use crate::orders::{PositiveInteger, parse_id};
-use crate::state::{AppState, Stage};
+use crate::fault::{Operation, Stage};
+use crate::orders::{PositiveInteger, json_response, parse_id, tenant_scope};
+use crate::replay_marker::mark_replayed;
+use crate::state::AppState;
 use crate::{trace_context, validation};
 use axum::Extension;
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
+use idempotency::{Effect, IdempotencyLayer, Pending, ResourceId};
 use serde::{Deserialize, Serialize};
 use shared::NewMessage;
 use tracing::Instrument;
@@ -85,33 +86,46 @@ pub struct PaymentAccepted {
 pub async fn create_payment(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
+    Extension(payment): Extension<validation::NewPayment>,
+    effect: Effect,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let key = idempotency::key_from_headers(&headers)?;
-    let payment = validation::payment(&validation::json_body(&headers, body)?)?;
-    let fingerprint = idempotency::fingerprint(Operation::CreatePayment, &payment.normalized());
     let (span, traceparent) = trace_context::request_span(&headers, "create_payment");
-    let tenant_name = tenant.0.clone();
-    idempotency::execute(
-        &state,
-        &tenant_name,
-        Operation::CreatePayment,
-        key,
-        fingerprint,
-        move |ctx| Box::pin(request(ctx, tenant, payment, traceparent)),
-    )
-    .instrument(span)
-    .await
+    request(state, effect, tenant, payment, traceparent)
+        .instrument(span)
+        .await
+}
+
+/// The Idempotency-Key layer of `POST /payments`: scoped by tenant, fingerprinted over the
+/// validated payment (which the handler gets as an extension).
+pub(crate) fn idempotency(state: &AppState) -> IdempotencyLayer {
+    state
+        .idempotency
+        .route(Operation::CreatePayment.as_str())
+        .scope(tenant_scope)
+        .fingerprint(|parts, bytes| {
+            let payment = validation::json_body(&parts.headers, Ok(bytes.clone()))
+                .and_then(|body| validation::payment(&body))?;
+            let normalized = payment.normalized();
+            parts.extensions.insert(payment);
+            Ok::<_, ApiError>(normalized)
+        })
+        .location(|id| Operation::CreatePayment.location(id))
+        .replay_body(mark_replayed)
 }
 
 async fn request(
-    ctx: EffectCtx,
+    state: AppState,
+    effect: Effect,
     tenant: Tenant,
     payment: validation::NewPayment,
     traceparent: String,
-) -> Result<StoredResponse, ApiError> {
-    let mut tx = ctx.state.pool.begin().await?;
+) -> Result<Response, ApiError> {
+    state
+        .hook(Stage::Reserved, Operation::CreatePayment)
+        .await?;
+    let now = effect.now();
+    let mut tx = effect.tx().await?;
     let order_currency: Option<String> =
         sqlx::query_scalar("SELECT currency FROM demo.orders WHERE id = $1 AND tenant = $2")
             .bind(payment.order_id)
@@ -119,7 +133,8 @@ async fn request(
             .fetch_optional(&mut *tx)
             .await?;
 
-    // Definitive business errors are stored (status failed) and replayed like successes.
+    // Definitive business errors (4xx) are stored by the layer (status failed) and replayed like
+    // successes.
     let definitive_error = match order_currency {
         None => Some(ApiError::NotFound("order")),
         Some(currency) if currency != payment.currency => {
@@ -132,15 +147,11 @@ async fn request(
         Some(_) => None,
     };
     if let Some(error) = definitive_error {
-        let stored = StoredResponse {
-            status: error.status().as_u16(),
-            body: error.body(),
-            resource_id: None,
-        };
-        ctx.finish(&mut tx, RecordStatus::Failed, &stored).await?;
-        ctx.hook(Stage::BeforeCommit).await?;
-        tx.commit().await?;
-        return Ok(stored);
+        drop(tx);
+        state
+            .hook(Stage::BeforeCommit, Operation::CreatePayment)
+            .await?;
+        return Err(error);
     }
 
     let id = Uuid::now_v7();
@@ -151,33 +162,25 @@ async fn request(
             amount: payment.amount,
             currency: payment.currency.clone(),
             status: "pending".into(),
-            created_at: ctx.now,
-            updated_at: ctx.now,
+            created_at: now,
+            updated_at: now,
         },
         replayed: false,
     };
     let body = serde_json::to_string(&accepted).map_err(|e| ApiError::Internal(e.to_string()))?;
-    let stored = StoredResponse {
-        status: 202,
-        body,
-        resource_id: Some(id),
-    };
     let event = serde_json::json!({
         "payment_id": id,
         "order_id": payment.order_id,
         "tenant": tenant.0,
         "amount": payment.amount,
         "currency": payment.currency,
-        "requested_at": ctx.now,
+        "requested_at": now,
     });
     let message = NewMessage::new("payment", id.to_string(), "payment.requested", event)
         .with_header("traceparent", traceparent)
         .with_header("tenant", tenant.0.clone());
     tracing::Span::current().record("message_id", tracing::field::display(message.id));
 
-    // The outcome of the charge is not known yet: the record stays `pending` (never purged) until
-    // the payment leaves `pending` (trigger in the migration).
-    ctx.finish(&mut tx, RecordStatus::Pending, &stored).await?;
     sqlx::query(
         "INSERT INTO demo.payments (id, tenant, order_id, amount, currency, status, created_at, updated_at) \
          VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6)",
@@ -187,15 +190,25 @@ async fn request(
     .bind(payment.order_id)
     .bind(payment.amount)
     .bind(&payment.currency)
-    .bind(ctx.now)
+    .bind(now)
     .execute(&mut *tx)
     .await?;
-    shared::outbox::enqueue(&mut *tx, &message)
+    // Into the configured product schema, like the idempotency record.
+    shared::outbox::Outbox::new(state.settings.schema.clone())
+        .enqueue(&mut *tx, &message)
         .await
         .map_err(sqlx::Error::from)?;
-    ctx.hook(Stage::BeforeCommit).await?;
-    tx.commit().await?;
-    Ok(stored)
+    drop(tx);
+    state
+        .hook(Stage::BeforeCommit, Operation::CreatePayment)
+        .await?;
+    // The outcome of the charge is not known yet: the record is stored `pending` (never purged)
+    // until the payment leaves `pending` (trigger in the demo's migration).
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        (ResourceId(id), Pending),
+        body,
+    ))
 }
 
 /// Reads a payment of the caller's tenant, with its current status.

@@ -1,16 +1,17 @@
-//! The state every handler shares: the pool, the settings, the clock and the fault-injection hook.
+//! The state every handler shares: the pool, the settings, the idempotency store with its clock,
+//! and the fault-injection hook.
 
 use crate::config::Settings;
-use crate::idempotency::Operation;
-use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
-use futures::future::BoxFuture;
+use crate::fault::{FaultHook, InjectedFault, Operation, Stage};
+use chrono::{DateTime, TimeDelta, Utc};
+use idempotency::Idempotency;
 use plumbing::telemetry::Readiness;
 use sqlx::PgPool;
 use std::sync::{Arc, Mutex};
 
 /// The application clock. Every time the producer stores or compares (reservation, lease, expiry,
 /// created_at) comes from it, never from the database, so tests move time without sleeping.
-pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
+pub use idempotency::Clock;
 
 /// The wall clock.
 pub fn system_clock() -> Clock {
@@ -44,32 +45,12 @@ impl ManualClock {
     }
 }
 
-/// Points of a POST where the fault hook is called.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// The key is reserved (record `processing`), the effect transaction has not started.
-    Reserved,
-    /// The effect transaction wrote everything (business rows, outbox event, final record) and is
-    /// about to commit.
-    BeforeCommit,
-}
-
-/// A failure injected by the fault hook; handled like a database error at that point.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("injected fault: {0}")]
-pub struct InjectedFault(pub String);
-
-/// Fault injection for tests: called at every [`Stage`] of every POST. It may return an error,
-/// panic, or wait (to hold a request in `processing`).
-pub type FaultHook =
-    Arc<dyn Fn(Stage, Operation) -> BoxFuture<'static, Result<(), InjectedFault>> + Send + Sync>;
-
 /// Shared state of the router: cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
     pub(crate) pool: PgPool,
     pub(crate) settings: Settings,
-    pub(crate) clock: Clock,
+    pub(crate) idempotency: Idempotency,
     pub(crate) fault_hook: Option<FaultHook>,
     pub(crate) readiness: Arc<Readiness>,
 }
@@ -79,10 +60,14 @@ impl AppState {
     pub fn new(pool: PgPool, settings: Settings) -> Self {
         let readiness = Readiness::without_rabbitmq();
         readiness.set_postgres(true);
+        let idempotency = Idempotency::new(pool.clone())
+            .schema(settings.schema.clone())
+            .ttl(settings.idempotency_ttl)
+            .lease(settings.lease);
         Self {
             pool,
             settings,
-            clock: system_clock(),
+            idempotency,
             fault_hook: None,
             readiness,
         }
@@ -90,7 +75,7 @@ impl AppState {
 
     /// Replaces the clock.
     pub fn with_clock(mut self, clock: Clock) -> Self {
-        self.clock = clock;
+        self.idempotency = self.idempotency.clock(clock);
         self
     }
 
@@ -112,10 +97,9 @@ impl AppState {
         &self.readiness
     }
 
-    /// The current time, truncated to microseconds (what PostgreSQL stores), so a response written
-    /// from it equals what a later GET reads back.
-    pub fn now(&self) -> DateTime<Utc> {
-        (self.clock)().trunc_subsecs(6)
+    /// The idempotency store the POST routes are layered with.
+    pub fn idempotency(&self) -> &Idempotency {
+        &self.idempotency
     }
 
     pub(crate) async fn hook(
@@ -128,20 +112,4 @@ impl AppState {
             None => Ok(()),
         }
     }
-}
-
-/// `now + d`, saturating at the far future instead of overflowing.
-pub(crate) fn add(now: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
-    TimeDelta::from_std(d)
-        .ok()
-        .and_then(|d| now.checked_add_signed(d))
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
-}
-
-/// `now - d`, saturating at the far past.
-pub(crate) fn sub(now: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
-    TimeDelta::from_std(d)
-        .ok()
-        .and_then(|d| now.checked_sub_signed(d))
-        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }

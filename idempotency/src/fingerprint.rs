@@ -1,0 +1,78 @@
+//! The fingerprint of a request: SHA-256 over the canonical JSON (object keys sorted bytewise, no
+//! whitespace) of the operation and the validated, normalized request. Key order, whitespace and
+//! whatever the service's normalization folds (e.g. `"250"` and `250`) do not change it.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Version of the fingerprint input; bump it when the canonical form changes.
+pub const FINGERPRINT_VERSION: u32 = 1;
+
+/// Canonical JSON: object keys sorted (bytewise), no whitespace, numbers and strings as
+/// serde_json writes them. Independent of serde_json's `preserve_order` feature.
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                write_canonical(v, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// The fingerprint of `normalized_request` for `operation`.
+pub fn fingerprint(operation: &str, normalized_request: &Value) -> [u8; 32] {
+    let input = serde_json::json!({
+        "v": FINGERPRINT_VERSION,
+        "operation": operation,
+        "request": normalized_request,
+    });
+    Sha256::digest(canonical_json(&input).as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_and_drops_whitespace() {
+        let a: Value =
+            serde_json::from_str(r#"{ "b": [1, {"y": 2, "x": "é"}], "a": null }"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"a":null,"b":[1,{"x":"é","y":2}]}"#).unwrap();
+        assert_eq!(canonical_json(&a), r#"{"a":null,"b":[1,{"x":"é","y":2}]}"#);
+        assert_eq!(
+            fingerprint("create_order", &a),
+            fingerprint("create_order", &b)
+        );
+        assert_ne!(
+            fingerprint("create_order", &a),
+            fingerprint("create_payment", &a)
+        );
+    }
+}

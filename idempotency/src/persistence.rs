@@ -1,0 +1,332 @@
+//! The records in `{{schema}}.idempotency_keys` (primary key `(scope, operation, key_hash)`) and
+//! every statement on them:
+//!
+//! 1. [`reserve`] in its own statement, before any effect:
+//!    `INSERT ... status 'processing', lease ... ON CONFLICT DO NOTHING`. One row inserted: this
+//!    request owns the key. Otherwise the existing record decides: expired → taken over as new;
+//!    other fingerprint → 422; processing with a live lease → 409; processing with an expired
+//!    lease (its holder died) → taken over; completed, failed or pending → replayed. Takeovers are
+//!    compare-and-set `UPDATE`s, so exactly one contender wins.
+//! 2. [`lock`] opens the effect's transaction: the record row is locked `FOR UPDATE` if this
+//!    request's token still holds it, so a holder whose lease was taken over stops there.
+//! 3. [`complete`] writes the final state in that same transaction, fenced by the token again.
+//! 4. [`release`] deletes a reservation whose effect did not commit (fenced by the token), so a
+//!    retry runs anew.
+
+use crate::key::KeyHash;
+use crate::store::{Idempotency, add};
+use chrono::{DateTime, Utc};
+use shared::schema::Schema;
+use sqlx::{PgConnection, PgPool};
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// How often reserve retries when the record it conflicted with vanished or changed under it.
+const RESERVE_ATTEMPTS: usize = 4;
+
+/// States of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordStatus {
+    /// Reserved; the effect has not committed (holds a lease).
+    Processing,
+    /// A 2xx response is stored.
+    Completed,
+    /// A definitive 4xx response is stored.
+    Failed,
+    /// A 2xx response is stored but the downstream outcome is open: never purged until something
+    /// (e.g. a trigger on the resource) moves it to `completed`. Needs a resource id.
+    Pending,
+}
+
+impl RecordStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordStatus::Processing => "processing",
+            RecordStatus::Completed => "completed",
+            RecordStatus::Failed => "failed",
+            RecordStatus::Pending => "pending",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "processing" => RecordStatus::Processing,
+            "completed" => RecordStatus::Completed,
+            "failed" => RecordStatus::Failed,
+            "pending" => RecordStatus::Pending,
+            _ => return None,
+        })
+    }
+}
+
+/// A response as stored with its record and replayed to retries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    /// Exact body as first sent.
+    pub body: String,
+    /// The created resource (gives `Location`).
+    pub resource_id: Option<Uuid>,
+}
+
+/// What a record is keyed by.
+#[derive(Debug, Clone)]
+pub(crate) struct RecordKey {
+    pub schema: Schema,
+    pub scope: String,
+    pub operation: Arc<str>,
+    pub key: KeyHash,
+}
+
+/// How this request came to own a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owned {
+    New,
+    Expired,
+    TakenOver,
+}
+
+/// What reserving a key found.
+#[derive(Debug)]
+pub(crate) enum Reservation {
+    /// This request holds the key with its token and runs the effect.
+    Owned(Owned),
+    /// A stored response to send again.
+    Replay(StoredResponse),
+    /// Another request holds a live lease on the key.
+    InFlight,
+    /// The key was used with another payload.
+    Mismatch,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct RecordRow {
+    fingerprint: Vec<u8>,
+    status: String,
+    response_status: Option<i16>,
+    response_body: Option<String>,
+    resource_id: Option<Uuid>,
+    lease_token: Option<Uuid>,
+    lease_expires_at: Option<DateTime<Utc>>,
+    expires_at: DateTime<Utc>,
+}
+
+impl RecordRow {
+    /// Expired records count as new: final records after their TTL, and reservations whose TTL and
+    /// lease have both passed. Pending records wait for their downstream outcome.
+    fn is_expired(&self, now: DateTime<Utc>) -> bool {
+        self.expires_at <= now
+            && match RecordStatus::parse(&self.status) {
+                Some(RecordStatus::Completed | RecordStatus::Failed) => true,
+                Some(RecordStatus::Processing) => self.lease_expires_at.is_some_and(|l| l <= now),
+                Some(RecordStatus::Pending) | None => false,
+            }
+    }
+}
+
+/// Reserves `record` for a request with `fingerprint` under the fencing `token` (fresh per
+/// request), or tells what the existing record says.
+pub(crate) async fn reserve(
+    store: &Idempotency,
+    record: &RecordKey,
+    fingerprint: &[u8; 32],
+    token: Uuid,
+    now: DateTime<Utc>,
+) -> Result<Reservation, sqlx::Error> {
+    let pool = &store.pool;
+    let lease_until = add(now, store.lease);
+    let expires_at = add(now, store.ttl);
+    for _ in 0..RESERVE_ATTEMPTS {
+        let inserted = sqlx::query(record.schema.sql(
+            "INSERT INTO {{schema}}.idempotency_keys \
+                 (scope, operation, key_hash, fingerprint, status, lease_token, lease_expires_at, \
+                  created_at, updated_at, expires_at) \
+             VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $7, $8) \
+             ON CONFLICT (scope, operation, key_hash) DO NOTHING",
+        ))
+        .bind(&record.scope)
+        .bind(&*record.operation)
+        .bind(&record.key.0[..])
+        .bind(&fingerprint[..])
+        .bind(token)
+        .bind(lease_until)
+        .bind(now)
+        .bind(expires_at)
+        .execute(pool)
+        .await?
+        .rows_affected()
+            == 1;
+        if inserted {
+            return Ok(Reservation::Owned(Owned::New));
+        }
+
+        let row: Option<RecordRow> = sqlx::query_as(record.schema.sql(
+            "SELECT fingerprint, status, response_status, response_body, resource_id, lease_token, \
+                    lease_expires_at, expires_at \
+             FROM {{schema}}.idempotency_keys WHERE scope = $1 AND operation = $2 AND key_hash = $3",
+        ))
+        .bind(&record.scope)
+        .bind(&*record.operation)
+        .bind(&record.key.0[..])
+        .fetch_optional(pool)
+        .await?;
+        // Released or purged since our insert conflicted: try to insert again.
+        let Some(row) = row else { continue };
+
+        if row.is_expired(now) {
+            let taken = sqlx::query(record.schema.sql(
+                "UPDATE {{schema}}.idempotency_keys SET status = 'processing', fingerprint = $4, \
+                        lease_token = $5, lease_expires_at = $6, response_status = NULL, \
+                        response_body = NULL, resource_id = NULL, created_at = $7, updated_at = $7, \
+                        expires_at = $8 \
+                 WHERE scope = $1 AND operation = $2 AND key_hash = $3 AND expires_at <= $7 \
+                   AND (status IN ('completed', 'failed') \
+                        OR (status = 'processing' AND lease_expires_at <= $7))",
+            ))
+            .bind(&record.scope)
+            .bind(&*record.operation)
+            .bind(&record.key.0[..])
+            .bind(&fingerprint[..])
+            .bind(token)
+            .bind(lease_until)
+            .bind(now)
+            .bind(expires_at)
+            .execute(pool)
+            .await?
+            .rows_affected()
+                == 1;
+            if taken {
+                return Ok(Reservation::Owned(Owned::Expired));
+            }
+            continue;
+        }
+
+        if row.fingerprint.as_slice() != fingerprint.as_slice() {
+            return Ok(Reservation::Mismatch);
+        }
+
+        match RecordStatus::parse(&row.status) {
+            Some(RecordStatus::Processing) => {
+                let lease_expired = row.lease_expires_at.is_some_and(|l| l <= now);
+                if !lease_expired {
+                    return Ok(Reservation::InFlight);
+                }
+                // The holder died (or hangs): compare-and-set on the token we saw.
+                let taken = sqlx::query(record.schema.sql(
+                    "UPDATE {{schema}}.idempotency_keys \
+                     SET lease_token = $5, lease_expires_at = $6, updated_at = $7 \
+                     WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+                       AND status = 'processing' AND lease_token = $4",
+                ))
+                .bind(&record.scope)
+                .bind(&*record.operation)
+                .bind(&record.key.0[..])
+                .bind(row.lease_token)
+                .bind(token)
+                .bind(lease_until)
+                .bind(now)
+                .execute(pool)
+                .await?
+                .rows_affected()
+                    == 1;
+                if taken {
+                    return Ok(Reservation::Owned(Owned::TakenOver));
+                }
+                continue;
+            }
+            Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::Pending) => {
+                if let (Some(status), Some(body)) = (row.response_status, row.response_body) {
+                    return Ok(Reservation::Replay(StoredResponse {
+                        status: u16::try_from(status).unwrap_or(500),
+                        body,
+                        resource_id: row.resource_id,
+                    }));
+                }
+                tracing::error!(key = %record.key.log_id(), "final idempotency record without a response");
+                return Ok(Reservation::InFlight);
+            }
+            None => {
+                tracing::error!(key = %record.key.log_id(), status = %row.status, "unknown idempotency record status");
+                return Ok(Reservation::InFlight);
+            }
+        }
+    }
+    // The record kept changing under us: the client may retry shortly.
+    Ok(Reservation::InFlight)
+}
+
+/// Locks the record inside the effect's transaction if `token` still holds it. Returns false when
+/// the lease was taken over: the caller must roll back.
+pub(crate) async fn lock(
+    conn: &mut PgConnection,
+    record: &RecordKey,
+    token: Uuid,
+) -> Result<bool, sqlx::Error> {
+    let held: Option<i32> = sqlx::query_scalar(record.schema.sql(
+        "SELECT 1 FROM {{schema}}.idempotency_keys \
+         WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+           AND status = 'processing' AND lease_token = $4 \
+         FOR UPDATE",
+    ))
+    .bind(&record.scope)
+    .bind(&*record.operation)
+    .bind(&record.key.0[..])
+    .bind(token)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(held.is_some())
+}
+
+/// Writes the final state of a record inside the effect's transaction, if `token` still holds it.
+/// Returns false when the lease was taken over: the caller must roll back.
+pub(crate) async fn complete(
+    conn: &mut PgConnection,
+    record: &RecordKey,
+    token: Uuid,
+    status: RecordStatus,
+    response: &StoredResponse,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let status_code = i16::try_from(response.status).unwrap_or(500);
+    let done = sqlx::query(record.schema.sql(
+        "UPDATE {{schema}}.idempotency_keys SET status = $5, response_status = $6, \
+                response_body = $7, resource_id = $8, lease_token = NULL, lease_expires_at = NULL, \
+                updated_at = $9 \
+         WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+           AND status = 'processing' AND lease_token = $4",
+    ))
+    .bind(&record.scope)
+    .bind(&*record.operation)
+    .bind(&record.key.0[..])
+    .bind(token)
+    .bind(status.as_str())
+    .bind(status_code)
+    .bind(&response.body)
+    .bind(response.resource_id)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    Ok(done == 1)
+}
+
+/// Deletes a reservation this request still holds (no effect committed), so a retry runs anew.
+pub(crate) async fn release(
+    pool: &PgPool,
+    record: &RecordKey,
+    token: Uuid,
+) -> Result<bool, sqlx::Error> {
+    let n = sqlx::query(record.schema.sql(
+        "DELETE FROM {{schema}}.idempotency_keys \
+         WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+           AND status = 'processing' AND lease_token = $4",
+    ))
+    .bind(&record.scope)
+    .bind(&*record.operation)
+    .bind(&record.key.0[..])
+    .bind(token)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(n == 1)
+}

@@ -1,0 +1,34 @@
+//! Sending a stored response again: the stored status and body bytes, `Content-Type:
+//! application/json`, `Idempotent-Replayed: true`, and `Location` for a 2xx with a resource.
+//! A service may transform the replayed body (e.g. flip a `"replayed":false` marker), see
+//! [`crate::IdempotencyLayer::replay_body`]; by default the body is byte-identical.
+
+use crate::layer::Config;
+use crate::persistence::StoredResponse;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+/// Response header set on replays.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The HTTP response replaying `stored`.
+pub(crate) fn replay(config: &Config, stored: &StoredResponse) -> Response {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = match &config.replay_body {
+        Some(transform) => transform(&stored.body),
+        None => stored.body.clone(),
+    };
+    let mut response = (status, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    if status.is_success()
+        && let Some(location) = config.location_of(stored.resource_id)
+    {
+        headers.insert(header::LOCATION, location);
+    }
+    response
+}
