@@ -36,6 +36,8 @@ impl ChargeOutcome {
 
 /// Registers every series at zero, so that dashboards see them before the first event.
 pub fn describe() {
+    // The recorder must exist first, or these registrations go nowhere.
+    let _ = plumbing::telemetry::metrics_handle();
     for o in [
         ChargeOutcome::Succeeded,
         ChargeOutcome::Declined,
