@@ -365,7 +365,7 @@ async fn timeout_after_charge_charges_although_the_caller_gave_up() {
     // A retry with the same key, once the provider answers in time, gets the same charge.
     p.admin.set_faults("").await.unwrap();
     let replayed = p
-        .client
+        .admin
         .charge("order-t", 700, "EUR", Some("key-t"))
         .await
         .unwrap();
@@ -449,7 +449,8 @@ async fn slow_answers_late_but_charges() {
 
 #[tokio::test]
 async fn idempotency_keys_replay_refuse_mismatches_and_serialise_races() {
-    let p = Provider::start(&[]).await;
+    // A connection for each of the 20 racing requests: none waits for the pool.
+    let p = Provider::start(&[("PROVIDER_DB_MAX_CONNECTIONS", "25")]).await;
     let first = p
         .client
         .charge("order-k", 1000, "EUR", Some("key-k"))
@@ -698,6 +699,16 @@ async fn bad_input_is_a_400_with_only_error() {
         "{err:?}"
     );
     assert!(!err.is_transient());
+    // A key that is no header value never leaves the client, and is not retryable either.
+    let err = p
+        .client
+        .charge("r", 100, "EUR", Some("bad\nkey"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ChargeError::Invalid { status: 0, .. }),
+        "{err:?}"
+    );
 
     // A bad PROVIDER_FAULTS stops the binary at start with a message naming the problem.
     let out = command(&p.db, free_addr(), &[("PROVIDER_FAULTS", "explode:5")])

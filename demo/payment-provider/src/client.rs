@@ -6,7 +6,7 @@
 //! | 402 | `Declined` | no, and never will be for this request: permanent |
 //! | 503, 429, connection refused / not established | `Unavailable` | no: retry later |
 //! | timeout after the request was sent, connection reset or closed before the answer, other 5xx, unreadable 2xx body | `OutcomeUnknown` | maybe: retry with the same key, or query by reference |
-//! | other 4xx (400, 404, 409, 422 key mismatch) | `Invalid` | no: the request is wrong, do not retry it |
+//! | other 4xx (400, 404, 409, 422 key mismatch); a request that cannot be built | `Invalid` | no: the request is wrong, do not retry it |
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -63,7 +63,8 @@ pub enum ChargeError {
         #[source]
         source: Option<reqwest::Error>,
     },
-    /// The provider refused the request itself (4xx): it must not be retried as it is.
+    /// The provider refused the request itself (4xx), or it could not even be built (`status`
+    /// 0, e.g. a key that is not a valid header value): it must not be retried as it is.
     #[error("the provider refused the request ({status}): {message}")]
     Invalid { status: u16, message: String },
 }
@@ -139,7 +140,7 @@ enum Transport {
 }
 
 fn transport(e: reqwest::Error) -> Transport {
-    if e.is_connect() {
+    if e.is_connect() || e.is_builder() {
         Transport::NotSent(e)
     } else {
         Transport::Unknown(e)
@@ -192,6 +193,10 @@ impl Client {
             request = request.header(IDEMPOTENCY_KEY_HEADER, key);
         }
         let response = request.send().await.map_err(|e| match transport(e) {
+            Transport::NotSent(e) if e.is_builder() => ChargeError::Invalid {
+                status: 0,
+                message: format!("the request cannot be built: {e}"),
+            },
             Transport::NotSent(e) => ChargeError::Unavailable {
                 reason: "cannot connect".into(),
                 source: Some(e),
