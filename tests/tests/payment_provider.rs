@@ -23,7 +23,7 @@ struct Provider {
     client: Client,
     /// For verification: always the generous timeout.
     admin: Client,
-    _child: Child,
+    child: Child,
     db: TestDb,
 }
 
@@ -50,7 +50,7 @@ impl Provider {
             addr,
             client: Client::new(&base, client_timeout).unwrap(),
             admin: Client::new(&base, CLIENT_TIMEOUT).unwrap(),
-            _child: child,
+            child,
             db,
         }
     }
@@ -739,4 +739,35 @@ async fn a_seed_replays_the_same_faults() {
     let b = outcomes().await;
     assert_eq!(a, b);
     assert!(a.contains(&true) && a.contains(&false), "{a:?}");
+}
+
+#[tokio::test]
+async fn sigterm_sends_held_answers_and_exits_zero() {
+    let mut p = Provider::start(&[
+        ("PROVIDER_FAULTS", "timeout_after_charge:100"),
+        ("PROVIDER_TIMEOUT_DELAY", "60m"),
+    ])
+    .await;
+    // Patient enough to outlast any load on the machine: the answer must come from SIGTERM.
+    let admin = Client::new(&p.url(""), Duration::from_secs(600)).unwrap();
+    let held = tokio::spawn(async move { admin.charge("order-term", 100, "EUR", Some("k")).await });
+    let charge = wait_until("the held charge is committed", STARTUP, || {
+        let p = &p;
+        async move { p.charges().await.into_iter().next() }
+    })
+    .await;
+    let pid = p.child.id().expect("the provider runs");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // The held answer goes out at shutdown instead of an hour later.
+    let answered = held.await.unwrap().expect("the held answer");
+    assert_eq!(answered, charge);
+    let exit = tokio::time::timeout(STARTUP, p.child.wait())
+        .await
+        .expect("the provider exits after SIGTERM")
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "SIGTERM exits 0");
 }
