@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The whole system on the local PostgreSQL and RabbitMQ, without Docker: the producer API, two
-# relays, a stand-in payment gateway, the ledger consumer and a small load generator, as in
-# docker-compose.yml. Ctrl-C stops everything.
+# relays, the payment provider simulator, a stand-in payment gateway, the ledger consumer and a
+# small load generator, as in docker-compose.yml. Ctrl-C stops everything.
 #
 #   scripts/up.sh            # runs until Ctrl-C
 #   UP_SECONDS=30 scripts/up.sh   # runs 30 s, prints what happened, stops
+#   PROVIDER_FAULTS=timeout_after_charge:10,decline:5 scripts/up.sh   # a misbehaving provider
+#
+# Every PROVIDER_* variable of the environment (PROVIDER_FAULTS, PROVIDER_IDEMPOTENCY,
+# PROVIDER_STATUS_QUERY, PROVIDER_SEED, PROVIDER_TIMEOUT_DELAY, ...) reaches the payment provider
+# simulator; see docs/payment-provider.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +17,7 @@ export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/outbox_d
 export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 export OUTBOX_EXCHANGE="${OUTBOX_EXCHANGE:-outbox.events}"
 API_ADDR="${API_ADDR:-127.0.0.1:8080}"
+export PROVIDER_ADDR="${PROVIDER_ADDR:-127.0.0.1:8090}"
 LOG_DIR="${LOG_DIR:-target/up-logs}"
 
 scripts/services.sh
@@ -38,14 +44,20 @@ LISTEN_ADDR="$API_ADDR" "$BIN/producer" >"$LOG_DIR/producer.log" 2>&1 & pids+=($
 METRICS_ADDR=127.0.0.1:9101 "$BIN/relay" >"$LOG_DIR/relay-1.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:9102 "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:9103 "$BIN/producer" ledger --name ledger --bind "payment.*" --bind "order.*" >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
+# The payment provider simulator (schema provider; PROVIDER_* come through from the environment).
+"$BIN/payment-provider" >"$LOG_DIR/payment-provider.log" 2>&1 & pids+=($!)
+# Until the payment process calls the provider, the gateway script still settles the demo's
+# pending payments and emits payment.captured.
 deploy/payment-gateway.sh >"$LOG_DIR/payment-gateway.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 1 100); do curl -fsS "http://$API_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
+for _ in $(seq 1 100); do curl -fsS "http://$PROVIDER_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 cat <<EOT
 running:
   producer API   http://$API_ADDR  (API key: $API_KEY)
   relay metrics  http://127.0.0.1:9101/metrics  http://127.0.0.1:9102/metrics
   ledger         http://127.0.0.1:9103/metrics (producer ledger, the example consumer: applies payment.captured, acks the other events)
+  provider       http://$PROVIDER_ADDR  payment provider simulator (faults: ${PROVIDER_FAULTS:-none}; charges: /admin/charges)
   gateway        deploy/payment-gateway.sh settles pending payments and emits payment.captured
   logs           $LOG_DIR/
 load: deploy/loadgen.sh places an order and pays it every 200 ms (with replays, conflicts, mismatches)

@@ -1,0 +1,91 @@
+//! The simulator's settings: flags with `PROVIDER_*` env var fallbacks.
+
+use crate::faults::FaultSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Everything `payment-provider` is configured with.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Config {
+    /// PostgreSQL connection string. The simulator keeps its state in the schema `provider`.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/outbox_demo"
+    )]
+    pub database_url: String,
+    /// Address of the HTTP API (and of /metrics, /healthz, /readyz).
+    #[arg(long, env = "PROVIDER_ADDR", default_value = "127.0.0.1:8090")]
+    pub addr: SocketAddr,
+    /// Injected faults: comma-separated `mode:percent` with modes error_before_charge,
+    /// timeout_after_charge, reset_after_charge, slow, decline (e.g. `decline:5,slow:10`).
+    #[arg(long, env = "PROVIDER_FAULTS", default_value = "")]
+    pub faults: FaultSet,
+    /// `off` ignores Idempotency-Key headers: every POST /charges charges again.
+    #[arg(long, env = "PROVIDER_IDEMPOTENCY", default_value = "on", value_parser = parse_switch, action = clap::ArgAction::Set)]
+    pub idempotency: bool,
+    /// `off` removes the lookup by reference (GET /charges?reference= answers 501).
+    #[arg(long, env = "PROVIDER_STATUS_QUERY", default_value = "on", value_parser = parse_switch, action = clap::ArgAction::Set)]
+    pub status_query: bool,
+    /// Seed of the fault draws, to replay a run; random when unset.
+    #[arg(long, env = "PROVIDER_SEED")]
+    pub seed: Option<u64>,
+    /// How long timeout_after_charge holds the answer back (e.g. 30s, 500ms, 2m).
+    #[arg(long, env = "PROVIDER_TIMEOUT_DELAY", default_value = "30s", value_parser = parse_duration)]
+    pub timeout_delay: Duration,
+    /// How long the slow fault waits before handling a charge.
+    #[arg(long, env = "PROVIDER_SLOW_DELAY", default_value = "2s", value_parser = parse_duration)]
+    pub slow_delay: Duration,
+    /// Size of the PostgreSQL pool.
+    #[arg(long, env = "PROVIDER_DB_MAX_CONNECTIONS", default_value_t = 10)]
+    pub db_max_connections: u32,
+    /// How long to keep retrying to reach PostgreSQL at start, in seconds.
+    #[arg(long, env = "PROVIDER_DB_CONNECT_DEADLINE_SECS", default_value_t = 60)]
+    pub db_connect_deadline_secs: u64,
+}
+
+/// `on`/`off` (also `true`/`false`, `1`/`0`).
+pub fn parse_switch(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(format!("{s:?}: expected on or off")),
+    }
+}
+
+/// `250ms`, `5s`, `2m` (a whole number with a unit).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 250ms, 5s, 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => n
+            .checked_mul(60)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("duration {s:?} is too large")),
+        _ => Err(format!(
+            "invalid duration {s:?}: the unit must be ms, s or m"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_switches() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("2h").is_err());
+        assert!(parse_duration("s").is_err());
+        assert_eq!(parse_switch("OFF"), Ok(false));
+        assert!(parse_switch("maybe").is_err());
+    }
+}

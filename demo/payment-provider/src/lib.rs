@@ -1,0 +1,118 @@
+//! A payment provider simulator for the example application: charges and refunds over HTTP, its
+//! own state in PostgreSQL (schema `provider`), and faults injected on purpose (errors before the
+//! charge, timeouts and connection resets after it, slowness, declines), so that the payment
+//! process can be tested against every way a real provider fails. See docs/payment-provider.md.
+//!
+//! A short tour:
+//! - [`api`]: the wire types (charges, refunds, the fault body), shared with the client.
+//! - [`client`]: the typed client the payment process calls; its errors classify every outcome
+//!   as declined, unavailable (nothing charged), outcome unknown or invalid.
+//! - [`charges`]: `POST /charges` with Idempotency-Key, the lookups by id and by reference.
+//! - [`refunds`]: `POST /refunds`.
+//! - [`admin`]: `GET /admin/charges`, `GET`/`POST /admin/faults`.
+//! - [`faults`]: the `mode:percent,...` syntax and the seeded draw per request.
+//! - [`connection`]: hyper connections a handler can reset (TCP RST) for `reset_after_charge`.
+//! - [`http`]: the router and the server; [`error`]: the `{"error": ...}` answers.
+//! - [`migrate`]: the schema `provider` and its own history table `provider._migrations`.
+//! - [`config`], [`state`], [`internal_events`] (every metric).
+
+pub mod admin;
+pub mod api;
+pub mod charges;
+pub mod client;
+pub mod config;
+pub mod connection;
+pub mod error;
+pub mod faults;
+pub mod http;
+pub mod internal_events;
+pub mod migrate;
+pub mod refunds;
+pub mod state;
+
+pub use config::Config;
+pub use state::AppState;
+
+use plumbing::telemetry::{ErrorChain, Readiness};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Why the simulator could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error(transparent)]
+    Database(#[from] plumbing::db::DbError),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the HTTP server task failed")]
+    Join(#[source] tokio::task::JoinError),
+}
+
+/// Connects (retrying until the configured deadline) and applies the simulator's migrations.
+pub async fn connect_and_migrate(config: &Config) -> Result<sqlx::PgPool, plumbing::db::DbError> {
+    let deadline = Duration::from_secs(config.db_connect_deadline_secs);
+    let start = tokio::time::Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        let result = async {
+            let pool = plumbing::db::connect(
+                &config.database_url,
+                config.db_max_connections,
+                "payment-provider",
+            )
+            .await?;
+            migrate::run(&pool)
+                .await
+                .map_err(plumbing::db::DbError::Migrate)?;
+            Ok::<_, plumbing::db::DbError>(pool)
+        }
+        .await;
+        match result {
+            Ok(pool) => return Ok(pool),
+            Err(e @ plumbing::db::DbError::InvalidUrl(_)) => return Err(e),
+            Err(e) if start.elapsed() >= deadline => return Err(e),
+            Err(e) => {
+                attempt += 1;
+                let delay = plumbing::backoff::delay(
+                    attempt,
+                    Duration::from_millis(200),
+                    Duration::from_secs(5),
+                );
+                tracing::warn!(error = %ErrorChain(&e), ?delay, "PostgreSQL not ready, retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// Connects, migrates, and serves until `shutdown`.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), ProviderError> {
+    let pool = tokio::select! {
+        pool = connect_and_migrate(&config) => pool?,
+        _ = shutdown.cancelled() => return Ok(()),
+    };
+    internal_events::describe();
+    let readiness = Readiness::without_rabbitmq();
+    readiness.set_postgres(true);
+    let state = AppState::new(pool.clone(), &config, shutdown.clone());
+    let server = http::start(state, readiness, config.addr, shutdown)
+        .await
+        .map_err(|source| ProviderError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    internal_events::listening(
+        server.local_addr(),
+        &config.faults,
+        config.idempotency,
+        config.status_query,
+    );
+    let result = server.wait().await.map_err(ProviderError::Join);
+    pool.close().await;
+    result
+}

@@ -1,0 +1,25 @@
+//! `payment-provider`: the example application's payment provider simulator.
+
+use anyhow::Context;
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "payment-provider",
+    version,
+    about = "Payment provider simulator: charges, refunds and injectable faults over HTTP"
+)]
+struct Cli {
+    #[command(flatten)]
+    config: payment_provider::Config,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    plumbing::telemetry::init_logging();
+    let shutdown = plumbing::shutdown::on_signal();
+    let result = payment_provider::run(cli.config, shutdown).await;
+    plumbing::telemetry::shutdown_tracing();
+    result.context("payment provider failed")
+}

@@ -1,0 +1,43 @@
+//! [`AppState`]: what every handler shares.
+
+use crate::config::Config;
+use crate::faults::FaultInjector;
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The pool, the fault injector and the behaviour switches.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub faults: Arc<FaultInjector>,
+    pub idempotency: bool,
+    pub status_query: bool,
+    pub timeout_delay: Duration,
+    pub slow_delay: Duration,
+    /// Cancelled at shutdown: delayed answers stop waiting.
+    pub shutdown: CancellationToken,
+}
+
+impl AppState {
+    pub fn new(pool: PgPool, config: &Config, shutdown: CancellationToken) -> Self {
+        Self {
+            pool,
+            faults: Arc::new(FaultInjector::new(config.faults, config.seed)),
+            idempotency: config.idempotency,
+            status_query: config.status_query,
+            timeout_delay: config.timeout_delay,
+            slow_delay: config.slow_delay,
+            shutdown,
+        }
+    }
+
+    /// Waits `d`, or until shutdown.
+    pub async fn pause(&self, d: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = self.shutdown.cancelled() => {}
+        }
+    }
+}
