@@ -80,14 +80,14 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
         let admin = admin_url();
-        let pool = self.pool.clone();
+        // The pool's connections belong to the test's runtime, which is blocked in this drop:
+        // closing them from here could wait forever. DROP ... WITH (FORCE) ends them instead.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap();
             rt.block_on(async move {
-                pool.close().await;
                 if let Ok(mut conn) =
                     <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await
                 {
