@@ -31,8 +31,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, PublisherConfirm};
-use shared::Envelope;
 use plumbing::telemetry::{ErrorChain, Readiness};
+use shared::Envelope;
 use sqlx::{PgConnection, PgPool};
 use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
@@ -244,6 +244,7 @@ async fn session(
 ) -> Result<(), SessionError> {
     let conn = plumbing::amqp::connect(
         &ctx.config.amqp_url,
+        &ctx.config.amqp_tls,
         &format!("consumer {}", ctx.config.name),
     )
     .await?;

@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 /// Where PostgreSQL, RabbitMQ and the metrics endpoint are.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Connections {
-    /// PostgreSQL connection string.
+    /// PostgreSQL connection string. TLS: `sslmode=require|verify-ca|verify-full` with
+    /// `sslrootcert=<CA file>` (and `sslcert`/`sslkey` for a client certificate) as query parameters.
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -19,6 +20,9 @@ pub struct Connections {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub amqp_url: String,
+    /// Certificates for `amqps://` URLs.
+    #[command(flatten)]
+    pub amqp_tls: crate::amqp_tls::AmqpTls,
     /// The PostgreSQL schema that holds the product's tables and migration history.
     #[arg(long, env = "OUTBOX_SCHEMA", default_value = shared::schema::DEFAULT)]
     pub schema: shared::schema::Schema,

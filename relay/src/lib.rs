@@ -31,9 +31,10 @@ pub mod store;
 pub use config::{RelayConfig, RelayOptions};
 
 use leases::Leases;
-use shared::schema::Schema;
-use publisher::Publisher;
+use plumbing::amqp_tls::AmqpTls;
 use plumbing::telemetry::{ErrorChain, Readiness};
+use publisher::Publisher;
+use shared::schema::Schema;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,6 +127,7 @@ pub async fn run_with_pool(
             opts.alternate_exchange.then(|| {
                 (
                     config.connections.amqp_url.clone(),
+                    config.connections.amqp_tls.clone(),
                     config.connections.exchange.clone(),
                 )
             }),
@@ -146,7 +148,8 @@ pub async fn run_with_pool(
         &config.connections.amqp_url,
         &config.connections.exchange,
         opts.alternate_exchange,
-    );
+    )
+    .with_tls(config.connections.amqp_tls.clone());
     let mut publisher =
         pipeline::Pipeline::new(&pool, publisher, &leases, &wake, &readiness, &opts)
             .run(&shutdown)
@@ -266,7 +269,7 @@ async fn listen_loop(pool: PgPool, channel: String, wake: Arc<Notify>, stop: Can
 async fn stats_loop(
     pool: PgPool,
     schema: Schema,
-    amqp: Option<(String, String)>,
+    amqp: Option<(String, AmqpTls, String)>,
     every: Duration,
     stop: CancellationToken,
 ) {
@@ -276,9 +279,11 @@ async fn stats_loop(
             Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
             Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
         }
-        if let Some((url, exchange)) = &amqp {
+        if let Some((url, tls, exchange)) = &amqp {
             if !conn.as_ref().is_some_and(|c| c.status().connected()) {
-                conn = plumbing::amqp::connect(url, "outbox-relay-stats").await.ok();
+                conn = plumbing::amqp::connect(url, tls, "outbox-relay-stats")
+                    .await
+                    .ok();
             }
             if let Some(c) = &conn
                 && let Some(depth) = publisher::unrouted_depth(c, exchange).await
