@@ -13,6 +13,17 @@ pub struct Connections {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     pub database_url: String,
+    /// A direct PostgreSQL connection string, for what needs a session of its own when
+    /// DATABASE_URL goes through PgBouncer in transaction mode: the relay's LISTEN and the
+    /// migrations at start. Unset: both use DATABASE_URL, or, with `--database-pooler
+    /// transaction`, the relay polls and nothing migrates at start (run `relay migrate` directly).
+    #[arg(long, env = "DATABASE_DIRECT_URL")]
+    pub database_direct_url: Option<String>,
+    /// What DATABASE_URL goes through: `none` (PostgreSQL itself, or a session-pooling proxy) or
+    /// `transaction` (PgBouncer `pool_mode = transaction`): no session parameters are sent on it and
+    /// nothing session-bound (LISTEN, the migrations' advisory lock) runs over it.
+    #[arg(long, env = "DATABASE_POOLER", value_enum, default_value_t = crate::db::Pooler::None)]
+    pub database_pooler: crate::db::Pooler,
     /// RabbitMQ connection string. A `heartbeat` query parameter is added when missing.
     #[arg(
         long,
@@ -36,4 +47,15 @@ pub struct Connections {
     /// Spans continue each message's `traceparent`.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+}
+
+impl Connections {
+    /// The PostgreSQL side of these settings.
+    pub fn database(&self) -> crate::db::Target<'_> {
+        crate::db::Target {
+            url: &self.database_url,
+            direct_url: self.database_direct_url.as_deref(),
+            pooler: self.database_pooler,
+        }
+    }
 }

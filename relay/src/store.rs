@@ -1,5 +1,12 @@
 //! The relay's SQL, one small function per intent. No transaction is held open across a broker wait:
 //! the claim is a plain read (partition ownership is the lock), the mark one statement.
+//!
+//! Every function runs its statements in an explicit transaction, as unnamed (not `persistent`)
+//! statements: that is what works through PgBouncer in transaction pooling mode (before 1.21,
+//! which cannot track named prepared statements), where a server connection is ours only from
+//! `BEGIN` to `COMMIT` and sqlx's two round trips of one statement (parse, then execute) could
+//! otherwise land on two different servers. On a direct connection it costs one round trip more
+//! per statement and a `BEGIN`/`COMMIT` for single reads, small against batches of rows.
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
@@ -61,6 +68,7 @@ pub async fn claim(
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let held_seqs: Vec<i64> = held.iter().map(|(s, _)| *s).collect();
     let held_partitions: Vec<i16> = held.iter().map(|(_, p)| *p).collect();
+    let mut tx = pool.begin().await?;
     let rows = sqlx::query(
         schema.sql("WITH held AS MATERIALIZED ( \
              SELECT h.p, array_agg(h.s) AS seqs \
@@ -90,8 +98,10 @@ pub async fn claim(
     .bind(limit)
     .bind(&held_seqs)
     .bind(&held_partitions)
-    .fetch_all(pool)
+    .persistent(false)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     rows.iter().map(decode_row).collect()
 }
 
@@ -155,25 +165,33 @@ fn decode_row(r: &sqlx::postgres::PgRow) -> Result<Claimed, sqlx::Error> {
 /// The commit does not wait for the WAL flush (`synchronous_commit = off` for this transaction
 /// only): if PostgreSQL itself crashes within a fraction of a second after, the mark may be lost
 /// and those rows published again, which at-least-once allows; nothing can be lost that way.
-pub async fn mark_published(pool: &PgPool, schema: &Schema, seqs: &[i64], retain: bool) -> Result<(), sqlx::Error> {
+pub async fn mark_published(
+    pool: &PgPool,
+    schema: &Schema,
+    seqs: &[i64],
+    retain: bool,
+) -> Result<(), sqlx::Error> {
     if seqs.is_empty() {
         return Ok(());
     }
     let mut tx = pool.begin().await?;
     sqlx::query("SET LOCAL synchronous_commit = off")
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     if retain {
-        sqlx::query(
-            schema.sql("UPDATE {{schema}}.messages SET state = 'published', published_at = now() \
-             WHERE seq = ANY($1) AND state = 'pending'"),
-        )
+        sqlx::query(schema.sql(
+            "UPDATE {{schema}}.messages SET state = 'published', published_at = now() \
+             WHERE seq = ANY($1) AND state = 'pending'",
+        ))
         .bind(seqs)
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     } else {
         sqlx::query(schema.sql("DELETE FROM {{schema}}.messages WHERE seq = ANY($1)"))
             .bind(seqs)
+            .persistent(false)
             .execute(&mut *tx)
             .await?;
     }
@@ -182,13 +200,20 @@ pub async fn mark_published(pool: &PgPool, schema: &Schema, seqs: &[i64], retain
 }
 
 /// Unblocks partitions whose blocking row has now been published.
-pub async fn unblock_published(pool: &PgPool, schema: &Schema, seqs: &[i64]) -> Result<(), sqlx::Error> {
+pub async fn unblock_published(
+    pool: &PgPool,
+    schema: &Schema,
+    seqs: &[i64],
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
     sqlx::query(
         schema.sql("UPDATE {{schema}}.relay_partitions SET blocked_until = NULL, blocked_seq = NULL WHERE blocked_seq = ANY($1)"),
     )
     .bind(seqs)
-    .execute(pool)
+    .persistent(false)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(())
 }
 
@@ -240,6 +265,7 @@ pub async fn record_failure(
     .bind(seq)
     .bind(error)
     .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+    .persistent(false)
     .fetch_optional(&mut *tx)
     .await?;
     let failed = match state.as_deref() {
@@ -248,24 +274,26 @@ pub async fn record_failure(
     };
     match failed {
         FailedState::Retry => {
-            sqlx::query(
-                schema.sql("UPDATE {{schema}}.relay_partitions \
+            sqlx::query(schema.sql(
+                "UPDATE {{schema}}.relay_partitions \
                  SET blocked_until = now() + make_interval(secs => $2), blocked_seq = $3 \
-                 WHERE partition = $1"),
-            )
+                 WHERE partition = $1",
+            ))
             .bind(partition)
             .bind(retry_in.as_secs_f64())
             .bind(seq)
+            .persistent(false)
             .execute(&mut *tx)
             .await?;
         }
         FailedState::Dead => {
-            sqlx::query(
-                schema.sql("UPDATE {{schema}}.relay_partitions SET blocked_until = NULL, blocked_seq = NULL \
-                 WHERE partition = $1 AND blocked_seq = $2"),
-            )
+            sqlx::query(schema.sql(
+                "UPDATE {{schema}}.relay_partitions SET blocked_until = NULL, blocked_seq = NULL \
+                 WHERE partition = $1 AND blocked_seq = $2",
+            ))
             .bind(partition)
             .bind(seq)
+            .persistent(false)
             .execute(&mut *tx)
             .await?;
         }
@@ -281,16 +309,19 @@ pub async fn purge_published(
     older_than: Duration,
     batch: i64,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
-        schema.sql("DELETE FROM {{schema}}.messages WHERE seq IN ( \
+    let mut tx = pool.begin().await?;
+    let done = sqlx::query(schema.sql(
+        "DELETE FROM {{schema}}.messages WHERE seq IN ( \
              SELECT seq FROM {{schema}}.messages \
              WHERE state = 'published' AND published_at < now() - make_interval(secs => $1) \
-             LIMIT $2 FOR UPDATE SKIP LOCKED)"),
-    )
+             LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    ))
     .bind(older_than.as_secs_f64())
     .bind(batch)
-    .execute(pool)
+    .persistent(false)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(done.rows_affected())
 }
 
@@ -305,6 +336,7 @@ pub struct Backlog {
 /// Counts pending and dead rows; the oldest pending age comes from the head of each partition
 /// (64 index probes), not from a scan.
 pub async fn backlog(pool: &PgPool, schema: &Schema) -> Result<Backlog, sqlx::Error> {
+    let mut tx = pool.begin().await?;
     let row = sqlx::query(
         schema.sql("SELECT (SELECT count(*) FROM {{schema}}.messages WHERE state = 'pending') AS pending, \
                 (SELECT count(*) FROM {{schema}}.messages WHERE state = 'dead') AS dead, \
@@ -312,8 +344,10 @@ pub async fn backlog(pool: &PgPool, schema: &Schema) -> Result<Backlog, sqlx::Er
                  CROSS JOIN LATERAL (SELECT created_at FROM {{schema}}.messages o \
                      WHERE o.partition = p AND o.state = 'pending' ORDER BY o.seq LIMIT 1) h) AS oldest"),
     )
-    .fetch_one(pool)
+    .persistent(false)
+    .fetch_one(&mut *tx)
     .await?;
+    tx.commit().await?;
     let oldest: Option<f64> = row.try_get("oldest")?;
     Ok(Backlog {
         pending: row.try_get("pending")?,
@@ -337,15 +371,22 @@ pub struct DeadRow {
     pub created_at: Option<DateTime<Utc>>,
 }
 
-pub async fn dead_rows(pool: &PgPool, schema: &Schema, limit: i64) -> Result<Vec<DeadRow>, sqlx::Error> {
+pub async fn dead_rows(
+    pool: &PgPool,
+    schema: &Schema,
+    limit: i64,
+) -> Result<Vec<DeadRow>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
     let rows = sqlx::query(
         schema.sql("SELECT seq, id, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, \
                 CASE WHEN isfinite(created_at) THEN created_at END AS created_at \
          FROM {{schema}}.messages WHERE state = 'dead' ORDER BY seq LIMIT $1"),
     )
     .bind(limit)
-    .fetch_all(pool)
+    .persistent(false)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     rows.into_iter()
         .map(|r| {
             Ok(DeadRow {
@@ -375,7 +416,11 @@ pub struct Requeued {
 /// Puts dead rows back to pending with fresh attempts (all of them when `ids` is `None`) and wakes
 /// the relays. Rows that still break a publishability rule stay dead (fix them first) and are
 /// reported, so one of them never blocks the rest.
-pub async fn requeue_dead(pool: &PgPool, schema: &Schema, ids: Option<&[Uuid]>) -> Result<Requeued, sqlx::Error> {
+pub async fn requeue_dead(
+    pool: &PgPool,
+    schema: &Schema,
+    ids: Option<&[Uuid]>,
+) -> Result<Requeued, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let requeued = sqlx::query(
         schema.sql("UPDATE {{schema}}.messages SET state = 'pending', attempts = 0 \
@@ -383,6 +428,7 @@ pub async fn requeue_dead(pool: &PgPool, schema: &Schema, ids: Option<&[Uuid]>) 
            AND {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) IS NULL"),
     )
     .bind(ids)
+    .persistent(false)
     .execute(&mut *tx)
     .await?
     .rows_affected();
@@ -393,10 +439,12 @@ pub async fn requeue_dead(pool: &PgPool, schema: &Schema, ids: Option<&[Uuid]>) 
          ORDER BY seq"),
     )
     .bind(ids)
+    .persistent(false)
     .fetch_all(&mut *tx)
     .await?;
     sqlx::query("SELECT pg_notify($1, '')")
         .bind(schema.notify_channel())
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;

@@ -7,7 +7,9 @@
 //! - [`wait_until`]: poll a condition with a deadline instead of sleeping.
 //! - [`private_pg::PrivatePg`], [`private_rabbit::RabbitNode`]: a PostgreSQL server or RabbitMQ
 //!   node of the test's own (own ports, directories, configuration), to configure or crash.
+//! - [`pgbouncer::PgBouncer`]: a PgBouncer of the test's own in front of a PostgreSQL server.
 
+pub mod pgbouncer;
 pub mod private_pg;
 pub mod private_rabbit;
 

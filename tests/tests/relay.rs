@@ -33,6 +33,8 @@ fn config(db_url: &str, amqp_url: &str, exchange: &str, options: RelayOptions) -
             schema: Default::default(),
             amqp_url: amqp_url.to_string(),
             amqp_tls: Default::default(),
+            database_direct_url: None,
+            database_pooler: Default::default(),
             exchange: exchange.to_string(),
             metrics_addr: free_addr(),
             otlp_endpoint: None,
