@@ -40,11 +40,16 @@ fn ca_params(name: &str) -> rcgen::CertificateParams {
 }
 
 fn pki() -> Pki {
+    pki_for(&["localhost", "127.0.0.1"])
+}
+
+/// A CA and a server certificate for `names` only.
+fn pki_for(names: &[&str]) -> Pki {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let ca = rcgen::CertifiedIssuer::self_signed(ca_params("outbox test CA"), ca_key).unwrap();
     let server_key = rcgen::KeyPair::generate().unwrap();
     let mut params =
-        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
             .unwrap();
     params
         .distinguished_name
@@ -153,11 +158,37 @@ async fn postgres_sslmodes_require_verify_ca_and_verify_full_connect_and_a_wrong
             .err()
             .unwrap_or_else(|| panic!("sslmode={mode} with {root:?} must be refused"));
         let text = ErrorChain(&err).to_string();
+        eprintln!("sslmode={mode} with {root:?}: {text}");
         assert!(
             text.contains("cannot connect to PostgreSQL") && text.contains("certificate"),
             "a clear error for sslmode={mode} with {root:?}: {text}"
         );
     }
+
+    // A certificate from the right CA, for another host: verify-ca accepts it, verify-full not.
+    let elsewhere = pki_for(&["db.elsewhere.example"]);
+    let other_pg = tls_pg(&elsewhere);
+    let other_ca = files.write("other-ca.pem", &elsewhere.ca);
+    let other_url = other_pg.url("postgres");
+    let pool = plumbing::db::connect(&with_tls(&other_url, "verify-ca", Some(&other_ca)), 1, "t")
+        .await
+        .unwrap_or_else(|e| panic!("verify-ca ignores the host name: {}", ErrorChain(&e)));
+    assert!(is_ssl(&pool).await);
+    pool.close().await;
+    let err = plumbing::db::connect(
+        &with_tls(&other_url, "verify-full", Some(&other_ca)),
+        1,
+        "t",
+    )
+    .await
+    .err()
+    .expect("verify-full checks the host name");
+    let text = ErrorChain(&err).to_string();
+    eprintln!("verify-full, certificate for another host: {text}");
+    assert!(
+        text.contains("certificate not valid for name"),
+        "a clear error for a host name mismatch: {text}"
+    );
 }
 
 fn spawn_relay(
@@ -320,6 +351,7 @@ async fn relay_and_consumer_over_amqps_with_a_ca_file_and_a_wrong_ca_is_refused(
             .err()
             .unwrap_or_else(|| panic!("{tls:?} must be refused"));
         let text = ErrorChain(&err).to_string();
+        eprintln!("{tls:?}: {text}");
         assert!(
             text.contains("cannot connect to RabbitMQ") && text.contains("certificate"),
             "a clear error for {tls:?}: {text}"
