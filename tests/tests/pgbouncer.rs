@@ -15,10 +15,10 @@ use tokio::process::{Child, Command};
 const LONG: Duration = Duration::from_secs(120);
 const N: i64 = 3000;
 
-fn spawn_relay(db_url: &str, direct_url: Option<&str>, exchange: &str, poll_ms: &str) -> Child {
+fn spawn_relay(db_url: &str, direct_url: Option<&str>, exchange: &str) -> Child {
     let mut cmd = Command::new(bin_path("relay"));
     cmd.args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
-        .args(["--poll-interval-ms", poll_ms, "--stats-interval-ms", "200"])
+        .args(["--poll-interval-ms", "200", "--stats-interval-ms", "200"])
         .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
         .env("DATABASE_URL", db_url)
         .env("DATABASE_POOLER", "transaction")
@@ -99,16 +99,33 @@ async fn receive_distinct(s: &mut Setup, n: usize) -> HashSet<String> {
     ids
 }
 
+/// Connections to the test database, as the server sees them, whose last statement was a LISTEN.
+async fn listening(s: &Setup, application_name: Option<&str>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND query ILIKE 'LISTEN%' \
+         AND ($2::text IS NULL OR application_name = $2)",
+    )
+    .bind(&s.db.name)
+    .bind(application_name)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_publish_everything_through_transaction_pooling_and_listen_on_the_direct_url() {
     let mut s = setup().await;
     enqueue(&s.db.pool, &msgs(0, N)).await;
     let url = s.bouncer.url(&s.db.name);
-    // A poll interval beyond every wait here: rows enqueued later arrive through NOTIFY on the
-    // direct LISTEN connection.
-    let _a = spawn_relay(&url, Some(&s.db.url), &s.exchange, "3600000");
-    let _b = spawn_relay(&url, Some(&s.db.url), &s.exchange, "3600000");
+    let _a = spawn_relay(&url, Some(&s.db.url), &s.exchange);
+    let _b = spawn_relay(&url, Some(&s.db.url), &s.exchange);
     assert_eq!(receive_distinct(&mut s, N as usize).await.len(), N as usize);
+    // Each relay LISTENs on a direct connection of its own, not through PgBouncer.
+    wait_until("both relays LISTEN on the direct URL", LONG, || async {
+        (listening(&s, Some("outbox-relay-listen")).await == 2).then_some(())
+    })
+    .await;
+    assert_eq!(listening(&s, None).await, 2, "no LISTEN anywhere else");
     enqueue(&s.db.pool, &msgs(N, N + 100)).await;
     assert_eq!(receive_distinct(&mut s, 100).await.len(), 100);
     wait_until("outbox drained", LONG, || async {
@@ -122,8 +139,8 @@ async fn without_a_direct_url_the_relay_polls_through_transaction_pooling() {
     let mut s = setup().await;
     enqueue(&s.db.pool, &msgs(0, N)).await;
     let url = s.bouncer.url(&s.db.name);
-    let _a = spawn_relay(&url, None, &s.exchange, "200");
-    let _b = spawn_relay(&url, None, &s.exchange, "200");
+    let _a = spawn_relay(&url, None, &s.exchange);
+    let _b = spawn_relay(&url, None, &s.exchange);
     assert_eq!(receive_distinct(&mut s, N as usize).await.len(), N as usize);
     enqueue(&s.db.pool, &msgs(N, N + 100)).await;
     assert_eq!(receive_distinct(&mut s, 100).await.len(), 100);
@@ -131,6 +148,11 @@ async fn without_a_direct_url_the_relay_polls_through_transaction_pooling() {
         (outbox_count(&s.db.pool, "pending").await == 0).then_some(())
     })
     .await;
+    assert_eq!(
+        listening(&s, None).await,
+        0,
+        "no LISTEN through the transaction pooler"
+    );
 }
 
 async fn enqueue(pool: &sqlx::PgPool, msgs: &[NewMessage]) {

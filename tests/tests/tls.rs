@@ -225,7 +225,7 @@ fn msg(n: i64) -> NewMessage {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relay_binary_publishes_over_verify_full_and_listens_over_tls() {
+async fn relay_binary_publishes_over_verify_full_with_every_connection_encrypted() {
     init_logging();
     let pki = pki();
     let pg = tls_pg(&pki);
@@ -263,32 +263,32 @@ async fn relay_binary_publishes_over_verify_full_and_listens_over_tls() {
     for n in 0..50 {
         shared::outbox::enqueue(&pool, &msg(n)).await.unwrap();
     }
-    // A poll interval far beyond the test's waits: the second batch arrives through NOTIFY on the
-    // relay's LISTEN connection, which must be TLS too.
-    let _relay = spawn_relay(
-        &url,
-        &amqp_url(),
-        None,
-        &exchange,
-        &["--poll-interval-ms", "3600000"],
-    );
+    let _relay = spawn_relay(&url, &amqp_url(), None, &exchange, &[]);
     let first = receive_n(&mut rx, 50, LONG).await;
     assert_eq!(first.len(), 50);
 
+    // Every relay connection is encrypted, the LISTEN connection included.
     let relay_conns = || async {
-        sqlx::query_as::<_, (i64, bool)>(
-            "SELECT count(*), COALESCE(bool_and(s.ssl), false) FROM pg_stat_activity a \
-             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = 'outbox-relay'",
+        sqlx::query_as::<_, (i64, i64, bool)>(
+            "SELECT count(*), count(*) FILTER (WHERE a.query ILIKE 'LISTEN%'), \
+                    COALESCE(bool_and(s.ssl), false) \
+             FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.application_name = 'outbox-relay'",
         )
         .fetch_one(&pool)
         .await
         .unwrap()
     };
-    let (count, all_ssl) = relay_conns().await;
+    let (count, listening, all_ssl) = wait_until("the relay LISTENs", LONG, || async {
+        let c = relay_conns().await;
+        (c.1 == 1).then_some(c)
+    })
+    .await;
     assert!(
         count >= 2,
         "the relay's pool and LISTEN connection are open"
     );
+    assert_eq!(listening, 1);
     assert!(all_ssl, "every relay connection is encrypted");
 
     for n in 50..60 {
