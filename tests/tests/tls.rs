@@ -181,8 +181,7 @@ async fn postgres_sslmodes_require_verify_ca_and_verify_full_connect_and_a_wrong
         "t",
     )
     .await
-    .err()
-    .expect("verify-full checks the host name");
+    .expect_err("verify-full checks the host name");
     let text = ErrorChain(&err).to_string();
     eprintln!("verify-full, certificate for another host: {text}");
     assert!(
@@ -359,8 +358,7 @@ async fn relay_and_consumer_over_amqps_with_a_ca_file_and_a_wrong_ca_is_refused(
     }
     let err = plumbing::amqp::connect(&amqps, &AmqpTls::with_ca_file(&not_pem), "tls-test")
         .await
-        .err()
-        .expect("a file without a certificate is refused");
+        .expect_err("a file without a certificate is refused");
     let text = ErrorChain(&err).to_string();
     assert!(
         text.contains("holds no PEM CERTIFICATE"),
