@@ -2,7 +2,8 @@
 //! service does not need: a producer depends on `shared` alone.
 //!
 //! A short tour:
-//! - [`db`]: connecting to PostgreSQL with bounded waits, and migrating at start (safe with many instances).
+//! - [`db`]: connecting to PostgreSQL with bounded waits (directly or through a transaction-pooling
+//!   PgBouncer, with a direct URL for what needs a session), and migrating at start (safe with many instances).
 //! - [`amqp`]: connecting to RabbitMQ with heartbeats and timeouts, and the header mapping both sides use.
 //! - [`amqp_tls`]: the CA (and optional client certificate) files for `amqps://` URLs.
 //! - [`telemetry`]: logging (human or JSON), optional OTLP span export, the Prometheus recorder, and the
