@@ -16,6 +16,8 @@ pub struct Config {
     pub name: String,
     /// RabbitMQ connection string (heartbeats are added when missing).
     pub amqp_url: String,
+    /// CA (and client certificate) files for an `amqps://` URL.
+    pub amqp_tls: plumbing::amqp_tls::AmqpTls,
     /// Topic exchange the relay publishes to; declared here too, so either side may start first.
     pub exchange: String,
     /// Binding keys (AMQP topic patterns) of the consumer's queue. Empty: the handlers' patterns
@@ -65,6 +67,7 @@ impl Config {
         Self {
             name: name.into(),
             amqp_url: amqp_url.into(),
+            amqp_tls: plumbing::amqp_tls::AmqpTls::default(),
             exchange: exchange.into(),
             bindings: Vec::new(),
             workers: 2,
@@ -224,6 +227,7 @@ impl Settings {
             self.connections.amqp_url,
             self.connections.exchange,
         );
+        c.amqp_tls = self.connections.amqp_tls;
         c.bindings = self
             .bindings
             .into_iter()

@@ -16,6 +16,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
 use plumbing::amqp::{header_str, headers_to_json};
+use plumbing::amqp_tls::AmqpTls;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use std::time::Duration;
@@ -62,9 +63,14 @@ pub struct ReplayReport {
 }
 
 /// Lists up to `limit` dead letters of consumer `name`, oldest first, leaving them in place.
-pub async fn list(amqp_url: &str, name: &str, limit: usize) -> Result<Vec<DeadLetter>, DlqError> {
+pub async fn list(
+    amqp_url: &str,
+    tls: &AmqpTls,
+    name: &str,
+    limit: usize,
+) -> Result<Vec<DeadLetter>, DlqError> {
     let topology = Topology::new(name, &[]);
-    let conn = plumbing::amqp::connect(amqp_url, &format!("consumer {name} dlq list")).await?;
+    let conn = plumbing::amqp::connect(amqp_url, tls, &format!("consumer {name} dlq list")).await?;
     let result = list_on(&conn, name, &topology, limit).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
     result
@@ -100,11 +106,13 @@ async fn list_on(
 /// message ids, a fresh attempt budget and the dead-letter headers removed.
 pub async fn replay(
     amqp_url: &str,
+    tls: &AmqpTls,
     name: &str,
     selection: &Selection,
 ) -> Result<ReplayReport, DlqError> {
     let topology = Topology::new(name, &[]);
-    let conn = plumbing::amqp::connect(amqp_url, &format!("consumer {name} dlq replay")).await?;
+    let conn =
+        plumbing::amqp::connect(amqp_url, tls, &format!("consumer {name} dlq replay")).await?;
     let result = replay_on(&conn, name, &topology, selection).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
     result

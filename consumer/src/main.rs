@@ -59,7 +59,8 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Dlq {
             action: DlqCommand::List { json, limit },
         }) => {
-            let letters = dlq::list(&config.amqp_url, &config.name, limit).await?;
+            let letters =
+                dlq::list(&config.amqp_url, &config.amqp_tls, &config.name, limit).await?;
             print_list(&letters, json)?;
         }
         Some(Command::Dlq {
@@ -70,7 +71,8 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 dlq::Selection::Ids(ids)
             };
-            let report = dlq::replay(&config.amqp_url, &config.name, &selection).await?;
+            let report =
+                dlq::replay(&config.amqp_url, &config.amqp_tls, &config.name, &selection).await?;
             println!("replayed {} dead letter(s)", report.replayed.len());
             for id in &report.replayed {
                 println!("  {id}");

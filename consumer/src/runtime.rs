@@ -240,6 +240,7 @@ async fn session(
 ) -> Result<(), SessionError> {
     let conn = plumbing::amqp::connect(
         &ctx.config.amqp_url,
+        &ctx.config.amqp_tls,
         &format!("consumer {}", ctx.config.name),
     )
     .await?;

@@ -1,5 +1,6 @@
 //! RabbitMQ connections and the mapping between outbox JSON headers and AMQP headers.
 
+use crate::amqp_tls::AmqpTls;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{Connection, ConnectionProperties};
 use serde_json::{Map, Number, Value};
@@ -16,6 +17,8 @@ pub enum AmqpError {
     ConnectTimeout(Duration),
     #[error("cannot connect to RabbitMQ")]
     Connect(#[source] lapin::Error),
+    #[error("TLS settings for RabbitMQ")]
+    Tls(#[from] crate::amqp_tls::AmqpTlsError),
 }
 
 /// Adds `heartbeat=` (and a connection timeout) to the URL unless it already has them.
@@ -34,11 +37,16 @@ pub fn with_defaults(url: &str) -> String {
     url
 }
 
-/// Connects with heartbeats on and a bounded wait; `name` shows in the management UI.
-pub async fn connect(url: &str, name: &str) -> Result<Connection, AmqpError> {
+/// Connects with heartbeats on and a bounded wait; `name` shows in the management UI. An
+/// `amqps://` URL verifies the broker's certificate against the system's roots and `tls.ca_file`.
+pub async fn connect(url: &str, tls: &AmqpTls, name: &str) -> Result<Connection, AmqpError> {
     let timeout = Duration::from_secs(10);
     let props = ConnectionProperties::default().with_connection_name(name.into());
-    match tokio::time::timeout(timeout, Connection::connect(&with_defaults(url), props)).await {
+    let tls = tls.load()?;
+    let runtime = lapin::runtime::default_runtime().map_err(AmqpError::Connect)?;
+    let url = with_defaults(url);
+    let connecting = Connection::connect_with_config(&url, props, tls, runtime);
+    match tokio::time::timeout(timeout, connecting).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => Err(AmqpError::Connect(e)),
         Err(_) => Err(AmqpError::ConnectTimeout(timeout)),

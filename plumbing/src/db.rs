@@ -18,13 +18,69 @@ pub enum DbError {
     Migrate(#[source] sqlx::migrate::MigrateError),
 }
 
+/// What a connection string goes through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pooler {
+    /// PostgreSQL itself (or a pooler in session mode): a connection is one session.
+    #[default]
+    None,
+    /// PgBouncer in transaction pooling mode: a server connection is ours only for one
+    /// transaction, so session state (LISTEN, session advisory locks, `SET`, startup `options`)
+    /// does not hold.
+    Transaction,
+}
+
+/// Where the database is: the URL for the pool, and a direct one for what needs a session.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub url: &'a str,
+    /// A direct (not transaction-pooled) URL for LISTEN and migrations.
+    pub direct_url: Option<&'a str>,
+    pub pooler: Pooler,
+}
+
+impl<'a> Target<'a> {
+    /// A direct connection string and nothing else.
+    pub fn direct(url: &'a str) -> Self {
+        Self {
+            url,
+            direct_url: None,
+            pooler: Pooler::None,
+        }
+    }
+
+    /// Where a session-bound connection (LISTEN, migrations) goes, if anywhere.
+    pub fn session_url(&self) -> Option<&'a str> {
+        match (self.direct_url, self.pooler) {
+            (Some(direct), _) => Some(direct),
+            (None, Pooler::None) => Some(self.url),
+            (None, Pooler::Transaction) => None,
+        }
+    }
+}
+
 /// A pool whose every wait is bounded: connecting, acquiring, and (through `statement_timeout`) queries.
 pub async fn connect(url: &str, max_connections: u32, app_name: &str) -> Result<PgPool, DbError> {
-    let options = PgConnectOptions::from_str(url)
+    connect_via(url, Pooler::None, max_connections, app_name).await
+}
+
+/// [`connect`] through `pooler`. Through a transaction pooler no startup `options` are sent
+/// (PgBouncer refuses unknown startup parameters; `statement_timeout` and `lock_timeout` are then
+/// the role's or the database's settings, see docs/operations.md) and no `extra_float_digits`.
+pub async fn connect_via(
+    url: &str,
+    pooler: Pooler,
+    max_connections: u32,
+    app_name: &str,
+) -> Result<PgPool, DbError> {
+    let mut options = PgConnectOptions::from_str(url)
         .map_err(DbError::InvalidUrl)?
         .application_name(app_name)
-        .options([("statement_timeout", "30s"), ("lock_timeout", "10s")])
         .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(2));
+    options = match pooler {
+        Pooler::None => options.options([("statement_timeout", "30s"), ("lock_timeout", "10s")]),
+        Pooler::Transaction => options.extra_float_digits(None),
+    };
     PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(1)
@@ -50,12 +106,46 @@ pub async fn connect_and_migrate(
     schema: &Schema,
     deadline: Duration,
 ) -> Result<PgPool, DbError> {
+    connect_and_migrate_to(
+        Target::direct(url),
+        max_connections,
+        app_name,
+        schema,
+        deadline,
+    )
+    .await
+}
+
+/// [`connect_and_migrate`] for a [`Target`]: the migrations (and their session advisory lock) run
+/// over the direct URL when there is one; through a transaction pooler without one they are not
+/// run at all (a warning says so), since the lock would not hold.
+pub async fn connect_and_migrate_to(
+    target: Target<'_>,
+    max_connections: u32,
+    app_name: &str,
+    schema: &Schema,
+    deadline: Duration,
+) -> Result<PgPool, DbError> {
     let start = tokio::time::Instant::now();
     let mut attempt = 0u32;
+    if target.session_url().is_none() {
+        tracing::warn!(
+            "DATABASE_URL goes through a transaction pooler and DATABASE_DIRECT_URL is unset: not migrating at start (run `relay migrate` against the database directly)"
+        );
+    }
     loop {
         let result = async {
-            let pool = connect(url, max_connections, app_name).await?;
-            migrate(&pool, schema).await?;
+            let pool = connect_via(target.url, target.pooler, max_connections, app_name).await?;
+            match target.session_url() {
+                Some(url) if url == target.url => migrate(&pool, schema).await?,
+                Some(direct) => {
+                    let session = connect(direct, 1, app_name).await?;
+                    let migrated = migrate(&session, schema).await;
+                    session.close().await;
+                    migrated?;
+                }
+                None => {}
+            }
             Ok::<_, DbError>(pool)
         }
         .await;

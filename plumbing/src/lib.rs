@@ -2,8 +2,10 @@
 //! service does not need: a producer depends on `shared` alone.
 //!
 //! A short tour:
-//! - [`db`]: connecting to PostgreSQL with bounded waits, and migrating at start (safe with many instances).
+//! - [`db`]: connecting to PostgreSQL with bounded waits (directly or through a transaction-pooling
+//!   PgBouncer, with a direct URL for what needs a session), and migrating at start (safe with many instances).
 //! - [`amqp`]: connecting to RabbitMQ with heartbeats and timeouts, and the header mapping both sides use.
+//! - [`amqp_tls`]: the CA (and optional client certificate) files for `amqps://` URLs.
 //! - [`telemetry`]: logging (human or JSON), optional OTLP span export, the Prometheus recorder, and the
 //!   `/metrics`, `/healthz`, `/readyz` server.
 //! - [`trace`]: a message's span as a child of its `traceparent`, for export.
@@ -12,6 +14,7 @@
 //! - [`config`]: the connection settings (flags and env vars) every binary takes.
 
 pub mod amqp;
+pub mod amqp_tls;
 pub mod backoff;
 pub mod config;
 pub mod db;

@@ -79,19 +79,22 @@ impl Leases {
     pub async fn tick(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
         let started = Instant::now();
         let lease_secs = self.lease.as_secs_f64();
+        let mut tx = pool.begin().await?;
         sqlx::query(self.schema.sql(
             "INSERT INTO {{schema}}.relay_instances (instance_id, hostname) VALUES ($1, $2) \
              ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()",
         ))
         .bind(&self.instance_id)
         .bind(hostname())
-        .execute(pool)
+        .persistent(false)
+        .execute(&mut *tx)
         .await?;
         let live: i64 = sqlx::query_scalar(
             self.schema.sql("SELECT count(*) FROM {{schema}}.relay_instances WHERE heartbeat_at > now() - make_interval(secs => $1)"),
         )
         .bind(lease_secs)
-        .fetch_one(pool)
+        .persistent(false)
+        .fetch_one(&mut *tx)
         .await?;
         let fair = (PARTITIONS + live.max(1) - 1) / live.max(1);
 
@@ -101,7 +104,8 @@ impl Leases {
         )
         .bind(&self.instance_id)
         .bind(lease_secs)
-        .fetch_all(pool)
+        .persistent(false)
+        .fetch_all(&mut *tx)
         .await?;
         let missing = fair - renewed.len() as i64;
         if missing > 0 {
@@ -116,13 +120,24 @@ impl Leases {
             .bind(&self.instance_id)
             .bind(lease_secs)
             .bind(missing)
-            .fetch_all(pool)
+            .persistent(false)
+        .fetch_all(&mut *tx)
             .await?;
             if !taken.is_empty() {
                 tracing::info!(partitions = ?taken, "took over partitions");
             }
             renewed.extend(taken);
         }
+        // Forget relays gone for long (their partitions expired long ago).
+        sqlx::query(
+            self.schema.sql("DELETE FROM {{schema}}.relay_instances WHERE heartbeat_at < now() - make_interval(secs => $1 * 10)"),
+        )
+        .bind(lease_secs)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+        // Only a committed renewal counts: the local view follows the commit.
+        tx.commit().await?;
         let valid_until = started + self.lease - self.margin();
         {
             let mut held = self.held.lock().unwrap();
@@ -133,13 +148,6 @@ impl Leases {
         }
         *self.surplus.lock().unwrap() = (renewed.len() as i64 - fair).max(0) as usize;
         crate::internal_events::owned_partitions(renewed.len());
-        // Forget relays gone for long (their partitions expired long ago).
-        sqlx::query(
-            self.schema.sql("DELETE FROM {{schema}}.relay_instances WHERE heartbeat_at < now() - make_interval(secs => $1 * 10)"),
-        )
-        .bind(lease_secs)
-        .execute(pool)
-        .await?;
         Ok(())
     }
 
@@ -170,14 +178,17 @@ impl Leases {
                 held.remove(p);
             }
         }
+        let mut tx = pool.begin().await?;
         sqlx::query(self.schema.sql(
             "UPDATE {{schema}}.relay_partitions SET owner = NULL, lease_until = '-infinity' \
              WHERE owner = $1 AND partition = ANY($2)",
         ))
         .bind(&self.instance_id)
         .bind(partitions)
-        .execute(pool)
+        .persistent(false)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         crate::internal_events::owned_partitions(self.held_count());
         Ok(())
     }
@@ -185,19 +196,23 @@ impl Leases {
     /// At shutdown: give everything back and leave the instance list.
     pub async fn release_all(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
         self.held.lock().unwrap().clear();
+        let mut tx = pool.begin().await?;
         sqlx::query(
             self.schema.sql("UPDATE {{schema}}.relay_partitions SET owner = NULL, lease_until = '-infinity' WHERE owner = $1"),
         )
         .bind(&self.instance_id)
-        .execute(pool)
+        .persistent(false)
+        .execute(&mut *tx)
         .await?;
         sqlx::query(
             self.schema
                 .sql("DELETE FROM {{schema}}.relay_instances WHERE instance_id = $1"),
         )
         .bind(&self.instance_id)
-        .execute(pool)
+        .persistent(false)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         crate::internal_events::owned_partitions(0);
         Ok(())
     }

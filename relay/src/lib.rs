@@ -69,8 +69,8 @@ pub async fn run(config: RelayConfig, shutdown: CancellationToken) -> Result<(),
     )
     .await
     .map_err(RelayError::Metrics)?;
-    let connect = plumbing::db::connect_and_migrate(
-        &config.connections.database_url,
+    let connect = plumbing::db::connect_and_migrate_to(
+        config.connections.database(),
         config.options.db_pool_size,
         "outbox-relay",
         &config.connections.schema,
@@ -122,6 +122,11 @@ pub async fn run_with_pool(
         )),
         tokio::spawn(listen::listen_loop(
             pool.clone(),
+            config
+                .connections
+                .database()
+                .session_url()
+                .map(|url| (url != config.connections.database_url).then(|| url.to_string())),
             schema.notify_channel(),
             wake.clone(),
             tasks.clone(),
@@ -132,6 +137,7 @@ pub async fn run_with_pool(
             opts.alternate_exchange.then(|| {
                 (
                     config.connections.amqp_url.clone(),
+                    config.connections.amqp_tls.clone(),
                     config.connections.exchange.clone(),
                 )
             }),
@@ -152,7 +158,8 @@ pub async fn run_with_pool(
         &config.connections.amqp_url,
         &config.connections.exchange,
         opts.alternate_exchange,
-    );
+    )
+    .with_tls(config.connections.amqp_tls.clone());
     let mut publisher =
         pipeline::Pipeline::new(&pool, publisher, &leases, &wake, &readiness, &opts)
             .run(&shutdown)

@@ -10,16 +10,30 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// Wakes the pipeline on every notification on `channel`, reconnecting with backoff, until `stop`.
+/// LISTENs for the outbox's NOTIFY and wakes the publisher. `session`: `None` when there is no
+/// session to LISTEN on (a transaction pooler and no direct URL: the poll alone finds the rows),
+/// `Some(None)` to LISTEN on a connection of `pool`, `Some(Some(url))` on a direct connection.
 pub(crate) async fn listen_loop(
     pool: PgPool,
+    session: Option<Option<String>>,
     channel: String,
     wake: Arc<Notify>,
     stop: CancellationToken,
 ) {
+    let Some(direct_url) = session else {
+        tracing::info!(
+            "no LISTEN: DATABASE_URL goes through a transaction pooler and DATABASE_DIRECT_URL is unset; the poll finds new rows"
+        );
+        return;
+    };
     let mut failures = 0u32;
     loop {
         let result = async {
-            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            let listen_pool = match &direct_url {
+                Some(url) => plumbing::db::connect(url, 1, "outbox-relay-listen").await?,
+                None => pool.clone(),
+            };
+            let mut listener = sqlx::postgres::PgListener::connect_with(&listen_pool).await?;
             listener.listen(&channel).await?;
             // Anything committed while we were not listening is found by this wake-up.
             wake.notify_one();
@@ -30,13 +44,13 @@ pub(crate) async fn listen_loop(
                 wake.notify_one();
             }
             #[allow(unreachable_code)]
-            Ok::<(), sqlx::Error>(())
+            Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
         };
         tokio::select! {
             r = result => {
                 if let Err(e) = r {
                     failures += 1;
-                    tracing::warn!(error = %ErrorChain(&e), "LISTEN connection failed; the poll covers until it is back");
+                    tracing::warn!(error = %ErrorChain(&*e), "LISTEN connection failed; the poll covers until it is back");
                 }
             }
             _ = stop.cancelled() => return,

@@ -63,17 +63,24 @@ async fn main() -> anyhow::Result<()> {
             result?;
         }
         Command::Migrate => {
-            let pool =
-                plumbing::db::connect(&cli.config.connections.database_url, 1, "relay-migrate")
-                    .await?;
+            let db = cli.config.connections.database();
+            let url = db.session_url().context(
+                "migrations take a session advisory lock, which does not hold through a transaction pooler: set DATABASE_DIRECT_URL",
+            )?;
+            let pool = plumbing::db::connect(url, 1, "relay-migrate").await?;
             plumbing::db::migrate(&pool, &schema).await?;
             println!("migrations applied in schema {schema}");
         }
         Command::Dead { command } => {
-            let pool = plumbing::db::connect(&cli.config.connections.database_url, 1, "relay-dead")
-                .await
-                .context("connecting to PostgreSQL")?;
-            plumbing::db::migrate(&pool, &schema).await?;
+            let pool = plumbing::db::connect_and_migrate_to(
+                cli.config.connections.database(),
+                1,
+                "relay-dead",
+                &schema,
+                std::time::Duration::ZERO,
+            )
+            .await
+            .context("connecting to PostgreSQL")?;
             match command {
                 DeadCommand::List { limit } => {
                     relay::dead::list(&pool, &schema, limit, &mut std::io::stdout()).await?;

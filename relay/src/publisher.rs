@@ -4,6 +4,7 @@
 use crate::encoder::Encoded;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{Channel, Connection};
+use plumbing::amqp_tls::AmqpTls;
 use std::time::Duration;
 
 /// Errors setting up the broker side.
@@ -20,6 +21,7 @@ pub enum PublisherError {
 /// A broker connection with one confirm-mode channel.
 pub struct Publisher {
     url: String,
+    tls: AmqpTls,
     exchange: String,
     alternate_exchange: bool,
     conn: Option<(Connection, Channel)>,
@@ -29,10 +31,17 @@ impl Publisher {
     pub fn new(url: &str, exchange: &str, alternate_exchange: bool) -> Self {
         Self {
             url: url.to_string(),
+            tls: AmqpTls::default(),
             exchange: exchange.to_string(),
             alternate_exchange,
             conn: None,
         }
+    }
+
+    /// Uses these certificate files for an `amqps://` URL.
+    pub fn with_tls(mut self, tls: AmqpTls) -> Self {
+        self.tls = tls;
+        self
     }
 
     pub fn is_connected(&self) -> bool {
@@ -47,7 +56,7 @@ impl Publisher {
             return Ok(());
         }
         self.disconnect().await;
-        let conn = plumbing::amqp::connect(&self.url, "outbox-relay").await?;
+        let conn = plumbing::amqp::connect(&self.url, &self.tls, "outbox-relay").await?;
         let setup = async {
             plumbing::amqp::declare_outbox_exchange(&conn, &self.exchange, self.alternate_exchange)
                 .await?;

@@ -2,6 +2,7 @@
 //! timer of their own so the publish loop never waits on them.
 
 use crate::{internal_events, publisher, store};
+use plumbing::amqp_tls::AmqpTls;
 use plumbing::telemetry::ErrorChain;
 use shared::schema::Schema;
 use sqlx::PgPool;
@@ -13,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) async fn stats_loop(
     pool: PgPool,
     schema: Schema,
-    amqp: Option<(String, String)>,
+    amqp: Option<(String, AmqpTls, String)>,
     every: Duration,
     stop: CancellationToken,
 ) {
@@ -23,9 +24,9 @@ pub(crate) async fn stats_loop(
             Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
             Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
         }
-        if let Some((url, exchange)) = &amqp {
+        if let Some((url, tls, exchange)) = &amqp {
             if !conn.as_ref().is_some_and(|c| c.status().connected()) {
-                conn = plumbing::amqp::connect(url, "outbox-relay-stats")
+                conn = plumbing::amqp::connect(url, tls, "outbox-relay-stats")
                     .await
                     .ok();
             }

@@ -1,5 +1,12 @@
 //! The relay's SQL, one small function per intent. No transaction is held open across a broker wait:
 //! the claim is a plain read (partition ownership is the lock), the mark one statement.
+//!
+//! Every function runs its statements in an explicit transaction, as unnamed (not `persistent`)
+//! statements: that is what works through PgBouncer in transaction pooling mode (before 1.21,
+//! which cannot track named prepared statements), where a server connection is ours only from
+//! `BEGIN` to `COMMIT` and sqlx's two round trips of one statement (parse, then execute) could
+//! otherwise land on two different servers. On a direct connection it costs one round trip more
+//! per statement and a `BEGIN`/`COMMIT` for single reads, small against batches of rows.
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
@@ -61,6 +68,7 @@ pub async fn claim(
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let held_seqs: Vec<i64> = held.iter().map(|(s, _)| *s).collect();
     let held_partitions: Vec<i16> = held.iter().map(|(_, p)| *p).collect();
+    let mut tx = pool.begin().await?;
     let rows = sqlx::query(
         schema.sql("WITH held AS MATERIALIZED ( \
              SELECT h.p, array_agg(h.s) AS seqs \
@@ -90,8 +98,10 @@ pub async fn claim(
     .bind(limit)
     .bind(&held_seqs)
     .bind(&held_partitions)
-    .fetch_all(pool)
+    .persistent(false)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     rows.iter().map(decode_row).collect()
 }
 
@@ -166,6 +176,7 @@ pub async fn mark_published(
     }
     let mut tx = pool.begin().await?;
     sqlx::query("SET LOCAL synchronous_commit = off")
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     if retain {
@@ -174,11 +185,13 @@ pub async fn mark_published(
              WHERE seq = ANY($1) AND state = 'pending'",
         ))
         .bind(seqs)
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     } else {
         sqlx::query(schema.sql("DELETE FROM {{schema}}.messages WHERE seq = ANY($1)"))
             .bind(seqs)
+            .persistent(false)
             .execute(&mut *tx)
             .await?;
     }
@@ -192,12 +205,15 @@ pub async fn unblock_published(
     schema: &Schema,
     seqs: &[i64],
 ) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
     sqlx::query(
         schema.sql("UPDATE {{schema}}.relay_partitions SET blocked_until = NULL, blocked_seq = NULL WHERE blocked_seq = ANY($1)"),
     )
     .bind(seqs)
-    .execute(pool)
+    .persistent(false)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(())
 }
 
@@ -249,6 +265,7 @@ pub async fn record_failure(
     .bind(seq)
     .bind(error)
     .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+    .persistent(false)
     .fetch_optional(&mut *tx)
     .await?;
     let failed = match state.as_deref() {
@@ -265,6 +282,7 @@ pub async fn record_failure(
             .bind(partition)
             .bind(retry_in.as_secs_f64())
             .bind(seq)
+            .persistent(false)
             .execute(&mut *tx)
             .await?;
         }
@@ -275,6 +293,7 @@ pub async fn record_failure(
             ))
             .bind(partition)
             .bind(seq)
+            .persistent(false)
             .execute(&mut *tx)
             .await?;
         }
@@ -290,6 +309,7 @@ pub async fn purge_published(
     older_than: Duration,
     batch: i64,
 ) -> Result<u64, sqlx::Error> {
+    let mut tx = pool.begin().await?;
     let done = sqlx::query(schema.sql(
         "DELETE FROM {{schema}}.messages WHERE seq IN ( \
              SELECT seq FROM {{schema}}.messages \
@@ -298,8 +318,10 @@ pub async fn purge_published(
     ))
     .bind(older_than.as_secs_f64())
     .bind(batch)
-    .execute(pool)
+    .persistent(false)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(done.rows_affected())
 }
 
@@ -314,6 +336,7 @@ pub struct Backlog {
 /// Counts pending and dead rows; the oldest pending age comes from the head of each partition
 /// (64 index probes), not from a scan.
 pub async fn backlog(pool: &PgPool, schema: &Schema) -> Result<Backlog, sqlx::Error> {
+    let mut tx = pool.begin().await?;
     let row = sqlx::query(
         schema.sql("SELECT (SELECT count(*) FROM {{schema}}.messages WHERE state = 'pending') AS pending, \
                 (SELECT count(*) FROM {{schema}}.messages WHERE state = 'dead') AS dead, \
@@ -321,8 +344,10 @@ pub async fn backlog(pool: &PgPool, schema: &Schema) -> Result<Backlog, sqlx::Er
                  CROSS JOIN LATERAL (SELECT created_at FROM {{schema}}.messages o \
                      WHERE o.partition = p AND o.state = 'pending' ORDER BY o.seq LIMIT 1) h) AS oldest"),
     )
-    .fetch_one(pool)
+    .persistent(false)
+    .fetch_one(&mut *tx)
     .await?;
+    tx.commit().await?;
     let oldest: Option<f64> = row.try_get("oldest")?;
     Ok(Backlog {
         pending: row.try_get("pending")?,
@@ -351,14 +376,17 @@ pub async fn dead_rows(
     schema: &Schema,
     limit: i64,
 ) -> Result<Vec<DeadRow>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
     let rows = sqlx::query(
         schema.sql("SELECT seq, id, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, \
                 CASE WHEN isfinite(created_at) THEN created_at END AS created_at \
          FROM {{schema}}.messages WHERE state = 'dead' ORDER BY seq LIMIT $1"),
     )
     .bind(limit)
-    .fetch_all(pool)
+    .persistent(false)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     rows.into_iter()
         .map(|r| {
             Ok(DeadRow {
@@ -400,6 +428,7 @@ pub async fn requeue_dead(
            AND {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) IS NULL"),
     )
     .bind(ids)
+    .persistent(false)
     .execute(&mut *tx)
     .await?
     .rows_affected();
@@ -410,10 +439,12 @@ pub async fn requeue_dead(
          ORDER BY seq"),
     )
     .bind(ids)
+    .persistent(false)
     .fetch_all(&mut *tx)
     .await?;
     sqlx::query("SELECT pg_notify($1, '')")
         .bind(schema.notify_channel())
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;

@@ -5,6 +5,13 @@
 //! - [`TcpProxy`]: a TCP proxy the test controls, to cut or black-hole a link for real.
 //! - [`bin_path`]: the workspace binaries, for tests that kill child processes.
 //! - [`wait_until`]: poll a condition with a deadline instead of sleeping.
+//! - [`private_pg::PrivatePg`], [`private_rabbit::RabbitNode`]: a PostgreSQL server or RabbitMQ
+//!   node of the test's own (own ports, directories, configuration), to configure or crash.
+//! - [`pgbouncer::PgBouncer`]: a PgBouncer of the test's own in front of a PostgreSQL server.
+
+pub mod pgbouncer;
+pub mod private_pg;
+pub mod private_rabbit;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use sqlx::PgPool;
@@ -145,7 +152,7 @@ impl TestBroker {
         self.queues.lock().unwrap().push(name.to_string());
     }
     pub async fn connect(&self) -> lapin::Connection {
-        plumbing::amqp::connect(&self.url, "tests")
+        plumbing::amqp::connect(&self.url, &Default::default(), "tests")
             .await
             .expect("connect to RabbitMQ")
     }
@@ -162,7 +169,9 @@ impl Drop for TestBroker {
                 .build()
                 .unwrap();
             rt.block_on(async move {
-                let Ok(conn) = plumbing::amqp::connect(&url, "tests-cleanup").await else {
+                let Ok(conn) =
+                    plumbing::amqp::connect(&url, &Default::default(), "tests-cleanup").await
+                else {
                     return;
                 };
                 for q in queues {

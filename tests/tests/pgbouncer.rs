@@ -1,0 +1,162 @@
+//! The relay behind PgBouncer in transaction pooling mode: Debian's PgBouncer (1.18, without
+//! `max_prepared_statements`), started by the test with its own configuration and port in front of
+//! the shared PostgreSQL's test database, with only two server connections for two relays so that
+//! their transactions really share servers.
+
+use serde_json::json;
+use shared::NewMessage;
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::Duration;
+use system_tests::pgbouncer::PgBouncer;
+use system_tests::*;
+use tokio::process::{Child, Command};
+
+const LONG: Duration = Duration::from_secs(120);
+const N: i64 = 3000;
+
+fn spawn_relay(db_url: &str, direct_url: Option<&str>, exchange: &str) -> Child {
+    let mut cmd = Command::new(bin_path("relay"));
+    cmd.args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
+        .args(["--poll-interval-ms", "200", "--stats-interval-ms", "200"])
+        .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
+        .env("DATABASE_URL", db_url)
+        .env("DATABASE_POOLER", "transaction")
+        .env("AMQP_URL", amqp_url())
+        .env("OUTBOX_EXCHANGE", exchange)
+        .env("METRICS_ADDR", free_addr().to_string())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    if let Some(direct) = direct_url {
+        cmd.env("DATABASE_DIRECT_URL", direct);
+    }
+    cmd.spawn().expect("spawn relay")
+}
+
+fn msgs(from: i64, to: i64) -> Vec<NewMessage> {
+    (from..to)
+        .map(|n| {
+            NewMessage::new(
+                "order",
+                format!("o-{}", n % 20),
+                "order.created",
+                json!({ "n": n }),
+            )
+        })
+        .collect()
+}
+
+struct Setup {
+    db: TestDb,
+    bouncer: PgBouncer,
+    _broker: TestBroker,
+    exchange: String,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Received>,
+    _conn: lapin::Connection,
+}
+
+async fn setup() -> Setup {
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(5432, "transaction", &["default_pool_size = 2"]);
+    let broker = TestBroker::new();
+    let exchange = broker.exchange("outbox");
+    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
+    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
+    let conn = broker.connect().await;
+    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
+        .await
+        .unwrap();
+    let queue = broker.queue("pgbouncer");
+    let rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    Setup {
+        db,
+        bouncer,
+        _broker: broker,
+        exchange,
+        rx,
+        _conn: conn,
+    }
+}
+
+/// Every message id received exactly `n` distinct ones (duplicates allowed: at least once).
+async fn receive_distinct(s: &mut Setup, n: usize) -> HashSet<String> {
+    let mut ids = HashSet::new();
+    let deadline = tokio::time::Instant::now() + LONG;
+    while ids.len() < n {
+        match tokio::time::timeout_at(deadline, s.rx.recv()).await {
+            Ok(Some(r)) => {
+                ids.insert(r.message_id);
+            }
+            Ok(None) => panic!("queue consumer ended"),
+            Err(_) => panic!(
+                "{} of {n} messages after {LONG:?}; PgBouncer log:\n{}",
+                ids.len(),
+                s.bouncer.log()
+            ),
+        }
+    }
+    ids
+}
+
+/// Connections to the test database, as the server sees them, whose last statement was a LISTEN.
+async fn listening(s: &Setup, application_name: Option<&str>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND query ILIKE 'LISTEN%' \
+         AND ($2::text IS NULL OR application_name = $2)",
+    )
+    .bind(&s.db.name)
+    .bind(application_name)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_publish_everything_through_transaction_pooling_and_listen_on_the_direct_url() {
+    let mut s = setup().await;
+    enqueue(&s.db.pool, &msgs(0, N)).await;
+    let url = s.bouncer.url(&s.db.name);
+    let _a = spawn_relay(&url, Some(&s.db.url), &s.exchange);
+    let _b = spawn_relay(&url, Some(&s.db.url), &s.exchange);
+    assert_eq!(receive_distinct(&mut s, N as usize).await.len(), N as usize);
+    // Each relay LISTENs on a direct connection of its own, not through PgBouncer.
+    wait_until("both relays LISTEN on the direct URL", LONG, || async {
+        (listening(&s, Some("outbox-relay-listen")).await == 2).then_some(())
+    })
+    .await;
+    assert_eq!(listening(&s, None).await, 2, "no LISTEN anywhere else");
+    enqueue(&s.db.pool, &msgs(N, N + 100)).await;
+    assert_eq!(receive_distinct(&mut s, 100).await.len(), 100);
+    wait_until("outbox drained", LONG, || async {
+        (outbox_count(&s.db.pool, "pending").await == 0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_direct_url_the_relay_polls_through_transaction_pooling() {
+    let mut s = setup().await;
+    enqueue(&s.db.pool, &msgs(0, N)).await;
+    let url = s.bouncer.url(&s.db.name);
+    let _a = spawn_relay(&url, None, &s.exchange);
+    let _b = spawn_relay(&url, None, &s.exchange);
+    assert_eq!(receive_distinct(&mut s, N as usize).await.len(), N as usize);
+    enqueue(&s.db.pool, &msgs(N, N + 100)).await;
+    assert_eq!(receive_distinct(&mut s, 100).await.len(), 100);
+    wait_until("outbox drained", LONG, || async {
+        (outbox_count(&s.db.pool, "pending").await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        listening(&s, None).await,
+        0,
+        "no LISTEN through the transaction pooler"
+    );
+}
+
+async fn enqueue(pool: &sqlx::PgPool, msgs: &[NewMessage]) {
+    for chunk in msgs.chunks(500) {
+        shared::outbox::enqueue_many(pool, chunk).await.unwrap();
+    }
+}

@@ -1,0 +1,417 @@
+//! TLS to PostgreSQL and RabbitMQ, against a private PostgreSQL with `ssl = on` and a private
+//! RabbitMQ node with a TLS listener, both using certificates this test generates (a CA of its
+//! own, and a second CA that signed nothing the servers use, as the wrong one).
+
+use consumer::{Config, Consumer, Handler, HandlerError, Handlers};
+use plumbing::amqp_tls::AmqpTls;
+use plumbing::telemetry::ErrorChain;
+use serde_json::json;
+use shared::{Envelope, NewMessage};
+use sqlx::{PgConnection, PgPool};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use system_tests::private_pg::PrivatePg;
+use system_tests::private_rabbit::RabbitNode;
+use system_tests::*;
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+const LONG: Duration = Duration::from_secs(90);
+
+/// A CA and a server certificate it signed for `localhost` and `127.0.0.1`, in PEM.
+struct Pki {
+    ca: String,
+    server_cert: String,
+    server_key: String,
+}
+
+fn ca_params(name: &str) -> rcgen::CertificateParams {
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, name.to_string());
+    p.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    p
+}
+
+fn pki() -> Pki {
+    pki_for(&["localhost", "127.0.0.1"])
+}
+
+/// A CA and a server certificate for `names` only.
+fn pki_for(names: &[&str]) -> Pki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params("outbox test CA"), ca_key).unwrap();
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let mut params =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "localhost");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let server = params.signed_by(&server_key, &ca).unwrap();
+    Pki {
+        ca: ca.pem(),
+        server_cert: server.pem(),
+        server_key: server_key.serialize_pem(),
+    }
+}
+
+/// A CA that signed nothing the servers present.
+fn wrong_ca() -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    rcgen::CertifiedIssuer::self_signed(ca_params("some other CA"), key)
+        .unwrap()
+        .pem()
+}
+
+/// A temporary directory of client-side files, removed when dropped.
+struct Files(PathBuf);
+
+impl Files {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(unique("tls_files"));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+    fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tls_pg(pki: &Pki) -> PrivatePg {
+    PrivatePg::start_with_files(
+        &[
+            "ssl = on",
+            "ssl_cert_file = '{dir}/server.crt'",
+            "ssl_key_file = '{dir}/server.key'",
+        ],
+        &[
+            ("server.crt", pki.server_cert.as_bytes()),
+            ("server.key", pki.server_key.as_bytes()),
+        ],
+    )
+}
+
+fn with_tls(url: &str, mode: &str, root: Option<&Path>) -> String {
+    match root {
+        Some(ca) => format!("{url}?sslmode={mode}&sslrootcert={}", ca.display()),
+        None => format!("{url}?sslmode={mode}"),
+    }
+}
+
+/// Whether the pool's connection is encrypted, as the server sees it.
+async fn is_ssl(pool: &PgPool) -> bool {
+    sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sslmodes_require_verify_ca_and_verify_full_connect_and_a_wrong_ca_is_refused() {
+    init_logging();
+    let pki = pki();
+    let pg = tls_pg(&pki);
+    let files = Files::new();
+    let ca = files.write("ca.pem", &pki.ca);
+    let wrong = files.write("wrong-ca.pem", &wrong_ca());
+    let url = pg.url("postgres");
+
+    for (mode, root) in [
+        ("verify-full", Some(ca.as_path())),
+        ("verify-ca", Some(ca.as_path())),
+        ("require", None),
+    ] {
+        let pool = plumbing::db::connect(&with_tls(&url, mode, root), 2, "tls-test")
+            .await
+            .unwrap_or_else(|e| panic!("sslmode={mode}: {}", ErrorChain(&e)));
+        assert!(
+            is_ssl(&pool).await,
+            "sslmode={mode} gives an encrypted connection"
+        );
+        pool.close().await;
+    }
+
+    for (mode, root) in [
+        ("verify-full", Some(wrong.as_path())),
+        ("verify-ca", Some(wrong.as_path())),
+        // No CA file: the system's roots do not know the test's CA.
+        ("verify-full", None),
+    ] {
+        let err = plumbing::db::connect(&with_tls(&url, mode, root), 2, "tls-test")
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("sslmode={mode} with {root:?} must be refused"));
+        let text = ErrorChain(&err).to_string();
+        eprintln!("sslmode={mode} with {root:?}: {text}");
+        assert!(
+            text.contains("cannot connect to PostgreSQL") && text.contains("certificate"),
+            "a clear error for sslmode={mode} with {root:?}: {text}"
+        );
+    }
+
+    // A certificate from the right CA, for another host: verify-ca accepts it, verify-full not.
+    let elsewhere = pki_for(&["db.elsewhere.example"]);
+    let other_pg = tls_pg(&elsewhere);
+    let other_ca = files.write("other-ca.pem", &elsewhere.ca);
+    let other_url = other_pg.url("postgres");
+    let pool = plumbing::db::connect(&with_tls(&other_url, "verify-ca", Some(&other_ca)), 1, "t")
+        .await
+        .unwrap_or_else(|e| panic!("verify-ca ignores the host name: {}", ErrorChain(&e)));
+    assert!(is_ssl(&pool).await);
+    pool.close().await;
+    let err = plumbing::db::connect(
+        &with_tls(&other_url, "verify-full", Some(&other_ca)),
+        1,
+        "t",
+    )
+    .await
+    .expect_err("verify-full checks the host name");
+    let text = ErrorChain(&err).to_string();
+    eprintln!("verify-full, certificate for another host: {text}");
+    assert!(
+        text.contains("certificate not valid for name"),
+        "a clear error for a host name mismatch: {text}"
+    );
+}
+
+fn spawn_relay(
+    db_url: &str,
+    amqp_url: &str,
+    amqp_ca: Option<&Path>,
+    exchange: &str,
+    extra: &[&str],
+) -> Child {
+    let mut cmd = Command::new(bin_path("relay"));
+    cmd.args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
+        .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
+        .args(extra)
+        .env("DATABASE_URL", db_url)
+        .env("AMQP_URL", amqp_url)
+        .env("OUTBOX_EXCHANGE", exchange)
+        .env("METRICS_ADDR", free_addr().to_string())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    if let Some(ca) = amqp_ca {
+        cmd.env("AMQP_CA_FILE", ca);
+    }
+    cmd.spawn().expect("spawn relay")
+}
+
+fn msg(n: i64) -> NewMessage {
+    NewMessage::new(
+        "order",
+        format!("o-{n}"),
+        "order.created",
+        json!({ "n": n }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_binary_publishes_over_verify_full_with_every_connection_encrypted() {
+    init_logging();
+    let pki = pki();
+    let pg = tls_pg(&pki);
+    let files = Files::new();
+    let ca = files.write("ca.pem", &pki.ca);
+    let mut admin = <PgConnection as sqlx::Connection>::connect(&pg.url("postgres"))
+        .await
+        .unwrap();
+    sqlx::query("CREATE DATABASE app")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let url = with_tls(&pg.url("app"), "verify-full", Some(&ca));
+    let pool = plumbing::db::connect_and_migrate(
+        &url,
+        4,
+        "tls-test",
+        &Default::default(),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+
+    let broker = TestBroker::new();
+    let exchange = broker.exchange("outbox");
+    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
+    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
+    let conn = broker.connect().await;
+    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
+        .await
+        .unwrap();
+    let queue = broker.queue("tls");
+    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+
+    for n in 0..50 {
+        shared::outbox::enqueue(&pool, &msg(n)).await.unwrap();
+    }
+    let _relay = spawn_relay(&url, &amqp_url(), None, &exchange, &[]);
+    let first = receive_n(&mut rx, 50, LONG).await;
+    assert_eq!(first.len(), 50);
+
+    // Every relay connection is encrypted, the LISTEN connection included.
+    let relay_conns = || async {
+        sqlx::query_as::<_, (i64, i64, bool)>(
+            "SELECT count(*), count(*) FILTER (WHERE a.query ILIKE 'LISTEN%'), \
+                    COALESCE(bool_and(s.ssl), false) \
+             FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.application_name = 'outbox-relay'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let (count, listening, all_ssl) = wait_until("the relay LISTENs", LONG, || async {
+        let c = relay_conns().await;
+        (c.1 == 1).then_some(c)
+    })
+    .await;
+    assert!(
+        count >= 2,
+        "the relay's pool and LISTEN connection are open"
+    );
+    assert_eq!(listening, 1);
+    assert!(all_ssl, "every relay connection is encrypted");
+
+    for n in 50..60 {
+        shared::outbox::enqueue(&pool, &msg(n)).await.unwrap();
+    }
+    let second = receive_n(&mut rx, 10, LONG).await;
+    assert_eq!(
+        second.len(),
+        10,
+        "woken by NOTIFY over TLS, not by the hour-long poll"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// RabbitMQ
+// ---------------------------------------------------------------------------------------------
+
+fn tls_node(pki: &Pki) -> RabbitNode {
+    RabbitNode::start_with_files(
+        "tls",
+        &[
+            "listeners.ssl.1 = 127.0.0.1:{tls_port}",
+            "ssl_options.cacertfile = {dir}/ca.pem",
+            "ssl_options.certfile = {dir}/server.pem",
+            "ssl_options.keyfile = {dir}/server.key",
+            "ssl_options.verify = verify_none",
+            "ssl_options.fail_if_no_peer_cert = false",
+        ],
+        &[
+            ("ca.pem", pki.ca.as_bytes()),
+            ("server.pem", pki.server_cert.as_bytes()),
+            ("server.key", pki.server_key.as_bytes()),
+        ],
+    )
+}
+
+struct Count;
+
+impl Handler for Count {
+    async fn handle(&self, _tx: &mut PgConnection, _msg: &Envelope) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_and_consumer_over_amqps_with_a_ca_file_and_a_wrong_ca_is_refused() {
+    init_logging();
+    let pki = pki();
+    let node = tls_node(&pki);
+    let files = Files::new();
+    let ca = files.write("ca.pem", &pki.ca);
+    let wrong = files.write("wrong-ca.pem", &wrong_ca());
+    let not_pem = files.write("not-pem.txt", "hello\n");
+    let amqps = format!("amqps://guest:guest@127.0.0.1:{}/%2f", node.tls_port());
+
+    // Refused: the wrong CA, no CA (the system's roots), a file that is no certificate.
+    for tls in [AmqpTls::with_ca_file(&wrong), AmqpTls::default()] {
+        let err = plumbing::amqp::connect(&amqps, &tls, "tls-test")
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{tls:?} must be refused"));
+        let text = ErrorChain(&err).to_string();
+        eprintln!("{tls:?}: {text}");
+        assert!(
+            text.contains("cannot connect to RabbitMQ") && text.contains("certificate"),
+            "a clear error for {tls:?}: {text}"
+        );
+    }
+    let err = plumbing::amqp::connect(&amqps, &AmqpTls::with_ca_file(&not_pem), "tls-test")
+        .await
+        .expect_err("a file without a certificate is refused");
+    let text = ErrorChain(&err).to_string();
+    assert!(
+        text.contains("holds no PEM CERTIFICATE"),
+        "a clear error for a bad CA file: {text}"
+    );
+
+    // The relay binary publishes and the consumer library consumes, both over amqps.
+    let db = TestDb::new().await;
+    let exchange = unique("outbox");
+    let name = unique("cons");
+    let mut config = Config::new(&name, &amqps, &exchange);
+    config.amqp_tls = AmqpTls::with_ca_file(&ca);
+    config.retry_delays = vec![Duration::from_millis(100)];
+    let pool = plumbing::db::connect(&db.url, config.pool_size(), "consumer-tls")
+        .await
+        .unwrap();
+    let consumer = Consumer::new(config, pool, Handlers::new().on("order.created", Count))
+        .expect("valid config");
+    let readiness = consumer.readiness();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(consumer.run(stop.clone()));
+    wait_until("consumer connected over amqps", LONG, || {
+        let r = readiness.clone();
+        async move { r.rabbitmq().then_some(()) }
+    })
+    .await;
+
+    for n in 0..40 {
+        shared::outbox::enqueue(&db.pool, &msg(n)).await.unwrap();
+    }
+    let mut relay = spawn_relay(&db.url, &amqps, Some(&ca), &exchange, &[]);
+    wait_until("40 messages consumed over amqps", LONG, || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1",
+        )
+        .bind(&name)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        (n == 40).then_some(())
+    })
+    .await;
+    // The relay marks a row after the broker's confirm, which may come after the consumer's commit.
+    wait_until("every row marked published", LONG, || async {
+        (outbox_count(&db.pool, "pending").await == 0).then_some(())
+    })
+    .await;
+    relay.kill().await.unwrap();
+
+    stop.cancel();
+    tokio::time::timeout(LONG, running)
+        .await
+        .expect("consumer stops")
+        .unwrap()
+        .unwrap();
+}
