@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 #
-# One image with every binary of the workspace: relay, consumer, producer (and bench).
+# One image with every binary of the workspace: relay, consumer, producer, console (and bench).
 # docker-compose.yml builds it once and picks the binary per service with `command:`.
 #
 #   docker build -t outbox:local .
@@ -22,7 +22,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked --bins \
     && mkdir -p /out \
-    && cp target/release/relay target/release/consumer target/release/producer /out/
+    && cp target/release/relay target/release/consumer target/release/producer target/release/console /out/
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 # ca-certificates for TLS endpoints (amqps://, sslmode=require); curl for health checks.
@@ -35,7 +35,8 @@ RUN groupadd --system --gid 10001 outbox \
 COPY --from=build /out/ /usr/local/bin/
 USER outbox:outbox
 ENV LOG_FORMAT=json
-# producer: LISTEN_ADDR (API, /metrics, /healthz, /readyz); relay and consumer: METRICS_ADDR.
+# producer: LISTEN_ADDR (API, /metrics, /healthz, /readyz); relay and consumer: METRICS_ADDR;
+# console: CONSOLE_ADDR (web page, API, /metrics, /healthz, /readyz).
 # Bind them to 0.0.0.0 in a container (the binaries default to 127.0.0.1).
 EXPOSE 8080 9100
 STOPSIGNAL SIGTERM

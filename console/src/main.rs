@@ -67,6 +67,9 @@ enum UserCommand {
         name: String,
         #[arg(long)]
         role: Role,
+        /// Revoke an active user of that name first (demo set-ups that run again).
+        #[arg(long)]
+        replace: bool,
         #[command(flatten)]
         db: DbConfig,
     },
@@ -184,7 +187,15 @@ async fn main() -> anyhow::Result<()> {
                 .context("connecting to PostgreSQL")?;
             plumbing::db::migrate(&pool, &db.schema).await?;
             match command {
-                UserCommand::Create { name, role, .. } => {
+                UserCommand::Create {
+                    name,
+                    role,
+                    replace,
+                    ..
+                } => {
+                    if replace {
+                        console::users::revoke(&pool, &db.schema, &name).await?;
+                    }
                     let (user, token) =
                         console::users::create(&pool, &db.schema, &name, role).await?;
                     writeln!(
