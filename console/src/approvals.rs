@@ -141,14 +141,23 @@ pub async fn decide(
     decision: &Decision,
     approve: bool,
 ) -> Result<(Vec<Change>, Value), ConsoleError> {
-    let row: Option<(Uuid, String, String, Value, String, i32)> = sqlx::query_as(state.schema.sql(
-        "SELECT a.requested_by, u.name, u.role, a.request, a.status, a.version FROM {{schema}}.console_approvals a \
+    let row: Option<(Uuid, String, String, Value, String, i32, String)> = sqlx::query_as(state.schema.sql(
+        "SELECT a.requested_by, u.name, u.role, a.request, a.status, a.version, a.reason FROM {{schema}}.console_approvals a \
          JOIN {{schema}}.console_users u ON u.id = a.requested_by WHERE a.id = $1 FOR UPDATE OF a",
     ))
     .bind(id)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some((requested_by, requester_name, requester_role, request, status, version)) = row else {
+    let Some((
+        requested_by,
+        requester_name,
+        requester_role,
+        request,
+        status,
+        version,
+        requested_reason,
+    )) = row
+    else {
         return Err(ConsoleError::NotFound(format!("approval request {id}")));
     };
     if requested_by == principal.id {
@@ -185,6 +194,8 @@ pub async fn decide(
                 action: Some(pending.action_name().to_string()),
                 approval_id: Some(id),
                 approver: Some(principal.name.clone()),
+                // The effect's reason is the requester's; the approver's is on the approval entry.
+                reason: Some(requested_reason.clone()),
                 ..c
             })
             .collect::<Vec<_>>();

@@ -28,9 +28,15 @@ pub enum ConsoleError {
     #[error("database error")]
     Db(#[from] sqlx::Error),
     #[error("RabbitMQ: {0}")]
-    DeadLetters(#[from] consumer::DlqError),
+    DeadLetters(#[source] Box<consumer::DlqError>),
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<consumer::DlqError> for ConsoleError {
+    fn from(e: consumer::DlqError) -> Self {
+        Self::DeadLetters(Box::new(e))
+    }
 }
 
 /// The body of every error response.

@@ -111,6 +111,9 @@ struct Current {
     unpublishable: Option<String>,
 }
 
+/// id, version, state, attempts, last_error, unpublishable.
+type CurrentRow = (Uuid, i64, String, i32, Option<String>, Option<String>);
+
 async fn current(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -123,11 +126,10 @@ async fn current(
          FROM {{{{schema}}}}.messages WHERE id = ANY($1) ORDER BY seq{}",
         if lock { " FOR UPDATE" } else { "" }
     );
-    let rows: Vec<(Uuid, i64, String, i32, Option<String>, Option<String>)> =
-        sqlx::query_as(schema.sql(&sql))
-            .bind(ids)
-            .fetch_all(&mut *conn)
-            .await?;
+    let rows: Vec<CurrentRow> = sqlx::query_as(schema.sql(&sql))
+        .bind(ids)
+        .fetch_all(&mut *conn)
+        .await?;
     Ok(rows
         .into_iter()
         .map(

@@ -44,7 +44,7 @@ fn is_secret_field(name: &str) -> bool {
     DEFAULT_SECRET_FIELDS.contains(&lower.as_str())
         || EXTRA_FIELDS
             .get()
-            .is_some_and(|extra| extra.iter().any(|f| *f == lower))
+            .is_some_and(|extra| extra.contains(&lower))
 }
 
 /// A JSON value with secret fields masked and every string passed through [`text`].

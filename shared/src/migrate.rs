@@ -38,7 +38,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     // Version 5 is reserved for the processes crate (0005_processes.sql); sqlx does not need
     // contiguous versions.
-    (6, "console", include_str!("../../migrations/0006_console.sql")),
+    (
+        6,
+        "console",
+        include_str!("../../migrations/0006_console.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

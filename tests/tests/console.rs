@@ -1021,6 +1021,27 @@ async fn chromedriver() -> (Chromedriver, fantoccini::Client) {
     (driver, client)
 }
 
+/// Waits for the element with `id`; on timeout fails with the page the browser shows.
+async fn wait_for(b: &fantoccini::Client, id: &str) -> fantoccini::elements::Element {
+    match b
+        .wait()
+        .at_most(Duration::from_secs(60))
+        .for_element(fantoccini::Locator::Id(id))
+        .await
+    {
+        Ok(e) => e,
+        Err(e) => {
+            let url = b
+                .current_url()
+                .await
+                .map(|u| u.to_string())
+                .unwrap_or_default();
+            let source = b.source().await.unwrap_or_default();
+            panic!("#{id} did not appear ({e}); the browser shows {url}:\n{source}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_approves() {
     use fantoccini::Locator;
@@ -1029,29 +1050,17 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
     let ap = c.user("approver-arthur", Role::Approver).await;
     let ids = c.dead_rows(3).await;
     let (_driver, b) = chromedriver().await;
-    let wait = Duration::from_secs(30);
 
     // The operator logs in and finds the dead rows.
     b.goto(&format!("{}/", c.base)).await.unwrap();
-    b.wait()
-        .at_most(wait)
-        .for_element(Locator::Id("token"))
-        .await
-        .unwrap()
-        .send_keys(&op)
-        .await
-        .unwrap();
+    wait_for(&b, "token").await.send_keys(&op).await.unwrap();
     b.find(Locator::Id("login"))
         .await
         .unwrap()
         .click()
         .await
         .unwrap();
-    b.wait()
-        .at_most(wait)
-        .for_element(Locator::Id("dead-rows"))
-        .await
-        .unwrap();
+    wait_for(&b, "dead-rows").await;
     let source = b.source().await.unwrap();
     for id in &ids {
         assert!(source.contains(&id.to_string()));
@@ -1078,15 +1087,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
         .click()
         .await
         .unwrap();
-    let notice = b
-        .wait()
-        .at_most(wait)
-        .for_element(Locator::Id("notice"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approval request"), "{notice}");
     let source = b.source().await.unwrap();
     assert!(
@@ -1102,11 +1103,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
         .click()
         .await
         .unwrap();
-    b.wait()
-        .at_most(wait)
-        .for_element(Locator::Id("token"))
-        .await
-        .unwrap();
+    wait_for(&b, "token").await;
 
     // The approver logs in and approves.
     b.find(Locator::Id("token"))
@@ -1121,11 +1118,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
         .click()
         .await
         .unwrap();
-    b.wait()
-        .at_most(wait)
-        .for_element(Locator::Id("approvals"))
-        .await
-        .unwrap();
+    wait_for(&b, "approvals").await;
     let approval: Uuid =
         sqlx::query_scalar("SELECT id FROM outbox.console_approvals WHERE status = 'pending'")
             .fetch_one(&c.db.pool)
@@ -1143,15 +1136,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
         .click()
         .await
         .unwrap();
-    let notice = b
-        .wait()
-        .at_most(wait)
-        .for_element(Locator::Id("notice"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approved"), "{notice}");
 
     // The page shows the rows requeued and both audit entries.
