@@ -106,7 +106,12 @@ fn mask_card_numbers(s: &str) -> String {
                     break;
                 }
             }
-            if (13..=19).contains(&digits) {
+            // Part of a longer word (a UUID, a hex token, an identifier): not a card number.
+            let alnum = |k: usize| chars.get(k).is_some_and(|c| c.is_ascii_alphanumeric());
+            let glued_before =
+                i > 0 && (alnum(i - 1) || (chars[i - 1] == '-' && i > 1 && alnum(i - 2)));
+            let glued_after = alnum(end) || (chars.get(end) == Some(&'-') && alnum(end + 1));
+            if (13..=19).contains(&digits) && !glued_before && !glued_after {
                 out.push_str(MASK);
             } else {
                 out.extend(&chars[i..end]);
@@ -151,6 +156,15 @@ mod tests {
         assert_eq!(text("4111 1111 1111 1111"), "[redacted]");
         assert_eq!(text("4111-1111-1111-1111!"), "[redacted]!");
         assert_eq!(text("order 123456789012"), "order 123456789012");
+        // Digits inside UUIDs and hex tokens are not card numbers.
+        for word in [
+            "ab345678-1234-4234-8234-123456789012",
+            "d0f23eb3-1234-5678-9012-3456789012ab",
+            "f00d1234567890123456beef",
+            "1234567890123456abcdef",
+        ] {
+            assert_eq!(text(word), word);
+        }
         assert_eq!(text(&format!("t=ct_{}", "ab".repeat(32))), "t=[redacted]");
         let v = value(
             &json!({"a": {"Password": "x", "n": 4111111111111111u64, "list": ["5500 0000 0000 0004"]}, "amount": 12}),

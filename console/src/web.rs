@@ -75,7 +75,11 @@ impl FromRequestParts<AppState> for WebSession {
 
 /// HTML-escapes text (after redaction).
 pub fn esc(s: &str) -> String {
-    let s = redact::text(s);
+    html(&redact::text(s))
+}
+
+/// HTML-escapes a value the console made itself (CSRF token, ids): no redaction.
+fn html(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -105,7 +109,7 @@ fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
              <button id=\"logout\">Log out</button></form></nav>",
             esc(&s.principal.name),
             s.principal.role,
-            esc(&s.csrf)
+            html(&s.csrf)
         ),
         None => String::new(),
     };
@@ -129,7 +133,7 @@ fn error_page(session: Option<&Session>, e: &ConsoleError) -> Response {
 fn hidden(session: &Session) -> String {
     format!(
         "<input type=\"hidden\" name=\"csrf\" value=\"{}\"><input type=\"hidden\" name=\"idempotency_key\" value=\"{}\">",
-        esc(&session.csrf),
+        html(&session.csrf),
         Uuid::new_v4()
     )
 }
