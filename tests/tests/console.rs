@@ -1193,3 +1193,143 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
     );
     b.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_approval() {
+    use lapin::BasicProperties;
+    use lapin::options::BasicPublishOptions;
+    use lapin::types::FieldTable;
+    let c = Console::start().await;
+    let op = c.user("dora", Role::Operator).await;
+    let ap = c.user("dan", Role::Approver).await;
+    let broker = system_tests::TestBroker::new();
+    let name = broker.queue("console.dlq");
+    let exchange = broker.exchange("console.events");
+    let topology = consumer::Topology::new(&name, &[]);
+    for q in topology.queues() {
+        broker.track_queue(&q);
+    }
+    for e in topology.exchanges() {
+        broker.track_exchange(&e);
+    }
+    let conn = broker.connect().await;
+    topology.declare(&conn, &exchange, &[]).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    let ids: Vec<String> = (0..3).map(|_| Uuid::new_v4().to_string()).collect();
+    for id in &ids {
+        let mut h = FieldTable::default();
+        consumer::message::set_text(
+            &mut h,
+            consumer::message::headers::DEAD_LETTER_KIND,
+            "permanent",
+        );
+        consumer::message::set_text(
+            &mut h,
+            consumer::message::headers::DEAD_LETTER_REASON,
+            &format!("card {CARD} refused"),
+        );
+        consumer::message::set_text(
+            &mut h,
+            consumer::message::headers::DEAD_LETTERED_AT,
+            "2026-12-01T10:00:00Z",
+        );
+        let props = BasicProperties::default()
+            .with_message_id(id.as_str().into())
+            .with_type("payment.captured".into())
+            .with_headers(h);
+        let body = json!({"card_number": CARD, "customer_secret": SECRET, "amount": 5}).to_string();
+        ch.basic_publish(
+            "".into(),
+            topology.dead_letter_queue.as_str().into(),
+            BasicPublishOptions::default(),
+            body.as_bytes(),
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+
+    let (s, listed) = c
+        .get(&op, &format!("/api/dead-letters?consumer={name}"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{listed}");
+    for secret in [CARD, SECRET] {
+        assert!(!listed.contains(secret), "{secret} leaked: {listed}");
+    }
+    let letters: Vec<Value> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(letters.len(), 3);
+    assert!(
+        letters
+            .iter()
+            .all(|l| l["version"] == "2026-12-01T10:00:00Z" && l["kind"] == "permanent")
+    );
+
+    let path = format!("/api/dead-letters/{name}/actions/replay");
+    // A stale version: 409, nothing replayed.
+    let (s, _, _) = c
+        .post(
+            &op,
+            &path,
+            json!({"reason": "r", "items": [{"message_id": ids[0], "version": "older"}]}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    // One: now.
+    let (s, body, _) = c
+        .post(&op, &path, json!({"reason": "handler fixed", "items": [{"message_id": ids[0], "version": "2026-12-01T10:00:00Z"}]}), None)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let count = |q: String| {
+        let conn = &conn;
+        async move {
+            plumbing::amqp::inspect_queue(conn, &q)
+                .await
+                .map(|q| q.message_count())
+                .unwrap_or(u32::MAX)
+        }
+    };
+    wait_until(
+        "one message back in the queue",
+        Duration::from_secs(30),
+        || async { (count(name.clone()).await == 1).then_some(()) },
+    )
+    .await;
+    // Two: an approval request, then the approver's approval replays both.
+    let items = json!([{"message_id": ids[1], "version": "2026-12-01T10:00:00Z"}, {"message_id": ids[2], "version": "2026-12-01T10:00:00Z"}]);
+    let (s, body, _) = c
+        .post(
+            &op,
+            &path,
+            json!({"reason": "the rest", "items": items}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(count(topology.dead_letter_queue.clone()).await, 2);
+    let approval = body["approval"].as_str().unwrap().to_string();
+    let (s, body, _) = c
+        .post(
+            &ap,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "ok", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    wait_until(
+        "all three back in the queue",
+        Duration::from_secs(30),
+        || async {
+            (count(name.clone()).await == 3 && count(topology.dead_letter_queue.clone()).await == 0)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(c.audit_count("dora", "dlq.replay", "succeeded").await, 3);
+    assert_eq!(c.audit_count("dora", "dlq.replay", "conflict").await, 1);
+    let _ = conn.close(200, "done".into()).await;
+}
