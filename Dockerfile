@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
-# One image with every binary of the workspace: relay, consumer, producer, payment-provider (and
-# bench).
+# One image with every binary of the workspace: relay, consumer, producer, payment-provider,
+# console (and bench).
 # docker-compose.yml builds it once and picks the binary per service with `command:`.
 #
 #   docker build -t outbox:local .
@@ -24,7 +24,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     cargo build --release --locked --bins \
     && mkdir -p /out \
     && cp target/release/relay target/release/consumer target/release/producer \
-        target/release/payment-provider /out/
+        target/release/payment-provider target/release/console /out/
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 # ca-certificates for TLS endpoints (amqps://, sslmode=require); curl for health checks.
@@ -39,7 +39,8 @@ USER outbox:outbox
 ENV LOG_FORMAT=json
 # producer: LISTEN_ADDR (API, /metrics, /healthz, /readyz); relay and consumer: METRICS_ADDR;
 # payment-provider: PROVIDER_ADDR (8090).
+# console: CONSOLE_ADDR (web page, API, /metrics, /healthz, /readyz).
 # Bind them to 0.0.0.0 in a container (the binaries default to 127.0.0.1).
-EXPOSE 8080 8090 9100
+EXPOSE 8070 8080 8090 9100
 STOPSIGNAL SIGTERM
 CMD ["relay", "run"]

@@ -226,7 +226,7 @@ EOF
 # --- compose ----------------------------------------------------------------------------------
 run "docker-compose config -q (docker-compose.yml is valid)" docker-compose -f docker-compose.yml config -q
 
-bins=(relay consumer producer payment-provider)
+bins=(relay consumer producer payment-provider console)
 need_build=()
 for b in "${bins[@]}"; do [[ -x "target/debug/$b" ]] || need_build+=(-p "$b"); done
 if ((${#need_build[@]})); then
@@ -248,7 +248,7 @@ import os, re, sys, yaml
 tmp = sys.argv[1]
 compose = yaml.safe_load(open(f"{tmp}/compose.yml"))
 prom = yaml.safe_load(open("deploy/prometheus/prometheus.yml"))
-bins = ("relay", "consumer", "producer", "payment-provider")
+bins = ("relay", "consumer", "producer", "payment-provider", "console")
 accepted = {b: set(re.findall(r"\[env: ([A-Z0-9_]+)=", open(f"{tmp}/{b}.help").read())) for b in bins}
 # Read by shared::telemetry (logging), not clap flags.
 everywhere = {"RUST_LOG", "LOG_FORMAT"}
@@ -352,7 +352,7 @@ sys.exit(1 if errors else 0)
 EOF
 
 # --- Dockerfile, scripts ----------------------------------------------------------------------
-run "Dockerfile: multi-stage, cargo build --release --locked --bins, debian:bookworm-slim runtime with ca-certificates and curl, non-root, copies relay, consumer, producer, payment-provider" \
+run "Dockerfile: multi-stage, cargo build --release --locked --bins, debian:bookworm-slim runtime with ca-certificates and curl, non-root, copies relay, consumer, producer, payment-provider, console" \
     python3 - <<'EOF'
 import re, sys
 d = open("Dockerfile").read()
@@ -369,11 +369,11 @@ for pkg in ("ca-certificates", "curl"):
 users = re.findall(r"^USER\s+(\S+)", d, re.M)
 if not users or users[-1].split(":")[0] in ("root", "0"):
     errors.append("the image does not end with a non-root USER")
-for b in ("relay", "consumer", "producer", "payment-provider"):
+for b in ("relay", "consumer", "producer", "payment-provider", "console"):
     if f"target/release/{b}" not in d:
         errors.append(f"binary {b} not copied")
 ignored = [l.strip().rstrip("/") for l in open(".dockerignore") if l.strip() and not l.startswith("#")]
-for needed in ("Cargo.toml", "Cargo.lock", "migrations", "shared", "relay", "consumer", "producer", "bench", "tests"):
+for needed in ("Cargo.toml", "Cargo.lock", "migrations", "shared", "relay", "consumer", "producer", "console", "bench", "tests"):
     if needed in ignored:
         errors.append(f".dockerignore excludes {needed}, which the build needs")
 print("\n".join(errors))

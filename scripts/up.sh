@@ -18,6 +18,7 @@ export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 export OUTBOX_EXCHANGE="${OUTBOX_EXCHANGE:-outbox.events}"
 API_ADDR="${API_ADDR:-127.0.0.1:8080}"
 export PROVIDER_ADDR="${PROVIDER_ADDR:-127.0.0.1:8090}"
+CONSOLE_ADDR="${CONSOLE_ADDR:-127.0.0.1:8070}"
 LOG_DIR="${LOG_DIR:-target/up-logs}"
 
 scripts/services.sh
@@ -40,6 +41,8 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 API_KEY="$("$BIN/producer" api-key create --tenant demo)"
+CONSOLE_TOKEN="$("$BIN/console" user create --name demo-admin --role admin --replace | tail -n 1)"
+CONSOLE_ADDR="$CONSOLE_ADDR" CONSOLE_CONSUMERS=ledger "$BIN/console" serve >"$LOG_DIR/console.log" 2>&1 & pids+=($!)
 LISTEN_ADDR="$API_ADDR" "$BIN/producer" >"$LOG_DIR/producer.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:9101 "$BIN/relay" >"$LOG_DIR/relay-1.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:9102 "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($!)
@@ -58,6 +61,7 @@ running:
   relay metrics  http://127.0.0.1:9101/metrics  http://127.0.0.1:9102/metrics
   ledger         http://127.0.0.1:9103/metrics (producer ledger, the example consumer: applies payment.captured, acks the other events)
   provider       http://$PROVIDER_ADDR  payment provider simulator (faults: ${PROVIDER_FAULTS:-none}; charges: /admin/charges)
+  console        http://$CONSOLE_ADDR  (log in with the admin token: $CONSOLE_TOKEN; docs/console.md)
   gateway        deploy/payment-gateway.sh settles pending payments and emits payment.captured
   logs           $LOG_DIR/
 load: deploy/loadgen.sh places an order and pays it every 200 ms (with replays, conflicts, mismatches)

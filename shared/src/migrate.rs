@@ -36,6 +36,13 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "adopt_legacy_tables",
         include_str!("../../migrations/0004_adopt_legacy_tables.sql"),
     ),
+    // Version 5 is reserved for the processes crate (0005_processes.sql); sqlx does not need
+    // contiguous versions.
+    (
+        6,
+        "console",
+        include_str!("../../migrations/0006_console.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

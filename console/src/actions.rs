@@ -1,0 +1,242 @@
+//! How every action runs, whatever asked for it (API, web form, CLI through the API):
+//!
+//! 1. the role matrix ([`crate::roles::allowed`]); a refusal is audited (`denied`) and answers 403;
+//! 2. one transaction: the Idempotency-Key is reserved ([`crate::action_keys`]; a repeat replays
+//!    the stored response), the effect runs, its audit entries are appended, the response is
+//!    stored, commit. Effect and audit commit together or not at all;
+//! 3. a stale row version (409) or a four-eyes refusal (403) rolls the effect back and commits
+//!    only its audit entry: nothing else changes.
+
+use crate::action_keys::{self, Key};
+use crate::audit::{self, NewEntry, outcome};
+use crate::error::{ConsoleError, ErrorBody};
+use crate::internal_events;
+use crate::roles::{Action, allowed};
+use crate::state::AppState;
+use crate::users::Principal;
+use axum::http::StatusCode;
+use futures::future::BoxFuture;
+use serde_json::Value;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// One audit entry an effect produced (the actor, action and reason default to the request's).
+#[derive(Debug, Clone, Default)]
+pub struct Change {
+    pub target: String,
+    pub before: Option<Value>,
+    pub after: Option<Value>,
+    /// Default: `succeeded`.
+    pub outcome: Option<&'static str>,
+    pub approval_id: Option<Uuid>,
+    pub approver: Option<String>,
+    /// Who the entry is about when not the request's actor (the requester of an approved effect).
+    pub actor: Option<Principal>,
+    pub action: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// What an effect did.
+#[derive(Debug)]
+pub struct Effect {
+    pub status: StatusCode,
+    pub body: Value,
+    pub changes: Vec<Change>,
+}
+
+/// The answer to an action.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub status: StatusCode,
+    /// JSON text.
+    pub body: String,
+    /// Replayed from an earlier request with the same Idempotency-Key.
+    pub replayed: bool,
+}
+
+/// An action request.
+pub struct Request<'a> {
+    pub principal: &'a Principal,
+    pub action: Action,
+    pub target: String,
+    pub reason: String,
+    pub key: Option<Key>,
+}
+
+/// Checks the role matrix; a refusal is audited and returned as 403.
+pub async fn authorize(
+    state: &AppState,
+    principal: &Principal,
+    action: Action,
+    target: &str,
+    reason: &str,
+) -> Result<(), ConsoleError> {
+    if allowed(principal.role, action) {
+        return Ok(());
+    }
+    let why = format!(
+        "{} may not {} (needs {})",
+        principal.role,
+        action.name(),
+        action.min_role()
+    );
+    Err(deny(state, principal, action.name(), target, reason, why).await)
+}
+
+/// Records a denied attempt in its own transaction; returns the 403 to answer.
+pub async fn deny(
+    state: &AppState,
+    principal: &Principal,
+    action: &str,
+    target: &str,
+    reason: &str,
+    why: String,
+) -> ConsoleError {
+    let entry = NewEntry {
+        actor: principal.clone(),
+        action: action.to_string(),
+        target: target.to_string(),
+        reason: reason.to_string(),
+        approval_id: None,
+        approver: None,
+        before: None,
+        after: Some(serde_json::json!({ "denied": why })),
+        outcome: outcome::DENIED,
+    };
+    let written = async {
+        let mut conn = state.pool.acquire().await?;
+        audit::record(&mut conn, &state.schema, &entry).await
+    }
+    .await;
+    if let Err(e) = written {
+        return e;
+    }
+    internal_events::action(principal, action, target, outcome::DENIED);
+    ConsoleError::Forbidden(why)
+}
+
+/// The reason every action needs.
+pub fn require_reason(reason: &str) -> Result<String, ConsoleError> {
+    let r = reason.trim();
+    if r.is_empty() {
+        return Err(ConsoleError::BadRequest("a reason is required".into()));
+    }
+    if r.len() > 2000 {
+        return Err(ConsoleError::BadRequest(
+            "the reason is at most 2000 bytes".into(),
+        ));
+    }
+    Ok(r.to_string())
+}
+
+/// Runs `effect` as `req` (see the module documentation).
+pub async fn perform<F>(
+    state: &AppState,
+    req: Request<'_>,
+    effect: F,
+) -> Result<Outcome, ConsoleError>
+where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Effect, ConsoleError>>,
+{
+    authorize(state, req.principal, req.action, &req.target, &req.reason).await?;
+    let name = req.action.name();
+    let mut tx = state.pool.begin().await?;
+    if let Some(key) = &req.key
+        && let Some(stored) =
+            action_keys::begin(&mut tx, &state.schema, req.principal.id, key).await?
+    {
+        tx.rollback().await?;
+        internal_events::action(req.principal, name, &req.target, "replayed");
+        return Ok(Outcome {
+            status: StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK),
+            body: stored.body,
+            replayed: true,
+        });
+    }
+    match effect(&mut tx).await {
+        Ok(done) => {
+            for c in &done.changes {
+                audit::record(&mut tx, &state.schema, &entry(&req, c)).await?;
+            }
+            let body = done.body.to_string();
+            if let Some(key) = &req.key {
+                action_keys::finish(
+                    &mut tx,
+                    &state.schema,
+                    req.principal.id,
+                    key,
+                    done.status.as_u16(),
+                    &body,
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            for c in &done.changes {
+                internal_events::action(
+                    c.actor.as_ref().unwrap_or(req.principal),
+                    c.action.as_deref().unwrap_or(name),
+                    &c.target,
+                    c.outcome.unwrap_or(outcome::SUCCEEDED),
+                );
+            }
+            crate::approvals::refresh_pending_gauge(state).await;
+            Ok(Outcome {
+                status: done.status,
+                body,
+                replayed: false,
+            })
+        }
+        Err(ConsoleError::Forbidden(why)) => {
+            tx.rollback().await?;
+            Err(deny(state, req.principal, name, &req.target, &req.reason, why).await)
+        }
+        Err(ConsoleError::Conflict(why)) => {
+            tx.rollback().await?;
+            let mut tx = state.pool.begin().await?;
+            let change = Change {
+                target: req.target.clone(),
+                after: Some(serde_json::json!({ "conflict": why })),
+                outcome: Some(outcome::CONFLICT),
+                ..Default::default()
+            };
+            audit::record(&mut tx, &state.schema, &entry(&req, &change)).await?;
+            let body = serde_json::to_string(&ErrorBody {
+                error: crate::redact::text(&why),
+            })
+            .unwrap_or_default();
+            if let Some(key) = &req.key
+                && action_keys::begin(&mut tx, &state.schema, req.principal.id, key)
+                    .await?
+                    .is_none()
+            {
+                action_keys::finish(&mut tx, &state.schema, req.principal.id, key, 409, &body)
+                    .await?;
+            }
+            tx.commit().await?;
+            internal_events::action(req.principal, name, &req.target, outcome::CONFLICT);
+            Err(ConsoleError::Conflict(why))
+        }
+        Err(other) => {
+            let _ = tx.rollback().await;
+            internal_events::action(req.principal, name, &req.target, "failed");
+            Err(other)
+        }
+    }
+}
+
+fn entry(req: &Request<'_>, c: &Change) -> NewEntry {
+    NewEntry {
+        actor: c.actor.clone().unwrap_or_else(|| req.principal.clone()),
+        action: c
+            .action
+            .clone()
+            .unwrap_or_else(|| req.action.name().to_string()),
+        target: c.target.clone(),
+        reason: c.reason.clone().unwrap_or_else(|| req.reason.clone()),
+        approval_id: c.approval_id,
+        approver: c.approver.clone(),
+        before: c.before.clone(),
+        after: c.after.clone(),
+        outcome: c.outcome.unwrap_or(outcome::SUCCEEDED),
+    }
+}

@@ -1,0 +1,289 @@
+//! Four eyes: sensitive actions wait as approval requests until a second person with the approver
+//! role approves (the effect runs in the approving transaction, once: the request is locked and
+//! must still be pending in the version seen) or rejects. Nobody decides their own request (checked
+//! here and by a CHECK constraint).
+
+use crate::actions::Change;
+use crate::audit::outcome;
+use crate::error::ConsoleError;
+use crate::processes::{ProcessAction, ProcessActionRequest};
+use crate::state::AppState;
+use crate::users::Principal;
+use crate::{dead_letters, internal_events, outbox_dead, redact};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sqlx::{PgConnection, PgPool};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// What runs on approval.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Pending {
+    OutboxRequeue {
+        items: Vec<outbox_dead::Item>,
+    },
+    DlqReplay {
+        consumer: String,
+        items: Vec<dead_letters::Item>,
+    },
+    Process {
+        id: Uuid,
+        action: ProcessAction,
+        request: ProcessActionRequest,
+    },
+}
+
+impl Pending {
+    pub fn action_name(&self) -> &'static str {
+        match self {
+            Pending::OutboxRequeue { .. } => "outbox.requeue",
+            Pending::DlqReplay { .. } => "dlq.replay",
+            Pending::Process { action, .. } => action.audit_name(),
+        }
+    }
+}
+
+/// An approval request as shown.
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub struct Approval {
+    pub id: Uuid,
+    pub action: String,
+    pub request: Value,
+    pub reason: String,
+    pub requested_by: String,
+    pub requested_at: DateTime<Utc>,
+    pub status: String,
+    pub version: i32,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<DateTime<Utc>>,
+    pub decision_reason: Option<String>,
+    pub result: Option<Value>,
+}
+
+/// Body of approve and reject.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Decision {
+    pub reason: String,
+    /// The approval's version seen (1 while pending).
+    pub version: i32,
+}
+
+/// Requests, newest first (`status` filters).
+pub async fn list(
+    pool: &PgPool,
+    state: &AppState,
+    status: Option<&str>,
+) -> Result<Vec<Approval>, ConsoleError> {
+    let rows = sqlx::query_as::<_, Approval>(state.schema.sql(
+        "SELECT a.id, a.action, a.request, a.reason, r.name AS requested_by, a.requested_at, a.status, a.version, \
+                d.name AS decided_by, a.decided_at, a.decision_reason, a.result \
+         FROM {{schema}}.console_approvals a \
+         JOIN {{schema}}.console_users r ON r.id = a.requested_by \
+         LEFT JOIN {{schema}}.console_users d ON d.id = a.decided_by \
+         WHERE $1::text IS NULL OR a.status = $1 ORDER BY a.requested_at DESC LIMIT 500",
+    ))
+    .bind(status)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|mut a| {
+            a.request = redact::value(&a.request);
+            a.result = a.result.as_ref().map(redact::value);
+            a.reason = redact::text(&a.reason);
+            a.decision_reason = a.decision_reason.as_deref().map(redact::text);
+            a
+        })
+        .collect())
+}
+
+/// Creates a request in the caller's transaction; returns its id and the audit change.
+pub async fn create(
+    conn: &mut PgConnection,
+    state: &AppState,
+    principal: &Principal,
+    pending: &Pending,
+    reason: &str,
+    target: &str,
+) -> Result<(Uuid, Change), ConsoleError> {
+    let request =
+        serde_json::to_value(pending).map_err(|e| ConsoleError::Internal(e.to_string()))?;
+    let id: Uuid = sqlx::query_scalar(state.schema.sql(
+        "INSERT INTO {{schema}}.console_approvals (action, request, reason, requested_by) VALUES ($1, $2, $3, $4) RETURNING id",
+    ))
+    .bind(pending.action_name())
+    .bind(&request)
+    .bind(reason)
+    .bind(principal.id)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((
+        id,
+        Change {
+            target: target.to_string(),
+            after: Some(json!({"approval": id, "status": "pending", "request": request})),
+            outcome: Some(outcome::REQUESTED),
+            approval_id: Some(id),
+            ..Default::default()
+        },
+    ))
+}
+
+/// Approves or rejects request `id` as `principal`, in the caller's transaction. On approval the
+/// effect runs here; its audit entries name the requester as actor and `principal` as approver.
+pub async fn decide(
+    conn: &mut PgConnection,
+    state: &AppState,
+    principal: &Principal,
+    id: Uuid,
+    decision: &Decision,
+    approve: bool,
+) -> Result<(Vec<Change>, Value), ConsoleError> {
+    let row: Option<(Uuid, String, String, Value, String, i32, String)> = sqlx::query_as(state.schema.sql(
+        "SELECT a.requested_by, u.name, u.role, a.request, a.status, a.version, a.reason FROM {{schema}}.console_approvals a \
+         JOIN {{schema}}.console_users u ON u.id = a.requested_by WHERE a.id = $1 FOR UPDATE OF a",
+    ))
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((
+        requested_by,
+        requester_name,
+        requester_role,
+        request,
+        status,
+        version,
+        requested_reason,
+    )) = row
+    else {
+        return Err(ConsoleError::NotFound(format!("approval request {id}")));
+    };
+    if requested_by == principal.id {
+        return Err(ConsoleError::Forbidden(
+            "nobody approves or rejects their own request".into(),
+        ));
+    }
+    if status != "pending" {
+        return Err(ConsoleError::Conflict(format!(
+            "approval request {id} is already {status}"
+        )));
+    }
+    if version != decision.version {
+        return Err(ConsoleError::Conflict(format!(
+            "approval request {id} changed since version {} (now {version})",
+            decision.version
+        )));
+    }
+    let pending: Pending = serde_json::from_value(request.clone())
+        .map_err(|e| ConsoleError::Internal(format!("approval request {id} is unreadable: {e}")))?;
+    let requester = Principal {
+        id: requested_by,
+        name: requester_name,
+        role: requester_role
+            .parse()
+            .map_err(|e: crate::roles::UnknownRole| ConsoleError::Internal(e.to_string()))?,
+    };
+    let (mut changes, result) = if approve {
+        let (changes, result) = run(conn, state, &pending).await?;
+        let changes = changes
+            .into_iter()
+            .map(|c| Change {
+                actor: Some(requester.clone()),
+                action: Some(pending.action_name().to_string()),
+                approval_id: Some(id),
+                approver: Some(principal.name.clone()),
+                // The effect's reason is the requester's; the approver's is on the approval entry.
+                reason: Some(requested_reason.clone()),
+                ..c
+            })
+            .collect::<Vec<_>>();
+        (changes, result)
+    } else {
+        (Vec::new(), json!({"rejected": true}))
+    };
+    sqlx::query(state.schema.sql(
+        "UPDATE {{schema}}.console_approvals SET status = $2, version = version + 1, decided_by = $3, \
+                decided_at = now(), decision_reason = $4, result = $5 WHERE id = $1",
+    ))
+    .bind(id)
+    .bind(if approve { "approved" } else { "rejected" })
+    .bind(principal.id)
+    .bind(&decision.reason)
+    .bind(&result)
+    .execute(&mut *conn)
+    .await?;
+    changes.push(Change {
+        target: format!("approval:{id}"),
+        before: Some(json!({"status": "pending", "version": version})),
+        after: Some(
+            json!({"status": if approve { "approved" } else { "rejected" }, "result": result}),
+        ),
+        outcome: Some(if approve {
+            outcome::APPROVED
+        } else {
+            outcome::REJECTED
+        }),
+        approval_id: Some(id),
+        approver: Some(principal.name.clone()),
+        ..Default::default()
+    });
+    Ok((
+        changes,
+        json!({"approval": id, "status": if approve { "approved" } else { "rejected" }, "result": result}),
+    ))
+}
+
+async fn run(
+    conn: &mut PgConnection,
+    state: &AppState,
+    pending: &Pending,
+) -> Result<(Vec<Change>, Value), ConsoleError> {
+    match pending {
+        Pending::OutboxRequeue { items } => outbox_dead::requeue(conn, &state.schema, items).await,
+        Pending::DlqReplay { consumer, items } => {
+            dead_letters::replay(
+                &state.settings.amqp_url,
+                &state.settings.amqp_tls,
+                consumer,
+                items,
+            )
+            .await
+        }
+        Pending::Process {
+            id,
+            action,
+            request,
+        } => {
+            let backend = state
+                .processes
+                .as_ref()
+                .ok_or_else(crate::processes::unavailable)?;
+            let (before, after) = backend.perform(conn, *id, *action, request).await?;
+            Ok((
+                vec![Change {
+                    target: format!("process:{id}"),
+                    before: Some(before),
+                    after: Some(after.clone()),
+                    ..Default::default()
+                }],
+                after,
+            ))
+        }
+    }
+}
+
+/// Sets `console_approvals_pending` from the table.
+pub async fn refresh_pending_gauge(state: &AppState) {
+    let n: Result<i64, sqlx::Error> = sqlx::query_scalar(
+        state
+            .schema
+            .sql("SELECT count(*) FROM {{schema}}.console_approvals WHERE status = 'pending'"),
+    )
+    .fetch_one(&state.pool)
+    .await;
+    if let Ok(n) = n {
+        internal_events::approvals_pending(n);
+    }
+}

@@ -1,0 +1,161 @@
+//! The CLI's side: `console dead ...`, `console dlq ...`, `console approvals ...`, `console audit
+//! export` are clients of the console's API, printing untrusted values with
+//! [`shared::display::escape_control`].
+
+use serde_json::Value;
+use shared::display::escape_control as esc;
+use std::io::Write;
+
+/// Why a CLI request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("request to the console failed")]
+    Http(#[from] reqwest::Error),
+    #[error("the console answered {status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("writing the output")]
+    Io(#[from] std::io::Error),
+}
+
+/// A client of one console for one token.
+pub struct Client {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(url: &str, token: &str) -> Self {
+        Self {
+            base: url.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let r = req.bearer_auth(&self.token).send().await?;
+        let status = r.status().as_u16();
+        if status >= 400 {
+            let text = r.text().await.unwrap_or_default();
+            let message = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_string))
+                .unwrap_or(text);
+            return Err(ClientError::Status {
+                status,
+                message: esc(&message).into_owned(),
+            });
+        }
+        Ok(r)
+    }
+
+    pub async fn get(&self, path: &str) -> Result<Value, ClientError> {
+        Ok(self
+            .send(self.http.get(format!("{}{path}", self.base)))
+            .await?
+            .json()
+            .await?)
+    }
+
+    pub async fn get_text(&self, path: &str) -> Result<String, ClientError> {
+        Ok(self
+            .send(self.http.get(format!("{}{path}", self.base)))
+            .await?
+            .text()
+            .await?)
+    }
+
+    /// POSTs `body` with a fresh Idempotency-Key (a retry of the same command would reuse it).
+    pub async fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        key: &str,
+    ) -> Result<(u16, Value), ClientError> {
+        let r = self
+            .send(
+                self.http
+                    .post(format!("{}{path}", self.base))
+                    .header("Idempotency-Key", key)
+                    .json(body),
+            )
+            .await?;
+        let status = r.status().as_u16();
+        Ok((status, r.json().await?))
+    }
+}
+
+fn s(v: &Value, k: &str) -> String {
+    match v.get(k) {
+        Some(Value::String(s)) => esc(s).into_owned(),
+        Some(Value::Null) | None => String::new(),
+        Some(other) => esc(&other.to_string()).into_owned(),
+    }
+}
+
+/// Prints dead outbox rows.
+pub fn print_dead(rows: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<36}  {:>12}  {:<24}  {:>8}  last error",
+        "id", "version", "event_type", "attempts"
+    )?;
+    let rows = rows.as_array().cloned().unwrap_or_default();
+    for r in &rows {
+        writeln!(
+            out,
+            "{:<36}  {:>12}  {:<24}  {:>8}  {}",
+            s(r, "id"),
+            s(r, "version"),
+            s(r, "event_type"),
+            s(r, "attempts"),
+            s(r, "last_error")
+        )?;
+    }
+    writeln!(
+        out,
+        "{} dead row(s); requeue with: console dead requeue --reason TEXT ID:VERSION ...",
+        rows.len()
+    )
+}
+
+/// Prints dead letters.
+pub fn print_dead_letters(rows: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    let rows = rows.as_array().cloned().unwrap_or_default();
+    for r in &rows {
+        writeln!(
+            out,
+            "{}  version={}  {}  {}: {}",
+            s(r, "message_id"),
+            s(r, "version"),
+            s(r, "event_type"),
+            s(r, "kind"),
+            s(r, "reason")
+        )?;
+    }
+    writeln!(out, "{} dead letter(s)", rows.len())
+}
+
+/// Prints approval requests.
+pub fn print_approvals(rows: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    let rows = rows.as_array().cloned().unwrap_or_default();
+    for r in &rows {
+        writeln!(
+            out,
+            "{}  {}  {}  by {}  version {}  reason: {}",
+            s(r, "id"),
+            s(r, "status"),
+            s(r, "action"),
+            s(r, "requested_by"),
+            s(r, "version"),
+            s(r, "reason")
+        )?;
+    }
+    writeln!(out, "{} request(s)", rows.len())
+}
+
+/// Prints an action's answer on one line.
+pub fn print_outcome(status: u16, body: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(out, "{status} {}", esc(&body.to_string()))
+}

@@ -1,0 +1,310 @@
+//! The console's actions, as the API and the web page both call them: each builds its effect and
+//! hands it to [`actions::perform`] (role check, idempotency, audit, one transaction).
+
+use crate::action_keys::Key;
+use crate::actions::{self, Effect, Outcome, Request};
+use crate::approvals::{self, Decision, Pending};
+use crate::error::ConsoleError;
+use crate::processes::{self, ProcessAction, ProcessActionRequest};
+use crate::roles::Action;
+use crate::state::AppState;
+use crate::users::Principal;
+use crate::{audit, dead_letters, outbox_dead};
+use axum::http::StatusCode;
+use serde_json::json;
+use uuid::Uuid;
+
+fn targets<T>(prefix: &str, items: &[T], id: impl Fn(&T) -> String) -> String {
+    let ids: Vec<String> = items.iter().map(id).collect();
+    format!("{prefix}{}", ids.join(","))
+}
+
+/// Requeue dead outbox rows: one runs now, more than one creates an approval request, a dry run
+/// says what each would do.
+pub async fn requeue_outbox(
+    state: &AppState,
+    principal: &Principal,
+    items: Vec<outbox_dead::Item>,
+    reason: &str,
+    dry_run: bool,
+    key: Option<Key>,
+) -> Result<Outcome, ConsoleError> {
+    let target = targets("outbox:", &items, |i| i.id.to_string());
+    if dry_run {
+        actions::authorize(state, principal, Action::OutboxRequeue, &target, reason).await?;
+        let mut conn = state.pool.acquire().await?;
+        let plan = outbox_dead::plan(&mut conn, &state.schema, &items).await?;
+        return Ok(read(
+            json!({"dry_run": true, "needs_approval": items.len() > 1, "items": plan}),
+        ));
+    }
+    let reason = match actions::require_reason(reason) {
+        Ok(r) => r,
+        Err(e) => {
+            actions::authorize(state, principal, Action::OutboxRequeue, &target, reason).await?;
+            return Err(e);
+        }
+    };
+    if items.is_empty() {
+        actions::authorize(state, principal, Action::OutboxRequeue, &target, &reason).await?;
+        return Err(ConsoleError::BadRequest("no rows given".into()));
+    }
+    let (schema, st, p, r, t) = (
+        state.schema.clone(),
+        state.clone(),
+        principal.clone(),
+        reason.clone(),
+        target.clone(),
+    );
+    let req = Request {
+        principal,
+        action: Action::OutboxRequeue,
+        target,
+        reason,
+        key,
+    };
+    actions::perform(state, req, move |conn| {
+        Box::pin(async move {
+            if items.len() == 1 {
+                let (changes, body) = outbox_dead::requeue(conn, &schema, &items).await?;
+                Ok(Effect {
+                    status: StatusCode::OK,
+                    body,
+                    changes,
+                })
+            } else {
+                outbox_dead::check(conn, &schema, &items, false).await?;
+                let pending = Pending::OutboxRequeue { items };
+                let (id, change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                Ok(Effect {
+                    status: StatusCode::ACCEPTED,
+                    body: json!({"approval": id, "status": "pending"}),
+                    changes: vec![change],
+                })
+            }
+        })
+    })
+    .await
+}
+
+/// Replay consumer dead letters (same shape as [`requeue_outbox`]).
+pub async fn replay_dead_letters(
+    state: &AppState,
+    principal: &Principal,
+    consumer: String,
+    items: Vec<dead_letters::Item>,
+    reason: &str,
+    dry_run: bool,
+    key: Option<Key>,
+) -> Result<Outcome, ConsoleError> {
+    let target = targets(&format!("dlq:{consumer}/"), &items, |i| {
+        i.message_id.clone()
+    });
+    actions::authorize(state, principal, Action::DlqReplay, &target, reason).await?;
+    if dry_run {
+        let plan = dead_letters::plan(
+            &state.settings.amqp_url,
+            &state.settings.amqp_tls,
+            &consumer,
+            &items,
+        )
+        .await?;
+        return Ok(read(
+            json!({"dry_run": true, "needs_approval": items.len() > 1, "items": plan}),
+        ));
+    }
+    let reason = actions::require_reason(reason)?;
+    let (st, p, r, t) = (
+        state.clone(),
+        principal.clone(),
+        reason.clone(),
+        target.clone(),
+    );
+    let req = Request {
+        principal,
+        action: Action::DlqReplay,
+        target,
+        reason,
+        key,
+    };
+    actions::perform(state, req, move |conn| {
+        Box::pin(async move {
+            if items.len() == 1 {
+                let (changes, body) = dead_letters::replay(
+                    &st.settings.amqp_url,
+                    &st.settings.amqp_tls,
+                    &consumer,
+                    &items,
+                )
+                .await?;
+                Ok(Effect {
+                    status: StatusCode::OK,
+                    body,
+                    changes,
+                })
+            } else {
+                dead_letters::check(
+                    &st.settings.amqp_url,
+                    &st.settings.amqp_tls,
+                    &consumer,
+                    &items,
+                )
+                .await?;
+                let pending = Pending::DlqReplay { consumer, items };
+                let (id, change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                Ok(Effect {
+                    status: StatusCode::ACCEPTED,
+                    body: json!({"approval": id, "status": "pending"}),
+                    changes: vec![change],
+                })
+            }
+        })
+    })
+    .await
+}
+
+/// Approve or reject an approval request.
+pub async fn decide(
+    state: &AppState,
+    principal: &Principal,
+    id: Uuid,
+    decision: Decision,
+    approve: bool,
+    key: Option<Key>,
+) -> Result<Outcome, ConsoleError> {
+    let action = if approve {
+        Action::ApprovalApprove
+    } else {
+        Action::ApprovalReject
+    };
+    let target = format!("approval:{id}");
+    actions::authorize(state, principal, action, &target, &decision.reason).await?;
+    let reason = actions::require_reason(&decision.reason)?;
+    let (st, p) = (state.clone(), principal.clone());
+    let req = Request {
+        principal,
+        action,
+        target,
+        reason,
+        key,
+    };
+    actions::perform(state, req, move |conn| {
+        Box::pin(async move {
+            let (changes, body) = approvals::decide(conn, &st, &p, id, &decision, approve).await?;
+            Ok(Effect {
+                status: StatusCode::OK,
+                body,
+                changes,
+            })
+        })
+    })
+    .await
+}
+
+/// An action on a process: the sensitive ones create an approval request.
+pub async fn process_action(
+    state: &AppState,
+    principal: &Principal,
+    id: Uuid,
+    action: ProcessAction,
+    request: ProcessActionRequest,
+    key: Option<Key>,
+) -> Result<Outcome, ConsoleError> {
+    let target = format!("process:{id}");
+    actions::authorize(
+        state,
+        principal,
+        Action::Process(action),
+        &target,
+        &request.reason,
+    )
+    .await?;
+    let reason = actions::require_reason(&request.reason)?;
+    let backend = state.processes.clone().ok_or_else(processes::unavailable)?;
+    let (st, p, r, t) = (
+        state.clone(),
+        principal.clone(),
+        reason.clone(),
+        target.clone(),
+    );
+    let req = Request {
+        principal,
+        action: Action::Process(action),
+        target,
+        reason,
+        key,
+    };
+    actions::perform(state, req, move |conn| {
+        Box::pin(async move {
+            if action.needs_approval() {
+                let pending = Pending::Process {
+                    id,
+                    action,
+                    request,
+                };
+                let (aid, change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                Ok(Effect {
+                    status: StatusCode::ACCEPTED,
+                    body: json!({"approval": aid, "status": "pending"}),
+                    changes: vec![change],
+                })
+            } else {
+                let (before, after) = backend.perform(conn, id, action, &request).await?;
+                Ok(Effect {
+                    status: StatusCode::OK,
+                    body: after.clone(),
+                    changes: vec![actions::Change {
+                        target: format!("process:{id}"),
+                        before: Some(before),
+                        after: Some(after),
+                        ..Default::default()
+                    }],
+                })
+            }
+        })
+    })
+    .await
+}
+
+/// Purge audit entries older than the configured retention (admin).
+pub async fn purge_audit(
+    state: &AppState,
+    principal: &Principal,
+    reason: &str,
+    key: Option<Key>,
+) -> Result<Outcome, ConsoleError> {
+    let target = "audit".to_string();
+    actions::authorize(state, principal, Action::AuditPurge, &target, reason).await?;
+    let reason = actions::require_reason(reason)?;
+    let (schema, days) = (state.schema.clone(), state.settings.audit_retention_days);
+    let req = Request {
+        principal,
+        action: Action::AuditPurge,
+        target,
+        reason,
+        key,
+    };
+    actions::perform(state, req, move |conn| {
+        Box::pin(async move {
+            let removed = audit::purge(conn, &schema, days).await?;
+            Ok(Effect {
+                status: StatusCode::OK,
+                body: json!({"removed": removed, "retention_days": days}),
+                changes: vec![actions::Change {
+                    target: "audit".into(),
+                    after: Some(json!({"removed": removed, "retention_days": days})),
+                    ..Default::default()
+                }],
+            })
+        })
+    })
+    .await
+}
+
+fn read(body: serde_json::Value) -> Outcome {
+    Outcome {
+        status: StatusCode::OK,
+        body: body.to_string(),
+        replayed: false,
+    }
+}

@@ -1,0 +1,74 @@
+//! The console server's settings, as flags with env var fallbacks.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// `console serve` settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeConfig {
+    #[command(flatten)]
+    pub db: DbConfig,
+    /// RabbitMQ connection string (consumer dead letters).
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp_url: String,
+    #[command(flatten)]
+    pub amqp_tls: plumbing::amqp_tls::AmqpTls,
+    /// Address of the console (web page, API, /metrics, /healthz, /readyz).
+    #[arg(long, env = "CONSOLE_ADDR", default_value = "127.0.0.1:8070")]
+    pub addr: SocketAddr,
+    /// Consumers whose dead letters the web page links to (comma-separated).
+    #[arg(long, env = "CONSOLE_CONSUMERS", value_delimiter = ',')]
+    pub consumers: Vec<String>,
+    /// Web session lifetime in seconds.
+    #[arg(long, env = "CONSOLE_SESSION_TTL_SECONDS", default_value_t = 8 * 3600)]
+    pub session_ttl_seconds: u64,
+    /// Mark the session cookie Secure (set when the console is served over HTTPS).
+    #[arg(long, env = "CONSOLE_COOKIE_SECURE", default_value_t = false, action = clap::ArgAction::Set)]
+    pub cookie_secure: bool,
+    /// Audit entries older than this many days are purged by `audit.purge` (admin).
+    #[arg(long, env = "CONSOLE_AUDIT_RETENTION_DAYS", default_value_t = 365)]
+    pub audit_retention_days: u32,
+    /// Failed logins allowed per client address per minute.
+    #[arg(long, env = "CONSOLE_LOGIN_ATTEMPTS_PER_MINUTE", default_value_t = 5)]
+    pub login_attempts_per_minute: usize,
+    /// More field names whose values are always redacted (comma-separated; `token`, `password`,
+    /// `card_number`, `email` ... are always).
+    #[arg(long, env = "CONSOLE_SECRET_FIELDS", value_delimiter = ',')]
+    pub secret_fields: Vec<String>,
+}
+
+impl ServeConfig {
+    pub fn session_ttl(&self) -> Duration {
+        Duration::from_secs(self.session_ttl_seconds.max(60))
+    }
+}
+
+/// Where the product's tables are.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DbConfig {
+    /// PostgreSQL connection string.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    pub database_url: String,
+    /// The PostgreSQL schema that holds the product's tables.
+    #[arg(long, env = "OUTBOX_SCHEMA", default_value = shared::schema::DEFAULT)]
+    pub schema: shared::schema::Schema,
+}
+
+/// Where the console is, for the CLI subcommands (clients of the API).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientConfig {
+    /// The console's URL.
+    #[arg(long, env = "CONSOLE_URL", default_value = "http://127.0.0.1:8070")]
+    pub url: String,
+    /// Your token (from `console user create`).
+    #[arg(long, env = "CONSOLE_TOKEN", hide_env_values = true)]
+    pub token: String,
+}

@@ -1,0 +1,59 @@
+//! The OpenAPI document of the JSON API, generated from the handlers' annotations (utoipa),
+//! served at `/api/openapi.json`.
+
+use crate::{api, approvals, audit, dead_letters, error, outbox_dead, processes, users};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "outbox console", description = "Dead outbox rows, consumer dead letters, idempotency records, processes, approvals and the audit log. Every action takes a reason and the row version seen; more than one item needs a second person's approval."),
+    paths(
+        api::dead_rows, api::backlog, api::requeue_one, api::requeue_many, api::dead_letter_list, api::replay,
+        api::idempotency, api::audit_list, api::audit_purge, api::approval_list, api::approve, api::reject,
+        api::process_list, api::process_get, api::process_action, api::whoami
+    ),
+    components(schemas(
+        error::ErrorBody, outbox_dead::DeadRow, outbox_dead::Backlog, outbox_dead::Item, outbox_dead::Planned,
+        dead_letters::Letter, dead_letters::Item, dead_letters::Planned, api::RequeueOne, api::RequeueMany,
+        api::Replay, api::ReasonOnly, api::IdempotencyRecord, audit::Entry, approvals::Approval, approvals::Decision,
+        processes::ProcessAction, processes::ProcessActionRequest, users::Principal, crate::roles::Role
+    )),
+    modifiers(&BearerAuth),
+    security(("token" = []))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "token",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "Token from `console user create --name NAME --role ROLE`",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document as a value.
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// `GET /api/openapi.json` (public: it describes, it reveals nothing).
+pub async fn serve() -> Response {
+    match document().to_json() {
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}

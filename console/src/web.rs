@@ -1,0 +1,735 @@
+//! The web page: server-rendered HTML (no JavaScript, no build step), a session cookie from
+//! logging in with a token, a CSRF token in every form, the same actions as the API
+//! ([`crate::commands`]), and only the buttons the user's role allows.
+
+use crate::action_keys::Key;
+use crate::actions::Outcome;
+use crate::approvals::{self, Decision};
+use crate::audit;
+use crate::commands;
+use crate::dead_letters;
+use crate::error::ConsoleError;
+use crate::internal_events;
+use crate::outbox_dead;
+use crate::redact;
+use crate::roles::{Action, allowed};
+use crate::sessions::{self, Session};
+use crate::state::AppState;
+use crate::users;
+use axum::extract::{ConnectInfo, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use uuid::Uuid;
+
+type Fields = Vec<(String, String)>;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/", get(overview))
+        .route("/login", get(login_page).post(login))
+        .route("/logout", post(logout))
+        .route("/audit", get(audit_page))
+        .route("/dead-letters", get(dead_letters_page))
+        .route("/idempotency", get(idempotency_page))
+        .route("/processes", get(processes_page))
+        .route("/ui/outbox/requeue", post(requeue))
+        .route("/ui/dead-letters/{consumer}/replay", post(replay))
+        .route("/ui/approvals/{id}/approve", post(approve))
+        .route("/ui/approvals/{id}/reject", post(reject))
+}
+
+/// A logged-in browser; without a live session the page answers with the login page.
+pub struct WebSession(pub Session);
+
+/// Sends the browser to the login page.
+pub struct ToLogin;
+
+impl IntoResponse for ToLogin {
+    fn into_response(self) -> Response {
+        Redirect::to("/login").into_response()
+    }
+}
+
+impl FromRequestParts<AppState> for WebSession {
+    type Rejection = Response;
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let Some(id) = sessions::cookie_value(&parts.headers) else {
+            return Err(ToLogin.into_response());
+        };
+        match sessions::find(&state.pool, &state.schema, &id).await {
+            Ok(Some(s)) => Ok(WebSession(s)),
+            Ok(None) => Err(ToLogin.into_response()),
+            Err(e) => Err(e.into_response()),
+        }
+    }
+}
+
+/// HTML-escapes text (after redaction).
+pub fn esc(s: &str) -> String {
+    html(&redact::text(s))
+}
+
+/// HTML-escapes a value the console made itself (CSRF token, ids): no redaction.
+fn html(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;font-size:.9em}\
+th{background:#f3f3f3}nav a{margin-right:1em}.notice{background:#eef7ee;border:1px solid #9c9;padding:.5em}\
+.error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}input[type=text]{width:24em}";
+
+fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
+    let nav = match session {
+        Some(s) => format!(
+            "<nav><a href=\"/\">Overview</a><a href=\"/processes\">Processes</a><a href=\"/dead-letters\">Dead letters</a>\
+             <a href=\"/idempotency\">Idempotency</a><a href=\"/audit\">Audit</a> \
+             signed in as <b id=\"whoami\">{}</b> ({})\
+             <form method=\"post\" action=\"/logout\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+             <button id=\"logout\">Log out</button></form></nav>",
+            esc(&s.principal.name),
+            s.principal.role,
+            html(&s.csrf)
+        ),
+        None => String::new(),
+    };
+    Html(format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{} · outbox console</title><style>{STYLE}</style></head>\
+         <body>{nav}<h1>{}</h1>{body}</body></html>",
+        esc(title),
+        esc(title)
+    ))
+}
+
+fn error_page(session: Option<&Session>, e: &ConsoleError) -> Response {
+    let body = format!(
+        "<p class=\"error\" id=\"error\">{} {}</p><p><a href=\"/\">Back</a></p>",
+        e.status().as_u16(),
+        esc(&e.public_message())
+    );
+    (e.status(), page(session, "Error", &body)).into_response()
+}
+
+fn hidden(session: &Session) -> String {
+    format!(
+        "<input type=\"hidden\" name=\"csrf\" value=\"{}\"><input type=\"hidden\" name=\"idempotency_key\" value=\"{}\">",
+        html(&session.csrf),
+        Uuid::new_v4()
+    )
+}
+
+fn field<'a>(f: &'a Fields, name: &str) -> Option<&'a str> {
+    f.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// The CSRF check of every form POST: a missing or wrong token is a denied attempt (403).
+async fn csrf(state: &AppState, s: &Session, f: &Fields, action: &str) -> Result<(), Response> {
+    if field(f, "csrf") == Some(s.csrf.as_str()) {
+        return Ok(());
+    }
+    let e = crate::actions::deny(
+        state,
+        &s.principal,
+        action,
+        "web form",
+        "",
+        "missing or wrong CSRF token".into(),
+    )
+    .await;
+    Err(error_page(Some(s), &e))
+}
+
+fn form_key(f: &Fields, path: &str) -> Result<Option<Key>, ConsoleError> {
+    let Some(k) = field(f, "idempotency_key") else {
+        return Ok(None);
+    };
+    let mut canonical: Vec<&(String, String)> = f
+        .iter()
+        .filter(|(n, _)| n != "csrf" && n != "idempotency_key")
+        .collect();
+    canonical.sort();
+    let body = serde_json::to_vec(&canonical).unwrap_or_default();
+    Key::new(k, "POST", path, &body).map(Some)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Notice {
+    notice: Option<String>,
+}
+
+async fn login_page() -> Html<String> {
+    login_form(None)
+}
+
+fn login_form(message: Option<&str>) -> Html<String> {
+    let msg = message
+        .map(|m| format!("<p class=\"error\" id=\"error\">{}</p>", esc(m)))
+        .unwrap_or_default();
+    page(
+        None,
+        "Log in",
+        &format!(
+            "{msg}<form method=\"post\" action=\"/login\"><label>Token <input type=\"password\" id=\"token\" name=\"token\" autocomplete=\"off\"></label> \
+             <button id=\"login\">Log in</button></form><p>Tokens come from <code>console user create</code>.</p>"
+        ),
+    )
+}
+
+async fn login(
+    State(s): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let ip = addr.ip();
+    if !s.limiter.may_try(ip) {
+        internal_events::login_failed("rate_limited", ip);
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            login_form(Some(&ConsoleError::TooManyAttempts.to_string())),
+        )
+            .into_response();
+    }
+    let token = f.get("token").map(|t| t.trim()).unwrap_or("");
+    let principal = match users::by_token(&s.pool, &s.schema, token).await {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            s.limiter.failed(ip);
+            internal_events::login_failed("invalid_token", ip);
+            return (
+                StatusCode::UNAUTHORIZED,
+                login_form(Some("unknown or revoked token")),
+            )
+                .into_response();
+        }
+        Err(e) => return error_page(None, &e),
+    };
+    match sessions::create(&s.pool, &s.schema, &principal, s.settings.session_ttl).await {
+        Ok((id, _csrf)) => {
+            internal_events::login(&principal);
+            let mut r = Redirect::to("/").into_response();
+            if let Ok(v) = HeaderValue::from_str(&sessions::set_cookie(
+                &id,
+                s.settings.session_ttl,
+                s.settings.cookie_secure,
+            )) {
+                r.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            r
+        }
+        Err(e) => error_page(None, &e),
+    }
+}
+
+async fn logout(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    headers: axum::http::HeaderMap,
+    Form(f): Form<Fields>,
+) -> Response {
+    if let Err(r) = csrf(&s, &session, &f, "logout").await {
+        return r;
+    }
+    if let Some(id) = sessions::cookie_value(&headers) {
+        let _ = sessions::delete(&s.pool, &s.schema, &id).await;
+    }
+    let mut r = Redirect::to("/login").into_response();
+    if let Ok(v) = HeaderValue::from_str(&sessions::clear_cookie(s.settings.cookie_secure)) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+fn audit_table(entries: &[audit::Entry]) -> String {
+    let mut h = String::from(
+        "<table id=\"audit\"><tr><th>#</th><th>when</th><th>who</th><th>roles</th><th>action</th><th>target</th><th>reason</th><th>approver</th><th>outcome</th><th>before → after</th></tr>",
+    );
+    for e in entries {
+        h.push_str(&format!(
+            "<tr class=\"audit-entry\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"outcome\">{}</td><td><code>{}</code> → <code>{}</code></td></tr>",
+            e.seq,
+            e.at.format("%Y-%m-%d %H:%M:%S"),
+            esc(&e.actor_name),
+            esc(&e.roles.join(",")),
+            esc(&e.action),
+            esc(&e.target),
+            esc(&e.reason),
+            esc(e.approver.as_deref().unwrap_or("")),
+            esc(&e.outcome),
+            esc(&e.before.as_ref().map(|v| v.to_string()).unwrap_or_default()),
+            esc(&e.after.as_ref().map(|v| v.to_string()).unwrap_or_default()),
+        ));
+    }
+    h.push_str("</table>");
+    h
+}
+
+async fn overview(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    Query(n): Query<Notice>,
+) -> Response {
+    match render_overview(&s, &session, n.notice.as_deref()).await {
+        Ok(h) => h.into_response(),
+        Err(e) => error_page(Some(&session), &e),
+    }
+}
+
+async fn render_overview(
+    s: &AppState,
+    session: &Session,
+    notice: Option<&str>,
+) -> Result<Html<String>, ConsoleError> {
+    let p = &session.principal;
+    let backlog = outbox_dead::backlog(&s.pool, &s.schema).await?;
+    let dead = outbox_dead::list(&s.pool, &s.schema, 200).await?;
+    let pending = approvals::list(&s.pool, s, None).await?;
+    let recent = audit::list(
+        &s.pool,
+        &s.schema,
+        &audit::Filter {
+            limit: Some(30),
+            ..Default::default()
+        },
+        false,
+    )
+    .await?;
+    let may_requeue = allowed(p.role, Action::OutboxRequeue);
+    let may_decide = allowed(p.role, Action::ApprovalApprove);
+    let mut h = String::new();
+    if let Some(n) = notice {
+        h.push_str(&format!("<p class=\"notice\" id=\"notice\">{}</p>", esc(n)));
+    }
+    h.push_str(&format!(
+        "<h2>Outbox</h2><p id=\"backlog\">pending <b>{}</b> (oldest {:.0} s) · dead <b id=\"dead-count\">{}</b></p>",
+        backlog.pending, backlog.oldest_pending_seconds, backlog.dead
+    ));
+    h.push_str("<h2>Dead outbox rows</h2>");
+    if may_requeue {
+        h.push_str(&format!(
+            "<form method=\"post\" action=\"/ui/outbox/requeue\" id=\"requeue-form\">{}",
+            hidden(session)
+        ));
+    }
+    h.push_str("<table id=\"dead-rows\"><tr><th></th><th>id</th><th>event</th><th>aggregate</th><th>attempts</th><th>last error</th><th>version</th></tr>");
+    for r in &dead {
+        let check = if may_requeue && r.unpublishable.is_none() {
+            format!(
+                "<input type=\"checkbox\" name=\"item\" id=\"item-{}\" value=\"{}:{}\">",
+                r.id, r.id, r.version
+            )
+        } else {
+            r.unpublishable
+                .as_deref()
+                .map(|u| format!("stays dead: {}", esc(u)))
+                .unwrap_or_default()
+        };
+        h.push_str(&format!(
+            "<tr class=\"dead-row\"><td>{check}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            r.id,
+            esc(&r.event_type),
+            esc(&r.aggregate_type),
+            esc(&r.aggregate_id),
+            r.attempts,
+            esc(r.last_error.as_deref().unwrap_or("")),
+            r.version
+        ));
+    }
+    h.push_str("</table>");
+    if may_requeue {
+        h.push_str(
+            "<label>Reason <input type=\"text\" name=\"reason\" id=\"requeue-reason\"></label> \
+             <button name=\"dry_run\" value=\"1\" id=\"requeue-dry-run\">Dry run</button> \
+             <button name=\"go\" value=\"1\" id=\"requeue-submit\">Requeue selected</button> \
+             <small>one row runs now; more than one asks an approver</small></form>",
+        );
+    }
+    h.push_str("<h2>Approval requests</h2><table id=\"approvals\"><tr><th>id</th><th>action</th><th>requested by</th><th>reason</th><th>request</th><th>status</th><th>decided by</th><th>result</th><th></th></tr>");
+    for a in &pending {
+        let decide = if a.status == "pending" && may_decide && a.requested_by != p.name {
+            format!(
+                "<form method=\"post\" action=\"/ui/approvals/{id}/approve\">{}<input type=\"hidden\" name=\"version\" value=\"{}\">\
+                 <input type=\"text\" name=\"reason\" id=\"approval-reason-{id}\" placeholder=\"reason\"> \
+                 <button id=\"approve-{id}\">Approve</button> \
+                 <button formaction=\"/ui/approvals/{id}/reject\" id=\"reject-{id}\">Reject</button></form>",
+                hidden(session),
+                a.version,
+                id = a.id
+            )
+        } else if a.status == "pending" {
+            "waiting for another approver".to_string()
+        } else {
+            String::new()
+        };
+        h.push_str(&format!(
+            "<tr class=\"approval\" id=\"approval-{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td class=\"status\">{}</td><td>{}</td><td><code>{}</code></td><td>{decide}</td></tr>",
+            a.id,
+            a.id,
+            esc(&a.action),
+            esc(&a.requested_by),
+            esc(&a.reason),
+            esc(&a.request.to_string()),
+            esc(&a.status),
+            esc(a.decided_by.as_deref().unwrap_or("")),
+            esc(&a.result.as_ref().map(|v| v.to_string()).unwrap_or_default()),
+        ));
+    }
+    h.push_str("</table><h2>Recent audit entries</h2>");
+    h.push_str(&audit_table(&recent));
+    Ok(page(Some(session), "Operations console", &h))
+}
+
+fn notice_redirect(text: &str) -> Response {
+    let mut q = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            q.push(b as char);
+        } else {
+            q.push_str(&format!("%{b:02X}"));
+        }
+    }
+    Redirect::to(&format!("/?notice={q}")).into_response()
+}
+
+fn describe(o: &Outcome, what: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(&o.body).unwrap_or_default();
+    if let Some(id) = v.get("approval").and_then(|i| i.as_str()) {
+        match v.get("status").and_then(|s| s.as_str()) {
+            Some("pending") => {
+                return format!("{what}: approval request {id} created; an approver must confirm");
+            }
+            Some(status) => return format!("approval request {id} {status}"),
+            None => {}
+        }
+    }
+    format!("{what}: done {}", o.body)
+}
+
+async fn requeue(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    Form(f): Form<Fields>,
+) -> Response {
+    if let Err(r) = csrf(&s, &session, &f, Action::OutboxRequeue.name()).await {
+        return r;
+    }
+    let mut items = Vec::new();
+    for (_, v) in f.iter().filter(|(k, _)| k == "item") {
+        let parsed = v.split_once(':').and_then(|(id, ver)| {
+            Some(outbox_dead::Item {
+                id: id.parse().ok()?,
+                version: ver.parse().ok()?,
+            })
+        });
+        match parsed {
+            Some(i) => items.push(i),
+            None => {
+                return error_page(
+                    Some(&session),
+                    &ConsoleError::BadRequest(format!("bad item {v:?}")),
+                );
+            }
+        }
+    }
+    let dry_run = field(&f, "dry_run").is_some();
+    let key = match form_key(&f, "/ui/outbox/requeue") {
+        Ok(k) => k,
+        Err(e) => return error_page(Some(&session), &e),
+    };
+    let reason = field(&f, "reason").unwrap_or("");
+    match commands::requeue_outbox(&s, &session.principal, items, reason, dry_run, key).await {
+        Ok(o) if dry_run => plan_page(&session, &o),
+        Ok(o) => notice_redirect(&describe(&o, "requeue")),
+        Err(e) => error_page(Some(&session), &e),
+    }
+}
+
+fn plan_page(session: &Session, o: &Outcome) -> Response {
+    let v: serde_json::Value = serde_json::from_str(&o.body).unwrap_or_default();
+    let mut h =
+        String::from("<table id=\"plan\"><tr><th>item</th><th>would</th><th>detail</th></tr>");
+    for i in v
+        .get("items")
+        .and_then(|i| i.as_array())
+        .into_iter()
+        .flatten()
+    {
+        let id = i
+            .get("id")
+            .or_else(|| i.get("message_id"))
+            .map(|x| x.to_string())
+            .unwrap_or_default();
+        h.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(id.trim_matches('"')),
+            esc(i.get("would").and_then(|w| w.as_str()).unwrap_or("")),
+            esc(i.get("detail").and_then(|w| w.as_str()).unwrap_or(""))
+        ));
+    }
+    h.push_str("</table>");
+    if v.get("needs_approval").and_then(|b| b.as_bool()) == Some(true) {
+        h.push_str("<p>More than one item: running it creates an approval request.</p>");
+    }
+    h.push_str("<p><a href=\"/\">Overview</a></p>");
+    page(Some(session), "Dry run", &h).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ConsumerQuery {
+    consumer: Option<String>,
+}
+
+async fn dead_letters_page(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    Query(q): Query<ConsumerQuery>,
+) -> Response {
+    let mut h = String::from(
+        "<form method=\"get\"><label>Consumer <input type=\"text\" name=\"consumer\"></label> <button>Show</button></form>",
+    );
+    if !s.settings.consumers.is_empty() {
+        h.push_str("<p>");
+        for c in &s.settings.consumers {
+            h.push_str(&format!(
+                "<a href=\"/dead-letters?consumer={0}\">{0}</a> ",
+                esc(c)
+            ));
+        }
+        h.push_str("</p>");
+    }
+    if let Some(c) = q.consumer.as_deref().filter(|c| !c.is_empty()) {
+        match dead_letters::list(&s.settings.amqp_url, &s.settings.amqp_tls, c, 200).await {
+            Ok(letters) => {
+                let may = allowed(session.principal.role, Action::DlqReplay);
+                if may {
+                    h.push_str(&format!(
+                        "<form method=\"post\" action=\"/ui/dead-letters/{}/replay\">{}",
+                        esc(c),
+                        hidden(&session)
+                    ));
+                }
+                h.push_str("<table id=\"dead-letters\"><tr><th></th><th>message id</th><th>event</th><th>kind</th><th>reason</th><th>attempts</th><th>dead-lettered at</th><th>payload</th></tr>");
+                for l in &letters {
+                    let check = match (&l.message_id, may) {
+                        (Some(id), true) => format!(
+                            "<input type=\"checkbox\" name=\"item\" value=\"{}|{}\">",
+                            esc(id),
+                            esc(&l.version)
+                        ),
+                        _ => String::new(),
+                    };
+                    h.push_str(&format!(
+                        "<tr><td>{check}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+                        esc(l.message_id.as_deref().unwrap_or("")),
+                        esc(&l.event_type),
+                        esc(&l.kind),
+                        esc(&l.reason),
+                        l.attempts.map(|a| a.to_string()).unwrap_or_default(),
+                        esc(l.dead_lettered_at.as_deref().unwrap_or("")),
+                        esc(&l.payload.to_string()),
+                    ));
+                }
+                h.push_str("</table>");
+                if may {
+                    h.push_str("<label>Reason <input type=\"text\" name=\"reason\"></label> <button name=\"dry_run\" value=\"1\">Dry run</button> <button name=\"go\" value=\"1\">Replay selected</button></form>");
+                }
+            }
+            Err(e) => h.push_str(&format!(
+                "<p class=\"error\">{}</p>",
+                esc(&e.public_message())
+            )),
+        }
+    }
+    page(Some(&session), "Consumer dead letters", &h).into_response()
+}
+
+async fn replay(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    Path(consumer): Path<String>,
+    Form(f): Form<Fields>,
+) -> Response {
+    if let Err(r) = csrf(&s, &session, &f, Action::DlqReplay.name()).await {
+        return r;
+    }
+    let items = f
+        .iter()
+        .filter(|(k, _)| k == "item")
+        .filter_map(|(_, v)| v.split_once('|'))
+        .map(|(id, ver)| dead_letters::Item {
+            message_id: id.to_string(),
+            version: ver.to_string(),
+        })
+        .collect();
+    let dry_run = field(&f, "dry_run").is_some();
+    let key = match form_key(&f, &format!("/ui/dead-letters/{consumer}/replay")) {
+        Ok(k) => k,
+        Err(e) => return error_page(Some(&session), &e),
+    };
+    match commands::replay_dead_letters(
+        &s,
+        &session.principal,
+        consumer,
+        items,
+        field(&f, "reason").unwrap_or(""),
+        dry_run,
+        key,
+    )
+    .await
+    {
+        Ok(o) if dry_run => plan_page(&session, &o),
+        Ok(o) => notice_redirect(&describe(&o, "replay")),
+        Err(e) => error_page(Some(&session), &e),
+    }
+}
+
+async fn decide(s: AppState, session: Session, id: Uuid, f: Fields, approve: bool) -> Response {
+    let action = if approve {
+        Action::ApprovalApprove
+    } else {
+        Action::ApprovalReject
+    };
+    if let Err(r) = csrf(&s, &session, &f, action.name()).await {
+        return r;
+    }
+    let Some(version) = field(&f, "version").and_then(|v| v.parse().ok()) else {
+        return error_page(
+            Some(&session),
+            &ConsoleError::BadRequest("version missing".into()),
+        );
+    };
+    let verb = if approve { "approve" } else { "reject" };
+    let key = match form_key(&f, &format!("/ui/approvals/{id}/{verb}")) {
+        Ok(k) => k,
+        Err(e) => return error_page(Some(&session), &e),
+    };
+    let d = Decision {
+        reason: field(&f, "reason").unwrap_or("").to_string(),
+        version,
+    };
+    match commands::decide(&s, &session.principal, id, d, approve, key).await {
+        Ok(o) => notice_redirect(&describe(&o, verb)),
+        Err(e) => error_page(Some(&session), &e),
+    }
+}
+
+async fn approve(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    Path(id): Path<Uuid>,
+    Form(f): Form<Fields>,
+) -> Response {
+    decide(s, session, id, f, true).await
+}
+
+async fn reject(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    Path(id): Path<Uuid>,
+    Form(f): Form<Fields>,
+) -> Response {
+    decide(s, session, id, f, false).await
+}
+
+async fn audit_page(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    Query(f): Query<audit::Filter>,
+) -> Response {
+    let entries = match audit::list(&s.pool, &s.schema, &f, false).await {
+        Ok(e) => e,
+        Err(e) => return error_page(Some(&session), &e),
+    };
+    let v = |o: &Option<String>| esc(o.as_deref().unwrap_or(""));
+    let h = format!(
+        "<form method=\"get\">actor <input name=\"actor\" value=\"{}\"> action <input name=\"action\" value=\"{}\"> \
+         outcome <input name=\"outcome\" value=\"{}\"> target <input name=\"target\" value=\"{}\"> <button>Filter</button></form>\
+         <p>Export: <code>GET /api/audit?format=jsonl</code> or <code>console audit export</code>. Retention: {} days.</p>{}",
+        v(&f.actor),
+        v(&f.action),
+        v(&f.outcome),
+        v(&f.target),
+        s.settings.audit_retention_days,
+        audit_table(&entries)
+    );
+    page(Some(&session), "Audit log", &h).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub struct IdempotencyQuery {
+    scope: Option<String>,
+    key: Option<String>,
+}
+
+async fn idempotency_page(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    Query(q): Query<IdempotencyQuery>,
+) -> Response {
+    let mut h = String::from(
+        "<form method=\"get\">scope <input name=\"scope\"> key <input name=\"key\" type=\"password\"> <button>Look up</button></form>\
+         <p>Status and times only; request and response bodies are never shown.</p>",
+    );
+    if let (Some(scope), Some(key)) = (q.scope.as_deref(), q.key.as_deref()) {
+        match crate::api::lookup_idempotency(&s, scope, key).await {
+            Ok(rows) => {
+                h.push_str("<table><tr><th>operation</th><th>status</th><th>response</th><th>resource</th><th>created</th><th>updated</th><th>expires</th></tr>");
+                for r in rows {
+                    h.push_str(&format!(
+                        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                        esc(&r.operation),
+                        esc(&r.status),
+                        r.response_status.map(|s| s.to_string()).unwrap_or_default(),
+                        r.resource_id.map(|s| s.to_string()).unwrap_or_default(),
+                        r.created_at,
+                        r.updated_at,
+                        r.expires_at
+                    ));
+                }
+                h.push_str("</table>");
+            }
+            Err(e) => h.push_str(&format!(
+                "<p class=\"error\">{}</p>",
+                esc(&e.public_message())
+            )),
+        }
+    }
+    page(Some(&session), "Idempotency records", &h).into_response()
+}
+
+async fn processes_page(State(s): State<AppState>, WebSession(session): WebSession) -> Response {
+    let h = match &s.processes {
+        None => "<p id=\"processes-unavailable\">Processes are not available in this build of the console.</p>".to_string(),
+        Some(backend) => match backend.list(&s.pool, &Default::default()).await {
+            Ok(list) => {
+                let mut h = String::from("<table id=\"processes\">");
+                for p in list {
+                    h.push_str(&format!("<tr><td><code>{}</code></td></tr>", esc(&redact::value(&p).to_string())));
+                }
+                h.push_str("</table>");
+                h
+            }
+            Err(e) => format!("<p class=\"error\">{}</p>", esc(&e.public_message())),
+        },
+    };
+    page(Some(&session), "Processes", &h).into_response()
+}

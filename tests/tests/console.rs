@@ -1,0 +1,1336 @@
+//! The operations console over real HTTP, on a real database: the role × action matrix, four
+//! eyes, stale versions, idempotency keys, CSRF, sessions, login limits, redaction, the
+//! append-only audit table, the CLI, and a real headless Chromium.
+
+use console::config::{DbConfig, ServeConfig};
+use console::roles::{Action, Role, allowed};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use shared::schema::Schema;
+use std::time::Duration;
+use system_tests::{TestDb, amqp_url, bin_path, wait_until};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const CARD: &str = "4111111111111111";
+const SECRET: &str = "hunter2-very-secret";
+
+struct Console {
+    db: TestDb,
+    base: String,
+    shutdown: CancellationToken,
+    http: reqwest::Client,
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Console {
+    async fn start() -> Self {
+        Self::start_with(5).await
+    }
+
+    async fn start_with(login_attempts: usize) -> Self {
+        let db = TestDb::new().await;
+        let config = ServeConfig {
+            db: DbConfig {
+                database_url: db.url.clone(),
+                schema: Schema::default(),
+            },
+            amqp_url: amqp_url(),
+            amqp_tls: Default::default(),
+            addr: "127.0.0.1:0".parse().unwrap(),
+            consumers: vec![],
+            session_ttl_seconds: 3600,
+            cookie_secure: false,
+            audit_retention_days: 365,
+            login_attempts_per_minute: login_attempts,
+            secret_fields: vec!["customer_secret".into()],
+        };
+        let shutdown = CancellationToken::new();
+        let running = console::start(config, None, shutdown.clone())
+            .await
+            .expect("console starts");
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        Self {
+            db,
+            base: format!("http://{}", running.addr),
+            shutdown,
+            http,
+        }
+    }
+
+    async fn user(&self, name: &str, role: Role) -> String {
+        console::users::create(&self.db.pool, &Schema::default(), name, role)
+            .await
+            .unwrap()
+            .1
+    }
+
+    async fn get(&self, token: &str, path: &str) -> (StatusCode, String) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.text().await.unwrap())
+    }
+
+    async fn post(
+        &self,
+        token: &str,
+        path: &str,
+        body: Value,
+        key: Option<&str>,
+    ) -> (StatusCode, Value, bool) {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .json(&body);
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status();
+        let replayed = r.headers().get("idempotent-replayed").is_some();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            replayed,
+        )
+    }
+
+    /// Inserts `n` dead rows carrying secrets; returns their ids.
+    async fn dead_rows(&self, n: usize) -> Vec<Uuid> {
+        sqlx::query_scalar(
+            "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, state, attempts, last_error) \
+             SELECT 'payment', 'p-' || g, 'payment.captured', \
+                    jsonb_build_object('card_number', $1::text, 'customer_secret', $2::text, 'note', 'card ' || $1::text, 'amount', 12), \
+                    'dead', 5, 'gateway said no for card ' || $1::text \
+             FROM generate_series(1, $3) g RETURNING id",
+        )
+        .bind(CARD)
+        .bind(SECRET)
+        .bind(n as i32)
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn version(&self, id: Uuid) -> i64 {
+        sqlx::query_scalar("SELECT xmin::text::bigint FROM outbox.messages WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn state(&self, id: Uuid) -> String {
+        sqlx::query_scalar("SELECT state FROM outbox.messages WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn audit_count(&self, actor: &str, action: &str, outcome: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox.console_audit WHERE actor_name = $1 AND action = $2 AND outcome = $3")
+            .bind(actor)
+            .bind(action)
+            .bind(outcome)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+}
+
+/// The request that exercises `action` (targets that do not exist: an allowed role gets past the
+/// role check and then 404, 501 or 502, never 403).
+fn request_for(action: Action) -> (String, Value) {
+    let nobody = Uuid::new_v4();
+    match action {
+        Action::Read => ("GET /api/outbox/dead".into(), Value::Null),
+        Action::OutboxRequeue => (
+            format!("/api/outbox/dead/{nobody}/actions/requeue"),
+            json!({"reason": "matrix", "version": 1}),
+        ),
+        Action::DlqReplay => (
+            "/api/dead-letters/no_such_consumer_for_matrix/actions/replay".into(),
+            json!({"reason": "matrix", "items": [{"message_id": "m", "version": ""}]}),
+        ),
+        Action::ApprovalApprove => (
+            format!("/api/approvals/{nobody}/approve"),
+            json!({"reason": "matrix", "version": 1}),
+        ),
+        Action::ApprovalReject => (
+            format!("/api/approvals/{nobody}/reject"),
+            json!({"reason": "matrix", "version": 1}),
+        ),
+        Action::AuditPurge => (
+            "/api/audit/actions/purge".into(),
+            json!({"reason": "matrix"}),
+        ),
+        Action::Process(p) => (
+            format!("/api/processes/{nobody}/actions/{}", p.name()),
+            json!({"reason": "matrix", "version": 1}),
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_action_matrix_over_http_every_refusal_audited() {
+    let c = Console::start().await;
+    let mut checked = 0;
+    for role in Role::ALL {
+        let name = format!("matrix-{role}");
+        let token = c.user(&name, role).await;
+        for action in Action::all() {
+            let (path, body) = request_for(action);
+            let before = c.audit_count(&name, action.name(), "denied").await;
+            let status = match path.strip_prefix("GET ") {
+                Some(p) => c.get(&token, p).await.0,
+                None => c.post(&token, &path, body, None).await.0,
+            };
+            let denied = c.audit_count(&name, action.name(), "denied").await;
+            if allowed(role, action) {
+                assert_ne!(status, StatusCode::FORBIDDEN, "{role} × {}", action.name());
+                assert!(
+                    status != StatusCode::UNAUTHORIZED,
+                    "{role} × {}",
+                    action.name()
+                );
+                assert_eq!(
+                    denied,
+                    before,
+                    "{role} × {}: nothing to audit as denied",
+                    action.name()
+                );
+            } else {
+                assert_eq!(status, StatusCode::FORBIDDEN, "{role} × {}", action.name());
+                assert_eq!(
+                    denied,
+                    before + 1,
+                    "{role} × {}: the 403 is audited",
+                    action.name()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, Role::ALL.len() * Action::all().len());
+    // No token, a wrong token: 401 with a JSON error, not a page.
+    let r = c
+        .http
+        .get(format!("{}/api/outbox/dead", c.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert!(r.json::<Value>().await.unwrap().get("error").is_some());
+    assert_eq!(
+        c.get("ct_wrong", "/api/outbox/dead").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_eyes_requester_cannot_approve_a_second_approver_can_and_the_effect_happens_once() {
+    let c = Console::start().await;
+    let alice = c.user("alice", Role::Approver).await;
+    let bob = c.user("bob", Role::Approver).await;
+    let carol = c.user("carol", Role::Approver).await;
+    let ids = c.dead_rows(2).await;
+    let mut items = Vec::new();
+    for id in &ids {
+        items.push(json!({"id": id, "version": c.version(*id).await}));
+    }
+
+    // The dry run says what each would do and changes nothing.
+    let (s, plan, _) = c
+        .post(
+            &alice,
+            "/api/outbox/dead/actions/requeue",
+            json!({"reason": "look", "items": items, "dry_run": true}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(plan["needs_approval"], json!(true));
+    assert!(
+        plan["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["would"] == "requeue"),
+        "{plan}"
+    );
+
+    // Two rows: a request, not an effect.
+    let (s, body, _) = c
+        .post(
+            &alice,
+            "/api/outbox/dead/actions/requeue",
+            json!({"reason": "gateway fixed", "items": items}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    let approval = body["approval"].as_str().unwrap().to_string();
+    for id in &ids {
+        assert_eq!(c.state(*id).await, "dead");
+    }
+
+    // The requester cannot approve (403, audited, nothing changes).
+    let path = format!("/api/approvals/{approval}/approve");
+    let (s, _, _) = c
+        .post(&alice, &path, json!({"reason": "mine", "version": 1}), None)
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(
+        c.audit_count("alice", "approval.approve", "denied").await,
+        1
+    );
+    for id in &ids {
+        assert_eq!(c.state(*id).await, "dead");
+    }
+
+    // Bob and Carol approve at the same moment: exactly one wins.
+    let (rb, rc) = tokio::join!(
+        c.post(
+            &bob,
+            &path,
+            json!({"reason": "checked", "version": 1}),
+            Some("bob-1")
+        ),
+        c.post(
+            &carol,
+            &path,
+            json!({"reason": "checked too", "version": 1}),
+            Some("carol-1")
+        ),
+    );
+    let mut statuses = [rb.0, rc.0];
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::CONFLICT],
+        "{:?} {:?}",
+        rb.1,
+        rc.1
+    );
+    let (winner, winner_key, winner_body) = if rb.0 == StatusCode::OK {
+        (&bob, "bob-1", rb.1)
+    } else {
+        (&carol, "carol-1", rc.1)
+    };
+    for id in &ids {
+        assert_eq!(c.state(*id).await, "pending");
+    }
+
+    // The rows die again; approving again (same key: replay; new key: 409) must not requeue them.
+    sqlx::query("UPDATE outbox.messages SET state = 'dead', attempts = 5 WHERE id = ANY($1)")
+        .bind(&ids)
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    let (s, body, replayed) = c
+        .post(
+            winner,
+            &path,
+            json!({"reason": if winner == &bob { "checked" } else { "checked too" }, "version": 1}),
+            Some(winner_key),
+        )
+        .await;
+    assert_eq!((s, replayed), (StatusCode::OK, true));
+    assert_eq!(body, winner_body);
+    let (s, _, _) = c
+        .post(
+            winner,
+            &path,
+            json!({"reason": "again", "version": 1}),
+            Some("another"),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    for id in &ids {
+        assert_eq!(c.state(*id).await, "dead", "approving twice requeued twice");
+    }
+    // One effect entry per row, naming the requester and the approver.
+    let effects: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT actor_name, approver FROM outbox.console_audit WHERE action = 'outbox.requeue' AND outcome = 'succeeded'",
+    )
+    .fetch_all(&c.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(effects.len(), 2, "{effects:?}");
+    assert!(
+        effects.iter().all(
+            |(a, ap)| a == "alice" && ap.as_deref().is_some_and(|n| n == "bob" || n == "carol")
+        )
+    );
+    assert_eq!(
+        c.audit_count("alice", "outbox.requeue", "requested").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_version_answers_409_and_changes_nothing() {
+    let c = Console::start().await;
+    let op = c.user("olga", Role::Operator).await;
+    let ap = c.user("abe", Role::Approver).await;
+    let ids = c.dead_rows(3).await;
+    let seen = c.version(ids[0]).await;
+    // Someone else changes the row after the operator looked.
+    sqlx::query("UPDATE outbox.messages SET last_error = 'changed meanwhile' WHERE id = $1")
+        .bind(ids[0])
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    let (s, body, _) = c
+        .post(
+            &op,
+            &format!("/api/outbox/dead/{}/actions/requeue", ids[0]),
+            json!({"reason": "retry", "version": seen}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{body}");
+    assert!(body.get("error").is_some() && body.as_object().unwrap().len() == 1);
+    assert_eq!(c.state(ids[0]).await, "dead");
+    assert_eq!(c.audit_count("olga", "outbox.requeue", "conflict").await, 1);
+    assert_eq!(
+        c.audit_count("olga", "outbox.requeue", "succeeded").await,
+        0
+    );
+
+    // An approval whose rows changed after the request: 409 on approve, request stays pending.
+    let items = json!([{"id": ids[1], "version": c.version(ids[1]).await}, {"id": ids[2], "version": c.version(ids[2]).await}]);
+    let (s, body, _) = c
+        .post(
+            &op,
+            "/api/outbox/dead/actions/requeue",
+            json!({"reason": "both", "items": items}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let approval = body["approval"].as_str().unwrap().to_string();
+    sqlx::query("UPDATE outbox.messages SET attempts = 6 WHERE id = $1")
+        .bind(ids[2])
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    let (s, _, _) = c
+        .post(
+            &ap,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "ok", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!(
+        (c.state(ids[1]).await, c.state(ids[2]).await),
+        ("dead".into(), "dead".into())
+    );
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM outbox.console_approvals WHERE id = $1::uuid")
+            .bind(&approval)
+            .fetch_one(&c.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "pending");
+    // A stale approval version is a conflict too.
+    let (s, _, _) = c
+        .post(
+            &ap,
+            &format!("/api/approvals/{approval}/reject"),
+            json!({"reason": "no", "version": 7}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_idempotency_key_replays_and_repeats_no_effect() {
+    let c = Console::start().await;
+    let op = c.user("otto", Role::Operator).await;
+    let id = c.dead_rows(1).await[0];
+    let body = json!({"reason": "retry", "version": c.version(id).await});
+    let path = format!("/api/outbox/dead/{id}/actions/requeue");
+    let (s, first, replayed) = c.post(&op, &path, body.clone(), Some("k-1")).await;
+    assert_eq!((s, replayed), (StatusCode::OK, false), "{first}");
+    assert_eq!(c.state(id).await, "pending");
+    sqlx::query("UPDATE outbox.messages SET state = 'dead' WHERE id = $1")
+        .bind(id)
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    let (s, again, replayed) = c.post(&op, &path, body.clone(), Some("k-1")).await;
+    assert_eq!((s, replayed), (StatusCode::OK, true));
+    assert_eq!(again, first);
+    assert_eq!(c.state(id).await, "dead", "the replay repeated the effect");
+    assert_eq!(
+        c.audit_count("otto", "outbox.requeue", "succeeded").await,
+        1
+    );
+    let (s, _, _) = c
+        .post(
+            &op,
+            &path,
+            json!({"reason": "other", "version": 1}),
+            Some("k-1"),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+fn cookie_of(r: &reqwest::Response) -> Option<String> {
+    r.headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("console_session="))
+        .map(str::to_string)
+}
+
+fn csrf_of(html: &str) -> String {
+    let at =
+        html.find("name=\"csrf\" value=\"").expect("a csrf field") + "name=\"csrf\" value=\"".len();
+    html[at..at + 64].to_string()
+}
+
+async fn login(c: &Console, token: &str) -> String {
+    let r = c
+        .http
+        .post(format!("{}/login", c.base))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let set = cookie_of(&r).expect("a session cookie");
+    for attr in ["HttpOnly", "SameSite=Strict", "Max-Age=3600", "Path=/"] {
+        assert!(set.contains(attr), "{set} lacks {attr}");
+    }
+    set.split(';').next().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_sessions_csrf_and_expiry() {
+    let c = Console::start().await;
+    let op = c.user("wendy", Role::Operator).await;
+    let id = c.dead_rows(1).await[0];
+
+    let r = c.http.get(format!("{}/", c.base)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/login");
+
+    let cookie = login(&c, &op).await;
+    let page = c
+        .http
+        .get(format!("{}/", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let html = page.text().await.unwrap();
+    let csrf = csrf_of(&html);
+    let item = format!("{id}:{}", c.version(id).await);
+
+    // Without the CSRF token: 403, audited, nothing changes.
+    let r = c
+        .http
+        .post(format!("{}/ui/outbox/requeue", c.base))
+        .header("cookie", &cookie)
+        .form(&[("item", item.as_str()), ("reason", "retry"), ("go", "1")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(c.state(id).await, "dead");
+    assert_eq!(c.audit_count("wendy", "outbox.requeue", "denied").await, 1);
+    // A wrong one: the same.
+    let r = c
+        .http
+        .post(format!("{}/ui/outbox/requeue", c.base))
+        .header("cookie", &cookie)
+        .form(&[
+            ("csrf", "0".repeat(64).as_str()),
+            ("item", item.as_str()),
+            ("reason", "retry"),
+            ("go", "1"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(c.state(id).await, "dead");
+
+    // With it: done, back to the overview.
+    let r = c
+        .http
+        .post(format!("{}/ui/outbox/requeue", c.base))
+        .header("cookie", &cookie)
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("item", item.as_str()),
+            ("reason", "retry"),
+            ("go", "1"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(c.state(id).await, "pending");
+
+    // The session expires: back to the login page.
+    sqlx::query("UPDATE outbox.console_sessions SET created_at = now() - interval '2 hours', expires_at = now() - interval '1 hour'")
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    let r = c
+        .http
+        .get(format!("{}/", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/login");
+
+    // A revoked user's token no longer works, nor does a new session.
+    console::users::revoke(&c.db.pool, &Schema::default(), "wendy")
+        .await
+        .unwrap();
+    assert_eq!(
+        c.get(&op, "/api/outbox/dead").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let r = c
+        .http
+        .post(format!("{}/login", c.base))
+        .form(&[("token", op.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_are_rate_limited_per_address() {
+    let c = Console::start_with(3).await;
+    let good = c.user("gina", Role::Viewer).await;
+    for _ in 0..3 {
+        let r = c
+            .http
+            .post(format!("{}/login", c.base))
+            .form(&[("token", "ct_wrong")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    }
+    // Even the right token waits now.
+    let r = c
+        .http
+        .post(format!("{}/login", c.base))
+        .form(&[("token", good.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(cookie_of(&r).is_none());
+    let metrics = c
+        .http
+        .get(format!("{}/metrics", c.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("console_login_failures_total{reason=\"rate_limited\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("console_login_failures_total{reason=\"invalid_token\"}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_token_card_number_or_declared_secret_in_any_page_or_response() {
+    let c = Console::start().await;
+    let admin = c.user("ada", Role::Admin).await;
+    let op = c.user("oscar", Role::Operator).await;
+    let viewer = c.user("vic", Role::Viewer).await;
+    let ids = c.dead_rows(3).await;
+    // Actions whose reasons carry a card number and a token.
+    let reason = format!("customer read {CARD} and pasted {op}");
+    let (s, _, _) = c
+        .post(
+            &op,
+            &format!("/api/outbox/dead/{}/actions/requeue", ids[0]),
+            json!({"reason": reason, "version": c.version(ids[0]).await}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let items = json!([{"id": ids[1], "version": c.version(ids[1]).await}, {"id": ids[2], "version": c.version(ids[2]).await}]);
+    let (s, _, _) = c
+        .post(
+            &op,
+            "/api/outbox/dead/actions/requeue",
+            json!({"reason": reason, "items": items}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    // A stale attempt: its error text carries no secret either.
+    let (s, err, _) = c
+        .post(
+            &viewer,
+            &format!("/api/outbox/dead/{}/actions/requeue", ids[0]),
+            json!({"reason": reason, "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+
+    let cookie = login(&c, &admin).await;
+    let mut seen = vec![err.to_string()];
+    for token in [&admin, &viewer] {
+        for path in [
+            "/api/outbox/dead",
+            "/api/outbox/backlog",
+            "/api/audit",
+            "/api/audit?format=jsonl",
+            "/api/approvals",
+            "/api/whoami",
+            "/api/openapi.json",
+        ] {
+            let (s, body) = c.get(token, path).await;
+            assert_eq!(s, StatusCode::OK, "{path}");
+            seen.push(body);
+        }
+    }
+    for path in ["/", "/audit", "/processes", "/idempotency", "/dead-letters"] {
+        let r = c
+            .http
+            .get(format!("{}{path}", c.base))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+        seen.push(r.text().await.unwrap());
+    }
+    // The rows still hold the secrets (the database is not redacted, only what leaves the console).
+    let raw: String = sqlx::query_scalar("SELECT payload::text FROM outbox.messages WHERE id = $1")
+        .bind(ids[0])
+        .fetch_one(&c.db.pool)
+        .await
+        .unwrap();
+    assert!(raw.contains(CARD) && raw.contains(SECRET));
+    let all = seen.join("\n");
+    assert!(all.contains("payment.captured"), "the pages show the rows");
+    assert!(all.contains("[redacted]"));
+    for secret in [
+        CARD,
+        "4111 1111 1111 1111",
+        SECRET,
+        admin.as_str(),
+        op.as_str(),
+        viewer.as_str(),
+    ] {
+        assert!(!all.contains(secret), "{secret} leaked");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_table_refuses_update_delete_and_truncate_and_only_the_purge_removes_old_rows() {
+    let c = Console::start().await;
+    let admin = c.user("adam", Role::Admin).await;
+    let insert = "INSERT INTO outbox.console_audit (at, actor_name, roles, action, target, reason, outcome) \
+                  VALUES (now() - make_interval(days => $1), 'x', '{viewer}', 'read', 't', 'r', 'succeeded')";
+    sqlx::query(insert)
+        .bind(400)
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    sqlx::query(insert)
+        .bind(10)
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    for sql in [
+        "UPDATE outbox.console_audit SET reason = 'rewritten'",
+        "DELETE FROM outbox.console_audit",
+        "DELETE FROM outbox.console_audit WHERE at < now() - interval '365 days'",
+        "TRUNCATE outbox.console_audit",
+    ] {
+        let e = sqlx::query(sql).execute(&c.db.pool).await.expect_err(sql);
+        assert!(e.to_string().contains("append-only"), "{sql}: {e}");
+    }
+    // A session setting alone does not open the door to younger rows.
+    let mut tx = c.db.pool.begin().await.unwrap();
+    sqlx::query("SELECT set_config('outbox_console.audit_purge_before', (now() - interval '365 days')::text, true)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let e = sqlx::query("DELETE FROM outbox.console_audit WHERE at > now() - interval '30 days'")
+        .execute(&mut *tx)
+        .await;
+    assert!(e.is_err());
+    drop(tx);
+    // The admin's purge removes exactly the entry older than a year, and is audited itself.
+    let (s, body, _) = c
+        .post(
+            &admin,
+            "/api/audit/actions/purge",
+            json!({"reason": "retention"}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["removed"], json!(1));
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.console_audit")
+        .fetch_one(&c.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 2, "the young entry and the purge's own entry");
+    assert_eq!(c.audit_count("adam", "audit.purge", "succeeded").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_creates_users_with_a_token_on_the_last_line_and_talks_to_the_api() {
+    let c = Console::start().await;
+    let ids = c.dead_rows(1).await;
+    let out = std::process::Command::new(bin_path("console"))
+        .args(["user", "create", "--name", "cli-op", "--role", "operator"])
+        .env("DATABASE_URL", &c.db.url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let token = stdout.lines().last().unwrap().to_string();
+    assert!(token.starts_with("ct_") && token.len() == 67, "{stdout}");
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.console_users WHERE token_hash = sha256($1::bytea)",
+    )
+    .bind(token.as_bytes())
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(stored, 1, "stored as its SHA-256");
+
+    let cli = |args: &[&str]| {
+        std::process::Command::new(bin_path("console"))
+            .args(args)
+            .env("CONSOLE_URL", &c.base)
+            .env("CONSOLE_TOKEN", &token)
+            .output()
+            .unwrap()
+    };
+    let list = cli(&["dead", "list"]);
+    assert!(list.status.success());
+    let text = String::from_utf8(list.stdout).unwrap();
+    assert!(text.contains(&ids[0].to_string()), "{text}");
+    let version = c.version(ids[0]).await;
+    let r = cli(&[
+        "dead",
+        "requeue",
+        "--reason",
+        "from the cli",
+        &format!("{}:{version}", ids[0]),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(c.state(ids[0]).await, "pending");
+    let export = cli(&["audit", "export"]);
+    let lines: Vec<Value> = String::from_utf8(export.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["reason"] == "from the cli" && l["actor_name"] == "cli-op")
+    );
+    // The token is refused once revoked.
+    let out = std::process::Command::new(bin_path("console"))
+        .args(["user", "revoke", "--name", "cli-op"])
+        .env("DATABASE_URL", &c.db.url)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(!cli(&["dead", "list"]).status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_health_readiness_and_openapi() {
+    let c = Console::start().await;
+    let op = c.user("mo", Role::Operator).await;
+    let id = c.dead_rows(1).await[0];
+    let (s, _, _) = c
+        .post(
+            &op,
+            &format!("/api/outbox/dead/{id}/actions/requeue"),
+            json!({"reason": "m", "version": c.version(id).await}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(
+            c.http
+                .get(format!("{}{path}", c.base))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            StatusCode::OK,
+            "{path}"
+        );
+    }
+    let m = c
+        .http
+        .get(format!("{}/metrics", c.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.contains("console_actions_total{action=\"outbox.requeue\",outcome=\"succeeded\"}"),
+        "{m}"
+    );
+    assert!(m.contains("console_approvals_pending"));
+    let doc: Value = c
+        .http
+        .get(format!("{}/api/openapi.json", c.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for p in [
+        "/api/outbox/dead",
+        "/api/processes/{id}/actions/{action}",
+        "/api/approvals/{id}/approve",
+        "/api/audit",
+    ] {
+        assert!(
+            doc["paths"].get(p).is_some(),
+            "{p} missing from the OpenAPI document"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A real browser.
+
+struct Chromedriver {
+    child: std::process::Child,
+    url: String,
+    _profile: tempdir::Dir,
+}
+
+mod tempdir {
+    /// A directory removed on drop.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Drop for Chromedriver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn chromedriver() -> (Chromedriver, fantoccini::Client) {
+    for bin in ["/usr/bin/chromedriver", "/usr/bin/chromium"] {
+        assert!(
+            std::path::Path::new(bin).exists(),
+            "{bin} missing: apt-get install -y chromium chromium-driver (.ci/run does)"
+        );
+    }
+    let port = system_tests::free_addr().port();
+    let child = std::process::Command::new("/usr/bin/chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start chromedriver");
+    let profile = tempdir::Dir(std::env::temp_dir().join(system_tests::unique("chromium_profile")));
+    std::fs::create_dir_all(&profile.0).unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let driver = Chromedriver {
+        child,
+        url: url.clone(),
+        _profile: profile,
+    };
+    wait_until("chromedriver listens", Duration::from_secs(60), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await;
+    let mut caps = serde_json::Map::new();
+    caps.insert("browserName".into(), json!("chrome"));
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": "/usr/bin/chromium",
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", "--window-size=1400,1800",
+                format!("--user-data-dir={}", driver._profile.0.display()),
+            ]
+        }),
+    );
+    let client =
+        fantoccini::ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&driver.url)
+            .await
+            .expect("a chromium session");
+    (driver, client)
+}
+
+/// Waits for the element with `id`; on timeout fails with the page the browser shows.
+async fn wait_for(b: &fantoccini::Client, id: &str) -> fantoccini::elements::Element {
+    match b
+        .wait()
+        .at_most(Duration::from_secs(60))
+        .for_element(fantoccini::Locator::Id(id))
+        .await
+    {
+        Ok(e) => e,
+        Err(e) => {
+            let url = b
+                .current_url()
+                .await
+                .map(|u| u.to_string())
+                .unwrap_or_default();
+            let source = b.source().await.unwrap_or_default();
+            panic!("#{id} did not appear ({e}); the browser shows {url}:\n{source}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_approves() {
+    use fantoccini::Locator;
+    let c = Console::start().await;
+    let op = c.user("operator-olivia", Role::Operator).await;
+    let ap = c.user("approver-arthur", Role::Approver).await;
+    let ids = c.dead_rows(3).await;
+    let (_driver, b) = chromedriver().await;
+
+    // The operator logs in and finds the dead rows.
+    b.goto(&format!("{}/", c.base)).await.unwrap();
+    wait_for(&b, "token").await.send_keys(&op).await.unwrap();
+    b.find(Locator::Id("login"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, "dead-rows").await;
+    let source = b.source().await.unwrap();
+    for id in &ids {
+        assert!(source.contains(&id.to_string()));
+    }
+    assert!(!source.contains(CARD));
+    // Selects two, gives a reason, requests the requeue.
+    for id in &ids[..2] {
+        b.find(Locator::Id(&format!("item-{id}")))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+    }
+    b.find(Locator::Id("requeue-reason"))
+        .await
+        .unwrap()
+        .send_keys("gateway outage over, INC-42")
+        .await
+        .unwrap();
+    b.find(Locator::Id("requeue-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let notice = wait_for(&b, "notice").await.text().await.unwrap();
+    assert!(notice.contains("approval request"), "{notice}");
+    let source = b.source().await.unwrap();
+    assert!(
+        source.contains("waiting for another approver"),
+        "the requester is offered no approve button"
+    );
+    for id in &ids[..2] {
+        assert_eq!(c.state(*id).await, "dead");
+    }
+    b.find(Locator::Id("logout"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, "token").await;
+
+    // The approver logs in and approves.
+    b.find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(&ap)
+        .await
+        .unwrap();
+    b.find(Locator::Id("login"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, "approvals").await;
+    let approval: Uuid =
+        sqlx::query_scalar("SELECT id FROM outbox.console_approvals WHERE status = 'pending'")
+            .fetch_one(&c.db.pool)
+            .await
+            .unwrap();
+    b.find(Locator::Id(&format!("approval-reason-{approval}")))
+        .await
+        .unwrap()
+        .send_keys("checked the gateway")
+        .await
+        .unwrap();
+    b.find(Locator::Id(&format!("approve-{approval}")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let notice = wait_for(&b, "notice").await.text().await.unwrap();
+    assert!(notice.contains("approved"), "{notice}");
+
+    // The page shows the rows requeued and both audit entries.
+    let source = b.source().await.unwrap();
+    let dead_table = b
+        .find(Locator::Id("dead-rows"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !dead_table.contains(&ids[0].to_string()) && !dead_table.contains(&ids[1].to_string()),
+        "{dead_table}"
+    );
+    assert!(
+        dead_table.contains(&ids[2].to_string()),
+        "the unselected row stays dead"
+    );
+    let audit = b
+        .find(Locator::Id("audit"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        audit.contains("operator-olivia")
+            && audit.contains("requested")
+            && audit.contains("gateway outage over, INC-42"),
+        "{audit}"
+    );
+    assert!(
+        audit.contains("approver-arthur")
+            && audit.contains("approved")
+            && audit.contains("checked the gateway"),
+        "{audit}"
+    );
+    assert!(
+        source.contains(&format!("outbox:{}", ids[0]))
+            && source.contains(&format!("outbox:{}", ids[1]))
+    );
+    for id in &ids[..2] {
+        assert_eq!(c.state(*id).await, "pending");
+    }
+    let png = b.screenshot().await.unwrap();
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/console-browser.png");
+    std::fs::write(&path, &png).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG"),
+        "a PNG screenshot at {}",
+        path.display()
+    );
+    b.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_approval() {
+    use lapin::BasicProperties;
+    use lapin::options::BasicPublishOptions;
+    use lapin::types::FieldTable;
+    let c = Console::start().await;
+    let op = c.user("dora", Role::Operator).await;
+    let ap = c.user("dan", Role::Approver).await;
+    let broker = system_tests::TestBroker::new();
+    let name = broker.queue("console.dlq");
+    let exchange = broker.exchange("console.events");
+    let topology = consumer::Topology::new(&name, &[]);
+    for q in topology.queues() {
+        broker.track_queue(&q);
+    }
+    for e in topology.exchanges() {
+        broker.track_exchange(&e);
+    }
+    let conn = broker.connect().await;
+    topology.declare(&conn, &exchange, &[]).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    let ids: Vec<String> = (0..3).map(|_| Uuid::new_v4().to_string()).collect();
+    for id in &ids {
+        let mut h = FieldTable::default();
+        consumer::message::set_text(
+            &mut h,
+            consumer::message::headers::DEAD_LETTER_KIND,
+            "permanent",
+        );
+        consumer::message::set_text(
+            &mut h,
+            consumer::message::headers::DEAD_LETTER_REASON,
+            &format!("card {CARD} refused"),
+        );
+        consumer::message::set_text(
+            &mut h,
+            consumer::message::headers::DEAD_LETTERED_AT,
+            "2026-12-01T10:00:00Z",
+        );
+        let props = BasicProperties::default()
+            .with_message_id(id.as_str().into())
+            .with_type("payment.captured".into())
+            .with_headers(h);
+        let body = json!({"card_number": CARD, "customer_secret": SECRET, "amount": 5}).to_string();
+        ch.basic_publish(
+            "".into(),
+            topology.dead_letter_queue.as_str().into(),
+            BasicPublishOptions::default(),
+            body.as_bytes(),
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+
+    let (s, listed) = c
+        .get(&op, &format!("/api/dead-letters?consumer={name}"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{listed}");
+    for secret in [CARD, SECRET] {
+        assert!(!listed.contains(secret), "{secret} leaked: {listed}");
+    }
+    let letters: Vec<Value> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(letters.len(), 3);
+    assert!(
+        letters
+            .iter()
+            .all(|l| l["version"] == "2026-12-01T10:00:00Z" && l["kind"] == "permanent")
+    );
+
+    let path = format!("/api/dead-letters/{name}/actions/replay");
+    // A stale version: 409, nothing replayed.
+    let (s, _, _) = c
+        .post(
+            &op,
+            &path,
+            json!({"reason": "r", "items": [{"message_id": ids[0], "version": "older"}]}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    // One: now.
+    let (s, body, _) = c
+        .post(&op, &path, json!({"reason": "handler fixed", "items": [{"message_id": ids[0], "version": "2026-12-01T10:00:00Z"}]}), None)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let count = |q: String| {
+        let conn = &conn;
+        async move {
+            plumbing::amqp::inspect_queue(conn, &q)
+                .await
+                .map(|q| q.message_count())
+                .unwrap_or(u32::MAX)
+        }
+    };
+    wait_until(
+        "one message back in the queue",
+        Duration::from_secs(30),
+        || async { (count(name.clone()).await == 1).then_some(()) },
+    )
+    .await;
+    // Two: an approval request, then the approver's approval replays both.
+    let items = json!([{"message_id": ids[1], "version": "2026-12-01T10:00:00Z"}, {"message_id": ids[2], "version": "2026-12-01T10:00:00Z"}]);
+    let (s, body, _) = c
+        .post(
+            &op,
+            &path,
+            json!({"reason": "the rest", "items": items}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(count(topology.dead_letter_queue.clone()).await, 2);
+    let approval = body["approval"].as_str().unwrap().to_string();
+    let (s, body, _) = c
+        .post(
+            &ap,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "ok", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    wait_until(
+        "all three back in the queue",
+        Duration::from_secs(30),
+        || async {
+            (count(name.clone()).await == 3 && count(topology.dead_letter_queue.clone()).await == 0)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(c.audit_count("dora", "dlq.replay", "succeeded").await, 3);
+    assert_eq!(c.audit_count("dora", "dlq.replay", "conflict").await, 1);
+    let _ = conn.close(200, "done".into()).await;
+}
