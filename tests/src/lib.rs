@@ -5,6 +5,9 @@
 //! - [`TcpProxy`]: a TCP proxy the test controls, to cut or black-hole a link for real.
 //! - [`bin_path`]: the workspace binaries, for tests that kill child processes.
 //! - [`wait_until`]: poll a condition with a deadline instead of sleeping.
+//! - [`process_fixtures`]: test process definitions, a fake remote that counts effects, failpoints.
+
+pub mod process_fixtures;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use sqlx::PgPool;
@@ -87,7 +90,9 @@ impl Drop for TestDb {
                 .build()
                 .unwrap();
             rt.block_on(async move {
-                pool.close().await;
+                // Connections a panicked test left checked out never come back: don't wait for
+                // them forever (DROP ... WITH FORCE ends them anyway).
+                let _ = tokio::time::timeout(Duration::from_secs(5), pool.close()).await;
                 if let Ok(mut conn) =
                     <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await
                 {
