@@ -126,6 +126,9 @@ pub struct StepContext {
     pub input: Value,
     /// Outputs of the forward steps that succeeded, by step name.
     pub outputs: HashMap<String, Value>,
+    /// Evidence references (remote or local, or an operator's evidence) of the forward steps
+    /// that succeeded, by step name.
+    pub references: HashMap<String, String>,
     /// For a compensation: the evidence of the step it undoes.
     pub compensates: Option<Done>,
 }

@@ -253,6 +253,12 @@ impl Run<'_> {
             .filter(|o| o.role == Role::Forward && o.status == "succeeded")
             .filter_map(|o| o.output.clone().map(|v| (o.name.clone(), v)))
             .collect();
+        let references: HashMap<String, String> = self
+            .steps
+            .iter()
+            .filter(|o| o.role == Role::Forward && o.status == "succeeded")
+            .filter_map(|o| o.reference().map(|r| (o.name.clone(), r.to_string())))
+            .collect();
         let compensates = s.acts_on.and_then(|seq| {
             self.steps.iter().find(|o| o.seq == seq).and_then(|o| {
                 o.reference().map(|r| Done {
@@ -272,6 +278,7 @@ impl Run<'_> {
             idempotency_key: (s.remote == Some(Remote::HonoursKey)).then(|| s.operation_id.to_string()),
             input: self.c.input.clone(),
             outputs,
+            references,
             compensates,
         }
     }

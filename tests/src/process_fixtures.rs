@@ -142,8 +142,8 @@ impl LocalStep for Confirm {
             if ctx.input.get("reject_confirm").and_then(|v| v.as_bool()).unwrap_or(false) {
                 return Err(StepError::permanent("order cannot be confirmed"));
             }
-            let charge = ctx.outputs.get("charge").and_then(|o| o.get("charge")).and_then(|v| v.as_str()).unwrap_or("");
-            if charge.is_empty() {
+            let charge = ctx.references.get("charge").map(String::as_str).unwrap_or("");
+            if !charge.starts_with("ch_") {
                 return Err(StepError::permanent("no charge evidence"));
             }
             sqlx::query("INSERT INTO fake_shop.confirmations (process_id) VALUES ($1)")
