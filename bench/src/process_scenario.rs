@@ -9,7 +9,9 @@
 use crate::env::BenchEnv;
 use crate::report::Line;
 use hdrhistogram::Histogram;
-use processes::{Definition, Done, LocalStep, Registry, Step, StepContext, StepFuture, Worker, WorkerConfig};
+use processes::{
+    Definition, Done, LocalStep, Registry, Step, StepContext, StepFuture, Worker, WorkerConfig,
+};
 use shared::schema::Schema;
 use sqlx::{PgConnection, PgPool};
 use std::time::{Duration, Instant};
@@ -34,15 +36,19 @@ fn definition() -> Definition {
 }
 
 async fn commits(pool: &PgPool) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-        .fetch_one(pool)
-        .await?)
+    Ok(sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await?)
 }
 
 async fn succeeded(pool: &PgPool) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM outbox.processes WHERE status = 'succeeded'")
-        .fetch_one(pool)
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM outbox.processes WHERE status = 'succeeded'")
+            .fetch_one(pool)
+            .await?,
+    )
 }
 
 async fn start_many(pool: &PgPool, from: u64, n: u64) -> anyhow::Result<()> {
@@ -54,7 +60,13 @@ async fn start_many(pool: &PgPool, from: u64, n: u64) -> anyhow::Result<()> {
         let def = def.clone();
         tasks.spawn(async move {
             for i in (from + c * per)..(from + ((c + 1) * per).min(n)) {
-                processes::start(&pool, &def, &format!("p{i}"), &serde_json::json!({ "i": i })).await?;
+                processes::start(
+                    &pool,
+                    &def,
+                    &format!("p{i}"),
+                    &serde_json::json!({ "i": i }),
+                )
+                .await?;
             }
             anyhow::Ok(())
         });
@@ -94,7 +106,11 @@ async fn spawn_workers(env: &BenchEnv) -> anyhow::Result<Workers> {
         }));
         pools.push(pool);
     }
-    Ok(Workers { stop, handles, pools })
+    Ok(Workers {
+        stop,
+        handles,
+        pools,
+    })
 }
 
 impl Workers {
@@ -126,7 +142,9 @@ async fn commit_ceiling(env: &BenchEnv, connections: usize, secs: Duration) -> a
         tasks.spawn(async move {
             let mut n = 0u64;
             while Instant::now() < deadline {
-                sqlx::query("INSERT INTO public.bench_commits DEFAULT VALUES").execute(&pool).await?;
+                sqlx::query("INSERT INTO public.bench_commits DEFAULT VALUES")
+                    .execute(&pool)
+                    .await?;
                 n += 1;
             }
             anyhow::Ok(n)
@@ -138,7 +156,9 @@ async fn commit_ceiling(env: &BenchEnv, connections: usize, secs: Duration) -> a
     }
     let rate = total as f64 / started.elapsed().as_secs_f64();
     pool.close().await;
-    sqlx::query("DROP TABLE public.bench_commits").execute(&env.pool).await?;
+    sqlx::query("DROP TABLE public.bench_commits")
+        .execute(&env.pool)
+        .await?;
     Ok(rate)
 }
 
@@ -146,16 +166,22 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let mut lines = Vec::new();
     env.settle().await?;
     let ceiling = commit_ceiling(env, WORKERS * CONCURRENCY, env.secs(5.0, 1.0)).await?;
-    lines.push(Line::new("processes commit ceiling", ceiling, "commits/s").note(format!(
-        "single-row autocommit INSERTs on {} connections",
-        WORKERS * CONCURRENCY
-    )));
+    lines.push(
+        Line::new("processes commit ceiling", ceiling, "commits/s").note(format!(
+            "single-row autocommit INSERTs on {} connections",
+            WORKERS * CONCURRENCY
+        )),
+    );
 
     // Drain: a backlog started before the workers, then timed until the last one succeeded.
     let n = env.n(20_000, 500);
     start_many(&env.pool, 0, n).await?;
-    sqlx::query("ANALYZE outbox.processes").execute(&env.pool).await?;
-    sqlx::query("ANALYZE outbox.process_steps").execute(&env.pool).await?;
+    sqlx::query("ANALYZE outbox.processes")
+        .execute(&env.pool)
+        .await?;
+    sqlx::query("ANALYZE outbox.process_steps")
+        .execute(&env.pool)
+        .await?;
     env.settle().await?;
     let commits_before = commits(&env.pool).await?;
     let started = Instant::now();
@@ -164,7 +190,10 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         if succeeded(&env.pool).await? >= n as i64 {
             break;
         }
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "drain did not finish in 10 minutes");
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "drain did not finish in 10 minutes"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = started.elapsed().as_secs_f64();
@@ -177,9 +206,15 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     lines.push(
         Line::new("processes drain", rate, "processes/s")
             .at_least(1000.0)
-            .note(format!("{n} 3-step no-op processes, {WORKERS} workers x {CONCURRENCY}; {:.0} steps/s", steps / took)),
+            .note(format!(
+                "{n} 3-step no-op processes, {WORKERS} workers x {CONCURRENCY}; {:.0} steps/s",
+                steps / took
+            )),
     );
-    lines.push(Line::new("processes drain", rate / ceiling, "of commit ceiling").note(format!("ceiling {ceiling:.0} commits/s")));
+    lines.push(
+        Line::new("processes drain", rate / ceiling, "of commit ceiling")
+            .note(format!("ceiling {ceiling:.0} commits/s")),
+    );
     lines.push(Line::new("processes commits per step", per_step, "commits").note(
         "pg_stat_database xact_commit during the drain (claims included) / steps; round trips per local step: 4 (BEGIN, fence, checkpoint, COMMIT), +1 on the last step (process update); +2 per process (claim share, step load)",
     ));
@@ -192,13 +227,22 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     for i in 0..total {
         let due = started + Duration::from_millis(i * 10);
         tokio::time::sleep_until(due.into()).await;
-        processes::start(&env.pool, &def, &format!("lat{i}"), &serde_json::json!({ "i": i })).await?;
+        processes::start(
+            &env.pool,
+            &def,
+            &format!("lat{i}"),
+            &serde_json::json!({ "i": i }),
+        )
+        .await?;
     }
     loop {
         if succeeded(&env.pool).await? >= (n + total) as i64 {
             break;
         }
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "latency run did not finish");
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "latency run did not finish"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     workers.stop().await;
@@ -213,12 +257,20 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         h.record(m.max(0) as u64)?;
     }
     let ms = |us: u64| us as f64 / 1000.0;
-    lines.push(Line::new("processes start-to-succeeded p50", ms(h.value_at_quantile(0.5)), "ms"));
+    lines.push(Line::new(
+        "processes start-to-succeeded p50",
+        ms(h.value_at_quantile(0.5)),
+        "ms",
+    ));
     lines.push(
         Line::new("processes start-to-succeeded p99", ms(h.value_at_quantile(0.99)), "ms")
             .at_most(30.0)
             .note(format!("100 processes/s for {:.0} s; {} samples; start commit to the last step's commit (database clock)", secs.as_secs_f64(), h.len())),
     );
-    lines.push(Line::new("processes start-to-succeeded max", ms(h.max()), "ms"));
+    lines.push(Line::new(
+        "processes start-to-succeeded max",
+        ms(h.max()),
+        "ms",
+    ));
     Ok(lines)
 }

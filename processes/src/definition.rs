@@ -235,7 +235,11 @@ impl Step {
     pub fn local(name: impl Into<String>, step: impl LocalStep + 'static) -> Self {
         Self::new(name, Action::local(step))
     }
-    pub fn external(name: impl Into<String>, remote: Remote, step: impl ExternalStep + 'static) -> Self {
+    pub fn external(
+        name: impl Into<String>,
+        remote: Remote,
+        step: impl ExternalStep + 'static,
+    ) -> Self {
         Self::new(name, Action::external(remote, step))
     }
     pub fn new(name: impl Into<String>, action: Action) -> Self {
