@@ -36,8 +36,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "adopt_legacy_tables",
         include_str!("../../migrations/0004_adopt_legacy_tables.sql"),
     ),
-    // Version 5 is reserved for the processes crate (0005_processes.sql); sqlx does not need
-    // contiguous versions.
+    (
+        5,
+        "processes",
+        include_str!("../../migrations/0005_processes.sql"),
+    ),
     (
         6,
         "console",

@@ -8,10 +8,12 @@
 //! - [`private_pg::PrivatePg`], [`private_rabbit::RabbitNode`]: a PostgreSQL server or RabbitMQ
 //!   node of the test's own (own ports, directories, configuration), to configure or crash.
 //! - [`pgbouncer::PgBouncer`]: a PgBouncer of the test's own in front of a PostgreSQL server.
+//! - [`process_fixtures`]: test process definitions, a fake remote that counts effects, failpoints.
 
 pub mod pgbouncer;
 pub mod private_pg;
 pub mod private_rabbit;
+pub mod process_fixtures;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use sqlx::PgPool;
