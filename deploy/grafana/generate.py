@@ -15,6 +15,8 @@ Conventions of the queries:
 - Histogram bucket labels: le as exposed by the services ("5" in Prometheus 2, "5.0" in 3); the
   quantile queries do not depend on it.
 - RabbitMQ series come from its rabbitmq_prometheus plugin, scraped per object (job rabbitmq).
+- Process workers (processes crate) all report the same global gauges (processes_active,
+  process_manual_review_*): max() over the workers as well; their counters are summed.
 """
 
 import json
