@@ -131,8 +131,8 @@ if not providers:
     errors.append("no dashboard provider")
 uids = {}
 files = sorted(glob.glob("deploy/grafana/dashboards/*.json"))
-if len(files) < 4:
-    errors.append(f"expected 4 dashboards, found {len(files)}")
+if len(files) < 5:
+    errors.append(f"expected 5 dashboards, found {len(files)}")
 for f in files:
     try:
         d = json.load(open(f))
@@ -186,7 +186,7 @@ run "every dashboard query parses as PromQL (promtool check rules on $(grep -c '
 
 # Metric names in rules and dashboards must exist in the services' code (renames break panels
 # silently otherwise); RabbitMQ names must be among those checked against rabbitmq_prometheus.
-run "every outbox_/relay_/consumer_/api_ metric in rules and dashboards is emitted by the code; rabbitmq_ metrics are known" \
+run "every outbox_/relay_/consumer_/api_/process_/processes_/provider_ metric in rules and dashboards is emitted by the code; rabbitmq_ metrics are known" \
     python3 - <<'EOF'
 import glob, json, re, sys, yaml
 sources = "".join(open(f).read() for f in glob.glob("**/src/**/*.rs", recursive=True)
@@ -208,7 +208,7 @@ for f in glob.glob("deploy/grafana/dashboards/*.json"):
 names = set()
 for e in exprs:
     e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', e)  # drop string literals (label values)
-    names |= set(re.findall(r"(?<![:\w])((?:outbox|relay|consumer|api|rabbitmq)_[a-z0-9_]+)\b(?!:)", e))
+    names |= set(re.findall(r"(?<![:\w])((?:outbox|relay|consumer|api|processes|process|provider|rabbitmq)_[a-z0-9_]+)\b(?!:)", e))
 errors = []
 for n in sorted(names):
     if n.startswith("rabbitmq_"):

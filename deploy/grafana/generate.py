@@ -15,6 +15,8 @@ Conventions of the queries:
 - Histogram bucket labels: le as exposed by the services ("5" in Prometheus 2, "5.0" in 3); the
   quantile queries do not depend on it.
 - RabbitMQ series come from its rabbitmq_prometheus plugin, scraped per object (job rabbitmq).
+- Process workers (processes crate) all report the same global gauges (processes_active,
+  process_manual_review_*): max() over the workers as well; their counters are summed.
 """
 
 import json
@@ -708,12 +710,171 @@ def api():
         layout(p),
         [variable("route", "Route", "label_values(api_request_duration_seconds_count, route)")])
 
+# ------------------------------------------------------------------------------------------------
+# Processes
+
+
+def processes():
+    k = 'kind=~"$kind"'
+    unfinished = 'status=~"pending|running|waiting|compensating"'
+    # Every worker reports the same global status gauges: max over the workers, never the sum.
+    active = f"max by (kind, status) (processes_active{{{k}}})"
+    p = [
+        row("Now"),
+        (4, [
+            stat("Unfinished processes", "Processes pending, running, waiting (backoff) or compensating, all "
+                 "selected kinds (processes_active; max over the workers, which all report the same global "
+                 "counts). Alerts: ProcessesStuck, ProcessWorkersGone.",
+                 f"sum(max by (kind, status) (processes_active{{{k},{unfinished}}})) or vector(0)"),
+            stat("Manual review backlog", "Processes waiting in manual_review for a person (all kinds): the console's "
+                 "process list with status manual_review shows them.",
+                 "max(process_manual_review_backlog) or vector(0)", steps=[(None, "green"), (1, "orange")]),
+            stat("Oldest in manual review", "How long the oldest process in manual_review has waited (all kinds). "
+                 "Alert: ProcessManualReviewAgeHigh (> 1 h).",
+                 "max(process_manual_review_oldest_age_seconds) or vector(0)", unit="s",
+                 steps=[(None, "green"), (600, "orange"), (3600, "red")]),
+            stat("Unknown outcomes (1 h)", "Attempts whose outcome was unknown (timeout after the remote may have "
+                 "acted, a lost worker) in the last hour, however they are being resolved.",
+                 f"sum(increase(process_unknown_outcomes_total{{{k}}}[1h])) or vector(0)",
+                 steps=[(None, "green"), (1, "orange")], decimals=0),
+            stat("Fenced writes (1 h)", "Writes refused in the last hour because the worker's lease had been taken "
+                 "over (its work is discarded and redone). Alert: ProcessFencedWrites.",
+                 f"sum(increase(process_fenced_writes_total{{{k}}}[1h])) or vector(0)",
+                 steps=[(None, "green"), (1, "orange")], decimals=0),
+            stat("Start to succeeded p99", "99th percentile from start to succeeded, selected kinds. The histogram "
+                 "buckets end at 60 s: longer processes show as 60 s.",
+                 f'histogram_quantile(0.99, sum by (le) (rate(process_latency_seconds_bucket{{{k},status="succeeded"}}[{RI}])))',
+                 unit="s", steps=[(None, "green"), (1, "orange"), (30, "red")]),
+        ]),
+        row("Processes"),
+        (8, [
+            timeseries("Processes by status",
+                       "Unfinished processes by kind and status (processes_active): pending (not started yet), "
+                       "running (a worker holds the lease), waiting (backoff before a retry), compensating, "
+                       "manual_review. Paused processes keep their status.",
+                       targets((active, "{{kind}} {{status}}")), stack=True),
+            timeseries("Processes finished",
+                       "Processes reaching a final or review status per second (processes_finished_total): "
+                       "succeeded, failed (nothing to undo), compensated (earlier effects undone), manual_review.",
+                       targets((f"sum by (kind, status) (rate(processes_finished_total{{{k}}}[{RI}]))",
+                                "{{kind}} {{status}}")),
+                       unit="ops", stack=True),
+            timeseries("Start to finish latency",
+                       "p50 and p99 of process_latency_seconds from start to the final or review status, by kind "
+                       "and status. Buckets end at 60 s (longer shows as 60 s).",
+                       quantiles("process_latency_seconds", by="kind, status", selector=f"{{{k}}}", qs=(0.5, 0.99)),
+                       unit="s"),
+        ]),
+        row("Steps"),
+        (8, [
+            timeseries("Step attempts by outcome",
+                       "process_step_attempts_total per second by kind, step and outcome: succeeded (also found at "
+                       "the remote after an unknown outcome), error (classified below; retried unless permanent), "
+                       "failed (permanent, compensation follows), manual_review.",
+                       targets((f"sum by (kind, step, outcome) (rate(process_step_attempts_total{{{k}}}[{RI}]))",
+                                "{{kind}} {{step}} {{outcome}}")),
+                       unit="ops", stack=True),
+            timeseries("Step errors by class",
+                       "Attempts that did not succeed, by error class: transient (retried with backoff), permanent "
+                       "(no retry: compensate), unknown (the remote may have acted: retried with the same key, "
+                       "queried by operation id, or sent to manual review).",
+                       targets((f'sum by (kind, step, error_class) (rate(process_step_attempts_total{{{k},error_class!="none"}}[{RI}]))',
+                                "{{kind}} {{step}} {{error_class}}")),
+                       unit="ops"),
+            timeseries("Step duration (p50, p99)",
+                       "process_step_duration_seconds: one step attempt, by kind and step (an external step "
+                       "includes the remote call).",
+                       quantiles("process_step_duration_seconds", by="kind, step", selector=f"{{{k}}}", qs=(0.5, 0.99)),
+                       unit="s"),
+        ]),
+        (8, [
+            heatmap("Step duration (heatmap)", "process_step_duration_seconds of the selected kinds, all steps.",
+                    f"process_step_duration_seconds_bucket{{{k}}}"),
+            heatmap("Start to finish latency (heatmap)", "process_latency_seconds of the selected kinds, all final "
+                    "statuses.", f"process_latency_seconds_bucket{{{k}}}"),
+        ]),
+        row("Unknown outcomes and manual review"),
+        (8, [
+            timeseries("Unknown outcomes by resolution",
+                       "process_unknown_outcomes_total per interval by kind, step and how the outcome is resolved: "
+                       "retry_with_key (the remote honours idempotency keys: same key again), query (asked by "
+                       "operation id first), manual_review (neither, or the query was inconclusive: a person "
+                       "decides). Alerts: ProcessUnknownOutcomeNeedsReview, ProcessUnknownOutcomesUnresolved.",
+                       targets((f"sum by (kind, step, resolution) (increase(process_unknown_outcomes_total{{{k}}}[{RI}]))",
+                                "{{kind}} {{step}} {{resolution}}")),
+                       draw="bars"),
+            timeseries("Manual review backlog",
+                       "Processes in manual_review, in total (process_manual_review_backlog) and per kind "
+                       "(processes_active).",
+                       targets(("max(process_manual_review_backlog)", "all kinds"),
+                               (f'max by (kind) (processes_active{{{k},status="manual_review"}})', "{{kind}}"))),
+            timeseries("Oldest in manual review",
+                       "Age of the oldest process in manual_review; the line is the 1 h alert threshold "
+                       "(ProcessManualReviewAgeHigh).",
+                       targets(("max(process_manual_review_oldest_age_seconds)", "oldest")), unit="s",
+                       threshold_steps=[(None, "green"), (3600, "red")]),
+        ]),
+        row("Workers and leases"),
+        (8, [
+            timeseries("Claims and lease takeovers",
+                       "Processes claimed per second (process_claims_total, all kinds) and claims that took over "
+                       "another worker's expired lease (process_lease_takeovers_total): a burst after a worker "
+                       "died is expected; lasting takeovers fire ProcessLeaseTakeoversSpiking.",
+                       targets((f"sum(rate(process_claims_total[{RI}]))", "claims (all kinds)"),
+                               (f"sum by (kind) (rate(process_lease_takeovers_total{{{k}}}[{RI}]))", "{{kind}} takeovers")),
+                       unit="ops"),
+            timeseries("Fenced writes",
+                       "Writes refused per interval because the worker's lease had been taken over "
+                       "(process_fenced_writes_total): a worker that was paused or cut off came back too late. "
+                       "Its work is discarded; the new holder redoes the step. Alert: ProcessFencedWrites.",
+                       targets((f"sum by (kind) (increase(process_fenced_writes_total{{{k}}}[{RI}]))", "{{kind}}")),
+                       draw="bars"),
+            timeseries("Due processes of unknown versions",
+                       "Due processes of a definition version a worker does not have, per worker, kind and version "
+                       "(process_unknown_version_due): that worker leaves them alone. Lasting 10 min fires "
+                       "ProcessDefinitionVersionUnknown.",
+                       targets((f"process_unknown_version_due{{{k}}}", "{{instance}} {{kind}} v{{version}}"))),
+            timeseries("Workers reporting",
+                       "Process workers whose metrics Prometheus scrapes (each refreshes the manual-review gauges "
+                       "every few seconds).",
+                       targets(("count(count by (instance) (process_manual_review_backlog)) or vector(0)", "workers")),
+                       legend_calcs=("lastNotNull", "min")),
+        ]),
+        row("Payment provider (simulator)"),
+        (7, [
+            timeseries("Charges by outcome",
+                       "POST /charges answered by the payment provider simulator (provider_charges_total): succeeded, "
+                       "declined (402), replayed (same Idempotency-Key: the stored charge again), key_mismatch "
+                       "(same key, other body), unavailable (503 before charging, fault error_before_charge).",
+                       targets((f"sum by (outcome) (rate(provider_charges_total[{RI}]))", "{{outcome}}")),
+                       unit="ops", stack=True),
+            timeseries("Faults injected",
+                       "Faults the simulator injected by mode (provider_faults_injected_total; PROVIDER_FAULTS or "
+                       "POST /admin/faults): error_before_charge, timeout_after_charge and reset_after_charge (the "
+                       "caller sees an unknown outcome), slow, decline.",
+                       targets((f"sum by (mode) (rate(provider_faults_injected_total[{RI}]))", "{{mode}}")),
+                       unit="ops"),
+            timeseries("Refunds by outcome",
+                       "POST /refunds by outcome (provider_refunds_total): refunded, replayed, not_refundable, "
+                       "not_found.",
+                       targets((f"sum by (outcome) (rate(provider_refunds_total[{RI}]))", "{{outcome}}")),
+                       unit="ops", stack=True),
+        ]),
+    ]
+    return dashboard(
+        "processes", "Processes: recoverable multi-step processes",
+        "Processes by status, step attempts and errors, unknown outcomes, manual review, leases and fencing, "
+        "and the payment provider simulator. See docs/operations.md and docs/processes.md.",
+        layout(p),
+        [variable("kind", "Kind", "label_values(processes_active, kind)")])
+
 
 DASHBOARDS = {
     "outbox-overview.json": overview,
     "outbox-relay.json": relay,
     "outbox-consumer.json": consumer,
     "outbox-api.json": api,
+    "processes.json": processes,
 }
 
 
