@@ -43,7 +43,7 @@ impl BenchEnv {
         let db_url = format!("{base}/{db_name}");
         let pool = plumbing::db::connect(&db_url, 8, "bench").await?;
         demo::migrate::run(&pool, &shared::schema::Schema::default()).await?;
-        let conn = plumbing::amqp::connect(&args.amqp_url, "bench").await?;
+        let conn = plumbing::amqp_nodes::connect(&args.amqp_url, "bench").await?;
         let exchange = format!("bench.{suffix}");
         plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true).await?;
         let bin_dir = match &args.bin_dir {
@@ -131,7 +131,9 @@ impl BenchEnv {
 
     /// Empties the outbox and frees every partition lease.
     pub async fn reset_outbox(&self) -> anyhow::Result<()> {
-        sqlx::query("TRUNCATE outbox.messages").execute(&self.pool).await?;
+        sqlx::query("TRUNCATE outbox.messages")
+            .execute(&self.pool)
+            .await?;
         sqlx::query("UPDATE outbox.relay_partitions SET owner = NULL, lease_until = '-infinity', blocked_until = NULL, blocked_seq = NULL")
             .execute(&self.pool)
             .await?;

@@ -15,9 +15,9 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
+use plumbing::amqp::{header_str, headers_to_json};
 use serde::Serialize;
 use serde_json::{Map, Value};
-use plumbing::amqp::{header_str, headers_to_json};
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -64,7 +64,8 @@ pub struct ReplayReport {
 /// Lists up to `limit` dead letters of consumer `name`, oldest first, leaving them in place.
 pub async fn list(amqp_url: &str, name: &str, limit: usize) -> Result<Vec<DeadLetter>, DlqError> {
     let topology = Topology::new(name, &[]);
-    let conn = plumbing::amqp::connect(amqp_url, &format!("consumer {name} dlq list")).await?;
+    let conn =
+        plumbing::amqp_nodes::connect(amqp_url, &format!("consumer {name} dlq list")).await?;
     let result = list_on(&conn, name, &topology, limit).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
     result
@@ -104,7 +105,8 @@ pub async fn replay(
     selection: &Selection,
 ) -> Result<ReplayReport, DlqError> {
     let topology = Topology::new(name, &[]);
-    let conn = plumbing::amqp::connect(amqp_url, &format!("consumer {name} dlq replay")).await?;
+    let conn =
+        plumbing::amqp_nodes::connect(amqp_url, &format!("consumer {name} dlq replay")).await?;
     let result = replay_on(&conn, name, &topology, selection).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
     result

@@ -31,8 +31,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, PublisherConfirm};
-use shared::Envelope;
 use plumbing::telemetry::{ErrorChain, Readiness};
+use shared::Envelope;
 use sqlx::{PgConnection, PgPool};
 use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
@@ -242,7 +242,7 @@ async fn session(
     shutdown: &CancellationToken,
     established: &AtomicBool,
 ) -> Result<(), SessionError> {
-    let conn = plumbing::amqp::connect(
+    let conn = plumbing::amqp_nodes::connect(
         &ctx.config.amqp_url,
         &format!("consumer {}", ctx.config.name),
     )

@@ -12,7 +12,9 @@ pub struct Connections {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     pub database_url: String,
-    /// RabbitMQ connection string. A `heartbeat` query parameter is added when missing.
+    /// RabbitMQ connection string, or a comma-separated list of a cluster's nodes (each a full
+    /// URL): a lost connection fails over to the next reachable node. A `heartbeat` query
+    /// parameter is added when missing.
     #[arg(
         long,
         env = "AMQP_URL",

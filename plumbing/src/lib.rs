@@ -4,6 +4,8 @@
 //! A short tour:
 //! - [`db`]: connecting to PostgreSQL with bounded waits, and migrating at start (safe with many instances).
 //! - [`amqp`]: connecting to RabbitMQ with heartbeats and timeouts, and the header mapping both sides use.
+//! - [`amqp_nodes`]: `AMQP_URL` as a comma-separated list of cluster nodes; connecting fails over
+//!   to the next reachable node.
 //! - [`telemetry`]: logging (human or JSON), optional OTLP span export, the Prometheus recorder, and the
 //!   `/metrics`, `/healthz`, `/readyz` server.
 //! - [`trace`]: a message's span as a child of its `traceparent`, for export.
@@ -12,6 +14,7 @@
 //! - [`config`]: the connection settings (flags and env vars) every binary takes.
 
 pub mod amqp;
+pub mod amqp_nodes;
 pub mod backoff;
 pub mod config;
 pub mod db;
