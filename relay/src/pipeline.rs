@@ -110,6 +110,9 @@ pub(crate) struct Pipeline<'a> {
     db_failures: u32,
     amqp_failures: u32,
     retry_at: Option<Instant>,
+    /// RabbitMQ blocks the connection (resource alarm): nothing is sent or claimed until it
+    /// unblocks; what is in flight waits for its confirm without timing out.
+    broker_blocked: bool,
 }
 
 impl<'a> Pipeline<'a> {
@@ -147,6 +150,7 @@ impl<'a> Pipeline<'a> {
             db_failures: 0,
             amqp_failures: 0,
             retry_at: None,
+            broker_blocked: false,
         }
     }
 
@@ -181,6 +185,7 @@ impl<'a> Pipeline<'a> {
             {
                 self.connect().await;
             }
+            self.watch_blocked();
             if !stopping {
                 self.rebalance().await;
                 self.fill_window().await;
@@ -280,10 +285,33 @@ impl<'a> Pipeline<'a> {
         );
     }
 
+    /// Follows `connection.blocked` / `connection.unblocked` (checked every turn; the poll tick
+    /// guarantees a turn at least every poll interval): blocked means not ready.
+    fn watch_blocked(&mut self) {
+        let blocked = self.publisher.is_blocked();
+        if blocked == self.broker_blocked {
+            return;
+        }
+        self.broker_blocked = blocked;
+        internal_events::broker_blocked(blocked);
+        if blocked {
+            tracing::warn!(
+                in_flight = self.confirms.len(),
+                "RabbitMQ blocked publishing (resource alarm); waiting for it to unblock"
+            );
+        } else {
+            tracing::info!("RabbitMQ unblocked publishing");
+            self.more = true;
+        }
+        self.set_ready(None, Some(!blocked && self.publisher.is_connected()));
+    }
+
     async fn connect(&mut self) {
         match self.publisher.ensure_connected().await {
             Ok(()) => {
                 self.amqp_failures = 0;
+                self.broker_blocked = false;
+                internal_events::broker_blocked(false);
                 self.set_ready(None, Some(true));
                 self.more = true;
             }
@@ -318,7 +346,8 @@ impl<'a> Pipeline<'a> {
             self.marking = Some((
                 tokio::spawn(async move {
                     let started = Instant::now();
-                    let done = store::bounded(store::mark_published(&pool, &schema, &batch, retain)).await;
+                    let done =
+                        store::bounded(store::mark_published(&pool, &schema, &batch, retain)).await;
                     internal_events::db_duration(DbOp::Mark, started.elapsed());
                     done
                 }),
@@ -330,6 +359,7 @@ impl<'a> Pipeline<'a> {
             && self.claiming.is_none()
             && self.retry_at.is_none()
             && self.publisher.is_connected()
+            && !self.broker_blocked
             && self.claimed.len() < 2 * self.opts.batch_size as usize;
         if claim_due {
             self.start_claim();
@@ -491,6 +521,9 @@ impl<'a> Pipeline<'a> {
         } else {
             self.opts.window as usize
         };
+        if self.broker_blocked {
+            return;
+        }
         let Some(frame_max) = self.publisher.frame_max() else {
             return;
         };
@@ -557,12 +590,22 @@ impl<'a> Pipeline<'a> {
         }))
         .await;
         let mut failure = None;
+        let status = self.publisher.status();
         for ((row, _, _), result) in batch.into_iter().zip(results) {
             match result {
                 Ok(confirm) => {
                     self.in_flight.insert(row.seq);
+                    let status = status.clone();
                     self.confirms.push(Box::pin(async move {
-                        let result = tokio::time::timeout(timeout, confirm).await;
+                        tokio::pin!(confirm);
+                        // A blocked connection is not a dead one: its confirms come after the
+                        // unblock (a lost link still ends the wait with an error).
+                        let result = loop {
+                            match tokio::time::timeout(timeout, confirm.as_mut()).await {
+                                Err(_) if status.as_ref().is_some_and(|s| s.blocked()) => continue,
+                                r => break r,
+                            }
+                        };
                         (row, result, sent)
                     }))
                 }
@@ -769,8 +812,12 @@ impl<'a> Pipeline<'a> {
                         self.retried.iter().partition(|s| done.contains(s));
                     self.retried = later;
                     if !now.is_empty()
-                        && let Err(e) =
-                            store::bounded(store::unblock_published(self.pool, self.leases.schema(), &now)).await
+                        && let Err(e) = store::bounded(store::unblock_published(
+                            self.pool,
+                            self.leases.schema(),
+                            &now,
+                        ))
+                        .await
                     {
                         tracing::warn!(error = %ErrorChain(&e), "unblocking partitions failed; they unblock when the backoff ends");
                     }
