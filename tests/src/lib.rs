@@ -5,6 +5,13 @@
 //! - [`TcpProxy`]: a TCP proxy the test controls, to cut or black-hole a link for real.
 //! - [`bin_path`]: the workspace binaries, for tests that kill child processes.
 //! - [`wait_until`]: poll a condition with a deadline instead of sleeping.
+//! - [`fleet`]: relays and ledger consumers as child processes, payment load, the exact ledger.
+//! - [`private_rabbit`]: RabbitMQ nodes (and clusters) of the test's own, to kill and restart.
+//! - [`private_pg`]: a PostgreSQL instance of the test's own, to crash and restart.
+
+pub mod fleet;
+pub mod private_pg;
+pub mod private_rabbit;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use sqlx::PgPool;
