@@ -40,6 +40,8 @@ type ClaimTask = JoinHandle<Result<Vec<Claimed>, sqlx::Error>>;
 type ConfirmResult = Result<Result<Confirmation, lapin::Error>, tokio::time::error::Elapsed>;
 /// How long a stopping relay keeps trying to mark confirmed rows, beyond the confirm timeout.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Nacks in a row (no ack between) after which the relay reconnects.
+const NACKS_BEFORE_RECONNECT: u32 = 5;
 /// Longest the relay publishes one row at a time to find the row the broker refused.
 const ISOLATION_LIMIT: Duration = Duration::from_secs(60);
 type ConfirmFuture = Pin<Box<dyn Future<Output = (OutboxRow, ConfirmResult, Instant)> + Send>>;
@@ -113,6 +115,9 @@ pub(crate) struct Pipeline<'a> {
     /// RabbitMQ blocks the connection (resource alarm): nothing is sent or claimed until it
     /// unblocks; what is in flight waits for its confirm without timing out.
     broker_blocked: bool,
+    /// Nacks since the last ack: a channel whose quorum-queue client lost track of the leader
+    /// (a node of the cluster died) nacks every publish until it is reopened.
+    nacks_in_a_row: u32,
 }
 
 impl<'a> Pipeline<'a> {
@@ -151,6 +156,7 @@ impl<'a> Pipeline<'a> {
             amqp_failures: 0,
             retry_at: None,
             broker_blocked: false,
+            nacks_in_a_row: 0,
         }
     }
 
@@ -637,6 +643,7 @@ impl<'a> Pipeline<'a> {
                 self.refused(row, FailureReason::Unroutable, why).await;
             }
             Ok(Ok(Confirmation::Ack(_))) => {
+                self.nacks_in_a_row = 0;
                 let latency = (chrono::Utc::now() - row.created_at)
                     .to_std()
                     .unwrap_or_default();
@@ -657,6 +664,17 @@ impl<'a> Pipeline<'a> {
             Ok(Ok(Confirmation::Nack(_))) => {
                 self.refused(row, FailureReason::Nack, "nacked by broker".into())
                     .await;
+                self.nacks_in_a_row += 1;
+                if self.nacks_in_a_row >= NACKS_BEFORE_RECONNECT {
+                    // After a cluster node died, a channel can go on nacking although the queue
+                    // has a new leader: start over on a fresh connection (the next node).
+                    self.nacks_in_a_row = 0;
+                    self.link_failed(
+                        FailureReason::Connection,
+                        "the broker nacked several publishes in a row; reconnecting",
+                    )
+                    .await;
+                }
             }
             Ok(Ok(Confirmation::NotRequested)) => {
                 self.claimed.remove(&row.seq);
