@@ -61,6 +61,26 @@ impl PublishLog {
         log
     }
 
+    /// The longest time the published count did not grow, between the first and the last sample.
+    fn longest_stall(&self) -> Duration {
+        let Ok(v) = self.0.lock() else {
+            return Duration::ZERO;
+        };
+        let mut longest = Duration::ZERO;
+        let mut last_growth: Option<(Instant, i64)> = None;
+        for &(at, n) in v.iter() {
+            match last_growth {
+                Some((t, m)) if n > m => {
+                    longest = longest.max(at - t);
+                    last_growth = Some((at, n));
+                }
+                None => last_growth = Some((at, n)),
+                _ => {}
+            }
+        }
+        longest
+    }
+
     /// How long after `t` the published count first grew (None if it has not yet).
     fn pause_after(&self, t: Instant) -> Option<Duration> {
         let v = self.0.lock().ok()?;
@@ -266,6 +286,7 @@ async fn nothing_lost_nothing_applied_twice_under_faults() {
         }
     }
 
+    let longest_stall = publish_log.longest_stall();
     // Everything back: wait until every component is ready, stop the load, drain.
     for c in relays.iter().chain(consumers.iter()) {
         c.wait_ready("component at the end", LONG).await;
@@ -308,7 +329,7 @@ async fn nothing_lost_nothing_applied_twice_under_faults() {
     println!(
         "fault campaign seed {seed}: {published} messages, {} broker kills ({} of the quorum leader), \
          {} relay kills, {} consumer kills, {} broker link cuts, {} database link cuts, {} database restarts; \
-         lost {lost}, applied twice 0; longest publishing pause after a node kill {:?}; \
+         lost {lost}, applied twice 0; longest publishing pause after a node kill {:?} (longest without any publish {longest_stall:?}); \
          back to ready after the database restart {:?}; lag p50 {} s, p99 {} s, max {} s; total {:?}",
         tally.broker_kills,
         tally.leader_kills,
