@@ -65,6 +65,7 @@ pub async fn sweep(
 }
 
 /// Runs [`sweep`] every `interval` until `shutdown`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_periodically(
     pool: PgPool,
     schema: Schema,
