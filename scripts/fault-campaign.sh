@@ -10,4 +10,5 @@ cd "$(dirname "$0")/.."
 cargo build --workspace --bins
 export FAULT_MESSAGES="${FAULT_MESSAGES:-100000}"
 export FAULT_ROUNDS="${FAULT_ROUNDS:-40}"
-cargo nextest run -p system-tests --test fault_campaign --run-ignored all --no-capture
+export FAULT_MAX_BROKER_KILLS="${FAULT_MAX_BROKER_KILLS:-1000}"
+cargo nextest run -p system-tests --test fault_campaign --no-capture
