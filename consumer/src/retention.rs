@@ -65,7 +65,6 @@ pub async fn sweep(
 }
 
 /// Runs [`sweep`] every `interval` until `shutdown`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_periodically(
     pool: PgPool,
     schema: Schema,
