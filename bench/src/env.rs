@@ -43,7 +43,8 @@ impl BenchEnv {
         let db_url = format!("{base}/{db_name}");
         let pool = plumbing::db::connect(&db_url, 8, "bench").await?;
         demo::migrate::run(&pool, &shared::schema::Schema::default()).await?;
-        let conn = plumbing::amqp::connect(&args.amqp_url, &Default::default(), "bench").await?;
+        let conn =
+            plumbing::amqp_nodes::connect(&args.amqp_url, &Default::default(), "bench").await?;
         let exchange = format!("bench.{suffix}");
         plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true).await?;
         let bin_dir = match &args.bin_dir {

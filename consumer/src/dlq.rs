@@ -70,7 +70,8 @@ pub async fn list(
     limit: usize,
 ) -> Result<Vec<DeadLetter>, DlqError> {
     let topology = Topology::new(name, &[]);
-    let conn = plumbing::amqp::connect(amqp_url, tls, &format!("consumer {name} dlq list")).await?;
+    let conn =
+        plumbing::amqp_nodes::connect(amqp_url, tls, &format!("consumer {name} dlq list")).await?;
     let result = list_on(&conn, name, &topology, limit).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
     result
@@ -111,8 +112,8 @@ pub async fn replay(
     selection: &Selection,
 ) -> Result<ReplayReport, DlqError> {
     let topology = Topology::new(name, &[]);
-    let conn =
-        plumbing::amqp::connect(amqp_url, tls, &format!("consumer {name} dlq replay")).await?;
+    let conn = plumbing::amqp_nodes::connect(amqp_url, tls, &format!("consumer {name} dlq replay"))
+        .await?;
     let result = replay_on(&conn, name, &topology, selection).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
     result

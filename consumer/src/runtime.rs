@@ -238,7 +238,7 @@ async fn session(
     shutdown: &CancellationToken,
     established: &AtomicBool,
 ) -> Result<(), SessionError> {
-    let conn = plumbing::amqp::connect(
+    let conn = plumbing::amqp_nodes::connect(
         &ctx.config.amqp_url,
         &ctx.config.amqp_tls,
         &format!("consumer {}", ctx.config.name),

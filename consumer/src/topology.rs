@@ -78,7 +78,7 @@ impl Topology {
         bindings: &[String],
     ) -> Result<(), lapin::Error> {
         plumbing::amqp::declare_outbox_exchange(conn, exchange, true).await?;
-        let ch = conn.create_channel().await?;
+        let mut ch = conn.create_channel().await?;
         let durable = QueueDeclareOptions {
             durable: true,
             ..Default::default()
@@ -94,20 +94,25 @@ impl Topology {
             FieldTable::default(),
         )
         .await?;
-        ch.queue_declare(
-            self.dead_letter_queue.as_str().into(),
-            durable,
-            FieldTable::default(),
-        )
-        .await?;
-        ch.queue_bind(
-            self.dead_letter_queue.as_str().into(),
-            self.dead_letter_exchange.as_str().into(),
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+        let dlq = async {
+            ch.queue_declare(
+                self.dead_letter_queue.as_str().into(),
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+            ch.queue_bind(
+                self.dead_letter_queue.as_str().into(),
+                self.dead_letter_exchange.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+        };
+        if let Err(e) = dlq.await {
+            ch = on_node_down(conn, &self.dead_letter_queue, e).await?;
+        }
 
         let mut args = FieldTable::default();
         args.insert("x-queue-type".into(), text("quorum"));
@@ -115,8 +120,30 @@ impl Topology {
             "x-dead-letter-exchange".into(),
             text(&self.dead_letter_exchange),
         );
-        ch.queue_declare(self.queue.as_str().into(), durable, args)
+        args.insert(
+            "x-quorum-initial-group-size".into(),
+            AMQPValue::LongLongInt(QUORUM_INITIAL_GROUP_SIZE),
+        );
+        if let Err(e) = ch
+            .queue_declare(self.queue.as_str().into(), durable, args)
+            .await
+        {
+            // Declared before with other arguments (e.g. without a group size): use it as it is.
+            if !is_code(&e, 406) {
+                return Err(e);
+            }
+            tracing::warn!(queue = %self.queue, error = %e, "queue exists with other arguments; using it as it is");
+            ch = conn.create_channel().await?;
+            ch.queue_declare(
+                self.queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
             .await?;
+        }
         for key in bindings {
             ch.queue_bind(
                 self.queue.as_str().into(),
@@ -134,12 +161,39 @@ impl Topology {
             args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl));
             args.insert("x-dead-letter-exchange".into(), text(""));
             args.insert("x-dead-letter-routing-key".into(), text(&self.queue));
-            ch.queue_declare(name.as_str().into(), durable, args)
-                .await?;
+            if let Err(e) = ch.queue_declare(name.as_str().into(), durable, args).await {
+                ch = on_node_down(conn, name, e).await?;
+            }
         }
         let _ = ch.close(200, ShortString::from("declared")).await;
         Ok(())
     }
+}
+
+/// Members of a new consumer queue (a quorum queue): with 3, it keeps working, and loses
+/// nothing confirmed, while any one of them is down. RabbitMQ places them on as many running
+/// nodes as there are, up to this size (a single-node broker gets one member).
+pub const QUORUM_INITIAL_GROUP_SIZE: i64 = 3;
+
+/// The broker's reply code of a channel or connection error, if it is one.
+fn is_code(e: &lapin::Error, code: u16) -> bool {
+    matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == code)
+}
+
+/// A classic queue (dead letters, retry delays) lives on one node: while that node is down,
+/// declaring it fails with NOT_FOUND ("home node ... is down"). The consumer does not wait for
+/// it: it consumes its quorum queue on the nodes that are up; a retry or dead letter published
+/// meanwhile is refused and the delivery is retried later. Returns a fresh channel.
+async fn on_node_down(
+    conn: &Connection,
+    queue: &str,
+    e: lapin::Error,
+) -> Result<lapin::Channel, lapin::Error> {
+    if !is_code(&e, 404) {
+        return Err(e);
+    }
+    tracing::warn!(%queue, error = %e, "queue unavailable (its node is down); consuming without it");
+    conn.create_channel().await
 }
 
 fn text(s: &str) -> AMQPValue {

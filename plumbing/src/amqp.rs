@@ -19,6 +19,8 @@ pub enum AmqpError {
     Connect(#[source] lapin::Error),
     #[error("TLS settings for RabbitMQ")]
     Tls(#[from] crate::amqp_tls::AmqpTlsError),
+    #[error("AMQP_URL names no RabbitMQ node")]
+    NoNodes,
 }
 
 /// Adds `heartbeat=` (and a connection timeout) to the URL unless it already has them.
@@ -219,7 +221,7 @@ pub async fn declare_outbox_exchange(
     use lapin::ExchangeKind;
     use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
     use lapin::types::FieldTable;
-    let ch = conn.create_channel().await?;
+    let mut ch = conn.create_channel().await?;
     let durable = ExchangeDeclareOptions {
         durable: true,
         ..Default::default()
@@ -234,23 +236,34 @@ pub async fn declare_outbox_exchange(
             FieldTable::default(),
         )
         .await?;
-        ch.queue_declare(
-            ae.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await?;
-        ch.queue_bind(
-            ae.as_str().into(),
-            ae.as_str().into(),
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+        let queue = async {
+            ch.queue_declare(
+                ae.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+            ch.queue_bind(
+                ae.as_str().into(),
+                ae.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+        };
+        if let Err(e) = queue.await {
+            // A classic queue lives on one node; while that node of a cluster is down, declaring
+            // it fails with NOT_FOUND. Publishing does not wait for it.
+            if !matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404) {
+                return Err(e);
+            }
+            tracing::warn!(queue = %ae, error = %e, "unrouted queue unavailable (its node is down); going on without it");
+            ch = conn.create_channel().await?;
+        }
         args.insert(
             "alternate-exchange".into(),
             AMQPValue::LongString(ae.as_str().into()),

@@ -24,7 +24,9 @@ pub struct Connections {
     /// nothing session-bound (LISTEN, the migrations' advisory lock) runs over it.
     #[arg(long, env = "DATABASE_POOLER", value_enum, default_value_t = crate::db::Pooler::None)]
     pub database_pooler: crate::db::Pooler,
-    /// RabbitMQ connection string. A `heartbeat` query parameter is added when missing.
+    /// RabbitMQ connection string, or a comma-separated list of a cluster's nodes (each a full
+    /// URL): a lost connection fails over to the next reachable node. A `heartbeat` query
+    /// parameter is added when missing.
     #[arg(
         long,
         env = "AMQP_URL",

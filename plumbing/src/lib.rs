@@ -6,6 +6,8 @@
 //!   PgBouncer, with a direct URL for what needs a session), and migrating at start (safe with many instances).
 //! - [`amqp`]: connecting to RabbitMQ with heartbeats and timeouts, and the header mapping both sides use.
 //! - [`amqp_tls`]: the CA (and optional client certificate) files for `amqps://` URLs.
+//! - [`amqp_nodes`]: `AMQP_URL` as a comma-separated list of cluster nodes; connecting fails over
+//!   to the next reachable node.
 //! - [`telemetry`]: logging (human or JSON), optional OTLP span export, the Prometheus recorder, and the
 //!   `/metrics`, `/healthz`, `/readyz` server.
 //! - [`trace`]: a message's span as a child of its `traceparent`, for export.
@@ -14,6 +16,7 @@
 //! - [`config`]: the connection settings (flags and env vars) every binary takes.
 
 pub mod amqp;
+pub mod amqp_nodes;
 pub mod amqp_tls;
 pub mod backoff;
 pub mod config;

@@ -70,6 +70,10 @@ pub fn describe() {
         "Outbox partitions this relay holds a lease on"
     );
     describe_gauge!("relay_ready", "1 when connected to PostgreSQL and RabbitMQ");
+    describe_gauge!(
+        "relay_broker_blocked",
+        "1 while RabbitMQ blocks this relay's connection (memory or disk alarm): nothing is published"
+    );
     describe_counter!(
         "relay_published_total",
         "Rows confirmed by the broker and marked published"
@@ -162,6 +166,11 @@ pub fn owned_partitions(n: usize) {
 
 pub fn ready(ready: bool) {
     gauge!("relay_ready").set(if ready { 1.0 } else { 0.0 });
+}
+
+/// RabbitMQ blocked (`connection.blocked`) or unblocked the publishing connection.
+pub fn broker_blocked(blocked: bool) {
+    gauge!("relay_broker_blocked").set(if blocked { 1.0 } else { 0.0 });
 }
 
 pub fn backlog(pending: i64, oldest_age: Duration, dead: i64) {

@@ -14,6 +14,8 @@
 //!   size) before anything is sent: a row that can never be published goes dead, never reaches lapin.
 //! - [`publisher`]: the RabbitMQ connection and confirm channel.
 //! - [`internal_events`]: every metric the relay emits.
+//! - [`verify`]: `relay verify`: reconcile what was published in a window against a consumer's
+//!   `processed_messages` (missing ids, end-to-end lag).
 //! - [`run`] / [`run_with_pool`]: the loop tying them together; the binary and embedding services call these.
 //!
 //! The flow: claim up to `batch_size` pending rows of the owned, unblocked partitions (a plain
@@ -34,6 +36,7 @@ pub mod publisher;
 mod retention;
 mod stats;
 pub mod store;
+pub mod verify;
 
 pub use config::{RelayConfig, RelayOptions};
 

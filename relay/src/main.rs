@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use relay::RelayConfig;
+use std::io::Write;
 use uuid::Uuid;
 
 /// Publishes committed outbox rows to RabbitMQ at least once, in order per aggregate.
@@ -21,6 +22,32 @@ enum Command {
     Run,
     /// Apply the database migrations and exit.
     Migrate,
+    /// Reconcile the messages published in a time window against a consumer's processed messages:
+    /// missing ids, end-to-end lag. Needs published rows kept (`--retention-secs`). Exits 2 when
+    /// something is missing.
+    Verify {
+        /// The consumer's name (as in `processed_messages`).
+        #[arg(long)]
+        consumer: String,
+        /// Start of the window on created_at: an RFC 3339 time or a duration before now (`2h`).
+        #[arg(long, default_value = "1h")]
+        since: String,
+        /// End of the window: an RFC 3339 time or a duration before now (default: now).
+        #[arg(long)]
+        until: Option<String>,
+        /// Only these event types (repeat the flag); default: all.
+        #[arg(long = "event-type")]
+        event_types: Vec<String>,
+        /// Rows published this recently are in flight, not missing (e.g. `30s`).
+        #[arg(long, default_value = "30s")]
+        settle: String,
+        /// Most missing ids listed.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        /// Output: human, json, or prometheus (text format for node_exporter's textfile collector).
+        #[arg(long, default_value = "human", value_parser = ["human", "json", "prometheus"])]
+        format: String,
+    },
     /// Inspect and requeue dead rows (rows that exhausted their attempts).
     Dead {
         #[command(subcommand)]
@@ -70,6 +97,48 @@ async fn main() -> anyhow::Result<()> {
             let pool = plumbing::db::connect(url, 1, "relay-migrate").await?;
             plumbing::db::migrate(&pool, &schema).await?;
             println!("migrations applied in schema {schema}");
+        }
+        Command::Verify {
+            consumer,
+            since,
+            until,
+            event_types,
+            settle,
+            limit,
+            format,
+        } => {
+            let now = chrono::Utc::now();
+            let req = relay::verify::VerifyRequest {
+                consumer,
+                since: relay::verify::parse_time(&since, now)?,
+                until: until
+                    .map(|u| relay::verify::parse_time(&u, now))
+                    .transpose()?
+                    .unwrap_or(now),
+                event_types,
+                settle: relay::verify::parse_duration(&settle)?,
+                list_limit: limit.max(0),
+            };
+            let pool =
+                plumbing::db::connect(&cli.config.connections.database_url, 1, "relay-verify")
+                    .await
+                    .context("connecting to PostgreSQL")?;
+            let report = relay::verify::verify(&pool, &schema, &req)
+                .await
+                .context("reconciling")?;
+            let mut out = std::io::stdout().lock();
+            match format.as_str() {
+                "json" => {
+                    serde_json::to_writer_pretty(&mut out, &report)?;
+                    writeln!(out)?;
+                }
+                "prometheus" => relay::verify::write_prometheus(&report, &mut out)?,
+                _ => relay::verify::write_human(&report, &mut out)?,
+            }
+            out.flush()?;
+            if !report.ok() {
+                std::process::exit(2);
+            }
         }
         Command::Dead { command } => {
             let pool = plumbing::db::connect_and_migrate_to(

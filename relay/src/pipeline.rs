@@ -40,6 +40,8 @@ type ClaimTask = JoinHandle<Result<Vec<Claimed>, sqlx::Error>>;
 type ConfirmResult = Result<Result<Confirmation, lapin::Error>, tokio::time::error::Elapsed>;
 /// How long a stopping relay keeps trying to mark confirmed rows, beyond the confirm timeout.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Nacks in a row (no ack between) after which the relay reconnects.
+const NACKS_BEFORE_RECONNECT: u32 = 5;
 /// Longest the relay publishes one row at a time to find the row the broker refused.
 const ISOLATION_LIMIT: Duration = Duration::from_secs(60);
 type ConfirmFuture = Pin<Box<dyn Future<Output = (OutboxRow, ConfirmResult, Instant)> + Send>>;
@@ -110,6 +112,12 @@ pub(crate) struct Pipeline<'a> {
     db_failures: u32,
     amqp_failures: u32,
     retry_at: Option<Instant>,
+    /// RabbitMQ blocks the connection (resource alarm): nothing is sent or claimed until it
+    /// unblocks; what is in flight waits for its confirm without timing out.
+    broker_blocked: bool,
+    /// Nacks since the last ack: a channel whose quorum-queue client lost track of the leader
+    /// (a node of the cluster died) nacks every publish until it is reopened.
+    nacks_in_a_row: u32,
 }
 
 impl<'a> Pipeline<'a> {
@@ -147,6 +155,8 @@ impl<'a> Pipeline<'a> {
             db_failures: 0,
             amqp_failures: 0,
             retry_at: None,
+            broker_blocked: false,
+            nacks_in_a_row: 0,
         }
     }
 
@@ -181,6 +191,7 @@ impl<'a> Pipeline<'a> {
             {
                 self.connect().await;
             }
+            self.watch_blocked();
             if !stopping {
                 self.rebalance().await;
                 self.fill_window().await;
@@ -280,10 +291,33 @@ impl<'a> Pipeline<'a> {
         );
     }
 
+    /// Follows `connection.blocked` / `connection.unblocked` (checked every turn; the poll tick
+    /// guarantees a turn at least every poll interval): blocked means not ready.
+    fn watch_blocked(&mut self) {
+        let blocked = self.publisher.is_blocked();
+        if blocked == self.broker_blocked {
+            return;
+        }
+        self.broker_blocked = blocked;
+        internal_events::broker_blocked(blocked);
+        if blocked {
+            tracing::warn!(
+                in_flight = self.confirms.len(),
+                "RabbitMQ blocked publishing (resource alarm); waiting for it to unblock"
+            );
+        } else {
+            tracing::info!("RabbitMQ unblocked publishing");
+            self.more = true;
+        }
+        self.set_ready(None, Some(!blocked && self.publisher.is_connected()));
+    }
+
     async fn connect(&mut self) {
         match self.publisher.ensure_connected().await {
             Ok(()) => {
                 self.amqp_failures = 0;
+                self.broker_blocked = false;
+                internal_events::broker_blocked(false);
                 self.set_ready(None, Some(true));
                 self.more = true;
             }
@@ -331,6 +365,7 @@ impl<'a> Pipeline<'a> {
             && self.claiming.is_none()
             && self.retry_at.is_none()
             && self.publisher.is_connected()
+            && !self.broker_blocked
             && self.claimed.len() < 2 * self.opts.batch_size as usize;
         if claim_due {
             self.start_claim();
@@ -492,6 +527,9 @@ impl<'a> Pipeline<'a> {
         } else {
             self.opts.window as usize
         };
+        if self.broker_blocked {
+            return;
+        }
         let Some(frame_max) = self.publisher.frame_max() else {
             return;
         };
@@ -558,12 +596,22 @@ impl<'a> Pipeline<'a> {
         }))
         .await;
         let mut failure = None;
+        let status = self.publisher.status();
         for ((row, _, _), result) in batch.into_iter().zip(results) {
             match result {
                 Ok(confirm) => {
                     self.in_flight.insert(row.seq);
+                    let status = status.clone();
                     self.confirms.push(Box::pin(async move {
-                        let result = tokio::time::timeout(timeout, confirm).await;
+                        tokio::pin!(confirm);
+                        // A blocked connection is not a dead one: its confirms come after the
+                        // unblock (a lost link still ends the wait with an error).
+                        let result = loop {
+                            match tokio::time::timeout(timeout, confirm.as_mut()).await {
+                                Err(_) if status.as_ref().is_some_and(|s| s.blocked()) => continue,
+                                r => break r,
+                            }
+                        };
                         (row, result, sent)
                     }))
                 }
@@ -595,6 +643,7 @@ impl<'a> Pipeline<'a> {
                 self.refused(row, FailureReason::Unroutable, why).await;
             }
             Ok(Ok(Confirmation::Ack(_))) => {
+                self.nacks_in_a_row = 0;
                 let latency = (chrono::Utc::now() - row.created_at)
                     .to_std()
                     .unwrap_or_default();
@@ -615,6 +664,17 @@ impl<'a> Pipeline<'a> {
             Ok(Ok(Confirmation::Nack(_))) => {
                 self.refused(row, FailureReason::Nack, "nacked by broker".into())
                     .await;
+                self.nacks_in_a_row += 1;
+                if self.nacks_in_a_row >= NACKS_BEFORE_RECONNECT {
+                    // After a cluster node died, a channel can go on nacking although the queue
+                    // has a new leader: start over on a fresh connection (the next node).
+                    self.nacks_in_a_row = 0;
+                    self.link_failed(
+                        FailureReason::Connection,
+                        "the broker nacked several publishes in a row; reconnecting",
+                    )
+                    .await;
+                }
             }
             Ok(Ok(Confirmation::NotRequested)) => {
                 self.claimed.remove(&row.seq);

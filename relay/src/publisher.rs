@@ -50,13 +50,26 @@ impl Publisher {
             .is_some_and(|(c, ch)| c.status().connected() && ch.status().connected())
     }
 
+    /// Whether RabbitMQ has blocked the connection (`connection.blocked`: a memory or disk alarm).
+    /// lapin writes nothing while it is; publishes and their confirms wait for the unblock.
+    pub fn is_blocked(&self) -> bool {
+        self.conn
+            .as_ref()
+            .is_some_and(|(c, _)| c.status().blocked())
+    }
+
+    /// The connection's status, for confirm waits that must not time out while it is blocked.
+    pub fn status(&self) -> Option<lapin::ConnectionStatus> {
+        self.conn.as_ref().map(|(c, _)| c.status().clone())
+    }
+
     /// Connects, declares the exchange topology and opens a confirm channel, if not done yet.
     pub async fn ensure_connected(&mut self) -> Result<(), PublisherError> {
         if self.is_connected() {
             return Ok(());
         }
         self.disconnect().await;
-        let conn = plumbing::amqp::connect(&self.url, &self.tls, "outbox-relay").await?;
+        let conn = plumbing::amqp_nodes::connect(&self.url, &self.tls, "outbox-relay").await?;
         let setup = async {
             plumbing::amqp::declare_outbox_exchange(&conn, &self.exchange, self.alternate_exchange)
                 .await?;

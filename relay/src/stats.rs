@@ -26,7 +26,7 @@ pub(crate) async fn stats_loop(
         }
         if let Some((url, tls, exchange)) = &amqp {
             if !conn.as_ref().is_some_and(|c| c.status().connected()) {
-                conn = plumbing::amqp::connect(url, tls, "outbox-relay-stats")
+                conn = plumbing::amqp_nodes::connect(url, tls, "outbox-relay-stats")
                     .await
                     .ok();
             }

@@ -6,14 +6,19 @@
 //! - [`bin_path`]: the workspace binaries, for tests that kill child processes.
 //! - [`wait_until`]: poll a condition with a deadline instead of sleeping.
 //! - [`private_pg::PrivatePg`], [`private_rabbit::RabbitNode`]: a PostgreSQL server or RabbitMQ
-//!   node of the test's own (own ports, directories, configuration), to configure or crash.
+//!   node (and clusters) of the test's own, to crash and restart.
+//! - [`tls_pg`], [`tls_rabbit`]: the same with extra files (certificates), for the TLS tests.
 //! - [`pgbouncer::PgBouncer`]: a PgBouncer of the test's own in front of a PostgreSQL server.
 //! - [`process_fixtures`]: test process definitions, a fake remote that counts effects, failpoints.
+//! - [`fleet`]: relays and ledger consumers as child processes, payment load, the exact ledger.
 
+pub mod fleet;
 pub mod pgbouncer;
 pub mod private_pg;
 pub mod private_rabbit;
 pub mod process_fixtures;
+pub mod tls_pg;
+pub mod tls_rabbit;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use sqlx::PgPool;

@@ -1,7 +1,7 @@
 //! A PgBouncer of the test's own (Debian's `pgbouncer`), on a free port with its own
 //! configuration, in front of a PostgreSQL server (the shared one or a private one).
 
-use crate::private_pg::{as_user, chown};
+use crate::tls_pg::{as_user, chown};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

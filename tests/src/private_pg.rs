@@ -1,59 +1,73 @@
-//! A PostgreSQL server of the test's own (initdb + pg_ctl on a free port in a temporary
-//! directory), for tests that need a server configured differently (TLS) or that crash it.
-//! The machine's shared PostgreSQL is never touched.
+//! A PostgreSQL instance of the test's own (initdb + pg_ctl on a free port, in a temporary
+//! directory), to crash and restart; never the machine's shared one. Runs as the `postgres` user
+//! (initdb refuses root), trust authentication, user `postgres`, database `postgres`. Stopped and
+//! removed on drop.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 const BIN: &str = "/usr/lib/postgresql/15/bin";
+/// Longest wait for the instance to accept connections after a start.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A running private PostgreSQL (trust authentication, superuser `postgres`, listening on
-/// 127.0.0.1). Stopped and removed when dropped.
 pub struct PrivatePg {
     dir: PathBuf,
     port: u16,
+    running: bool,
+}
+
+fn as_postgres(program: &str) -> Command {
+    let mut c = Command::new("runuser");
+    c.args(["-u", "postgres", "--", &format!("{BIN}/{program}")]);
+    c.stdin(Stdio::null());
+    c
+}
+
+fn check(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl PrivatePg {
-    /// initdb, append `extra_conf_lines` to postgresql.conf, start. See [`Self::start_with_files`].
-    pub fn start(extra_conf_lines: &[&str]) -> Self {
-        Self::start_with_files(extra_conf_lines, &[])
-    }
-
-    /// Like [`Self::start`], after writing `files` (name, contents) into the instance's directory,
-    /// owned by the server's user with mode 0600 (as PostgreSQL wants for a private key).
-    /// `{dir}` in a configuration line is replaced by that directory's absolute path.
-    pub fn start_with_files(extra_conf_lines: &[&str], files: &[(&str, &[u8])]) -> Self {
-        let dir = std::env::temp_dir().join(crate::unique("private_pg"));
-        std::fs::create_dir_all(&dir).expect("create private PostgreSQL directory");
-        let port = crate::free_addr().port();
-        let pg = Self { dir, port };
-        for (name, contents) in files {
-            let path = pg.dir.join(name);
-            std::fs::write(&path, contents).expect("write private PostgreSQL file");
-            set_mode(&path, 0o600);
-        }
-        chown(&pg.dir, "postgres");
-        pg.run(
-            "initdb",
-            &[
-                "-D",
-                &pg.data().to_string_lossy(),
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-            ],
-        );
-        let conf_path = pg.data().join("postgresql.conf");
-        let mut conf = std::fs::read_to_string(&conf_path).expect("read postgresql.conf");
-        conf.push_str("\nfsync = off\n");
+    /// initdb, append `extra_conf_lines` to postgresql.conf, start, wait until it answers.
+    pub fn start(extra_conf_lines: &[&str]) -> PrivatePg {
+        let dir = std::env::temp_dir().join(format!("outbox-pg-{}", crate::unique("pg")));
+        std::fs::create_dir_all(&dir).expect("pg dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        check(Command::new("chown").arg("postgres").arg(&dir));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let data = dir.join("data");
+        check(as_postgres("initdb").arg("-D").arg(&data).args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        ]));
+        let mut conf = String::from("\nfsync = off\nmax_connections = 200\n");
         for line in extra_conf_lines {
-            conf.push_str(&line.replace("{dir}", &pg.dir.to_string_lossy()));
+            conf.push_str(line);
             conf.push('\n');
         }
-        std::fs::write(&conf_path, conf).expect("write postgresql.conf");
+        let conf_path = data.join("postgresql.conf");
+        let mut existing = std::fs::read_to_string(&conf_path).expect("read postgresql.conf");
+        existing.push_str(&conf);
+        std::fs::write(&conf_path, existing).expect("write postgresql.conf");
+        let mut pg = PrivatePg {
+            dir,
+            port,
+            running: false,
+        };
         pg.start_again();
         pg
     }
@@ -62,130 +76,71 @@ impl PrivatePg {
         self.port
     }
 
-    /// The instance's directory (its files, the data directory, the log).
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// `postgres://postgres@127.0.0.1:PORT/DB`.
+    pub fn url(&self, db_name: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db_name}", self.port)
     }
 
-    /// Connection string for database `db` (`postgres` always exists).
-    pub fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
-    }
-
-    /// A crash: `pg_ctl stop -m immediate` (no checkpoint, connections cut).
-    pub fn stop_immediate(&self) {
-        self.run(
-            "pg_ctl",
-            &[
-                "-D",
-                &self.data().to_string_lossy(),
-                "-m",
-                "immediate",
-                "-w",
-                "stop",
-            ],
+    /// A crash: `pg_ctl -m immediate stop` (no checkpoint; recovery replays the WAL at start).
+    pub fn stop_immediate(&mut self) {
+        if !self.running {
+            return;
+        }
+        check(
+            as_postgres("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-m", "immediate", "-w", "-t", "60", "stop"]),
         );
+        self.running = false;
     }
 
-    /// Starts the server (again, after [`Self::stop_immediate`]) and waits until it accepts
-    /// connections.
-    pub fn start_again(&self) {
+    /// Starts the instance (again) and waits until it accepts connections.
+    pub fn start_again(&mut self) {
+        assert!(!self.running, "already running");
         let opts = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1",
             self.port,
             self.dir.display()
         );
-        self.run(
-            "pg_ctl",
-            &[
-                "-D",
-                &self.data().to_string_lossy(),
-                "-o",
-                &opts,
-                "-l",
-                &self.dir.join("log").to_string_lossy(),
-                "-w",
-                "-t",
-                "120",
-                "start",
-            ],
+        check(
+            as_postgres("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .arg("-o")
+                .arg(opts)
+                .arg("-l")
+                .arg(self.dir.join("log"))
+                .args(["-w", "-t", "60", "start"]),
         );
-    }
-
-    /// The server log so far (for failure messages).
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.join("data")
-    }
-
-    fn run(&self, tool: &str, args: &[&str]) {
-        let out = as_user("postgres", &format!("{BIN}/{tool}"), args)
-            .output()
-            .unwrap_or_else(|e| panic!("run {tool}: {e}"));
-        assert!(
-            out.status.success(),
-            "{tool} {args:?} failed: {}{}\nserver log:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            self.log()
-        );
+        self.running = true;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let ready = as_postgres("pg_isready")
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return;
+            }
+            assert!(Instant::now() < deadline, "PostgreSQL did not become ready");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 
 impl Drop for PrivatePg {
     fn drop(&mut self) {
-        let _ = as_user(
-            "postgres",
-            &format!("{BIN}/pg_ctl"),
-            &[
-                "-D",
-                &self.data().to_string_lossy(),
-                "-m",
-                "immediate",
-                "stop",
-            ],
-        )
-        .output();
+        if self.running {
+            let _ = as_postgres("pg_ctl")
+                .arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-m", "immediate", "-w", "-t", "30", "stop"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// `program args` as `user` (through runuser when the tests run as root, as in CI).
-pub(crate) fn as_user(user: &str, program: &str, args: &[&str]) -> Command {
-    if is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", user, "--", program]).args(args);
-        c
-    } else {
-        let mut c = Command::new(program);
-        c.args(args);
-        c
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
-/// Gives `path` (recursively) to `user` when running as root; otherwise the files stay ours.
-pub(crate) fn chown(path: &Path, user: &str) {
-    if is_root() {
-        let status = Command::new("chown")
-            .args(["-R", &format!("{user}:{user}")])
-            .arg(path)
-            .status()
-            .expect("run chown");
-        assert!(status.success(), "chown {user} {}", path.display());
-    }
-}
-
-fn set_mode(path: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }

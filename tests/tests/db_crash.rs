@@ -1,0 +1,121 @@
+//! A PostgreSQL instance of the test's own crashes (`pg_ctl -m immediate`) mid-stream and comes
+//! back: the relay and the ledger consumer survive, report not-ready meanwhile, are ready again
+//! within a bounded time after the database returns; nothing is lost, nothing applied twice.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use system_tests::fleet::{self, Component};
+use system_tests::private_pg::PrivatePg;
+use system_tests::*;
+
+const LONG: Duration = Duration::from_secs(90);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_and_consumer_survive_an_immediate_postgres_stop() {
+    init_logging();
+    let mut pg = tokio::task::block_in_place(|| PrivatePg::start(&[]));
+    let pool = fleet::migrated_db(&pg, "crash").await;
+    let db_url = pg.url("crash");
+    let broker = TestBroker::new();
+    let (exchange, name) = fleet::tracked_names(&broker);
+    let amqp = amqp_url();
+    let mut consumer = Component::ledger(&db_url, &amqp, &exchange, &name);
+    consumer.wait_ready("consumer", LONG).await;
+    let mut relay = Component::relay(&db_url, &amqp, &exchange);
+    relay.wait_ready("relay", LONG).await;
+
+    // Steady load; commits that fail while the database is down are simply not made.
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed = Arc::new(AtomicU64::new(0));
+    let load = {
+        let (pool, stop, committed) = (pool.clone(), stop.clone(), committed.clone());
+        tokio::spawn(async move {
+            let mut salt = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                salt += 1;
+                if fleet::enqueue_payments(&pool, 20, 25, salt).await {
+                    committed.fetch_add(20, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let p = pool.clone();
+    wait_until("300 payments applied", LONG, || {
+        let p = p.clone();
+        async move { (fleet::total_updates(&p).await? >= 300).then_some(()) }
+    })
+    .await;
+
+    tokio::task::block_in_place(|| pg.stop_immediate());
+    let (r, c) = (relay.metrics, consumer.metrics);
+    wait_until("relay and consumer /readyz 503", LONG, || async move {
+        (http_status(r, "/readyz").await == Some(503)
+            && http_status(c, "/readyz").await == Some(503))
+        .then_some(())
+    })
+    .await;
+    tokio::task::block_in_place(|| pg.start_again());
+    let back = Instant::now();
+    // A bounded poll that also records when each became ready.
+    let mut ready_after: [Option<Duration>; 2] = [None, None];
+    while ready_after.iter().any(Option::is_none) {
+        assert!(
+            back.elapsed() < LONG,
+            "not ready {LONG:?} after PostgreSQL came back: relay {:?}, consumer {:?}",
+            ready_after[0],
+            ready_after[1]
+        );
+        for (i, addr) in [r, c].into_iter().enumerate() {
+            if ready_after[i].is_none() && http_status(addr, "/readyz").await == Some(200) {
+                ready_after[i] = Some(back.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "back to ready after PostgreSQL accepted connections again: relay {:?}, consumer {:?}",
+        ready_after[0].unwrap_or_default(),
+        ready_after[1].unwrap_or_default()
+    );
+
+    // More load after the restart, then drain.
+    let before = committed.load(Ordering::Relaxed);
+    let c2 = committed.clone();
+    wait_until("payments committed after the restart", LONG, || {
+        let c2 = c2.clone();
+        async move { (c2.load(Ordering::Relaxed) >= before + 200).then_some(()) }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    let p = pool.clone();
+    wait_until("outbox drained and ledger caught up", LONG, || {
+        let p = p.clone();
+        async move {
+            let pending = fleet::outbox_rows(&p, "pending").await?;
+            let published = fleet::outbox_rows(&p, "published").await?;
+            let updates = fleet::total_updates(&p).await?;
+            assert!(
+                updates <= published + pending,
+                "applied twice: {updates} updates"
+            );
+            (pending == 0 && updates == published).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(fleet::outbox_rows(&pool, "dead").await, Some(0));
+    assert_eq!(
+        fleet::ledger(&pool).await,
+        fleet::expected_ledger(&pool).await,
+        "every committed payment applied exactly once"
+    );
+    let (code, report) = fleet::relay_verify(&db_url, &name, &["--event-type", "payment.captured"]);
+    assert_eq!(code, Some(0), "relay verify: {report}");
+    assert_eq!(report["missing"], 0);
+    assert_eq!(report["processed"], report["published"]);
+    assert!(relay.stop().await, "relay exits cleanly");
+    assert!(consumer.stop().await, "consumer exits cleanly");
+    pool.close().await;
+}
