@@ -21,12 +21,12 @@ pub async fn claim(
     let mut sorted = ids.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
-    let fresh: Vec<Uuid> = sqlx::query_scalar(
-        schema.sql("INSERT INTO {{schema}}.processed_messages (consumer, message_id) \
+    let fresh: Vec<Uuid> = sqlx::query_scalar(schema.sql(
+        "INSERT INTO {{schema}}.processed_messages (consumer, message_id) \
          SELECT $1, id FROM unnest($2::uuid[]) AS t(id) \
          ON CONFLICT (consumer, message_id) DO NOTHING \
-         RETURNING message_id"),
-    )
+         RETURNING message_id",
+    ))
     .bind(consumer)
     .bind(&sorted)
     .fetch_all(&mut *conn)

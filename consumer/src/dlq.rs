@@ -15,9 +15,9 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection};
+use plumbing::amqp::{header_str, headers_to_json};
 use serde::Serialize;
 use serde_json::{Map, Value};
-use plumbing::amqp::{header_str, headers_to_json};
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(30);

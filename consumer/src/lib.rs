@@ -8,8 +8,13 @@
 //! A short tour:
 //! - [`handler`]: the [`Handler`] trait, [`HandlerError`] (transient, permanent, database) and the
 //!   [`Handlers`] registry (AMQP topic patterns, optional catch-all).
-//! - [`runtime`]: [`Consumer`] / [`run`]: the reconnecting supervisor, the workers, and the batch
-//!   transaction (dedup insert, handlers with savepoints on failure, commit, then one multi-ack).
+//! - [`supervisor`]: [`Consumer`] / [`run`]: connect, declare, run the workers of a session,
+//!   reconnect with backoff; readiness and the database watch.
+//! - [`worker`]: one worker's consume loop: buffered deliveries into batches, each delivery's work
+//!   decided before the transaction, retries while the database fails, then one multi-ack.
+//! - [`batch`]: the batch transaction (dedup insert, handlers with savepoints on failure, commit)
+//!   and each message's fate.
+//! - [`copies`]: retry copies and dead letters, published with confirms before the ack.
 //! - [`dedup`]: the `processed_messages` statements and which database errors are infrastructure.
 //! - [`topology`]: the queue, retry queues, dead-letter exchange and queue a consumer declares.
 //! - [`message`]: AMQP delivery to [`Envelope`], and the headers retries and dead letters carry.
@@ -33,7 +38,9 @@
 //! # }
 //! ```
 
+pub mod batch;
 pub mod config;
+pub mod copies;
 pub mod dedup;
 pub mod dlq;
 pub mod error;
@@ -41,13 +48,14 @@ pub mod handler;
 pub mod internal_events;
 pub mod message;
 pub mod retention;
-pub mod runtime;
+pub mod supervisor;
 pub mod topology;
+pub mod worker;
 
 pub use config::Config;
 pub use error::{ConfigError, ConsumerError, DlqError, SessionError};
 pub use handler::{BoxError, Handler, HandlerError, Handlers};
 pub use internal_events::{Stats, StatsSnapshot};
-pub use runtime::{Consumer, run};
 pub use shared::Envelope;
+pub use supervisor::{Consumer, run};
 pub use topology::Topology;

@@ -3,8 +3,8 @@
 use chrono::{DateTime, Utc};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use shared::Envelope;
 use plumbing::amqp::{header_str, headers as relay_headers, headers_to_json};
+use shared::Envelope;
 use uuid::Uuid;
 
 /// Header names the consumer sets on retried, dead-lettered and replayed copies.

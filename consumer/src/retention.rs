@@ -42,14 +42,14 @@ pub async fn sweep(
                 Sweep::Deleted(total)
             });
         }
-        let deleted = sqlx::query(
-            schema.sql("DELETE FROM {{schema}}.processed_messages p USING ( \
+        let deleted = sqlx::query(schema.sql(
+            "DELETE FROM {{schema}}.processed_messages p USING ( \
                  SELECT consumer, message_id FROM {{schema}}.processed_messages \
                  WHERE consumer = $1 AND processed_at < now() - make_interval(secs => $2) \
                  LIMIT $3 \
              ) old \
-             WHERE p.consumer = old.consumer AND p.message_id = old.message_id"),
-        )
+             WHERE p.consumer = old.consumer AND p.message_id = old.message_id",
+        ))
         .bind(consumer)
         .bind(retention.as_secs_f64())
         .bind(batch)
@@ -65,6 +65,7 @@ pub async fn sweep(
 }
 
 /// Runs [`sweep`] every `interval` until `shutdown`.
+#[allow(clippy::too_many_arguments)] // the sweep's settings, each from its own flag
 pub(crate) async fn run_periodically(
     pool: PgPool,
     schema: Schema,
