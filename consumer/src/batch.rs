@@ -39,6 +39,8 @@ pub(crate) enum Fate {
     Ignored,
     Retry(String),
     DeadLetter(DeadLetterKind, String),
+    /// Its retry or dead-letter copy could not fit a frame: rejected without requeue.
+    Discarded,
 }
 
 /// A failed handler run: either the message's problem or the infrastructure's.

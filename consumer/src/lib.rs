@@ -17,6 +17,8 @@
 //! - [`copies`]: retry copies and dead letters, published with confirms before the ack.
 //! - [`dedup`]: the `processed_messages` statements and which database errors are infrastructure.
 //! - [`topology`]: the queue, retry queues, dead-letter exchange and queue a consumer declares.
+//! - [`screen`]: what a delivery must be before it is decoded (UTF-8 text, parsed headers of
+//!   bounded depth and size); what is not is dead-lettered with its reason.
 //! - [`message`]: AMQP delivery to [`Envelope`], and the headers retries and dead letters carry.
 //! - [`dlq`]: `consumer dlq list` and `consumer dlq replay` (the `consumer` binary is this CLI; the
 //!   example application's `producer ledger` runs a consumer with a handler).
@@ -48,6 +50,7 @@ pub mod handler;
 pub mod internal_events;
 pub mod message;
 pub mod retention;
+pub mod screen;
 pub mod supervisor;
 pub mod topology;
 pub mod worker;

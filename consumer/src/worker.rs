@@ -8,6 +8,7 @@ use crate::error::SessionError;
 use crate::handler::DynHandler;
 use crate::internal_events::{Events, Outcome};
 use crate::message::{self, DeadLetterKind};
+use crate::screen;
 use crate::supervisor::{Ctx, bounded};
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
@@ -47,6 +48,8 @@ pub(crate) struct Worker {
     pub(crate) consume_ch: Channel,
     pub(crate) publish_ch: Channel,
     pub(crate) consumer: lapin::Consumer,
+    /// The connection's negotiated `frame_max`: a copy's properties must fit one frame.
+    pub(crate) frame_max: u32,
 }
 
 impl Worker {
@@ -86,6 +89,7 @@ impl Worker {
             consume_ch,
             publish_ch,
             consumer,
+            frame_max: conn.configuration().frame_max(),
         })
     }
 
@@ -140,11 +144,15 @@ impl Worker {
 
     fn prepare(&self, delivery: Delivery) -> Item {
         let attempt = message::attempt(&delivery.properties);
-        let work = match message::decode(
-            &delivery.properties,
-            delivery.routing_key.as_str(),
-            &delivery.data,
-        ) {
+        let routing_key = delivery.routing_key.as_str();
+        let decoded = match screen::screen(&delivery.properties, routing_key) {
+            Err(refusal) => {
+                self.events.rejected(refusal.reason);
+                Err(refusal.text)
+            }
+            Ok(()) => message::decode_screened(&delivery.properties, routing_key, &delivery.data),
+        };
+        let work = match decoded {
             Err(reason) => Work::Reject(DeadLetterKind::Undecodable, reason),
             Ok(env) => match self.ctx.handlers.resolve(&env.event_type) {
                 Some(h) => Work::Handle(Box::new(env), h.clone()),
@@ -251,7 +259,7 @@ impl Worker {
         if !self.ctx.config.ack_delay.is_zero() {
             tokio::time::sleep(self.ctx.config.ack_delay).await;
         }
-        self.publish_copies(&items, &fates).await?;
+        self.publish_copies(&items, &mut fates).await?;
         bounded(
             "acknowledging",
             self.consume_ch
@@ -260,13 +268,14 @@ impl Worker {
         )
         .await?;
 
-        let mut counts = [0u64; 5];
+        let mut counts = [0u64; Outcome::ALL.len()];
         for fate in fates.iter().flatten() {
             let outcome = match fate {
                 Fate::Processed => continue,
                 Fate::Duplicate => Outcome::Duplicate,
                 Fate::Ignored => Outcome::Ignored,
                 Fate::Retry(_) => Outcome::Retried,
+                Fate::Discarded => Outcome::Discarded,
                 Fate::DeadLetter(kind, _) => {
                     self.events.dead_letter(*kind);
                     Outcome::DeadLettered

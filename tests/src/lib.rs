@@ -5,6 +5,9 @@
 //! - [`TcpProxy`]: a TCP proxy the test controls, to cut or black-hole a link for real.
 //! - [`bin_path`]: the workspace binaries, for tests that kill child processes.
 //! - [`wait_until`]: poll a condition with a deadline instead of sleeping.
+//! - [`raw_amqp`]: a hand-written AMQP publisher for deliveries no client library would encode.
+
+pub mod raw_amqp;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use sqlx::PgPool;
