@@ -14,7 +14,8 @@
 //!   decided before the transaction, retries while the database fails, then one multi-ack.
 //! - [`batch`]: the batch transaction (dedup insert, handlers with savepoints on failure, commit)
 //!   and each message's fate.
-//! - [`copies`]: retry copies and dead letters, published with confirms before the ack.
+//! - [`copies`]: retry copies and dead letters, made to fit one frame (the largest original
+//!   headers cut, the reason kept), published with confirms before the ack.
 //! - [`dedup`]: the `processed_messages` statements and which database errors are infrastructure.
 //! - [`topology`]: the queue, retry queues, dead-letter exchange and queue a consumer declares.
 //! - [`screen`]: what a delivery must be before it is decoded (UTF-8 text, parsed headers of
