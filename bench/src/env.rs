@@ -131,7 +131,9 @@ impl BenchEnv {
 
     /// Empties the outbox and frees every partition lease.
     pub async fn reset_outbox(&self) -> anyhow::Result<()> {
-        sqlx::query("TRUNCATE outbox.messages").execute(&self.pool).await?;
+        sqlx::query("TRUNCATE outbox.messages")
+            .execute(&self.pool)
+            .await?;
         sqlx::query("UPDATE outbox.relay_partitions SET owner = NULL, lease_until = '-infinity', blocked_until = NULL, blocked_seq = NULL")
             .execute(&self.pool)
             .await?;

@@ -232,7 +232,9 @@ async fn ceiling_pg(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line
     let n = env.n(100_000, 1000);
     env.reset_outbox().await?;
     fill_outbox(env, n, 1000, "bench.ceiling").await?;
-    sqlx::query("ANALYZE outbox.messages").execute(&env.pool).await?;
+    sqlx::query("ANALYZE outbox.messages")
+        .execute(&env.pool)
+        .await?;
     let started = Instant::now();
     let mut done = 0u64;
     loop {
@@ -672,7 +674,13 @@ async fn consumer(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>>
 
     // The ledger consumer: start once to declare its queue, stop, fill the queue, start and time it.
     let name = format!("{}-ledger", env.exchange.replace('.', "-"));
-    let args = ["ledger", "--name", name.as_str(), "--bind", "payment.captured"];
+    let args = [
+        "ledger",
+        "--name",
+        name.as_str(),
+        "--bind",
+        "payment.captured",
+    ];
     let first = env.spawn("producer", &args, &[])?;
     wait_queue_exists(env, &name).await?;
     env::stop(first).await;
@@ -785,7 +793,13 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let name = format!("{}-e2e", env.exchange.replace('.', "-"));
     let consumer = env.spawn(
         "producer",
-        &["ledger", "--name", name.as_str(), "--bind", "payment.captured"],
+        &[
+            "ledger",
+            "--name",
+            name.as_str(),
+            "--bind",
+            "payment.captured",
+        ],
         &[],
     )?;
     wait_queue_exists(env, &name).await?;
@@ -812,11 +826,12 @@ async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let cpu_note = env::CpuSnapshot::take().report_since(&cpu, total as u64);
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let done: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1")
-                .bind(&name)
-                .fetch_one(&env.pool)
-                .await?;
+        let done: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1",
+        )
+        .bind(&name)
+        .fetch_one(&env.pool)
+        .await?;
         if done >= total {
             break;
         }
@@ -1076,7 +1091,9 @@ async fn table_growth(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         .await?;
     drop(conn);
     let full = median_claim_rate(env, n).await?;
-    sqlx::query("TRUNCATE outbox.messages").execute(&env.pool).await?;
+    sqlx::query("TRUNCATE outbox.messages")
+        .execute(&env.pool)
+        .await?;
     let empty_after = median_claim_rate(env, n).await?;
     let empty = (empty_before + empty_after) / 2.0;
     let ratio = full / empty;
@@ -1114,14 +1131,16 @@ async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
         .await?;
     fill_outbox(env, n, 1000, "bench.claim").await?;
     // Same table state for both measurements: vacuumed and analyzed right before.
-    env.without_timeout(&["VACUUM ANALYZE outbox.messages"]).await?;
+    env.without_timeout(&["VACUUM ANALYZE outbox.messages"])
+        .await?;
     env.settle().await?;
     let partitions: Vec<i16> = (0..64).collect();
     let schema = shared::schema::Schema::default();
     let started = Instant::now();
     let mut done = 0u64;
     loop {
-        let rows = relay::store::claim(&env.pool, &schema, "bench", &partitions, 32, 1000, &[]).await?;
+        let rows =
+            relay::store::claim(&env.pool, &schema, "bench", &partitions, 32, 1000, &[]).await?;
         let seqs: Vec<i64> = rows
             .iter()
             .map(|c| match c {

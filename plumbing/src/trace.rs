@@ -33,4 +33,3 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
         )
     })
 }
-

@@ -75,10 +75,10 @@ impl Leases {
     pub async fn tick(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
         let started = Instant::now();
         let lease_secs = self.lease.as_secs_f64();
-        sqlx::query(
-            self.schema.sql("INSERT INTO {{schema}}.relay_instances (instance_id, hostname) VALUES ($1, $2) \
-             ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()"),
-        )
+        sqlx::query(self.schema.sql(
+            "INSERT INTO {{schema}}.relay_instances (instance_id, hostname) VALUES ($1, $2) \
+             ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()",
+        ))
         .bind(&self.instance_id)
         .bind(hostname())
         .execute(pool)
@@ -166,10 +166,10 @@ impl Leases {
                 held.remove(p);
             }
         }
-        sqlx::query(
-            self.schema.sql("UPDATE {{schema}}.relay_partitions SET owner = NULL, lease_until = '-infinity' \
-             WHERE owner = $1 AND partition = ANY($2)"),
-        )
+        sqlx::query(self.schema.sql(
+            "UPDATE {{schema}}.relay_partitions SET owner = NULL, lease_until = '-infinity' \
+             WHERE owner = $1 AND partition = ANY($2)",
+        ))
         .bind(&self.instance_id)
         .bind(partitions)
         .execute(pool)
@@ -187,10 +187,13 @@ impl Leases {
         .bind(&self.instance_id)
         .execute(pool)
         .await?;
-        sqlx::query(self.schema.sql("DELETE FROM {{schema}}.relay_instances WHERE instance_id = $1"))
-            .bind(&self.instance_id)
-            .execute(pool)
-            .await?;
+        sqlx::query(
+            self.schema
+                .sql("DELETE FROM {{schema}}.relay_instances WHERE instance_id = $1"),
+        )
+        .bind(&self.instance_id)
+        .execute(pool)
+        .await?;
         crate::internal_events::owned_partitions(0);
         Ok(())
     }

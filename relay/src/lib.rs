@@ -31,9 +31,9 @@ pub mod store;
 pub use config::{RelayConfig, RelayOptions};
 
 use leases::Leases;
-use shared::schema::Schema;
-use publisher::Publisher;
 use plumbing::telemetry::{ErrorChain, Readiness};
+use publisher::Publisher;
+use shared::schema::Schema;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -278,7 +278,9 @@ async fn stats_loop(
         }
         if let Some((url, exchange)) = &amqp {
             if !conn.as_ref().is_some_and(|c| c.status().connected()) {
-                conn = plumbing::amqp::connect(url, "outbox-relay-stats").await.ok();
+                conn = plumbing::amqp::connect(url, "outbox-relay-stats")
+                    .await
+                    .ok();
             }
             if let Some(c) = &conn
                 && let Some(depth) = publisher::unrouted_depth(c, exchange).await

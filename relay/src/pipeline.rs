@@ -318,7 +318,8 @@ impl<'a> Pipeline<'a> {
             self.marking = Some((
                 tokio::spawn(async move {
                     let started = Instant::now();
-                    let done = store::bounded(store::mark_published(&pool, &schema, &batch, retain)).await;
+                    let done =
+                        store::bounded(store::mark_published(&pool, &schema, &batch, retain)).await;
                     internal_events::db_duration(DbOp::Mark, started.elapsed());
                     done
                 }),
@@ -769,8 +770,12 @@ impl<'a> Pipeline<'a> {
                         self.retried.iter().partition(|s| done.contains(s));
                     self.retried = later;
                     if !now.is_empty()
-                        && let Err(e) =
-                            store::bounded(store::unblock_published(self.pool, self.leases.schema(), &now)).await
+                        && let Err(e) = store::bounded(store::unblock_published(
+                            self.pool,
+                            self.leases.schema(),
+                            &now,
+                        ))
+                        .await
                     {
                         tracing::warn!(error = %ErrorChain(&e), "unblocking partitions failed; they unblock when the backoff ends");
                     }

@@ -155,7 +155,12 @@ fn decode_row(r: &sqlx::postgres::PgRow) -> Result<Claimed, sqlx::Error> {
 /// The commit does not wait for the WAL flush (`synchronous_commit = off` for this transaction
 /// only): if PostgreSQL itself crashes within a fraction of a second after, the mark may be lost
 /// and those rows published again, which at-least-once allows; nothing can be lost that way.
-pub async fn mark_published(pool: &PgPool, schema: &Schema, seqs: &[i64], retain: bool) -> Result<(), sqlx::Error> {
+pub async fn mark_published(
+    pool: &PgPool,
+    schema: &Schema,
+    seqs: &[i64],
+    retain: bool,
+) -> Result<(), sqlx::Error> {
     if seqs.is_empty() {
         return Ok(());
     }
@@ -164,10 +169,10 @@ pub async fn mark_published(pool: &PgPool, schema: &Schema, seqs: &[i64], retain
         .execute(&mut *tx)
         .await?;
     if retain {
-        sqlx::query(
-            schema.sql("UPDATE {{schema}}.messages SET state = 'published', published_at = now() \
-             WHERE seq = ANY($1) AND state = 'pending'"),
-        )
+        sqlx::query(schema.sql(
+            "UPDATE {{schema}}.messages SET state = 'published', published_at = now() \
+             WHERE seq = ANY($1) AND state = 'pending'",
+        ))
         .bind(seqs)
         .execute(&mut *tx)
         .await?;
@@ -182,7 +187,11 @@ pub async fn mark_published(pool: &PgPool, schema: &Schema, seqs: &[i64], retain
 }
 
 /// Unblocks partitions whose blocking row has now been published.
-pub async fn unblock_published(pool: &PgPool, schema: &Schema, seqs: &[i64]) -> Result<(), sqlx::Error> {
+pub async fn unblock_published(
+    pool: &PgPool,
+    schema: &Schema,
+    seqs: &[i64],
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         schema.sql("UPDATE {{schema}}.relay_partitions SET blocked_until = NULL, blocked_seq = NULL WHERE blocked_seq = ANY($1)"),
     )
@@ -248,11 +257,11 @@ pub async fn record_failure(
     };
     match failed {
         FailedState::Retry => {
-            sqlx::query(
-                schema.sql("UPDATE {{schema}}.relay_partitions \
+            sqlx::query(schema.sql(
+                "UPDATE {{schema}}.relay_partitions \
                  SET blocked_until = now() + make_interval(secs => $2), blocked_seq = $3 \
-                 WHERE partition = $1"),
-            )
+                 WHERE partition = $1",
+            ))
             .bind(partition)
             .bind(retry_in.as_secs_f64())
             .bind(seq)
@@ -260,10 +269,10 @@ pub async fn record_failure(
             .await?;
         }
         FailedState::Dead => {
-            sqlx::query(
-                schema.sql("UPDATE {{schema}}.relay_partitions SET blocked_until = NULL, blocked_seq = NULL \
-                 WHERE partition = $1 AND blocked_seq = $2"),
-            )
+            sqlx::query(schema.sql(
+                "UPDATE {{schema}}.relay_partitions SET blocked_until = NULL, blocked_seq = NULL \
+                 WHERE partition = $1 AND blocked_seq = $2",
+            ))
             .bind(partition)
             .bind(seq)
             .execute(&mut *tx)
@@ -281,12 +290,12 @@ pub async fn purge_published(
     older_than: Duration,
     batch: i64,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
-        schema.sql("DELETE FROM {{schema}}.messages WHERE seq IN ( \
+    let done = sqlx::query(schema.sql(
+        "DELETE FROM {{schema}}.messages WHERE seq IN ( \
              SELECT seq FROM {{schema}}.messages \
              WHERE state = 'published' AND published_at < now() - make_interval(secs => $1) \
-             LIMIT $2 FOR UPDATE SKIP LOCKED)"),
-    )
+             LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    ))
     .bind(older_than.as_secs_f64())
     .bind(batch)
     .execute(pool)
@@ -337,7 +346,11 @@ pub struct DeadRow {
     pub created_at: Option<DateTime<Utc>>,
 }
 
-pub async fn dead_rows(pool: &PgPool, schema: &Schema, limit: i64) -> Result<Vec<DeadRow>, sqlx::Error> {
+pub async fn dead_rows(
+    pool: &PgPool,
+    schema: &Schema,
+    limit: i64,
+) -> Result<Vec<DeadRow>, sqlx::Error> {
     let rows = sqlx::query(
         schema.sql("SELECT seq, id, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, \
                 CASE WHEN isfinite(created_at) THEN created_at END AS created_at \
@@ -375,7 +388,11 @@ pub struct Requeued {
 /// Puts dead rows back to pending with fresh attempts (all of them when `ids` is `None`) and wakes
 /// the relays. Rows that still break a publishability rule stay dead (fix them first) and are
 /// reported, so one of them never blocks the rest.
-pub async fn requeue_dead(pool: &PgPool, schema: &Schema, ids: Option<&[Uuid]>) -> Result<Requeued, sqlx::Error> {
+pub async fn requeue_dead(
+    pool: &PgPool,
+    schema: &Schema,
+    ids: Option<&[Uuid]>,
+) -> Result<Requeued, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let requeued = sqlx::query(
         schema.sql("UPDATE {{schema}}.messages SET state = 'pending', attempts = 0 \

@@ -7,8 +7,8 @@ use consumer::{Config, Consumer, ConsumerError, Handler, HandlerError, Handlers,
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
-use serde_json::json;
 use plumbing::telemetry::Readiness;
+use serde_json::json;
 use shared::{Envelope, NewMessage};
 use sqlx::{PgConnection, PgPool};
 use std::collections::BTreeMap;
@@ -255,11 +255,12 @@ fn payments(n: usize, accounts: usize) -> (Vec<NewMessage>, BTreeMap<String, (i6
 }
 
 async fn ledger(pool: &PgPool) -> BTreeMap<String, (i64, i64)> {
-    let rows: Vec<(String, i64, i64)> =
-        sqlx::query_as("SELECT account, balance, updates FROM demo.ledger_balances ORDER BY account")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT account, balance, updates FROM demo.ledger_balances ORDER BY account",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
     rows.into_iter().map(|(a, b, u)| (a, (b, u))).collect()
 }
 
@@ -1152,13 +1153,17 @@ async fn retention_deletes_old_rows_in_batches_one_instance_at_a_time() {
         .await
         .unwrap();
     assert_eq!(
-        sweep(&db.pool, &Default::default(), "a", week, 1000, &never).await.unwrap(),
+        sweep(&db.pool, &Default::default(), "a", week, 1000, &never)
+            .await
+            .unwrap(),
         Sweep::Busy
     );
     other.rollback().await.unwrap();
 
     assert_eq!(
-        sweep(&db.pool, &Default::default(), "a", week, 1000, &never).await.unwrap(),
+        sweep(&db.pool, &Default::default(), "a", week, 1000, &never)
+            .await
+            .unwrap(),
         Sweep::Deleted(2500)
     );
     assert_eq!(processed_rows(&db.pool, "a").await, 10, "recent rows stay");
@@ -1168,7 +1173,9 @@ async fn retention_deletes_old_rows_in_batches_one_instance_at_a_time() {
         "other consumers' rows are theirs to sweep"
     );
     assert_eq!(
-        sweep(&db.pool, &Default::default(), "a", week, 1000, &never).await.unwrap(),
+        sweep(&db.pool, &Default::default(), "a", week, 1000, &never)
+            .await
+            .unwrap(),
         Sweep::Deleted(0)
     );
 }

@@ -313,7 +313,9 @@ fn assert_once_each_in_order(received: &[Received], good: &[NewMessage]) {
 }
 
 async fn assert_dead_with_reasons(pool: &sqlx::PgPool, bad: &HashMap<uuid::Uuid, &'static str>) {
-    let dead = relay::store::dead_rows(pool, &Default::default(), 1000).await.unwrap();
+    let dead = relay::store::dead_rows(pool, &Default::default(), 1000)
+        .await
+        .unwrap();
     let by_id: HashMap<uuid::Uuid, &relay::store::DeadRow> =
         dead.iter().map(|d| (d.id, d)).collect();
     for (id, constraint) in bad {
@@ -345,10 +347,11 @@ async fn rows_past_the_door_go_dead_while_the_same_relay_publishes_everything_el
     // A relay started with the bad rows already there (the crash-loop case) drains the rest.
     let aggregates = refused_cases().len() + 8;
     let (good, bad) = produce_mixed(&db.pool, aggregates, 5, 0).await;
-    let partitions: i64 = sqlx::query_scalar("SELECT count(DISTINCT partition) FROM outbox.messages")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let partitions: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT partition) FROM outbox.messages")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert!(partitions > 8, "rows spread over {partitions} partitions");
     let metrics = free_addr();
     let mut relay = spawn_relay(&db.url, &exchange, metrics);
@@ -406,10 +409,12 @@ async fn control_characters_cannot_forge_lines_in_relay_dead_list() {
     let mut m = msg(forged, "thing.ok\r\nnext", 0);
     m.aggregate_type = "t\u{1b}[2J".to_string();
     shared::outbox::enqueue(&db.pool, &m).await.unwrap();
-    sqlx::query("UPDATE outbox.messages SET state = 'dead', attempts = 1, last_error = 'boom\nfake line'")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE outbox.messages SET state = 'dead', attempts = 1, last_error = 'boom\nfake line'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let out = std::process::Command::new(bin_path("relay"))
         .args(["dead", "list"])
         .env("DATABASE_URL", &db.url)
@@ -517,7 +522,9 @@ async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
         || async { (outbox_count(&db.pool, "dead").await == 1).then_some(()) },
     )
     .await;
-    let dead = relay::store::dead_rows(&db.pool, &Default::default(), 10).await.unwrap();
+    let dead = relay::store::dead_rows(&db.pool, &Default::default(), 10)
+        .await
+        .unwrap();
     assert_eq!(dead[0].id, huge.id);
     assert_eq!(dead[0].attempts, 2);
     let error = dead[0].last_error.as_deref().unwrap_or_default();

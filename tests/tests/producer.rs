@@ -1,9 +1,9 @@
 //! The producer API against real PostgreSQL, over real HTTP (axum on 127.0.0.1:0, reqwest).
 
 use chrono::Utc;
-use futures::future::join_all;
 use demo::idempotency::{hash_key, mark_replayed};
 use demo::{AppState, FaultHook, InjectedFault, ManualClock, Settings, Stage};
+use futures::future::join_all;
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -268,8 +268,10 @@ async fn concurrent_identical(payments: bool, n: usize) {
     if payments {
         assert_eq!(api.count("SELECT count(*) FROM demo.payments").await, 1);
         assert_eq!(
-            api.count("SELECT count(*) FROM outbox.messages WHERE event_type = 'payment.requested'")
-                .await,
+            api.count(
+                "SELECT count(*) FROM outbox.messages WHERE event_type = 'payment.requested'"
+            )
+            .await,
             1
         );
     } else {
@@ -469,7 +471,11 @@ async fn keys_are_scoped_by_tenant_and_operation() {
     assert_error_shape(&hidden);
 
     assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 2);
-    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 3);
+    assert_eq!(
+        api.count("SELECT count(*) FROM outbox.idempotency_keys")
+            .await,
+        3
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -501,7 +507,11 @@ async fn idempotency_key_rules() {
         .await;
     assert_eq!(two.status, 400);
     assert_error_shape(&two);
-    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 0);
+    assert_eq!(
+        api.count("SELECT count(*) FROM outbox.idempotency_keys")
+            .await,
+        0
+    );
     assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 0);
 
     // SQL in a key is just bytes: stored (hashed) literally, replayed, nothing dropped.
@@ -558,7 +568,11 @@ async fn failure_before_effect_releases_the_key(stage: Stage, panic: bool) {
     assert_eq!(failed.status, 500, "{}", failed.body);
     assert_eq!(failed.json(), json!({"error": "internal server error"}));
     // Released: no record, no effect.
-    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 0);
+    assert_eq!(
+        api.count("SELECT count(*) FROM outbox.idempotency_keys")
+            .await,
+        0
+    );
     assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 0);
     assert_eq!(api.count("SELECT count(*) FROM outbox.messages").await, 0);
 
@@ -732,7 +746,11 @@ async fn expired_keys_count_as_new() {
         .post("/orders", Some(&api.a), Some("daily"), &other)
         .await;
     assert_eq!((r.status, r.replayed()), (201, false), "{}", r.body);
-    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 1);
+    assert_eq!(
+        api.count("SELECT count(*) FROM outbox.idempotency_keys")
+            .await,
+        1
+    );
 
     let metrics = api.get("/metrics", None).await.body;
     assert!(
@@ -810,14 +828,25 @@ async fn purge_deletes_expired_final_records_in_batches_and_skips_processing_and
     let purge = |batch: u32, max_batches: u32| {
         let (pool, now) = (api.db.pool.clone(), clock.now());
         async move {
-            demo::idempotency::purge_expired(&pool, &Default::default(), now, ttl, batch, max_batches)
-                .await
-                .unwrap()
+            demo::idempotency::purge_expired(
+                &pool,
+                &Default::default(),
+                now,
+                ttl,
+                batch,
+                max_batches,
+            )
+            .await
+            .unwrap()
         }
     };
     // Nothing has expired yet except the abandoned reservation.
     assert_eq!(purge(1, 100).await, 1);
-    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 4);
+    assert_eq!(
+        api.count("SELECT count(*) FROM outbox.idempotency_keys")
+            .await,
+        4
+    );
 
     clock.advance(ttl + Duration::from_secs(1));
     assert_eq!(
@@ -883,12 +912,21 @@ async fn background_purge_removes_expired_records() {
     })
     .await;
     api.order("soon-gone").await;
-    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 1);
+    assert_eq!(
+        api.count("SELECT count(*) FROM outbox.idempotency_keys")
+            .await,
+        1
+    );
     clock.advance(Duration::from_secs(61));
     wait_until(
         "the purge task to delete the expired record",
         Duration::from_secs(10),
-        || async { (api.count("SELECT count(*) FROM outbox.idempotency_keys").await == 0).then_some(()) },
+        || async {
+            (api.count("SELECT count(*) FROM outbox.idempotency_keys")
+                .await
+                == 0)
+                .then_some(())
+        },
     )
     .await;
     let metrics = api.get("/metrics", None).await.body;
@@ -962,8 +1000,10 @@ async fn amount_and_currency_validation_matrix() {
     }
     // Validation errors happen before reservation: nothing was stored for them.
     assert_eq!(
-        api.count("SELECT count(*) FROM outbox.idempotency_keys WHERE operation = 'create_payment'")
-            .await,
+        api.count(
+            "SELECT count(*) FROM outbox.idempotency_keys WHERE operation = 'create_payment'"
+        )
+        .await,
         0
     );
 
@@ -1053,8 +1093,10 @@ async fn amount_and_currency_validation_matrix() {
         assert_error_shape(&r);
     }
     assert_eq!(
-        api.count("SELECT count(*) FROM outbox.idempotency_keys WHERE operation = 'create_payment'")
-            .await,
+        api.count(
+            "SELECT count(*) FROM outbox.idempotency_keys WHERE operation = 'create_payment'"
+        )
+        .await,
         0
     );
 
@@ -1108,7 +1150,11 @@ async fn unauthenticated_requests_get_401_and_store_nothing() {
         )
         .await;
     assert_eq!(basic.status, 401);
-    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 0);
+    assert_eq!(
+        api.count("SELECT count(*) FROM outbox.idempotency_keys")
+            .await,
+        0
+    );
     assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 0);
 }
 
@@ -1130,7 +1176,11 @@ async fn oversized_bodies_get_413() {
     let r = api.post("/orders", Some(&api.a), Some("big"), &huge).await;
     assert_eq!(r.status, 413, "{}", r.body);
     assert_error_shape(&r);
-    assert_eq!(api.count("SELECT count(*) FROM outbox.idempotency_keys").await, 0);
+    assert_eq!(
+        api.count("SELECT count(*) FROM outbox.idempotency_keys")
+            .await,
+        0
+    );
     // Under the limit is fine.
     assert_eq!(
         api.post("/orders", Some(&api.a), Some("small"), ORDER)

@@ -1,11 +1,11 @@
 //! The relay against real PostgreSQL and RabbitMQ: publishing, order, many relays, crashes,
 //! cut links, failures and dead rows, shutdown.
 
+use plumbing::config::Connections;
+use plumbing::telemetry::Readiness;
 use relay::{RelayConfig, RelayOptions};
 use serde_json::json;
 use shared::NewMessage;
-use plumbing::config::Connections;
-use plumbing::telemetry::Readiness;
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -607,7 +607,9 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         (outbox_count(&db.pool, "dead").await == 2).then_some(())
     })
     .await;
-    let dead = relay::store::dead_rows(&db.pool, &Default::default(), 10).await.unwrap();
+    let dead = relay::store::dead_rows(&db.pool, &Default::default(), 10)
+        .await
+        .unwrap();
     let by_id: HashMap<uuid::Uuid, &relay::store::DeadRow> =
         dead.iter().map(|d| (d.id, d)).collect();
     assert_eq!(by_id[&unroutable].attempts, 3);
@@ -708,11 +710,12 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let x_partition: i16 =
-        sqlx::query_scalar("SELECT partition FROM outbox.messages WHERE aggregate_id = 'x' LIMIT 1")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let x_partition: i16 = sqlx::query_scalar(
+        "SELECT partition FROM outbox.messages WHERE aggregate_id = 'x' LIMIT 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     let same_partition: HashSet<String> = sqlx::query_scalar(
         "SELECT aggregate_id FROM outbox.messages WHERE partition = $1 AND aggregate_id <> 'x'",
     )
@@ -954,11 +957,12 @@ async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_b
         "the stuck rows are claimed",
         Duration::from_secs(10),
         || async {
-            let owned: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM outbox.relay_partitions WHERE owner IS NOT NULL")
-                    .fetch_one(&db.pool)
-                    .await
-                    .unwrap();
+            let owned: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM outbox.relay_partitions WHERE owner IS NOT NULL",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
             (owned > 0).then_some(())
         },
     )

@@ -60,22 +60,26 @@ pub async fn create_api_key(pool: &PgPool, tenant: &str) -> Result<String, ApiKe
         return Err(ApiKeyError::InvalidTenant);
     }
     let key = generate_api_key();
-    sqlx::query("INSERT INTO demo.api_keys (id, tenant, key_hash, key_prefix) VALUES ($1, $2, $3, $4)")
-        .bind(Uuid::now_v7())
-        .bind(tenant)
-        .bind(&hash_api_key(&key)[..])
-        .bind(&key[..KEY_PREFIX.len() + 8])
-        .execute(pool)
-        .await?;
+    sqlx::query(
+        "INSERT INTO demo.api_keys (id, tenant, key_hash, key_prefix) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(Uuid::now_v7())
+    .bind(tenant)
+    .bind(&hash_api_key(&key)[..])
+    .bind(&key[..KEY_PREFIX.len() + 8])
+    .execute(pool)
+    .await?;
     Ok(key)
 }
 
 /// The tenant of a key, if the key exists and is not revoked.
 pub async fn tenant_for_key(pool: &PgPool, key: &str) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar("SELECT tenant FROM demo.api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
-        .bind(&hash_api_key(key)[..])
-        .fetch_optional(pool)
-        .await
+    sqlx::query_scalar(
+        "SELECT tenant FROM demo.api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+    )
+    .bind(&hash_api_key(key)[..])
+    .fetch_optional(pool)
+    .await
 }
 
 /// The token of an `Authorization: Bearer <token>` header.

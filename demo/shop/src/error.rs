@@ -5,8 +5,8 @@
 use crate::state::InjectedFault;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use plumbing::telemetry::ErrorChain;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// One problem with one field of the request.

@@ -279,13 +279,13 @@ pub(crate) async fn reserve(
     let lease_until = add(now, settings.lease);
     let expires_at = add(now, settings.idempotency_ttl);
     for _ in 0..RESERVE_ATTEMPTS {
-        let inserted = sqlx::query(
-            scope.schema.sql("INSERT INTO {{schema}}.idempotency_keys \
+        let inserted = sqlx::query(scope.schema.sql(
+            "INSERT INTO {{schema}}.idempotency_keys \
                  (scope, operation, key_hash, fingerprint, status, lease_token, lease_expires_at, \
                   created_at, updated_at, expires_at) \
              VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $7, $8) \
-             ON CONFLICT (scope, operation, key_hash) DO NOTHING"),
-        )
+             ON CONFLICT (scope, operation, key_hash) DO NOTHING",
+        ))
         .bind(&scope.tenant)
         .bind(scope.operation.as_str())
         .bind(&scope.key.0[..])
@@ -701,15 +701,15 @@ pub async fn purge_expired(
     let batch_size = batch_size.max(1);
     let mut total = 0u64;
     for _ in 0..max_batches {
-        let n = sqlx::query(
-            schema.sql("WITH doomed AS ( \
+        let n = sqlx::query(schema.sql(
+            "WITH doomed AS ( \
                  SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
                  WHERE (status IN ('completed', 'failed') AND expires_at <= $1) \
                     OR (status = 'processing' AND lease_expires_at <= $2) \
                  LIMIT $3 FOR UPDATE SKIP LOCKED) \
              DELETE FROM {{schema}}.idempotency_keys k USING doomed d \
-             WHERE k.scope = d.scope AND k.operation = d.operation AND k.key_hash = d.key_hash"),
-        )
+             WHERE k.scope = d.scope AND k.operation = d.operation AND k.key_hash = d.key_hash",
+        ))
         .bind(now)
         .bind(abandoned_before)
         .bind(i64::from(batch_size))

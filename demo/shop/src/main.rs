@@ -75,7 +75,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate => {
             let pool = demo::connect_and_migrate(&cli.config, 1, "producer-migrate").await?;
             pool.close().await;
-            println!("migrations applied (schemas {} and demo)", cli.config.schema);
+            println!(
+                "migrations applied (schemas {} and demo)",
+                cli.config.schema
+            );
             Ok(())
         }
         Command::Ledger { settings } => {
