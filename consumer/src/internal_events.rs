@@ -2,8 +2,9 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `consumer_messages_total` | counter | `consumer`, `outcome` = processed, duplicate, retried, dead_lettered, ignored |
+//! | `consumer_messages_total` | counter | `consumer`, `outcome` = processed, duplicate, retried, dead_lettered, ignored, discarded |
 //! | `consumer_dead_letters_total` | counter | `consumer`, `kind` = undecodable, unknown_event_type, permanent, exhausted |
+//! | `consumer_deliveries_rejected_total` | counter | `consumer`, `reason` = not_utf8, malformed_headers, too_deep, headers_too_large (dead-lettered as undecodable), copy_too_large (rejected without requeue: its copy cannot fit a frame) |
 //! | `consumer_handler_duration_seconds` | histogram | `consumer` (per handler call; a batch call counts once) |
 //! | `consumer_end_to_end_latency_seconds` | histogram | `consumer` (outbox `created_at` to commit) |
 //! | `consumer_batch_size` | histogram | `consumer` |
@@ -15,6 +16,7 @@
 //! The same counts are kept in [`Stats`], which embedding code and tests read without a recorder.
 
 use crate::message::DeadLetterKind;
+use crate::screen::Reason;
 use metrics::{Counter, Histogram};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +24,7 @@ use std::time::Duration;
 
 pub const MESSAGES_TOTAL: &str = "consumer_messages_total";
 pub const DEAD_LETTERS_TOTAL: &str = "consumer_dead_letters_total";
+pub const DELIVERIES_REJECTED: &str = "consumer_deliveries_rejected_total";
 pub const HANDLER_DURATION: &str = "consumer_handler_duration_seconds";
 pub const END_TO_END_LATENCY: &str = "consumer_end_to_end_latency_seconds";
 pub const BATCH_SIZE: &str = "consumer_batch_size";
@@ -43,15 +46,18 @@ pub enum Outcome {
     DeadLettered,
     /// No handler and not strict: acknowledged without effect.
     Ignored,
+    /// Its copy could not be published (too large for a frame): rejected without requeue.
+    Discarded,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 5] = [
+    pub const ALL: [Outcome; 6] = [
         Self::Processed,
         Self::Duplicate,
         Self::Retried,
         Self::DeadLettered,
         Self::Ignored,
+        Self::Discarded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -61,6 +67,7 @@ impl Outcome {
             Self::Retried => "retried",
             Self::DeadLettered => "dead_lettered",
             Self::Ignored => "ignored",
+            Self::Discarded => "discarded",
         }
     }
 }
@@ -76,6 +83,8 @@ pub struct Stats {
     database_failures: AtomicU64,
     reconnects: AtomicU64,
     batches: AtomicU64,
+    rejected: AtomicU64,
+    discarded: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one moment.
@@ -89,12 +98,16 @@ pub struct StatsSnapshot {
     pub database_failures: u64,
     pub reconnects: u64,
     pub batches: u64,
+    /// Deliveries refused before decoding (any [`Reason`]).
+    pub rejected: u64,
+    /// Rejected without requeue because even their copy could not fit a frame.
+    pub discarded: u64,
 }
 
 impl StatsSnapshot {
     /// Deliveries settled for good (everything but retries, which come back).
     pub fn settled(&self) -> u64 {
-        self.processed + self.duplicate + self.dead_lettered + self.ignored
+        self.processed + self.duplicate + self.dead_lettered + self.ignored + self.discarded
     }
 }
 
@@ -110,6 +123,8 @@ impl Stats {
             database_failures: l(&self.database_failures),
             reconnects: l(&self.reconnects),
             batches: l(&self.batches),
+            rejected: l(&self.rejected),
+            discarded: l(&self.discarded),
         }
     }
 
@@ -120,6 +135,7 @@ impl Stats {
             Outcome::Retried => &self.retried,
             Outcome::DeadLettered => &self.dead_lettered,
             Outcome::Ignored => &self.ignored,
+            Outcome::Discarded => &self.discarded,
         }
     }
 }
@@ -128,8 +144,9 @@ impl Stats {
 #[derive(Clone)]
 pub struct Events {
     stats: Arc<Stats>,
-    outcomes: [Counter; 5],
+    outcomes: [Counter; 6],
     dead_letter_kinds: [Counter; 4],
+    rejected: [Counter; 5],
     handler_duration: Histogram,
     end_to_end: Histogram,
     batch_size: Histogram,
@@ -149,6 +166,8 @@ impl Events {
                 .map(|o| metrics::counter!(MESSAGES_TOTAL, "consumer" => c.clone(), "outcome" => o.as_str())),
             dead_letter_kinds: DeadLetterKind::ALL
                 .map(|k| metrics::counter!(DEAD_LETTERS_TOTAL, "consumer" => c.clone(), "kind" => k.as_str())),
+            rejected: Reason::ALL
+                .map(|r| metrics::counter!(DELIVERIES_REJECTED, "consumer" => c.clone(), "reason" => r.as_str())),
             handler_duration: metrics::histogram!(HANDLER_DURATION, "consumer" => c.clone()),
             end_to_end: metrics::histogram!(END_TO_END_LATENCY, "consumer" => c.clone()),
             batch_size: metrics::histogram!(BATCH_SIZE, "consumer" => c.clone()),
@@ -178,6 +197,13 @@ impl Events {
             .position(|k| *k == kind)
             .unwrap_or(0)]
         .increment(1);
+    }
+
+    /// A delivery was refused for `reason` (dead-lettered, or for
+    /// [`Reason::CopyTooLarge`] rejected without requeue).
+    pub fn rejected(&self, reason: Reason) {
+        self.rejected[Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0)].increment(1);
+        self.stats.rejected.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A handler call took `d` (whatever its result).
@@ -221,6 +247,10 @@ fn describe() {
     describe_counter!(
         DEAD_LETTERS_TOTAL,
         "Messages sent to the dead-letter queue, by reason"
+    );
+    describe_counter!(
+        DELIVERIES_REJECTED,
+        "Deliveries refused before decoding (unparsable, too deep, too large), by reason"
     );
     describe_histogram!(
         HANDLER_DURATION,

@@ -8,10 +8,18 @@
 //! A short tour:
 //! - [`handler`]: the [`Handler`] trait, [`HandlerError`] (transient, permanent, database) and the
 //!   [`Handlers`] registry (AMQP topic patterns, optional catch-all).
-//! - [`runtime`]: [`Consumer`] / [`run`]: the reconnecting supervisor, the workers, and the batch
-//!   transaction (dedup insert, handlers with savepoints on failure, commit, then one multi-ack).
+//! - [`supervisor`]: [`Consumer`] / [`run`]: connect, declare, run the workers of a session,
+//!   reconnect with backoff; readiness and the database watch.
+//! - [`worker`]: one worker's consume loop: buffered deliveries into batches, each delivery's work
+//!   decided before the transaction, retries while the database fails, then one multi-ack.
+//! - [`batch`]: the batch transaction (dedup insert, handlers with savepoints on failure, commit)
+//!   and each message's fate.
+//! - [`copies`]: retry copies and dead letters, made to fit one frame (the largest original
+//!   headers cut, the reason kept), published with confirms before the ack.
 //! - [`dedup`]: the `processed_messages` statements and which database errors are infrastructure.
 //! - [`topology`]: the queue, retry queues, dead-letter exchange and queue a consumer declares.
+//! - [`screen`]: what a delivery must be before it is decoded (UTF-8 text, parsed headers of
+//!   bounded depth and size); what is not is dead-lettered with its reason.
 //! - [`message`]: AMQP delivery to [`Envelope`], and the headers retries and dead letters carry.
 //! - [`dlq`]: `consumer dlq list` and `consumer dlq replay` (the `consumer` binary is this CLI; the
 //!   example application's `producer ledger` runs a consumer with a handler).
@@ -33,7 +41,9 @@
 //! # }
 //! ```
 
+pub mod batch;
 pub mod config;
+pub mod copies;
 pub mod dedup;
 pub mod dlq;
 pub mod error;
@@ -41,13 +51,15 @@ pub mod handler;
 pub mod internal_events;
 pub mod message;
 pub mod retention;
-pub mod runtime;
+pub mod screen;
+pub mod supervisor;
 pub mod topology;
+pub mod worker;
 
 pub use config::Config;
 pub use error::{ConfigError, ConsumerError, DlqError, SessionError};
 pub use handler::{BoxError, Handler, HandlerError, Handlers};
 pub use internal_events::{Stats, StatsSnapshot};
-pub use runtime::{Consumer, run};
 pub use shared::Envelope;
+pub use supervisor::{Consumer, run};
 pub use topology::Topology;

@@ -4,6 +4,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use consumer::dlq;
+use shared::display::escape_control;
 
 /// Manages the dead letters of a consumer built with the `consumer` library.
 #[derive(Debug, Parser)]
@@ -104,15 +105,17 @@ fn print_list(letters: &[dlq::DeadLetter], json: bool) -> anyhow::Result<()> {
         "{:<36}  {:<24}  {:<18}  {:>8}  {:<32}  REASON",
         "MESSAGE ID", "EVENT TYPE", "KIND", "ATTEMPTS", "DEAD-LETTERED AT"
     );
+    // Every value came from a delivery: escaped, so that none can forge lines or columns.
+    let e = escape_control;
     for l in letters {
         println!(
             "{:<36}  {:<24}  {:<18}  {:>8}  {:<32}  {}",
-            l.message_id.as_deref().unwrap_or("-"),
-            l.event_type,
-            l.kind,
+            e(l.message_id.as_deref().unwrap_or("-")),
+            e(&l.event_type),
+            e(&l.kind),
             l.attempts.map_or("-".to_string(), |a| a.to_string()),
-            l.dead_lettered_at.as_deref().unwrap_or("-"),
-            l.reason
+            e(l.dead_lettered_at.as_deref().unwrap_or("-")),
+            e(&l.reason)
         );
     }
     println!("{} dead letter(s)", letters.len());

@@ -59,8 +59,20 @@ impl DeadLetterKind {
     }
 }
 
-/// Decodes a delivery. The error is the dead-letter reason.
+/// Decodes a delivery: [`screen`](crate::screen::screen)s it, then
+/// [`decode_screened`]. The error is the dead-letter reason.
 pub fn decode(
+    properties: &BasicProperties,
+    routing_key: &str,
+    body: &[u8],
+) -> Result<Envelope, String> {
+    crate::screen::screen(properties, routing_key).map_err(|r| r.text)?;
+    decode_screened(properties, routing_key, body)
+}
+
+/// Decodes a delivery that passed [`screen`](crate::screen::screen) (without it, deep headers
+/// would be walked recursively).
+pub fn decode_screened(
     properties: &BasicProperties,
     routing_key: &str,
     body: &[u8],
@@ -119,12 +131,14 @@ pub fn event_type(properties: &BasicProperties, routing_key: &str) -> String {
     original_routing_key(properties, routing_key)
 }
 
-/// Routing key the message was first published with.
+/// Routing key the message was first published with: the header when it is one a routing key can
+/// be (at most 255 bytes), else the delivery's routing key.
 pub fn original_routing_key(properties: &BasicProperties, routing_key: &str) -> String {
     properties
         .headers()
         .as_ref()
         .and_then(|t| header_str(t, headers::ORIGINAL_ROUTING_KEY).map(|s| s.into_owned()))
+        .filter(|k| ShortString::try_new(k.as_str()).is_ok())
         .unwrap_or_else(|| routing_key.to_string())
 }
 
@@ -258,5 +272,114 @@ mod tests {
         assert!(t.inner().get(headers::ATTEMPT).is_none());
         assert!(t.inner().get(headers::ORIGINAL_ROUTING_KEY).is_some());
         assert_eq!(truncate("héllo", 2), "h...");
+    }
+
+    /// Cases per property test: few in the suite, more on demand (`PROPTEST_CASES=10000`).
+    fn cases() -> u32 {
+        std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(32)
+    }
+
+    use lapin::types::FieldArray;
+    use proptest::prelude::*;
+
+    /// Short strings as the patched parser can hand them over: any text up to 255 bytes, U+FFFD
+    /// (a byte that was not UTF-8) included.
+    fn short_text() -> impl Strategy<Value = String> {
+        "[a-z0-9.\u{fffd}\n-]{0,80}|.{0,60}".prop_filter("short string", |s| s.len() <= 255)
+    }
+
+    fn value() -> impl Strategy<Value = AMQPValue> {
+        let leaf = prop_oneof![
+            any::<bool>().prop_map(AMQPValue::Boolean),
+            any::<i64>().prop_map(AMQPValue::LongLongInt),
+            any::<i8>().prop_map(AMQPValue::ShortShortInt),
+            any::<f64>().prop_map(AMQPValue::Double),
+            prop::collection::vec(any::<u8>(), 0..64)
+                .prop_map(|b| AMQPValue::LongString(LongString::from(b))),
+            short_text().prop_map(|s| AMQPValue::ShortString(s.as_str().into())),
+            Just(AMQPValue::Void),
+        ];
+        leaf.prop_recursive(24, 48, 3, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3)
+                    .prop_map(|v| AMQPValue::FieldArray(FieldArray::from(v))),
+                prop::collection::btree_map(short_text(), inner, 0..3).prop_map(|m| {
+                    let mut t = FieldTable::default();
+                    for (k, v) in m {
+                        t.insert(k.as_str().into(), v);
+                    }
+                    AMQPValue::FieldTable(t)
+                }),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        /// Any delivery decodes or is refused with a reason; never a panic. What decodes has a
+        /// UUID, an event type that was UTF-8 on the wire, and headers within the bounds.
+        #[test]
+        fn any_delivery_decodes_or_is_refused(
+            id in prop_oneof![short_text(), any::<u128>().prop_map(|n| Uuid::from_u128(n).to_string())],
+            kind in short_text(),
+            routing_key in short_text(),
+            headers in prop::collection::btree_map(short_text(), value(), 0..6),
+            body in prop_oneof![prop::collection::vec(any::<u8>(), 0..64), Just(b"{}".to_vec())],
+        ) {
+            let mut t = FieldTable::default();
+            for (k, v) in headers {
+                t.insert(k.as_str().into(), v);
+            }
+            let p = BasicProperties::default()
+                .with_message_id(id.as_str().into())
+                .with_type(kind.as_str().into())
+                .with_headers(t.clone());
+            let _ = attempt(&p);
+            let _ = original_routing_key(&p, &routing_key);
+            match decode(&p, &routing_key, &body) {
+                Ok(env) => {
+                    prop_assert_eq!(env.message_id.to_string(), id);
+                    prop_assert!(!env.event_type.is_empty());
+                    prop_assert!(!env.event_type.contains(char::REPLACEMENT_CHARACTER));
+                    prop_assert!(crate::screen::measure(&t).depth <= crate::screen::MAX_HEADER_DEPTH);
+                }
+                Err(reason) => prop_assert!(!reason.is_empty()),
+            }
+        }
+
+        /// What the relay publishes comes back as it was: event type, aggregate, headers.
+        #[test]
+        fn relay_messages_round_trip(
+            event_type in "[a-z][a-z0-9._-]{0,60}",
+            aggregate_id in ".{0,200}",
+            text in prop::collection::btree_map("[b-z][a-z0-9_-]{0,20}", ".{0,100}", 0..6),
+            numbers in prop::collection::btree_map("n[a-z0-9_]{0,20}", any::<i64>(), 0..4),
+        ) {
+            let mut json = serde_json::Map::new();
+            for (k, v) in &text {
+                json.insert(k.clone(), serde_json::Value::from(v.as_str()));
+            }
+            for (k, v) in &numbers {
+                json.insert(k.clone(), serde_json::Value::from(*v));
+            }
+            let mut t = FieldTable::default();
+            plumbing::amqp::json_to_headers(&json, &mut t).unwrap();
+            set_text(&mut t, relay_headers::AGGREGATE_TYPE, "thing");
+            set_text(&mut t, relay_headers::AGGREGATE_ID, &aggregate_id);
+            let id = Uuid::now_v7();
+            let p = BasicProperties::default()
+                .with_message_id(id.to_string().as_str().into())
+                .with_type(event_type.as_str().into())
+                .with_headers(t);
+            let env = decode(&p, &event_type, b"{\"a\":1}").unwrap();
+            prop_assert_eq!(env.message_id, id);
+            prop_assert_eq!(&env.event_type, &event_type);
+            prop_assert_eq!(&env.aggregate_id, &aggregate_id);
+            prop_assert_eq!(env.headers, json);
+        }
     }
 }

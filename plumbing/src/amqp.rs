@@ -163,6 +163,60 @@ mod tests {
         assert_eq!(back["nested"], "{\"x\":1}");
     }
 
+    /// Cases per property test: few in the suite, more on demand (`PROPTEST_CASES=10000`).
+    fn cases() -> u32 {
+        std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(32)
+    }
+
+    fn json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            ".{0,40}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(16, 48, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(".{0,8}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(cases()))]
+
+        /// Any JSON headers convert (or a name over 255 bytes is refused), never a panic; scalar
+        /// strings, integers and booleans come back as they were; every name comes back.
+        #[test]
+        fn any_json_headers_map_and_scalars_round_trip(
+            headers in proptest::collection::btree_map(".{0,100}", json(), 0..8),
+        ) {
+            let map: Map<String, Value> = headers.into_iter().collect();
+            let mut table = FieldTable::default();
+            match json_to_headers(&map, &mut table) {
+                Err(HeaderNameTooLong(n)) => proptest::prop_assert!(n > 255),
+                Ok(()) => {
+                    let back = headers_to_json(&table);
+                    proptest::prop_assert_eq!(back.len(), map.len());
+                    for (k, v) in &map {
+                        if matches!(v, Value::String(_) | Value::Bool(_))
+                            || v.as_i64().is_some()
+                        {
+                            proptest::prop_assert_eq!(&back[k], v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn heartbeat_is_added_once() {
         assert_eq!(

@@ -10,6 +10,7 @@
 //! - [`tls_pg`], [`tls_rabbit`]: the same with extra files (certificates), for the TLS tests.
 //! - [`pgbouncer::PgBouncer`]: a PgBouncer of the test's own in front of a PostgreSQL server.
 //! - [`process_fixtures`]: test process definitions, a fake remote that counts effects, failpoints.
+//! - [`raw_amqp`]: a hand-written AMQP publisher for deliveries no client library would encode.
 //! - [`fleet`]: relays and ledger consumers as child processes, payment load, the exact ledger.
 
 pub mod fleet;
@@ -17,6 +18,7 @@ pub mod pgbouncer;
 pub mod private_pg;
 pub mod private_rabbit;
 pub mod process_fixtures;
+pub mod raw_amqp;
 pub mod tls_pg;
 pub mod tls_rabbit;
 

@@ -1,0 +1,275 @@
+//! The supervisor: connects to RabbitMQ, declares the topology, runs the workers of one session,
+//! and reconnects with backoff when the session ends; meanwhile it reports readiness and watches
+//! the database.
+//!
+//! What a worker does with its deliveries is in [`crate::worker`] (buffering, one batch at a time,
+//! acknowledgement), [`crate::batch`] (the transaction and each message's fate) and
+//! [`crate::copies`] (retry copies and dead letters).
+
+use crate::config::Config;
+use crate::error::{ConfigError, ConsumerError, SessionError};
+use crate::handler::Handlers;
+use crate::internal_events::{Events, Stats};
+use crate::topology::Topology;
+use crate::worker::Worker;
+use lapin::Connection;
+use plumbing::telemetry::{ErrorChain, Readiness};
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Bound on every broker round trip the runtime waits for (declare, confirm, ack, close).
+pub(crate) const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A configured consumer, ready to [`run`](Consumer::run).
+pub struct Consumer {
+    ctx: Arc<Ctx>,
+}
+
+pub(crate) struct Ctx {
+    pub(crate) config: Config,
+    pub(crate) pool: PgPool,
+    pub(crate) handlers: Handlers,
+    pub(crate) topology: Topology,
+    pub(crate) bindings: Vec<String>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) readiness: Arc<Readiness>,
+}
+
+impl Consumer {
+    /// Validates the configuration. `pool` should allow [`Config::pool_size`] connections.
+    pub fn new(config: Config, pool: PgPool, handlers: Handlers) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let bindings = if config.bindings.is_empty() {
+            handlers.default_bindings()
+        } else {
+            config.bindings.clone()
+        };
+        if bindings.is_empty() {
+            return Err(ConfigError::NoBindings);
+        }
+        let topology = Topology::new(&config.name, &config.retry_delays);
+        Ok(Self {
+            ctx: Arc::new(Ctx {
+                config,
+                pool,
+                handlers,
+                topology,
+                bindings,
+                stats: Arc::new(Stats::default()),
+                readiness: Readiness::new(),
+            }),
+        })
+    }
+
+    /// Counters of what this consumer did (the same counts as its metrics).
+    pub fn stats(&self) -> Arc<Stats> {
+        self.ctx.stats.clone()
+    }
+
+    /// The readiness `/readyz` reports, to merge into an embedding service's own health.
+    pub fn readiness(&self) -> Arc<Readiness> {
+        self.ctx.readiness.clone()
+    }
+
+    /// The names of this consumer's queues and exchanges.
+    pub fn topology(&self) -> &Topology {
+        &self.ctx.topology
+    }
+
+    /// The binding keys the queue gets.
+    pub fn bindings(&self) -> &[String] {
+        &self.ctx.bindings
+    }
+
+    /// Consumes until `shutdown` is cancelled, then finishes in-flight batches (commit, then ack)
+    /// and returns `Ok`. Lost connections to RabbitMQ or PostgreSQL are retried with backoff.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ConsumerError> {
+        let ctx = self.ctx;
+        let cfg = &ctx.config;
+        let background = CancellationToken::new();
+        if let Some(addr) = cfg.metrics_addr {
+            plumbing::telemetry::serve_ops(addr, ctx.readiness.clone(), background.clone())
+                .await
+                .map_err(|source| ConsumerError::Ops { addr, source })?;
+        }
+        if usize::from(cfg.prefetch) < cfg.batch_size {
+            tracing::warn!(
+                prefetch = cfg.prefetch,
+                batch_size = cfg.batch_size,
+                "prefetch is below the batch size: batches can never fill"
+            );
+        }
+        // After serve_ops: the handles must come from the installed recorder.
+        let events = Events::new(&cfg.name, ctx.stats.clone());
+        ctx.readiness.set_postgres(ping(&ctx.pool).await);
+
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(crate::retention::run_periodically(
+            ctx.pool.clone(),
+            cfg.clone(),
+            events.clone(),
+            background.clone(),
+        ));
+        tasks.spawn(watch_database(
+            ctx.pool.clone(),
+            ctx.readiness.clone(),
+            background.clone(),
+        ));
+
+        tracing::info!(
+            consumer = %cfg.name,
+            queue = %ctx.topology.queue,
+            bindings = ?ctx.bindings,
+            workers = cfg.workers,
+            batch_size = cfg.batch_size,
+            "consumer starting"
+        );
+        let mut attempt = 0u32;
+        loop {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            let established = AtomicBool::new(false);
+            let result = session(&ctx, &events, &shutdown, &established).await;
+            ctx.readiness.set_rabbitmq(false);
+            let Err(e) = result else { break };
+            if shutdown.is_cancelled() {
+                tracing::warn!(error = %ErrorChain(&e), "RabbitMQ session ended during shutdown");
+                break;
+            }
+            if established.load(Ordering::Relaxed) {
+                attempt = 0;
+            }
+            attempt += 1;
+            events.reconnect();
+            let delay = plumbing::backoff::delay(
+                attempt,
+                Duration::from_millis(200),
+                Duration::from_secs(10),
+            );
+            tracing::warn!(error = %ErrorChain(&e), ?delay, attempt, "RabbitMQ session ended, reconnecting");
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+        background.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        tracing::info!(consumer = %cfg.name, "consumer stopped");
+        Ok(())
+    }
+}
+
+/// Builds a [`Consumer`] and runs it until `shutdown`.
+pub async fn run(
+    config: Config,
+    pool: PgPool,
+    handlers: Handlers,
+    shutdown: CancellationToken,
+) -> Result<(), ConsumerError> {
+    Consumer::new(config, pool, handlers)?.run(shutdown).await
+}
+
+async fn ping(pool: &PgPool) -> bool {
+    matches!(
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            sqlx::query("SELECT 1").execute(pool)
+        )
+        .await,
+        Ok(Ok(_))
+    )
+}
+
+async fn watch_database(pool: PgPool, readiness: Arc<Readiness>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        readiness.set_postgres(ping(&pool).await);
+    }
+}
+
+pub(crate) async fn bounded<T, E>(
+    what: &'static str,
+    fut: impl Future<Output = Result<T, E>>,
+    wrap: impl FnOnce(E) -> SessionError,
+) -> Result<T, SessionError> {
+    match tokio::time::timeout(BROKER_TIMEOUT, fut).await {
+        Ok(r) => r.map_err(wrap),
+        Err(_) => Err(SessionError::Timeout(what, BROKER_TIMEOUT)),
+    }
+}
+
+/// One connection to RabbitMQ: declare, consume with `workers` workers until shutdown or failure.
+async fn session(
+    ctx: &Arc<Ctx>,
+    events: &Events,
+    shutdown: &CancellationToken,
+    established: &AtomicBool,
+) -> Result<(), SessionError> {
+    let conn = plumbing::amqp_nodes::connect(
+        &ctx.config.amqp_url,
+        &ctx.config.amqp_tls,
+        &format!("consumer {}", ctx.config.name),
+    )
+    .await?;
+    let result = consume(ctx, events, &conn, shutdown, established).await;
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        conn.close(200, "consumer stopping".into()),
+    )
+    .await;
+    result
+}
+
+async fn consume(
+    ctx: &Arc<Ctx>,
+    events: &Events,
+    conn: &Connection,
+    shutdown: &CancellationToken,
+    established: &AtomicBool,
+) -> Result<(), SessionError> {
+    let cfg = &ctx.config;
+    bounded(
+        "declaring the topology",
+        ctx.topology.declare(conn, &cfg.exchange, &ctx.bindings),
+        SessionError::Topology,
+    )
+    .await?;
+    let mut workers = Vec::with_capacity(cfg.workers);
+    for index in 0..cfg.workers {
+        workers.push(
+            bounded(
+                "opening a worker",
+                Worker::open(ctx.clone(), events.clone(), conn, index),
+                SessionError::Channel,
+            )
+            .await?,
+        );
+    }
+    ctx.readiness.set_rabbitmq(true);
+    established.store(true, Ordering::Relaxed);
+    tracing::info!(consumer = %cfg.name, queue = %ctx.topology.queue, "consuming");
+
+    let stop = shutdown.child_token();
+    let mut set = tokio::task::JoinSet::new();
+    for w in workers {
+        set.spawn(w.run(stop.clone()));
+    }
+    let mut first_error = None;
+    while let Some(joined) = set.join_next().await {
+        if let Err(e) = joined.map_err(SessionError::Worker).and_then(|r| r) {
+            stop.cancel();
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}

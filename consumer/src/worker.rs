@@ -1,0 +1,292 @@
+//! A worker: one consuming channel and one confirming publishing channel. It takes what the broker
+//! has buffered (up to `batch_size`), decides each delivery's work before the transaction, runs
+//! the batch (see [`crate::batch`]) with retries while the database fails, publishes the copies
+//! (see [`crate::copies`]), then acknowledges the whole batch at once.
+
+use crate::batch::Fate;
+use crate::error::SessionError;
+use crate::handler::DynHandler;
+use crate::internal_events::{Events, Outcome};
+use crate::message::{self, DeadLetterKind};
+use crate::screen;
+use crate::supervisor::{Ctx, bounded};
+use futures::{FutureExt, StreamExt};
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use plumbing::telemetry::ErrorChain;
+use shared::Envelope;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// What to do with a delivery, decided before the transaction.
+pub(crate) enum Work {
+    Handle(Box<Envelope>, Arc<dyn DynHandler>),
+    Reject(DeadLetterKind, String),
+    Ignore,
+}
+
+pub(crate) struct Item {
+    pub(crate) delivery: Delivery,
+    pub(crate) attempt: u32,
+    pub(crate) work: Work,
+}
+
+pub(crate) enum BatchEnd {
+    Settled,
+    /// Shutdown while the database was unavailable: left unacknowledged, the broker redelivers.
+    Abandoned,
+}
+
+pub(crate) struct Worker {
+    pub(crate) ctx: Arc<Ctx>,
+    pub(crate) events: Events,
+    pub(crate) index: usize,
+    pub(crate) consume_ch: Channel,
+    pub(crate) publish_ch: Channel,
+    pub(crate) consumer: lapin::Consumer,
+    /// The connection's negotiated `frame_max`: a copy's properties must fit one frame.
+    pub(crate) frame_max: u32,
+}
+
+impl Worker {
+    pub(crate) async fn open(
+        ctx: Arc<Ctx>,
+        events: Events,
+        conn: &Connection,
+        index: usize,
+    ) -> Result<Self, lapin::Error> {
+        let consume_ch = conn.create_channel().await?;
+        consume_ch
+            .basic_qos(ctx.config.prefetch, BasicQosOptions::default())
+            .await?;
+        let publish_ch = conn.create_channel().await?;
+        publish_ch
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let tag = format!(
+            "{}.{}.{}.{}",
+            ctx.config.name,
+            std::process::id(),
+            index,
+            &Uuid::new_v4().simple().to_string()[..8]
+        );
+        let consumer = consume_ch
+            .basic_consume(
+                ctx.topology.queue.as_str().into(),
+                tag.into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(Self {
+            ctx,
+            events,
+            index,
+            consume_ch,
+            publish_ch,
+            consumer,
+            frame_max: conn.configuration().frame_max(),
+        })
+    }
+
+    pub(crate) async fn run(mut self, stop: CancellationToken) -> Result<(), SessionError> {
+        let result = self.consume_loop(&stop).await;
+        if let Err(e) = &result {
+            tracing::debug!(worker = self.index, error = %ErrorChain(e), "worker stopping");
+        }
+        // Closing returns every unacknowledged delivery (prefetched, never committed) to the queue.
+        let _ = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.consume_ch.close(200, "worker stopping".into()),
+        )
+        .await;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.publish_ch.close(200, "worker stopping".into()),
+        )
+        .await;
+        result
+    }
+
+    async fn consume_loop(&mut self, stop: &CancellationToken) -> Result<(), SessionError> {
+        let batch_size = self.ctx.config.batch_size;
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = stop.cancelled() => return Ok(()),
+                next = self.consumer.next() => next,
+            };
+            let first = match next {
+                None => return Err(SessionError::ConsumerCancelled),
+                Some(Err(e)) => return Err(SessionError::Delivery(e)),
+                Some(Ok(d)) => d,
+            };
+            let started = Instant::now();
+            let mut batch = vec![first];
+            // Take what is already buffered, without waiting: batches grow with the load.
+            while batch.len() < batch_size {
+                match self.consumer.next().now_or_never() {
+                    Some(Some(Ok(d))) => batch.push(d),
+                    Some(Some(Err(e))) => return Err(SessionError::Delivery(e)),
+                    Some(None) => return Err(SessionError::ConsumerCancelled),
+                    None => break,
+                }
+            }
+            if let BatchEnd::Abandoned = self.process_batch(batch, started, stop).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn prepare(&self, delivery: Delivery) -> Item {
+        let attempt = message::attempt(&delivery.properties);
+        let routing_key = delivery.routing_key.as_str();
+        let decoded = match screen::screen(&delivery.properties, routing_key) {
+            Err(refusal) => {
+                self.events.rejected(refusal.reason);
+                Err(refusal.text)
+            }
+            Ok(()) => message::decode_screened(&delivery.properties, routing_key, &delivery.data),
+        };
+        let work = match decoded {
+            Err(reason) => Work::Reject(DeadLetterKind::Undecodable, reason),
+            Ok(env) => match self.ctx.handlers.resolve(&env.event_type) {
+                Some(h) => Work::Handle(Box::new(env), h.clone()),
+                None if self.ctx.config.strict => Work::Reject(
+                    DeadLetterKind::UnknownEventType,
+                    format!("no handler for event type {:?}", env.event_type),
+                ),
+                None => Work::Ignore,
+            },
+        };
+        Item {
+            delivery,
+            attempt,
+            work,
+        }
+    }
+
+    async fn process_batch(
+        &mut self,
+        deliveries: Vec<Delivery>,
+        started: Instant,
+        stop: &CancellationToken,
+    ) -> Result<BatchEnd, SessionError> {
+        let size = deliveries.len();
+        let last_tag = deliveries.iter().map(|d| d.delivery_tag).max().unwrap_or(0);
+        let items: Vec<Item> = deliveries.into_iter().map(|d| self.prepare(d)).collect();
+
+        let mut fates: Vec<Option<Fate>> = vec![None; items.len()];
+        if items.iter().any(|i| matches!(i.work, Work::Handle(..))) {
+            let mut failures = 0u32;
+            loop {
+                match self.transact(&items).await {
+                    Ok(f) => {
+                        fates = f;
+                        self.ctx.readiness.set_postgres(true);
+                        break;
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        self.events.database_failure();
+                        self.ctx.readiness.set_postgres(false);
+                        let delay = plumbing::backoff::delay(
+                            failures,
+                            Duration::from_millis(100),
+                            Duration::from_secs(5),
+                        );
+                        tracing::warn!(
+                            worker = self.index,
+                            error = %ErrorChain(&e),
+                            ?delay,
+                            batch = size,
+                            "batch rolled back by a database failure, retrying it (deliveries stay unacknowledged)"
+                        );
+                        tokio::select! {
+                            _ = stop.cancelled() => {
+                                tracing::info!(worker = self.index, batch = size, "stopping with the database unavailable: leaving the batch to redelivery");
+                                return Ok(BatchEnd::Abandoned);
+                            }
+                            _ = tokio::time::sleep(delay) => {}
+                        }
+                        if !self.consume_ch.status().connected() {
+                            return Err(SessionError::ChannelClosed);
+                        }
+                    }
+                }
+            }
+            let now = chrono::Utc::now();
+            for (item, fate) in items.iter().zip(&fates) {
+                if let (Some(Fate::Processed), Work::Handle(env, _)) = (fate, &item.work)
+                    && let Some(created) = env.created_at
+                {
+                    self.events
+                        .committed((now - created).to_std().unwrap_or_default());
+                }
+            }
+        }
+        for (item, fate) in items.iter().zip(fates.iter_mut()) {
+            if fate.is_none() {
+                *fate = Some(match &item.work {
+                    Work::Reject(kind, reason) => {
+                        let d = &item.delivery;
+                        tracing::warn!(
+                            message_id = d.properties.message_id().as_ref().map_or("", |s| s.as_str()),
+                            routing_key = %d.routing_key,
+                            kind = kind.as_str(),
+                            %reason,
+                            "dead-lettering a message that cannot be handled"
+                        );
+                        Fate::DeadLetter(*kind, reason.clone())
+                    }
+                    Work::Ignore => Fate::Ignored,
+                    Work::Handle(..) => {
+                        unreachable!("the transaction decides every handled message")
+                    }
+                });
+            }
+        }
+        let processed = fates
+            .iter()
+            .filter(|f| matches!(f, Some(Fate::Processed)))
+            .count();
+        self.events.messages(Outcome::Processed, processed as u64);
+
+        if !self.ctx.config.ack_delay.is_zero() {
+            tokio::time::sleep(self.ctx.config.ack_delay).await;
+        }
+        self.publish_copies(&items, &mut fates).await?;
+        bounded(
+            "acknowledging",
+            self.consume_ch
+                .basic_ack(last_tag, BasicAckOptions { multiple: true }),
+            SessionError::Ack,
+        )
+        .await?;
+
+        let mut counts = [0u64; Outcome::ALL.len()];
+        for fate in fates.iter().flatten() {
+            let outcome = match fate {
+                Fate::Processed => continue,
+                Fate::Duplicate => Outcome::Duplicate,
+                Fate::Ignored => Outcome::Ignored,
+                Fate::Retry(_) => Outcome::Retried,
+                Fate::Discarded => Outcome::Discarded,
+                Fate::DeadLetter(kind, _) => {
+                    self.events.dead_letter(*kind);
+                    Outcome::DeadLettered
+                }
+            };
+            counts[Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0)] += 1;
+        }
+        for (outcome, n) in Outcome::ALL.iter().zip(counts) {
+            self.events.messages(*outcome, n);
+        }
+        self.events.batch(size, started.elapsed());
+        Ok(BatchEnd::Settled)
+    }
+}
