@@ -36,6 +36,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "adopt_legacy_tables",
         include_str!("../../migrations/0004_adopt_legacy_tables.sql"),
     ),
+    (
+        5,
+        "processes",
+        include_str!("../../migrations/0005_processes.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

@@ -5,6 +5,9 @@
 //! - [`TcpProxy`]: a TCP proxy the test controls, to cut or black-hole a link for real.
 //! - [`bin_path`]: the workspace binaries, for tests that kill child processes.
 //! - [`wait_until`]: poll a condition with a deadline instead of sleeping.
+//! - [`process_fixtures`]: test process definitions, a fake remote that counts effects, failpoints.
+
+pub mod process_fixtures;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use sqlx::PgPool;

@@ -1,0 +1,566 @@
+//! What operators (and the console of issue 13) can see and do.
+//!
+//! Reads ([`list`], [`get`]) show redacted inputs only. Every action ([`act`]) takes a reason, the
+//! row version the operator saw (a stale one is [`Error::Stale`] and changes nothing) and an
+//! actor, and is allowed only if [`allowed_actions`] offers it for the current state, error class
+//! and remote capability. Its transitions are recorded by the database triggers in
+//! `process_history` with the actor and reason, in the same transaction as the change; the id of
+//! the last such row is returned as the audit reference. An action that takes a process away from
+//! a worker also takes a new fencing token, so the worker's remaining writes are fenced off.
+
+use crate::definition::{Remote, Role};
+use crate::error::Error;
+use crate::redact;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use shared::schema::Schema;
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+/// One process, as listed.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessSummary {
+    pub id: Uuid,
+    pub kind: String,
+    pub definition_version: i32,
+    pub business_key: String,
+    pub revision: i32,
+    pub revision_of: Option<Uuid>,
+    pub status: String,
+    pub paused: bool,
+    pub attempt: i32,
+    pub last_reason: String,
+    pub last_actor: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub deadline_at: Option<DateTime<Utc>>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub row_version: i64,
+}
+
+/// One step, as shown.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepView {
+    pub seq: i32,
+    pub name: String,
+    pub role: String,
+    pub acts_on: Option<i32>,
+    pub execution: String,
+    pub remote: Option<String>,
+    pub sensitive: bool,
+    pub status: String,
+    pub operation_id: Uuid,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub first_attempt_at: Option<DateTime<Utc>>,
+    pub last_attempt_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub error_class: Option<String>,
+    pub error_message: Option<String>,
+    pub remote_ref: Option<String>,
+    pub result_ref: Option<String>,
+    pub last_reason: String,
+    pub last_actor: String,
+}
+
+/// One recorded transition.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryEntry {
+    pub id: i64,
+    pub step_seq: Option<i32>,
+    pub from_status: Option<String>,
+    pub to_status: String,
+    pub reason: String,
+    pub actor: String,
+    pub lease_token: i64,
+    pub at: DateTime<Utc>,
+}
+
+/// A process with its steps, its history and the actions allowed now.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessView {
+    pub process: ProcessSummary,
+    pub input: Value,
+    pub steps: Vec<StepView>,
+    pub history: Vec<HistoryEntry>,
+    pub allowed: Vec<Action>,
+}
+
+/// What an operator can do. Actions on a step name its `seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Run an idempotent step again (local, or a remote that honours its key).
+    RerunStep { seq: i32 },
+    /// Let a worker ask the remote by operation id whether the step's operation happened.
+    QueryRemote { seq: i32 },
+    /// Stop automation: the process waits in manual_review.
+    Escalate,
+    Pause,
+    Resume,
+    /// Approve (or retry) a compensation waiting in manual_review.
+    RunCompensation { seq: i32 },
+    /// The step did happen: `evidence` (a remote reference, a ticket) is required.
+    ResolveSucceeded { seq: i32 },
+    /// The step did not happen and will not: forward steps then compensate earlier effects.
+    ResolveFailed { seq: i32 },
+    Cancel,
+}
+
+impl Action {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::RerunStep { .. } => "rerun_step",
+            Action::QueryRemote { .. } => "query_remote",
+            Action::Escalate => "escalate",
+            Action::Pause => "pause",
+            Action::Resume => "resume",
+            Action::RunCompensation { .. } => "run_compensation",
+            Action::ResolveSucceeded { .. } => "resolve_succeeded",
+            Action::ResolveFailed { .. } => "resolve_failed",
+            Action::Cancel => "cancel",
+        }
+    }
+    /// Sensitive actions need a second person's approval in the console.
+    pub fn sensitive(&self) -> bool {
+        matches!(self, Action::RunCompensation { .. } | Action::ResolveSucceeded { .. })
+    }
+}
+
+/// An operator's request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub action: Action,
+    pub reason: String,
+    /// `row_version` of the process as the operator saw it.
+    pub seen_version: i64,
+    pub actor: String,
+    /// Required by [`Action::ResolveSucceeded`].
+    pub evidence: Option<String>,
+}
+
+/// What an action did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// The process_history row of the last transition it made: the audit reference.
+    pub audit_ref: i64,
+    pub row_version: i64,
+    pub status: String,
+}
+
+/// Filter for [`list`].
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub kind: Option<String>,
+    pub status: Option<String>,
+    pub limit: Option<i64>,
+}
+
+const PROCESS_COLUMNS: &str = "id, kind, definition_version, business_key, revision, revision_of, status, paused, \
+    attempt, last_reason, last_actor, created_at, updated_at, finished_at, deadline_at, lease_owner, lease_until, row_version";
+
+fn summary(r: &PgRow) -> Result<ProcessSummary, sqlx::Error> {
+    Ok(ProcessSummary {
+        id: r.try_get("id")?,
+        kind: r.try_get("kind")?,
+        definition_version: r.try_get("definition_version")?,
+        business_key: r.try_get("business_key")?,
+        revision: r.try_get("revision")?,
+        revision_of: r.try_get("revision_of")?,
+        status: r.try_get("status")?,
+        paused: r.try_get("paused")?,
+        attempt: r.try_get("attempt")?,
+        last_reason: r.try_get("last_reason")?,
+        last_actor: r.try_get("last_actor")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+        finished_at: r.try_get("finished_at")?,
+        deadline_at: r.try_get("deadline_at")?,
+        lease_owner: r.try_get("lease_owner")?,
+        lease_until: r.try_get("lease_until")?,
+        row_version: r.try_get("row_version")?,
+    })
+}
+
+/// Processes, manual_review first, then most recently changed.
+pub async fn list(pool: &PgPool, schema: &Schema, filter: &Filter) -> Result<Vec<ProcessSummary>, Error> {
+    let rows = sqlx::query(schema.sql(&format!(
+        "SELECT {PROCESS_COLUMNS} FROM {{{{schema}}}}.processes \
+         WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR status = $2) \
+         ORDER BY (status = 'manual_review') DESC, updated_at DESC LIMIT $3"
+    )))
+    .bind(&filter.kind)
+    .bind(&filter.status)
+    .bind(filter.limit.unwrap_or(100).clamp(1, 1000))
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.iter().map(summary).collect::<Result<_, _>>()?)
+}
+
+/// One process with its steps, history and the actions allowed now.
+pub async fn get(pool: &PgPool, schema: &Schema, id: Uuid) -> Result<ProcessView, Error> {
+    let row = sqlx::query(schema.sql(&format!(
+        "SELECT {PROCESS_COLUMNS}, input_redacted FROM {{{{schema}}}}.processes WHERE id = $1"
+    )))
+    .bind(id)
+    .fetch_optional(pool)
+    .await?
+    .ok_or(Error::NotFound(id))?;
+    let process = summary(&row)?;
+    let input: Value = row.try_get::<sqlx::types::Json<Value>, _>("input_redacted")?.0;
+    let steps = sqlx::query(schema.sql(
+        "SELECT seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, attempts, \
+         max_attempts, next_attempt_at, first_attempt_at, last_attempt_at, finished_at, error_class, \
+         error_message, remote_ref, result_ref, last_reason, last_actor \
+         FROM {{schema}}.process_steps WHERE process_id = $1 ORDER BY seq",
+    ))
+    .bind(id)
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(StepView {
+            seq: r.try_get("seq")?,
+            name: r.try_get("name")?,
+            role: r.try_get("role")?,
+            acts_on: r.try_get("acts_on")?,
+            execution: r.try_get("execution")?,
+            remote: r.try_get("remote")?,
+            sensitive: r.try_get("sensitive")?,
+            status: r.try_get("status")?,
+            operation_id: r.try_get("operation_id")?,
+            attempts: r.try_get("attempts")?,
+            max_attempts: r.try_get("max_attempts")?,
+            next_attempt_at: r.try_get("next_attempt_at")?,
+            first_attempt_at: r.try_get("first_attempt_at")?,
+            last_attempt_at: r.try_get("last_attempt_at")?,
+            finished_at: r.try_get("finished_at")?,
+            error_class: r.try_get("error_class")?,
+            error_message: r.try_get("error_message")?,
+            remote_ref: r.try_get("remote_ref")?,
+            result_ref: r.try_get("result_ref")?,
+            last_reason: r.try_get("last_reason")?,
+            last_actor: r.try_get("last_actor")?,
+        })
+    })
+    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let history = sqlx::query(schema.sql(
+        "SELECT id, step_seq, from_status, to_status, reason, actor, lease_token, at \
+         FROM {{schema}}.process_history WHERE process_id = $1 ORDER BY id",
+    ))
+    .bind(id)
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(HistoryEntry {
+            id: r.try_get("id")?,
+            step_seq: r.try_get("step_seq")?,
+            from_status: r.try_get("from_status")?,
+            to_status: r.try_get("to_status")?,
+            reason: r.try_get("reason")?,
+            actor: r.try_get("actor")?,
+            lease_token: r.try_get("lease_token")?,
+            at: r.try_get("at")?,
+        })
+    })
+    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let allowed = allowed_actions(&process, &steps);
+    Ok(ProcessView {
+        process,
+        input,
+        steps,
+        history,
+        allowed,
+    })
+}
+
+/// The actions allowed now, from the process status, each step's status, error class and remote
+/// capability. There is no "retry everything".
+pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
+    let mut out = Vec::new();
+    let terminal = matches!(p.status.as_str(), "succeeded" | "failed" | "compensated" | "cancelled");
+    if terminal {
+        return out;
+    }
+    if p.status != "manual_review" {
+        out.push(Action::Escalate);
+    }
+    out.push(if p.paused { Action::Resume } else { Action::Pause });
+    if p.status == "manual_review" {
+        for s in steps.iter().filter(|s| s.status == "manual_review") {
+            let remote = s.remote.as_deref().and_then(Remote::parse);
+            let role = Role::parse(&s.role);
+            let in_doubt = s.error_class.as_deref() == Some("unknown");
+            match role {
+                Some(Role::Compensation) => out.push(Action::RunCompensation { seq: s.seq }),
+                Some(Role::Forward) => {
+                    let idempotent = s.execution == "local" || remote == Some(Remote::HonoursKey);
+                    if idempotent || !in_doubt {
+                        out.push(Action::RerunStep { seq: s.seq });
+                    }
+                    if remote == Some(Remote::Queryable) {
+                        out.push(Action::QueryRemote { seq: s.seq });
+                    }
+                }
+                _ => {}
+            }
+            out.push(Action::ResolveSucceeded { seq: s.seq });
+            out.push(Action::ResolveFailed { seq: s.seq });
+        }
+    }
+    if matches!(p.status.as_str(), "pending" | "running" | "waiting" | "manual_review") {
+        out.push(Action::Cancel);
+    }
+    out
+}
+
+pub(crate) fn check_reason_actor(reason: &str, actor: &str) -> Result<(), Error> {
+    if reason.trim().is_empty() || reason.len() > 900 {
+        return Err(Error::Invalid("a reason of 1 to 900 bytes is required".into()));
+    }
+    if actor.trim().is_empty() || actor.len() > 200 || actor == "system" {
+        return Err(Error::Invalid("an actor (not 'system') of 1 to 200 bytes is required".into()));
+    }
+    Ok(())
+}
+
+/// Performs `req` on process `id` if it is allowed now and the operator saw the current version.
+pub async fn act(pool: &PgPool, schema: &Schema, id: Uuid, req: &Request) -> Result<Outcome, Error> {
+    check_reason_actor(&req.reason, &req.actor)?;
+    let evidence = match (&req.action, req.evidence.as_deref().map(str::trim)) {
+        (Action::ResolveSucceeded { .. }, Some(e)) if !e.is_empty() && e.len() <= 500 => Some(e.to_string()),
+        (Action::ResolveSucceeded { .. }, _) => {
+            return Err(Error::Invalid("resolving as succeeded needs evidence (1 to 500 bytes): a remote reference, a ticket".into()));
+        }
+        _ => None,
+    };
+    let mut tx = pool.begin().await?;
+    let current: i64 = sqlx::query_scalar(schema.sql("SELECT row_version FROM {{schema}}.processes WHERE id = $1 FOR UPDATE"))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(Error::NotFound(id))?;
+    if current != req.seen_version {
+        return Err(Error::Stale {
+            id,
+            seen: req.seen_version,
+            current,
+        });
+    }
+    // Decide on what this transaction sees (the process row is locked).
+    let view = get_in(&mut tx, schema, id).await?;
+    if !allowed_actions(&view.0, &view.1).contains(&req.action) {
+        return Err(Error::NotAllowed {
+            action: req.action.name().into(),
+            why: format!("process is {}{}", view.0.status, if view.0.paused { " (paused)" } else { "" }),
+        });
+    }
+    let (_, steps) = view;
+    let reason = redact::truncate(&format!("{}: {}", req.action.name(), req.reason), 1000);
+    let step = |seq: i32| steps.iter().find(|s| s.seq == seq);
+    match &req.action {
+        Action::Pause | Action::Resume => {
+            sqlx::query(schema.sql(
+                "UPDATE {{schema}}.processes SET paused = $2, last_reason = $3, last_actor = $4, updated_at = now(), \
+                 next_run_at = CASE WHEN $2 THEN next_run_at ELSE now() END WHERE id = $1",
+            ))
+            .bind(id)
+            .bind(matches!(req.action, Action::Pause))
+            .bind(&reason)
+            .bind(&req.actor)
+            .execute(&mut *tx)
+            .await?;
+        }
+        Action::Escalate => take_process(&mut tx, schema, id, "manual_review", &reason, &req.actor).await?,
+        Action::Cancel => take_process(&mut tx, schema, id, "cancelled", &reason, &req.actor).await?,
+        Action::RerunStep { seq } => {
+            set_step(&mut tx, schema, id, *seq, "pending", None, &reason, &req.actor).await?;
+            take_process(&mut tx, schema, id, "running", &reason, &req.actor).await?;
+        }
+        Action::QueryRemote { seq } => {
+            // The worker treats a retryable step with an unknown outcome as in doubt: it queries
+            // the remote by operation id before any new call.
+            sqlx::query(schema.sql(
+                "UPDATE {{schema}}.process_steps SET status = 'retryable', error_class = 'unknown', \
+                 next_attempt_at = now(), max_attempts = greatest(max_attempts, attempts + 1), \
+                 last_reason = $3, last_actor = $4, lease_token = 0, updated_at = now() \
+                 WHERE process_id = $1 AND seq = $2",
+            ))
+            .bind(id)
+            .bind(seq)
+            .bind(&reason)
+            .bind(&req.actor)
+            .execute(&mut *tx)
+            .await?;
+            take_process(&mut tx, schema, id, "running", &reason, &req.actor).await?;
+        }
+        Action::RunCompensation { seq } => {
+            set_step(&mut tx, schema, id, *seq, "pending", None, &reason, &req.actor).await?;
+            take_process(&mut tx, schema, id, "compensating", &reason, &req.actor).await?;
+        }
+        Action::ResolveSucceeded { seq } | Action::ResolveFailed { seq } => {
+            let s = step(*seq).ok_or_else(|| Error::Invalid(format!("no step {seq}")))?;
+            let succeeded = matches!(req.action, Action::ResolveSucceeded { .. });
+            // The decision is a step of its own, linked to the step it resolves.
+            sqlx::query(schema.sql(
+                "INSERT INTO {{schema}}.process_steps (process_id, seq, name, role, acts_on, execution, status, \
+                     operation_id, attempts, max_attempts, result_ref, finished_at, last_reason, last_actor, \
+                     first_attempt_at, last_attempt_at) \
+                 SELECT $1, max(seq) + 1, $3 || '#' || (max(seq) + 1), 'resolution', $2, 'operator', 'pending', \
+                        md5($1::text || '/resolution/' || (max(seq) + 1))::uuid, 0, 1, NULL, NULL, $5, $6, now(), now() \
+                 FROM {{schema}}.process_steps WHERE process_id = $1",
+            ))
+            .bind(id)
+            .bind(seq)
+            .bind(&s.name)
+            .bind(evidence.as_deref())
+            .bind(&reason)
+            .bind(&req.actor)
+            .execute(&mut *tx)
+            .await?;
+            let resolution: i32 = sqlx::query_scalar(schema.sql("SELECT max(seq) FROM {{schema}}.process_steps WHERE process_id = $1"))
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await?;
+            let done_ref = evidence.clone().unwrap_or_else(|| format!("resolved failed by {}", req.actor));
+            sqlx::query(schema.sql(
+                "UPDATE {{schema}}.process_steps SET status = 'succeeded', attempts = 1, result_ref = $3, \
+                 finished_at = now(), last_reason = $4, last_actor = $5, updated_at = now() \
+                 WHERE process_id = $1 AND seq = $2",
+            ))
+            .bind(id)
+            .bind(resolution)
+            .bind(redact::truncate(&done_ref, 500))
+            .bind(&reason)
+            .bind(&req.actor)
+            .execute(&mut *tx)
+            .await?;
+            let target = if succeeded { "succeeded" } else { "failed" };
+            set_step(&mut tx, schema, id, *seq, target, evidence.as_deref().or(Some(&done_ref)), &reason, &req.actor).await?;
+            // The process goes back to a worker, which continues (or compensates, or finishes).
+            let is_comp = s.role == "compensation";
+            let next = match (is_comp, succeeded) {
+                (false, _) => "running",
+                (true, true) => "compensating",
+                (true, false) => "failed",
+            };
+            take_process(&mut tx, schema, id, next, &reason, &req.actor).await?;
+        }
+    }
+    let audit_ref: i64 = sqlx::query_scalar(schema.sql("SELECT max(id) FROM {{schema}}.process_history WHERE process_id = $1"))
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+    let r = sqlx::query(schema.sql("SELECT row_version, status FROM {{schema}}.processes WHERE id = $1"))
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+    let outcome = Outcome {
+        audit_ref,
+        row_version: r.try_get("row_version")?,
+        status: r.try_get("status")?,
+    };
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+async fn get_in(tx: &mut sqlx::PgConnection, schema: &Schema, id: Uuid) -> Result<(ProcessSummary, Vec<StepView>), Error> {
+    let row = sqlx::query(schema.sql(&format!("SELECT {PROCESS_COLUMNS} FROM {{{{schema}}}}.processes WHERE id = $1")))
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+    let p = summary(&row)?;
+    let steps = sqlx::query(schema.sql(
+        "SELECT seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, attempts, \
+         max_attempts, error_class, remote_ref, result_ref, last_reason, last_actor \
+         FROM {{schema}}.process_steps WHERE process_id = $1 ORDER BY seq",
+    ))
+    .bind(id)
+    .fetch_all(&mut *tx)
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(StepView {
+            seq: r.try_get("seq")?,
+            name: r.try_get("name")?,
+            role: r.try_get("role")?,
+            acts_on: r.try_get("acts_on")?,
+            execution: r.try_get("execution")?,
+            remote: r.try_get("remote")?,
+            sensitive: r.try_get("sensitive")?,
+            status: r.try_get("status")?,
+            operation_id: r.try_get("operation_id")?,
+            attempts: r.try_get("attempts")?,
+            max_attempts: r.try_get("max_attempts")?,
+            next_attempt_at: None,
+            first_attempt_at: None,
+            last_attempt_at: None,
+            finished_at: None,
+            error_class: r.try_get("error_class")?,
+            error_message: None,
+            remote_ref: r.try_get("remote_ref")?,
+            result_ref: r.try_get("result_ref")?,
+            last_reason: r.try_get("last_reason")?,
+            last_actor: r.try_get("last_actor")?,
+        })
+    })
+    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    Ok((p, steps))
+}
+
+/// Moves the process to `status` and takes a new fencing token, so a worker still holding it
+/// can write nothing more.
+async fn take_process(tx: &mut sqlx::PgConnection, schema: &Schema, id: Uuid, status: &str, reason: &str, actor: &str) -> Result<(), Error> {
+    sqlx::query(schema.sql(
+        "UPDATE {{schema}}.processes SET status = $2, last_reason = $3, last_actor = $4, \
+         lease_owner = NULL, lease_until = NULL, lease_token = nextval('{{schema}}.process_lease_tokens'), \
+         next_run_at = now(), updated_at = now(), \
+         finished_at = CASE WHEN $2 IN ('succeeded', 'failed', 'compensated', 'cancelled') THEN now() END \
+         WHERE id = $1",
+    ))
+    .bind(id)
+    .bind(status)
+    .bind(reason)
+    .bind(actor)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn set_step(
+    tx: &mut sqlx::PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    seq: i32,
+    status: &str,
+    reference: Option<&str>,
+    reason: &str,
+    actor: &str,
+) -> Result<(), Error> {
+    sqlx::query(schema.sql(
+        "UPDATE {{schema}}.process_steps SET status = $3, \
+         result_ref = CASE WHEN $3 = 'succeeded' THEN coalesce(result_ref, $4) ELSE result_ref END, \
+         error_class = CASE WHEN $3 = 'failed' THEN coalesce(error_class, 'permanent') ELSE error_class END, \
+         next_attempt_at = NULL, \
+         max_attempts = CASE WHEN $3 = 'pending' THEN greatest(max_attempts, attempts + 1) ELSE max_attempts END, \
+         finished_at = CASE WHEN $3 IN ('succeeded', 'failed') THEN now() END, \
+         last_reason = $5, last_actor = $6, lease_token = 0, updated_at = now() \
+         WHERE process_id = $1 AND seq = $2",
+    ))
+    .bind(id)
+    .bind(seq)
+    .bind(status)
+    .bind(reference.map(|r| redact::truncate(r, 500)))
+    .bind(reason)
+    .bind(actor)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,394 @@
+//! Process definitions in Rust: a kind, a version and ordered steps with stable names.
+//!
+//! Each step is either **local** (its effect and its checkpoint commit in one transaction: the
+//! step gets that transaction) or **external** (a call to a remote whose outcome can be unknown),
+//! with what the remote supports ([`Remote`]), a [`RetryPolicy`], a timeout, and optionally a
+//! [`Compensation`], which may be sensitive (it waits for an approver in manual_review).
+
+use crate::error::StepError;
+use crate::retry::RetryPolicy;
+use serde_json::Value;
+use sqlx::PgConnection;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// What a step's future resolves to.
+pub type StepFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StepError>> + Send + 'a>>;
+
+/// Evidence of a successful step: a reference (the local row, the remote's id) and an optional
+/// small output that later steps read from [`StepContext::outputs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Done {
+    pub reference: String,
+    pub output: Option<Value>,
+}
+
+impl Done {
+    pub fn new(reference: impl Into<String>) -> Self {
+        Self {
+            reference: reference.into(),
+            output: None,
+        }
+    }
+    pub fn with_output(mut self, output: Value) -> Self {
+        self.output = Some(output);
+        self
+    }
+}
+
+/// What a remote says when asked by operation id whether it acted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// It acted: this is the evidence.
+    Found(Done),
+    /// It has no record of the operation: calling again cannot duplicate it.
+    NotFound,
+    /// It could not say (lookup failed, ambiguous): the step goes to manual review.
+    Inconclusive(String),
+}
+
+/// What a remote supports, which decides what happens when an outcome is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Remote {
+    /// The remote deduplicates by an idempotency key: every attempt sends the same key
+    /// ([`StepContext::idempotency_key`]), so the call is simply retried.
+    HonoursKey,
+    /// The remote can be asked by operation id whether it acted: before any retry it is queried
+    /// ([`ExternalStep::query`]); found = succeeded, not found = call again.
+    Queryable,
+    /// Neither: an unknown outcome goes to manual review.
+    Neither,
+}
+
+impl Remote {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Remote::HonoursKey => "honours_key",
+            Remote::Queryable => "queryable",
+            Remote::Neither => "none",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "honours_key" => Some(Remote::HonoursKey),
+            "queryable" => Some(Remote::Queryable),
+            "none" => Some(Remote::Neither),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a step row is a definition step, a compensation or an operator's resolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    Forward,
+    Compensation,
+    Resolution,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Forward => "forward",
+            Role::Compensation => "compensation",
+            Role::Resolution => "resolution",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "forward" => Some(Role::Forward),
+            "compensation" => Some(Role::Compensation),
+            "resolution" => Some(Role::Resolution),
+            _ => None,
+        }
+    }
+}
+
+/// Everything a step may know about its process.
+#[derive(Debug, Clone)]
+pub struct StepContext {
+    pub process_id: Uuid,
+    pub kind: String,
+    pub business_key: String,
+    pub step: String,
+    pub role: Role,
+    /// 1 for the first attempt.
+    pub attempt: i32,
+    /// Stable across retries and workers: the reference a remote is queried by.
+    pub operation_id: Uuid,
+    /// For [`Remote::HonoursKey`] steps: the key to send on every attempt (the operation id).
+    pub idempotency_key: Option<String>,
+    /// The process input, as given to start (not redacted).
+    pub input: Value,
+    /// Outputs of the forward steps that succeeded, by step name.
+    pub outputs: HashMap<String, Value>,
+    /// For a compensation: the evidence of the step it undoes.
+    pub compensates: Option<Done>,
+}
+
+/// A local step: its effect runs in `tx`, which also commits its checkpoint. An error rolls the
+/// effect back.
+pub trait LocalStep: Send + Sync {
+    fn run<'a>(&'a self, ctx: &'a StepContext, tx: &'a mut PgConnection) -> StepFuture<'a, Done>;
+}
+
+impl<F> LocalStep for F
+where
+    F: for<'a> Fn(&'a StepContext, &'a mut PgConnection) -> StepFuture<'a, Done> + Send + Sync,
+{
+    fn run<'a>(&'a self, ctx: &'a StepContext, tx: &'a mut PgConnection) -> StepFuture<'a, Done> {
+        self(ctx, tx)
+    }
+}
+
+/// An external step: a call to a remote (outside any transaction of ours).
+///
+/// The attempt is committed before [`call`](Self::call) runs. A timeout of the call counts as an
+/// unknown outcome, never as a failure.
+pub trait ExternalStep: Send + Sync {
+    /// Performs the operation. For [`Remote::HonoursKey`], send `ctx.idempotency_key`; always
+    /// send `ctx.operation_id` as the reference the remote can be queried by.
+    fn call<'a>(&'a self, ctx: &'a StepContext) -> StepFuture<'a, Done>;
+
+    /// For [`Remote::Queryable`]: asks the remote whether the operation `ctx.operation_id` took
+    /// place. The default cannot tell.
+    fn query<'a>(&'a self, ctx: &'a StepContext) -> StepFuture<'a, Lookup> {
+        let _ = ctx;
+        Box::pin(async { Ok(Lookup::Inconclusive("this step has no status query".into())) })
+    }
+}
+
+/// How a step (or a compensation) is carried out.
+#[derive(Clone)]
+pub enum Action {
+    Local(Arc<dyn LocalStep>),
+    External {
+        remote: Remote,
+        call: Arc<dyn ExternalStep>,
+    },
+}
+
+impl Action {
+    pub fn local(step: impl LocalStep + 'static) -> Self {
+        Action::Local(Arc::new(step))
+    }
+    pub fn external(remote: Remote, step: impl ExternalStep + 'static) -> Self {
+        Action::External {
+            remote,
+            call: Arc::new(step),
+        }
+    }
+    pub fn execution(&self) -> &'static str {
+        match self {
+            Action::Local(_) => "local",
+            Action::External { .. } => "external",
+        }
+    }
+    pub fn remote(&self) -> Option<Remote> {
+        match self {
+            Action::Local(_) => None,
+            Action::External { remote, .. } => Some(*remote),
+        }
+    }
+}
+
+impl std::fmt::Debug for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::Local(_) => f.write_str("Local"),
+            Action::External { remote, .. } => write!(f, "External({})", remote.as_str()),
+        }
+    }
+}
+
+/// Undoes a step's effect; runs as a new step linked to the original, in reverse order.
+#[derive(Debug, Clone)]
+pub struct Compensation {
+    pub action: Action,
+    /// Needs an approver before it runs (a refund, a customer-visible undo).
+    pub sensitive: bool,
+    pub retry: RetryPolicy,
+    pub timeout: Duration,
+}
+
+/// One step of a definition.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Stable name: stored with every row, never reuse it for a different effect.
+    pub name: String,
+    pub action: Action,
+    pub retry: RetryPolicy,
+    /// Limit of one attempt (external call or local transaction); past it the outcome of an
+    /// external call is unknown.
+    pub timeout: Duration,
+    pub compensation: Option<Compensation>,
+}
+
+impl Step {
+    pub fn local(name: impl Into<String>, step: impl LocalStep + 'static) -> Self {
+        Self::new(name, Action::local(step))
+    }
+    pub fn external(name: impl Into<String>, remote: Remote, step: impl ExternalStep + 'static) -> Self {
+        Self::new(name, Action::external(remote, step))
+    }
+    pub fn new(name: impl Into<String>, action: Action) -> Self {
+        Self {
+            name: name.into(),
+            action,
+            retry: RetryPolicy::default(),
+            timeout: Duration::from_secs(10),
+            compensation: None,
+        }
+    }
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+    /// Compensated by `action` (automatically, in reverse order, after a later permanent failure).
+    pub fn compensate(mut self, action: Action) -> Self {
+        self.compensation = Some(Compensation {
+            action,
+            sensitive: false,
+            retry: RetryPolicy::default(),
+            timeout: self.timeout,
+        });
+        self
+    }
+    /// Compensated by `action`, but only after an approver confirms (it waits in manual_review).
+    pub fn compensate_sensitive(mut self, action: Action) -> Self {
+        self.compensation = Some(Compensation {
+            action,
+            sensitive: true,
+            retry: RetryPolicy::default(),
+            timeout: self.timeout,
+        });
+        self
+    }
+}
+
+/// Why a definition was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DefinitionError {
+    #[error("a definition needs a kind of 1 to 200 bytes")]
+    Kind,
+    #[error("definition versions start at 1")]
+    Version,
+    #[error("a definition needs at least one step")]
+    NoSteps,
+    #[error("step name {0:?} is empty, too long or used twice")]
+    StepName(String),
+}
+
+/// A process definition: kind, version, ordered steps.
+#[derive(Debug, Clone)]
+pub struct Definition {
+    kind: String,
+    version: i32,
+    steps: Vec<Step>,
+    redacted: Vec<String>,
+    deadline: Option<Duration>,
+}
+
+impl Definition {
+    pub fn new(kind: impl Into<String>, version: i32) -> Self {
+        Self {
+            kind: kind.into(),
+            version,
+            steps: Vec::new(),
+            redacted: Vec::new(),
+            deadline: None,
+        }
+    }
+    pub fn step(mut self, step: Step) -> Self {
+        self.steps.push(step);
+        self
+    }
+    /// Input fields (top-level or dotted paths, e.g. `card.number`) shown as `"[redacted]"`.
+    pub fn redact(mut self, field: impl Into<String>) -> Self {
+        self.redacted.push(field.into());
+        self
+    }
+    /// Overall deadline of a process, from its start.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+    /// Checks names and shape; [`crate::Registry::with`] calls it.
+    pub fn validate(&self) -> Result<(), DefinitionError> {
+        if self.kind.is_empty() || self.kind.len() > 200 {
+            return Err(DefinitionError::Kind);
+        }
+        if self.version < 1 {
+            return Err(DefinitionError::Version);
+        }
+        if self.steps.is_empty() {
+            return Err(DefinitionError::NoSteps);
+        }
+        for (i, s) in self.steps.iter().enumerate() {
+            if s.name.is_empty()
+                || s.name.len() > 200
+                || self.steps[..i].iter().any(|o| o.name == s.name)
+            {
+                return Err(DefinitionError::StepName(s.name.clone()));
+            }
+        }
+        Ok(())
+    }
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+    pub fn version(&self) -> i32 {
+        self.version
+    }
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+    pub fn redacted_fields(&self) -> &[String] {
+        &self.redacted
+    }
+    pub fn deadline_duration(&self) -> Option<Duration> {
+        self.deadline
+    }
+    pub fn step_named(&self, name: &str) -> Option<&Step> {
+        self.steps.iter().find(|s| s.name == name)
+    }
+}
+
+/// The definitions a worker knows, by (kind, version).
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    definitions: HashMap<(String, i32), Arc<Definition>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Adds a definition (a worker can know several versions of one kind).
+    pub fn with(mut self, definition: Definition) -> Result<Self, DefinitionError> {
+        definition.validate()?;
+        self.definitions.insert(
+            (definition.kind.clone(), definition.version),
+            Arc::new(definition),
+        );
+        Ok(self)
+    }
+    pub fn get(&self, kind: &str, version: i32) -> Option<&Arc<Definition>> {
+        self.definitions.get(&(kind.to_string(), version))
+    }
+    /// (kinds, versions) as parallel arrays, for the claim query.
+    pub fn known(&self) -> (Vec<String>, Vec<i32>) {
+        self.definitions.keys().cloned().unzip()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.definitions.is_empty()
+    }
+}

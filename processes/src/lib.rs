@@ -1,0 +1,37 @@
+//! Recoverable multi-step processes on PostgreSQL.
+//!
+//! A short tour:
+//! - [`definition`]: a process is Rust code: a kind, a version and ordered steps with stable
+//!   names; each step is local (effect and checkpoint in one transaction) or external (with what
+//!   its remote supports: an idempotency key, a status query, or neither), with a retry policy
+//!   ([`retry`]), an error classification ([`error`]) and an optional, possibly sensitive,
+//!   compensation.
+//! - [`start`](mod@start): start a process inside the caller's transaction (once per kind and business key);
+//!   revise one (changed input is a new linked process).
+//! - [`worker`]: claims due processes with `FOR UPDATE SKIP LOCKED` and a lease whose fencing
+//!   token grows on every claim; [`runner`] runs one claimed process step by step; every write
+//!   goes through [`store`], fenced by the token.
+//! - [`admin`]: what operators see and may do (list, get with history, the actions allowed now).
+//! - [`redact`]: inputs and messages as stored for display.
+//! - [`internal_events`]: the metrics.
+//!
+//! The state machine lives in the database (migration `0005_processes.sql`): CHECK constraints,
+//! a table of allowed transitions enforced by triggers, evidence required by terminal states, and
+//! an append-only history of every transition with its reason.
+
+pub mod admin;
+pub mod definition;
+pub mod error;
+pub mod internal_events;
+pub mod redact;
+pub mod retry;
+mod runner;
+pub mod start;
+pub mod store;
+pub mod worker;
+
+pub use definition::{Action, Definition, Done, ExternalStep, LocalStep, Lookup, Registry, Remote, Role, Step, StepContext, StepFuture};
+pub use error::{Error, ErrorClass, StepError};
+pub use retry::RetryPolicy;
+pub use start::{Started, revise, start, start_in};
+pub use worker::{Worker, WorkerConfig, WorkerError};

@@ -1,0 +1,718 @@
+//! Runs one claimed process until it finishes, waits, needs a person, or the lease is lost.
+//!
+//! The worker holds the lease for the whole turn (heartbeats extend it during long calls) and
+//! runs steps in order. A local step's effect and checkpoint commit in one fenced transaction.
+//! An external step commits its attempt first, then calls; if the previous attempt's outcome is
+//! unknown (its worker died mid-call, or it timed out) what happens depends on the remote:
+//! same key again, a status query first, or manual review. Nothing is ever marked done
+//! without the evidence the remote or the local transaction gave.
+
+use crate::definition::{Action, Definition, Done, Lookup, Remote, Role, StepContext};
+use crate::error::{ErrorClass, StepError};
+use crate::internal_events as events;
+use crate::redact;
+use crate::retry::RetryPolicy;
+use crate::store::{self, Claimed, Fenced, ProcessChange, StepChange, StepRow, WriteError};
+use chrono::Utc;
+use shared::schema::Schema;
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// What the worker shares with every run.
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
+    pub pool: PgPool,
+    pub schema: Schema,
+    pub lease: Duration,
+    pub heartbeat: Duration,
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TurnEnd {
+    /// succeeded, failed, compensated.
+    Finished,
+    /// Waiting (backoff) or in manual review: the lease is released.
+    Parked,
+    /// Shutdown: the lease is released at a safe point.
+    Released,
+    /// The lease was taken over: nothing more was written.
+    Fenced,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Forward,
+    Compensating,
+}
+
+/// The step to run, or what the process does instead.
+enum Next {
+    Run(usize),
+    Wait(chrono::DateTime<Utc>),
+    Finish(ProcessChange, String),
+    Review(usize, String),
+    /// A forward step failed (an operator resolved it so): compensate.
+    Compensate(String),
+}
+
+struct Run<'a> {
+    sh: &'a Shared,
+    def: &'a Definition,
+    c: Claimed,
+    steps: Vec<StepRow>,
+    phase: Phase,
+    lost: CancellationToken,
+}
+
+/// Runs `c` (claimed with its token) with `def`. `stop` ends the turn at the next safe point;
+/// `abandon` also interrupts an external call in flight (its outcome then stays unknown).
+pub(crate) async fn run(
+    sh: &Shared,
+    def: Arc<Definition>,
+    c: Claimed,
+    stop: CancellationToken,
+    abandon: CancellationToken,
+) -> Result<TurnEnd, sqlx::Error> {
+    let lost = CancellationToken::new();
+    let beat_done = CancellationToken::new();
+    let beat = tokio::spawn(heartbeat(
+        sh.clone(),
+        c.id,
+        c.token,
+        c.kind.clone(),
+        lost.clone(),
+        beat_done.clone(),
+    ));
+    let steps = store::steps(&sh.pool, &sh.schema, c.id).await;
+    let result = match steps {
+        Ok(steps) => {
+            let phase = if c.status == "compensating" {
+                Phase::Compensating
+            } else {
+                Phase::Forward
+            };
+            let mut r = Run {
+                sh,
+                def: &def,
+                c,
+                steps,
+                phase,
+                lost,
+            };
+            r.turn(&stop, &abandon).await
+        }
+        Err(e) => Err(WriteError::Database(e)),
+    };
+    beat_done.cancel();
+    let _ = beat.await;
+    match result {
+        Ok(end) => Ok(end),
+        Err(WriteError::Fenced(Fenced)) => Ok(TurnEnd::Fenced),
+        Err(WriteError::Database(e)) => Err(e),
+    }
+}
+
+async fn heartbeat(
+    sh: Shared,
+    id: uuid::Uuid,
+    token: i64,
+    kind: String,
+    lost: CancellationToken,
+    done: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(sh.heartbeat) => {}
+            _ = done.cancelled() => return,
+        }
+        match store::heartbeat(&sh.pool, &sh.schema, id, token, sh.lease).await {
+            Ok(()) => {}
+            Err(WriteError::Fenced(_)) => {
+                events::fenced(&kind);
+                tracing::warn!(process = %id, token, "heartbeat fenced: the lease was taken over; abandoning the process");
+                lost.cancel();
+                return;
+            }
+            Err(WriteError::Database(e)) => {
+                tracing::warn!(process = %id, error = %e, "heartbeat failed; retrying");
+            }
+        }
+    }
+}
+
+impl Run<'_> {
+    async fn turn(&mut self, stop: &CancellationToken, abandon: &CancellationToken) -> Result<TurnEnd, WriteError> {
+        loop {
+            if self.lost.is_cancelled() {
+                return Err(Fenced.into());
+            }
+            if stop.is_cancelled() {
+                self.process_change(ProcessChange::Release, "released at shutdown").await?;
+                return Ok(TurnEnd::Released);
+            }
+            match self.next() {
+                Next::Finish(change, reason) => {
+                    self.process_change(change, &reason).await?;
+                    self.finished(change);
+                    return Ok(if matches!(change, ProcessChange::ManualReview) {
+                        TurnEnd::Parked
+                    } else {
+                        TurnEnd::Finished
+                    });
+                }
+                Next::Wait(at) => {
+                    self.process_change(ProcessChange::WaitUntil(at), "backing off until the next attempt is due").await?;
+                    return Ok(TurnEnd::Parked);
+                }
+                Next::Review(i, reason) => {
+                    self.review(i, None, None, false, &reason).await?;
+                    return Ok(TurnEnd::Parked);
+                }
+                Next::Compensate(reason) => {
+                    let mut tx = self.sh.pool.begin().await?;
+                    store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
+                    let end = self.begin_compensation(&mut tx, &reason).await?;
+                    tx.commit().await?;
+                    if let Some(end) = self.after_compensation_began(end).await? {
+                        return Ok(end);
+                    }
+                }
+                Next::Run(i) => {
+                    if let Some(end) = self.run_step(i, abandon).await? {
+                        return Ok(end);
+                    }
+                }
+            }
+        }
+    }
+
+    fn next(&self) -> Next {
+        let now = Utc::now();
+        let role = match self.phase {
+            Phase::Forward => Role::Forward,
+            Phase::Compensating => Role::Compensation,
+        };
+        let Some(i) = self.steps.iter().position(|s| s.role == role && s.status != "succeeded") else {
+            return match self.phase {
+                Phase::Forward => Next::Finish(ProcessChange::Succeeded, "every step succeeded".into()),
+                Phase::Compensating => Next::Finish(ProcessChange::Compensated, "every compensation succeeded".into()),
+            };
+        };
+        let s = &self.steps[i];
+        match (self.phase, s.status.as_str()) {
+            (Phase::Forward, "failed") => Next::Compensate(format!("step {} failed", s.name)),
+            (Phase::Compensating, "failed") => Next::Review(i, format!("compensation of {} failed", s.name)),
+            (_, "manual_review") => Next::Finish(
+                ProcessChange::ManualReview,
+                format!("step {} needs a decision (manual review)", s.name),
+            ),
+            _ => {
+                if self.phase == Phase::Forward
+                    && let Some(deadline) = self.c.deadline_at
+                    && deadline <= now
+                {
+                    if in_doubt(s) {
+                        return Next::Review(i, format!("process deadline passed with the outcome of {} unknown", s.name));
+                    }
+                    return Next::Compensate(format!("process deadline passed before {} succeeded", s.name));
+                }
+                match s.next_attempt_at {
+                    Some(at) if s.status == "retryable" && at > now => Next::Wait(at),
+                    _ => Next::Run(i),
+                }
+            }
+        }
+    }
+
+    async fn process_change(&self, change: ProcessChange, reason: &str) -> Result<(), WriteError> {
+        let mut conn = self.sh.pool.acquire().await?;
+        store::change_process(&mut conn, &self.sh.schema, self.c.id, self.c.token, change, reason).await
+    }
+
+    fn finished(&self, change: ProcessChange) {
+        let status = match change {
+            ProcessChange::Succeeded => "succeeded",
+            ProcessChange::Failed => "failed",
+            ProcessChange::Compensated => "compensated",
+            ProcessChange::ManualReview => "manual_review",
+            _ => return,
+        };
+        let latency = (Utc::now() - self.c.created_at).to_std().unwrap_or_default();
+        events::finished(&self.c.kind, status, latency);
+    }
+
+    fn context(&self, i: usize) -> StepContext {
+        let s = &self.steps[i];
+        let outputs: HashMap<String, serde_json::Value> = self
+            .steps
+            .iter()
+            .filter(|o| o.role == Role::Forward && o.status == "succeeded")
+            .filter_map(|o| o.output.clone().map(|v| (o.name.clone(), v)))
+            .collect();
+        let compensates = s.acts_on.and_then(|seq| {
+            self.steps.iter().find(|o| o.seq == seq).and_then(|o| {
+                o.reference().map(|r| Done {
+                    reference: r.to_string(),
+                    output: o.output.clone(),
+                })
+            })
+        });
+        StepContext {
+            process_id: self.c.id,
+            kind: self.c.kind.clone(),
+            business_key: self.c.business_key.clone(),
+            step: s.name.clone(),
+            role: s.role,
+            attempt: s.attempts + 1,
+            operation_id: s.operation_id,
+            idempotency_key: (s.remote == Some(Remote::HonoursKey)).then(|| s.operation_id.to_string()),
+            input: self.c.input.clone(),
+            outputs,
+            compensates,
+        }
+    }
+
+    /// The action, retry policy and timeout of step `i` in this definition version.
+    fn action(&self, i: usize) -> Option<(Action, RetryPolicy, Duration)> {
+        let s = &self.steps[i];
+        let d = self.def.step_named(&s.name)?;
+        match s.role {
+            Role::Forward => Some((d.action.clone(), d.retry, d.timeout)),
+            Role::Compensation => d.compensation.as_ref().map(|c| (c.action.clone(), c.retry, c.timeout)),
+            Role::Resolution => None,
+        }
+    }
+
+    /// Is this the last step of the phase still to succeed (so its checkpoint can finish the process)?
+    fn is_last(&self, i: usize) -> bool {
+        let role = self.steps[i].role;
+        !self
+            .steps
+            .iter()
+            .enumerate()
+            .any(|(j, s)| j != i && s.role == role && s.status != "succeeded")
+    }
+
+    async fn run_step(&mut self, i: usize, abandon: &CancellationToken) -> Result<Option<TurnEnd>, WriteError> {
+        let Some((action, retry, timeout)) = self.action(i) else {
+            let reason = format!(
+                "definition {} v{} has no {} step {}",
+                self.c.kind, self.c.version, self.steps[i].role.as_str(), self.steps[i].name
+            );
+            self.review(i, None, None, false, &reason).await?;
+            return Ok(Some(TurnEnd::Parked));
+        };
+        let started = Instant::now();
+        match action {
+            Action::Local(step) => {
+                let ctx = self.context(i);
+                let mut tx = self.sh.pool.begin().await?;
+                store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
+                let r = tokio::time::timeout(timeout, step.run(&ctx, &mut tx)).await;
+                match r {
+                    Ok(Ok(done)) => {
+                        let last = self.is_last(i);
+                        store::change_step(
+                            &mut *tx,
+                            &self.sh.schema,
+                            self.c.id,
+                            self.c.token,
+                            self.steps[i].seq,
+                            &StepChange::Succeeded {
+                                remote: false,
+                                reference: &redact::truncate(&done.reference, 500),
+                                output: done.output.as_ref(),
+                                count_attempt: true,
+                                reason: "succeeded",
+                            },
+                        )
+                        .await?;
+                        let finish = last.then_some(match self.phase {
+                            Phase::Forward => ProcessChange::Succeeded,
+                            Phase::Compensating => ProcessChange::Compensated,
+                        });
+                        if let Some(change) = finish {
+                            store::change_process(&mut tx, &self.sh.schema, self.c.id, self.c.token, change, "every step succeeded").await?;
+                        }
+                        tx.commit().await?;
+                        events::step_attempt(&self.c.kind, &self.steps[i].name, "succeeded", "none", started.elapsed());
+                        self.mark_succeeded(i, false, done);
+                        if let Some(change) = finish {
+                            self.finished(change);
+                            return Ok(Some(TurnEnd::Finished));
+                        }
+                        Ok(None)
+                    }
+                    Ok(Err(e)) => {
+                        drop(tx); // rolls the effect back
+                        self.record_error(i, e, true, retry, started).await
+                    }
+                    Err(_) => {
+                        drop(tx);
+                        let e = StepError::transient(format!("timed out after {timeout:?}; rolled back"));
+                        self.record_error(i, e, true, retry, started).await
+                    }
+                }
+            }
+            Action::External { remote, call } => {
+                let s = &self.steps[i];
+                let doubt = in_doubt(s);
+                let name = s.name.clone();
+                let seq = s.seq;
+                if doubt {
+                    match remote {
+                        Remote::Neither => {
+                            events::unknown_outcome(&self.c.kind, &name, "manual_review");
+                            let reason = format!(
+                                "outcome of attempt {} of {name} is unknown and the remote offers neither an idempotency key nor a status query",
+                                s.attempts
+                            );
+                            self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason).await?;
+                            return Ok(Some(TurnEnd::Parked));
+                        }
+                        Remote::Queryable => {
+                            events::unknown_outcome(&self.c.kind, &name, "query");
+                            let ctx = self.context(i);
+                            let q = tokio::time::timeout(timeout, call.query(&ctx)).await;
+                            match q {
+                                Ok(Ok(Lookup::Found(done))) => {
+                                    return self
+                                        .external_succeeded(i, done, "found at the remote by operation id after an unknown outcome", started)
+                                        .await;
+                                }
+                                Ok(Ok(Lookup::NotFound)) => {
+                                    tracing::info!(process = %self.c.id, step = %name, "not found at the remote; calling again");
+                                }
+                                Ok(Ok(Lookup::Inconclusive(m))) => {
+                                    let reason = format!("outcome of {name} unknown and the status query was inconclusive: {m}");
+                                    self.review(i, Some(ErrorClass::Unknown), Some(&m), false, &reason).await?;
+                                    return Ok(Some(TurnEnd::Parked));
+                                }
+                                Ok(Err(e)) => {
+                                    if e.class == ErrorClass::Transient && s.attempts < s.max_attempts {
+                                        // The lookup itself can be retried later; the outcome stays unknown.
+                                        let e = StepError::unknown(format!("status query failed: {}", e.message));
+                                        return self.record_error(i, e, false, retry, started).await;
+                                    }
+                                    let reason = format!("outcome of {name} unknown and the status query failed: {}", e.message);
+                                    self.review(i, Some(ErrorClass::Unknown), Some(&e.message), false, &reason).await?;
+                                    return Ok(Some(TurnEnd::Parked));
+                                }
+                                Err(_) => {
+                                    let reason = format!("outcome of {name} unknown and the status query timed out");
+                                    self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason).await?;
+                                    return Ok(Some(TurnEnd::Parked));
+                                }
+                            }
+                        }
+                        Remote::HonoursKey => {
+                            events::unknown_outcome(&self.c.kind, &name, "retry_with_key");
+                        }
+                    }
+                }
+                // Budget: an unknown outcome that cannot be retried goes to review, never to failed.
+                let s = &self.steps[i];
+                let over_deadline = retry
+                    .deadline
+                    .zip(s.first_attempt_at)
+                    .is_some_and(|(d, first)| first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX) <= Utc::now());
+                if s.attempts >= s.max_attempts || over_deadline {
+                    let why = if over_deadline { "deadline passed" } else { "attempts exhausted" };
+                    if doubt {
+                        let reason = format!("{why} with the outcome of {name} unknown");
+                        self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason).await?;
+                        return Ok(Some(TurnEnd::Parked));
+                    }
+                    let e = StepError::new(
+                        s.error_class.as_deref().and_then(ErrorClass::parse).unwrap_or(ErrorClass::Transient),
+                        format!("{why} after {} attempts", s.attempts),
+                    );
+                    return self.fail(i, e, false).await;
+                }
+                let reason = if doubt {
+                    format!("attempt {} after an unknown outcome", s.attempts + 1)
+                } else {
+                    format!("attempt {}", s.attempts + 1)
+                };
+                store::change_step(&self.sh.pool, &self.sh.schema, self.c.id, self.c.token, seq, &StepChange::Begin { reason: &reason })
+                    .await?;
+                self.steps[i].status = "running".into();
+                self.steps[i].attempts += 1;
+                if self.steps[i].first_attempt_at.is_none() {
+                    self.steps[i].first_attempt_at = Some(Utc::now());
+                }
+                let ctx = self.context(i);
+                let ctx = StepContext { attempt: self.steps[i].attempts, ..ctx };
+                let outcome = tokio::select! {
+                    r = tokio::time::timeout(timeout, call.call(&ctx)) => Some(r),
+                    _ = self.lost.cancelled() => None,
+                    _ = abandon.cancelled() => {
+                        tracing::warn!(process = %self.c.id, step = %name, "shutdown grace over: abandoning the call in flight; its outcome stays unknown");
+                        self.process_change(ProcessChange::Release, "released at shutdown").await?;
+                        return Ok(Some(TurnEnd::Released));
+                    }
+                };
+                let Some(outcome) = outcome else {
+                    tracing::warn!(process = %self.c.id, step = %name, "lease lost during the call: its result is discarded (fenced)");
+                    return Err(Fenced.into());
+                };
+                match outcome {
+                    Ok(Ok(done)) => self.external_succeeded(i, done, "succeeded", started).await,
+                    Ok(Err(e)) => self.record_error(i, e, false, retry, started).await,
+                    Err(_) => {
+                        let e = StepError::unknown(format!("no answer within {timeout:?}; the remote may have acted"));
+                        self.record_error(i, e, false, retry, started).await
+                    }
+                }
+            }
+        }
+    }
+
+    fn mark_succeeded(&mut self, i: usize, remote: bool, done: Done) {
+        let s = &mut self.steps[i];
+        s.status = "succeeded".into();
+        s.next_attempt_at = None;
+        if remote {
+            s.remote_ref = Some(done.reference);
+        } else {
+            s.result_ref = Some(done.reference);
+            s.attempts += 1;
+        }
+        s.output = done.output;
+    }
+
+    async fn external_succeeded(&mut self, i: usize, done: Done, reason: &str, started: Instant) -> Result<Option<TurnEnd>, WriteError> {
+        let last = self.is_last(i);
+        let mut tx = self.sh.pool.begin().await?;
+        let fenced = store::change_step(
+            &mut *tx,
+            &self.sh.schema,
+            self.c.id,
+            self.c.token,
+            self.steps[i].seq,
+            &StepChange::Succeeded {
+                remote: true,
+                reference: &redact::truncate(&done.reference, 500),
+                output: done.output.as_ref(),
+                count_attempt: false,
+                reason,
+            },
+        )
+        .await;
+        if let Err(WriteError::Fenced(_)) = fenced {
+            events::fenced(&self.c.kind);
+            tracing::warn!(process = %self.c.id, step = %self.steps[i].name, "completion fenced off: another worker holds the lease");
+        }
+        fenced?;
+        let finish = last.then_some(match self.phase {
+            Phase::Forward => ProcessChange::Succeeded,
+            Phase::Compensating => ProcessChange::Compensated,
+        });
+        if let Some(change) = finish {
+            store::change_process(&mut tx, &self.sh.schema, self.c.id, self.c.token, change, "every step succeeded").await?;
+        }
+        tx.commit().await?;
+        events::step_attempt(&self.c.kind, &self.steps[i].name, "succeeded", "none", started.elapsed());
+        self.mark_succeeded(i, true, done);
+        if let Some(change) = finish {
+            self.finished(change);
+            return Ok(Some(TurnEnd::Finished));
+        }
+        Ok(None)
+    }
+
+    /// A step attempt failed with `e`: retry, fail (and compensate) or review, by class and budget.
+    async fn record_error(
+        &mut self,
+        i: usize,
+        e: StepError,
+        count_attempt: bool,
+        retry: RetryPolicy,
+        started: Instant,
+    ) -> Result<Option<TurnEnd>, WriteError> {
+        let s = &self.steps[i];
+        let attempts = s.attempts + i32::from(count_attempt);
+        let message = redact::message(&e.message);
+        let class = e.class;
+        events::step_attempt(&self.c.kind, &s.name, "error", class.as_str(), started.elapsed());
+        if class == ErrorClass::Unknown && s.remote == Some(Remote::Neither) {
+            events::unknown_outcome(&self.c.kind, &s.name, "manual_review");
+            let reason = format!("outcome of {} unknown ({message}) and the remote offers neither key nor query", s.name);
+            self.review(i, Some(class), Some(&message), count_attempt, &reason).await?;
+            return Ok(Some(TurnEnd::Parked));
+        }
+        if class == ErrorClass::Permanent {
+            return self.fail(i, StepError::permanent(message), count_attempt).await;
+        }
+        let now = Utc::now();
+        let at = now + chrono::Duration::from_std(retry.delay_after(attempts)).unwrap_or(chrono::TimeDelta::zero());
+        let first = s.first_attempt_at.unwrap_or(now);
+        let past_deadline = retry
+            .deadline
+            .is_some_and(|d| first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX) <= at);
+        if attempts >= s.max_attempts || past_deadline {
+            let why = if past_deadline { "deadline passed" } else { "attempts exhausted" };
+            if class == ErrorClass::Unknown || s.role == Role::Compensation {
+                let reason = format!("{why} ({attempts} attempts) for {}: {message}", s.name);
+                self.review(i, Some(class), Some(&message), count_attempt, &reason).await?;
+                return Ok(Some(TurnEnd::Parked));
+            }
+            return self
+                .fail(i, StepError::new(class, format!("{why} after {attempts} attempts: {message}")), count_attempt)
+                .await;
+        }
+        let reason = format!("{} error on attempt {attempts}; next attempt at {}", class.as_str(), at.to_rfc3339());
+        store::change_step(
+            &self.sh.pool,
+            &self.sh.schema,
+            self.c.id,
+            self.c.token,
+            s.seq,
+            &StepChange::Retryable {
+                class: class.as_str(),
+                message: &message,
+                at,
+                count_attempt,
+                reason: &reason,
+            },
+        )
+        .await?;
+        let s = &mut self.steps[i];
+        s.status = "retryable".into();
+        s.attempts = attempts;
+        s.next_attempt_at = Some(at);
+        s.error_class = Some(class.as_str().into());
+        if s.first_attempt_at.is_none() {
+            s.first_attempt_at = Some(now);
+        }
+        Ok(None)
+    }
+
+    /// Step `i` failed for good: a forward step starts compensation (or fails the process), a
+    /// compensation goes to manual review.
+    async fn fail(&mut self, i: usize, e: StepError, count_attempt: bool) -> Result<Option<TurnEnd>, WriteError> {
+        let message = redact::message(&e.message);
+        if self.steps[i].role == Role::Compensation {
+            let reason = format!("compensation of {} failed: {message}", self.steps[i].name);
+            self.review(i, Some(e.class), Some(&message), count_attempt, &reason).await?;
+            return Ok(Some(TurnEnd::Parked));
+        }
+        let reason = format!("step {} failed ({}): {message}", self.steps[i].name, e.class);
+        let mut tx = self.sh.pool.begin().await?;
+        store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
+        store::change_step(
+            &mut *tx,
+            &self.sh.schema,
+            self.c.id,
+            self.c.token,
+            self.steps[i].seq,
+            &StepChange::Failed {
+                class: e.class.as_str(),
+                message: &message,
+                count_attempt,
+                reason: &reason,
+            },
+        )
+        .await?;
+        self.steps[i].status = "failed".into();
+        let end = self.begin_compensation(&mut tx, &reason).await?;
+        tx.commit().await?;
+        events::step_attempt(&self.c.kind, &self.steps[i].name, "failed", e.class.as_str(), Duration::ZERO);
+        self.after_compensation_began(end).await
+    }
+
+    /// Inside a fenced transaction: adds compensations for the forward steps that succeeded, in
+    /// reverse order, and moves the process to compensating; or fails it if there is nothing to
+    /// undo. Returns the change made.
+    async fn begin_compensation(&mut self, tx: &mut sqlx::PgConnection, reason: &str) -> Result<ProcessChange, WriteError> {
+        let mut comps = Vec::new();
+        for s in self.steps.iter().rev() {
+            if s.role != Role::Forward || s.status != "succeeded" {
+                continue;
+            }
+            if self.steps.iter().any(|o| o.role == Role::Compensation && o.acts_on == Some(s.seq)) {
+                continue;
+            }
+            if let Some(c) = self.def.step_named(&s.name).and_then(|d| d.compensation.as_ref()) {
+                comps.push((
+                    s.seq,
+                    s.name.clone(),
+                    c.action.execution(),
+                    c.action.remote().map(|r| r.as_str()),
+                    c.sensitive,
+                    c.retry.max_attempts.max(1),
+                ));
+            }
+        }
+        let has_existing = self.steps.iter().any(|o| o.role == Role::Compensation);
+        if comps.is_empty() && !has_existing {
+            store::change_process(tx, &self.sh.schema, self.c.id, self.c.token, ProcessChange::Failed, reason).await?;
+            return Ok(ProcessChange::Failed);
+        }
+        store::add_compensations(tx, &self.sh.schema, self.c.id, self.c.token, &comps, reason).await?;
+        store::change_process(tx, &self.sh.schema, self.c.id, self.c.token, ProcessChange::Compensating, reason).await?;
+        Ok(ProcessChange::Compensating)
+    }
+
+    async fn after_compensation_began(&mut self, change: ProcessChange) -> Result<Option<TurnEnd>, WriteError> {
+        if change == ProcessChange::Failed {
+            self.finished(change);
+            return Ok(Some(TurnEnd::Finished));
+        }
+        self.phase = Phase::Compensating;
+        self.steps = store::steps(&self.sh.pool, &self.sh.schema, self.c.id).await?;
+        Ok(None)
+    }
+
+    /// Step `i` and the process go to manual review.
+    async fn review(
+        &mut self,
+        i: usize,
+        class: Option<ErrorClass>,
+        message: Option<&str>,
+        count_attempt: bool,
+        reason: &str,
+    ) -> Result<(), WriteError> {
+        let message = message.map(redact::message);
+        let mut tx = self.sh.pool.begin().await?;
+        store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
+        if self.steps[i].status != "manual_review" {
+            store::change_step(
+                &mut *tx,
+                &self.sh.schema,
+                self.c.id,
+                self.c.token,
+                self.steps[i].seq,
+                &StepChange::Review {
+                    class: class.map(|c| c.as_str()),
+                    message: message.as_deref(),
+                    count_attempt,
+                    reason,
+                },
+            )
+            .await?;
+        }
+        store::change_process(&mut tx, &self.sh.schema, self.c.id, self.c.token, ProcessChange::ManualReview, reason).await?;
+        tx.commit().await?;
+        self.steps[i].status = "manual_review".into();
+        tracing::warn!(process = %self.c.id, kind = %self.c.kind, step = %self.steps[i].name, reason, "process needs manual review");
+        events::step_attempt(
+            &self.c.kind,
+            &self.steps[i].name,
+            "manual_review",
+            class.map(|c| c.as_str()).unwrap_or("none"),
+            Duration::ZERO,
+        );
+        self.finished(ProcessChange::ManualReview);
+        Ok(())
+    }
+}
+
+/// The previous attempt may have acted: its worker died mid-call, or it ended without an answer.
+fn in_doubt(s: &StepRow) -> bool {
+    s.status == "running" || (s.status == "retryable" && s.error_class.as_deref() == Some("unknown"))
+}

@@ -1,0 +1,226 @@
+//! Starting a process inside the caller's transaction, and revising one (changed input is a new
+//! process linked to the old one).
+//!
+//! [`start`] takes anything that gives a connection (`&mut *tx`, `&mut conn`, `&pool`), so a
+//! process starts, or does not, with the caller's business change; a consumer handler starts one
+//! in its effect transaction. The (kind, business key) pair is unique: a second start (a
+//! redelivered message, a replayed request) returns the existing process.
+
+use crate::definition::Definition;
+use crate::error::Error;
+use crate::redact;
+use serde::Serialize;
+use shared::schema::Schema;
+use sqlx::{Acquire, Postgres, Row};
+use uuid::Uuid;
+
+/// What [`start`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Started {
+    pub id: Uuid,
+    /// false when a process with this kind and business key already existed (its id is returned;
+    /// for a revised process, the latest revision's).
+    pub created: bool,
+}
+
+/// The channel workers LISTEN on (`<schema>.processes`); a start notifies it at commit.
+pub fn notify_channel(schema: &Schema) -> String {
+    format!("{}.processes", schema.name())
+}
+
+const INSERT: &str = "\
+WITH ins AS (
+    INSERT INTO {{schema}}.processes
+        (id, kind, definition_version, business_key, revision, revision_of, last_reason, last_actor,
+         input, input_redacted, deadline_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+            CASE WHEN $11::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $11::float8) END)
+    ON CONFLICT (kind, business_key, revision) DO NOTHING
+    RETURNING id
+), steps AS (
+    INSERT INTO {{schema}}.process_steps
+        (process_id, seq, name, role, execution, remote, operation_id, max_attempts, last_reason)
+    SELECT ins.id, s.n - 1, s.name, 'forward', s.execution, s.remote,
+           md5(ins.id::text || '/forward/' || s.name)::uuid, s.max_attempts, 'created'
+    FROM ins, unnest($12::text[], $13::text[], $14::text[], $15::int[])
+              WITH ORDINALITY AS s(name, execution, remote, max_attempts, n)
+)
+SELECT ins.id FROM ins, LATERAL (SELECT pg_notify($16, '')) AS wake";
+
+const LATEST: &str = "SELECT id FROM {{schema}}.processes WHERE kind = $1 AND business_key = $2 \
+                      ORDER BY revision DESC LIMIT 1";
+
+/// Starts a process of `definition` for `business_key` with `input`, in the caller's transaction
+/// (schema `outbox`; see [`start_in`]). Returns the existing process if one was started for the
+/// same kind and key.
+pub async fn start<'c, A, T>(
+    conn: A,
+    definition: &Definition,
+    business_key: &str,
+    input: &T,
+) -> Result<Started, Error>
+where
+    A: Acquire<'c, Database = Postgres>,
+    T: Serialize + ?Sized,
+{
+    start_in(conn, &Schema::default(), definition, business_key, input).await
+}
+
+/// [`start`] in the product schema `schema`.
+pub async fn start_in<'c, A, T>(
+    conn: A,
+    schema: &Schema,
+    definition: &Definition,
+    business_key: &str,
+    input: &T,
+) -> Result<Started, Error>
+where
+    A: Acquire<'c, Database = Postgres>,
+    T: Serialize + ?Sized,
+{
+    let input = serde_json::to_value(input).map_err(Error::Input)?;
+    if business_key.is_empty() || business_key.len() > 500 {
+        return Err(Error::Invalid(
+            "a business key has 1 to 500 bytes".to_string(),
+        ));
+    }
+    definition
+        .validate()
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    let mut conn = conn.acquire().await?;
+    let id = insert(&mut conn, schema, definition, business_key, 0, None, "started", "system", &input).await?;
+    if let Some(id) = id {
+        return Ok(Started { id, created: true });
+    }
+    // The conflicting row may have committed after our statement's snapshot: look again.
+    let row = sqlx::query(schema.sql(LATEST))
+        .bind(definition.kind())
+        .bind(business_key)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(Started {
+        id: row.try_get("id")?,
+        created: false,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn insert(
+    conn: &mut sqlx::PgConnection,
+    schema: &Schema,
+    definition: &Definition,
+    business_key: &str,
+    revision: i32,
+    revision_of: Option<Uuid>,
+    reason: &str,
+    actor: &str,
+    input: &serde_json::Value,
+) -> Result<Option<Uuid>, Error> {
+    let redacted = redact::input(input, definition.redacted_fields());
+    let steps = definition.steps();
+    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+    let executions: Vec<&str> = steps.iter().map(|s| s.action.execution()).collect();
+    let remotes: Vec<Option<&str>> = steps
+        .iter()
+        .map(|s| s.action.remote().map(|r| r.as_str()))
+        .collect();
+    let max_attempts: Vec<i32> = steps.iter().map(|s| s.retry.max_attempts.max(1)).collect();
+    let row = sqlx::query(schema.sql(INSERT))
+        .bind(Uuid::now_v7())
+        .bind(definition.kind())
+        .bind(definition.version())
+        .bind(business_key)
+        .bind(revision)
+        .bind(revision_of)
+        .bind(reason)
+        .bind(actor)
+        .bind(sqlx::types::Json(input))
+        .bind(sqlx::types::Json(&redacted))
+        .bind(definition.deadline_duration().map(|d| d.as_secs_f64()))
+        .bind(&names)
+        .bind(&executions)
+        .bind(&remotes)
+        .bind(&max_attempts)
+        .bind(notify_channel(schema))
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(match row {
+        Some(r) => Some(r.try_get("id")?),
+        None => None,
+    })
+}
+
+/// Statuses a process can be revised from: it no longer works (or waits for a person).
+const REVISABLE: &[&str] = &["succeeded", "failed", "compensated", "cancelled", "manual_review"];
+
+/// Revises process `old` with a changed `input`: a new process (revision n+1 of the same kind and
+/// business key, `revision_of` = `old`) of `definition`, never an edit of the old one. An old
+/// process in manual_review is cancelled (reason recorded) in the same transaction; a process that
+/// is still being worked cannot be revised.
+pub async fn revise<'c, A, T>(
+    conn: A,
+    schema: &Schema,
+    definition: &Definition,
+    old: Uuid,
+    input: &T,
+    reason: &str,
+    actor: &str,
+) -> Result<Uuid, Error>
+where
+    A: Acquire<'c, Database = Postgres>,
+    T: Serialize + ?Sized,
+{
+    let input = serde_json::to_value(input).map_err(Error::Input)?;
+    crate::admin::check_reason_actor(reason, actor)?;
+    let mut conn = conn.acquire().await?;
+    let mut tx = conn.begin().await?;
+    let row = sqlx::query(schema.sql(
+        "SELECT kind, business_key, status FROM {{schema}}.processes WHERE id = $1 FOR UPDATE",
+    ))
+    .bind(old)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(Error::NotFound(old))?;
+    let kind: String = row.try_get("kind")?;
+    let business_key: String = row.try_get("business_key")?;
+    let status: String = row.try_get("status")?;
+    if kind != definition.kind() {
+        return Err(Error::Invalid(format!(
+            "process {old} is a {kind}, not a {}",
+            definition.kind()
+        )));
+    }
+    if !REVISABLE.contains(&status.as_str()) {
+        return Err(Error::NotAllowed {
+            action: "revise".into(),
+            why: format!("process is {status}; revise it once it stopped or waits for review"),
+        });
+    }
+    let latest: i32 = sqlx::query_scalar(schema.sql(
+        "SELECT max(revision) FROM {{schema}}.processes WHERE kind = $1 AND business_key = $2",
+    ))
+    .bind(&kind)
+    .bind(&business_key)
+    .fetch_one(&mut *tx)
+    .await?;
+    let why = redact::truncate(&format!("revision of {old}: {reason}"), 1000);
+    let id = insert(&mut tx, schema, definition, &business_key, latest + 1, Some(old), &why, actor, &input)
+        .await?
+        .ok_or_else(|| Error::NotAllowed {
+            action: "revise".into(),
+            why: "a concurrent revision was made; reload".into(),
+        })?;
+    if status == "manual_review" {
+        sqlx::query(schema.sql(
+            "UPDATE {{schema}}.processes SET status = 'cancelled', finished_at = now(), updated_at = now(), \
+             last_reason = $2, last_actor = $3 WHERE id = $1",
+        ))
+        .bind(old)
+        .bind(redact::truncate(&format!("revised by {id}: {reason}"), 1000))
+        .bind(actor)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(id)
+}

@@ -1,0 +1,501 @@
+//! The worker's SQL: the claim, heartbeats, and every write fenced by the lease token.
+//!
+//! Fencing: every write locks the process row only if it still carries the writer's token
+//! (`SELECT ... WHERE id = $1 AND lease_token = $2 FOR UPDATE`). A claim takes a new token
+//! under the same row lock, so after a takeover the old owner's writes match no row: they are
+//! fenced off, and the caller gets [`Fenced`].
+
+use crate::definition::{Remote, Role};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use shared::schema::Schema;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// A write matched no row: the lease was taken over (the token changed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("lease lost: the write was fenced off")]
+pub struct Fenced;
+
+/// Errors of a fenced write.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Fenced(#[from] Fenced),
+    #[error("database")]
+    Database(#[from] sqlx::Error),
+}
+
+/// A process a worker claimed.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: Uuid,
+    pub kind: String,
+    pub version: i32,
+    pub business_key: String,
+    pub status: String,
+    pub input: Value,
+    pub token: i64,
+    pub deadline_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    /// The owner whose expired lease this claim took over, if any.
+    pub previous_owner: Option<String>,
+}
+
+/// One step row as the worker needs it.
+#[derive(Debug, Clone)]
+pub struct StepRow {
+    pub seq: i32,
+    pub name: String,
+    pub role: Role,
+    pub acts_on: Option<i32>,
+    pub remote: Option<Remote>,
+    pub status: String,
+    pub operation_id: Uuid,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub first_attempt_at: Option<DateTime<Utc>>,
+    pub error_class: Option<String>,
+    pub remote_ref: Option<String>,
+    pub result_ref: Option<String>,
+    pub output: Option<Value>,
+}
+
+impl StepRow {
+    pub fn reference(&self) -> Option<&str> {
+        self.remote_ref.as_deref().or(self.result_ref.as_deref())
+    }
+}
+
+const CLAIM: &str = "\
+WITH c AS (
+    SELECT p.id, p.lease_owner AS previous_owner
+    FROM {{schema}}.processes p
+    WHERE p.status IN ('pending', 'running', 'waiting', 'compensating') AND NOT p.paused
+      AND p.next_run_at <= now() AND (p.lease_until IS NULL OR p.lease_until < now())
+      AND (p.kind, p.definition_version) IN (SELECT k, v FROM unnest($1::text[], $2::int[]) AS u(k, v))
+    ORDER BY p.next_run_at
+    LIMIT $3
+    FOR UPDATE OF p SKIP LOCKED
+)
+UPDATE {{schema}}.processes p SET
+    status = CASE WHEN p.status IN ('pending', 'waiting') THEN 'running' ELSE p.status END,
+    last_reason = CASE
+        WHEN c.previous_owner IS NOT NULL THEN 'lease of ' || c.previous_owner || ' expired; taken over by ' || $4
+        WHEN p.status IN ('pending', 'waiting') THEN 'claimed by ' || $4
+        ELSE p.last_reason END,
+    last_actor = 'system',
+    lease_owner = $4,
+    lease_until = now() + make_interval(secs => $5::float8),
+    next_run_at = now() + make_interval(secs => $5::float8),
+    lease_token = nextval('{{schema}}.process_lease_tokens'),
+    attempt = p.attempt + 1,
+    updated_at = now()
+FROM c WHERE p.id = c.id
+RETURNING p.id, p.kind, p.definition_version, p.business_key, p.status, p.input, p.lease_token,
+          p.deadline_at, p.created_at, c.previous_owner";
+
+/// Claims up to `limit` due processes of the known (kind, version) pairs.
+pub async fn claim(
+    pool: &PgPool,
+    schema: &Schema,
+    kinds: &[String],
+    versions: &[i32],
+    limit: i64,
+    owner: &str,
+    lease: Duration,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let rows = sqlx::query(schema.sql(CLAIM))
+        .bind(kinds)
+        .bind(versions)
+        .bind(limit)
+        .bind(owner)
+        .bind(lease.as_secs_f64())
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(claimed).collect()
+}
+
+fn claimed(r: &PgRow) -> Result<Claimed, sqlx::Error> {
+    Ok(Claimed {
+        id: r.try_get("id")?,
+        kind: r.try_get("kind")?,
+        version: r.try_get("definition_version")?,
+        business_key: r.try_get("business_key")?,
+        status: r.try_get("status")?,
+        input: r.try_get::<sqlx::types::Json<Value>, _>("input")?.0,
+        token: r.try_get("lease_token")?,
+        deadline_at: r.try_get("deadline_at")?,
+        created_at: r.try_get("created_at")?,
+        previous_owner: r.try_get("previous_owner")?,
+    })
+}
+
+/// Due processes whose (kind, version) this worker does not know, by kind and version.
+pub async fn unknown_versions(
+    pool: &PgPool,
+    schema: &Schema,
+    kinds: &[String],
+    versions: &[i32],
+) -> Result<Vec<(String, i32, i64)>, sqlx::Error> {
+    let rows = sqlx::query(schema.sql(
+        "SELECT p.kind, p.definition_version, count(*) AS n FROM {{schema}}.processes p \
+         WHERE p.status IN ('pending', 'running', 'waiting', 'compensating') AND NOT p.paused \
+           AND p.next_run_at <= now() \
+           AND (p.kind, p.definition_version) NOT IN (SELECT k, v FROM unnest($1::text[], $2::int[]) AS u(k, v)) \
+         GROUP BY 1, 2",
+    ))
+    .bind(kinds)
+    .bind(versions)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("kind")?, r.try_get("definition_version")?, r.try_get("n")?)))
+        .collect()
+}
+
+const STEP_COLUMNS: &str = "seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts, \
+     next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output";
+
+/// Every step of a process, in order.
+pub async fn steps(pool: &PgPool, schema: &Schema, id: Uuid) -> Result<Vec<StepRow>, sqlx::Error> {
+    let rows = sqlx::query(schema.sql(&format!(
+        "SELECT {STEP_COLUMNS} FROM {{{{schema}}}}.process_steps WHERE process_id = $1 ORDER BY seq"
+    )))
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(step_row).collect()
+}
+
+fn step_row(r: &PgRow) -> Result<StepRow, sqlx::Error> {
+    let role: String = r.try_get("role")?;
+    let remote: Option<String> = r.try_get("remote")?;
+    Ok(StepRow {
+        seq: r.try_get("seq")?,
+        name: r.try_get("name")?,
+        role: Role::parse(&role).unwrap_or(Role::Resolution),
+        acts_on: r.try_get("acts_on")?,
+        remote: remote.as_deref().and_then(Remote::parse),
+        status: r.try_get("status")?,
+        operation_id: r.try_get("operation_id")?,
+        attempts: r.try_get("attempts")?,
+        max_attempts: r.try_get("max_attempts")?,
+        next_attempt_at: r.try_get("next_attempt_at")?,
+        first_attempt_at: r.try_get("first_attempt_at")?,
+        error_class: r.try_get("error_class")?,
+        remote_ref: r.try_get("remote_ref")?,
+        result_ref: r.try_get("result_ref")?,
+        output: r
+            .try_get::<Option<sqlx::types::Json<Value>>, _>("output")?
+            .map(|j| j.0),
+    })
+}
+
+/// Extends the lease; `Fenced` if it was taken over.
+pub async fn heartbeat(
+    pool: &PgPool,
+    schema: &Schema,
+    id: Uuid,
+    token: i64,
+    lease: Duration,
+) -> Result<(), WriteError> {
+    let r = sqlx::query(schema.sql(
+        "UPDATE {{schema}}.processes SET lease_until = now() + make_interval(secs => $3::float8), \
+         next_run_at = now() + make_interval(secs => $3::float8) \
+         WHERE id = $1 AND lease_token = $2 AND lease_owner IS NOT NULL",
+    ))
+    .bind(id)
+    .bind(token)
+    .bind(lease.as_secs_f64())
+    .execute(pool)
+    .await?;
+    if r.rows_affected() == 0 {
+        return Err(Fenced.into());
+    }
+    Ok(())
+}
+
+/// Locks the process row if the token is still current (the start of every fenced transaction).
+pub async fn fence(conn: &mut PgConnection, schema: &Schema, id: Uuid, token: i64) -> Result<(), WriteError> {
+    let r = sqlx::query(schema.sql(
+        "SELECT 1 AS one FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE",
+    ))
+    .bind(id)
+    .bind(token)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match r {
+        Some(_) => Ok(()),
+        None => Err(Fenced.into()),
+    }
+}
+
+/// How a step row changes.
+#[derive(Debug, Clone)]
+pub enum StepChange<'a> {
+    /// An external attempt begins (committed before the call).
+    Begin { reason: &'a str },
+    Succeeded {
+        /// true: the reference is the remote's (remote_ref), false: a local result (result_ref).
+        remote: bool,
+        reference: &'a str,
+        output: Option<&'a Value>,
+        /// Counts an attempt (local steps, whose attempt is the transaction itself).
+        count_attempt: bool,
+        reason: &'a str,
+    },
+    Retryable {
+        class: &'a str,
+        message: &'a str,
+        at: DateTime<Utc>,
+        count_attempt: bool,
+        reason: &'a str,
+    },
+    Failed {
+        class: &'a str,
+        message: &'a str,
+        count_attempt: bool,
+        reason: &'a str,
+    },
+    Review {
+        class: Option<&'a str>,
+        message: Option<&'a str>,
+        count_attempt: bool,
+        reason: &'a str,
+    },
+}
+
+const STEP_UPDATE: &str = "\
+WITH fence AS (
+    SELECT id FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE
+)
+UPDATE {{schema}}.process_steps SET
+    status = $4,
+    attempts = attempts + $5,
+    first_attempt_at = CASE WHEN $5 > 0 THEN coalesce(first_attempt_at, now()) ELSE first_attempt_at END,
+    last_attempt_at = CASE WHEN $5 > 0 THEN now() ELSE last_attempt_at END,
+    next_attempt_at = CASE WHEN $4 = 'retryable' THEN $6::timestamptz END,
+    finished_at = CASE WHEN $4 IN ('succeeded', 'failed') THEN now() END,
+    error_class = coalesce($7, error_class),
+    error_message = coalesce($8, error_message),
+    remote_ref = coalesce($9, remote_ref),
+    result_ref = coalesce($10, result_ref),
+    output = coalesce($11, output),
+    last_reason = $12,
+    last_actor = 'system',
+    lease_token = $2,
+    updated_at = now()
+WHERE process_id = $1 AND seq = $3 AND EXISTS (SELECT 1 FROM fence)";
+
+/// Applies `change` to step `seq`, fenced by the token (alone or inside a fenced transaction).
+pub async fn change_step<'e, E: sqlx::PgExecutor<'e>>(
+    conn: E,
+    schema: &Schema,
+    id: Uuid,
+    token: i64,
+    seq: i32,
+    change: &StepChange<'_>,
+) -> Result<(), WriteError> {
+    let (status, inc, at, class, message, remote_ref, result_ref, output, reason) = match change {
+        StepChange::Begin { reason } => ("running", 1, None, None, None, None, None, None, *reason),
+        StepChange::Succeeded {
+            remote,
+            reference,
+            output,
+            count_attempt,
+            reason,
+        } => (
+            "succeeded",
+            i32::from(*count_attempt),
+            None,
+            None,
+            None,
+            remote.then_some(*reference),
+            (!remote).then_some(*reference),
+            *output,
+            *reason,
+        ),
+        StepChange::Retryable {
+            class,
+            message,
+            at,
+            count_attempt,
+            reason,
+        } => (
+            "retryable",
+            i32::from(*count_attempt),
+            Some(*at),
+            Some(*class),
+            Some(*message),
+            None,
+            None,
+            None,
+            *reason,
+        ),
+        StepChange::Failed {
+            class,
+            message,
+            count_attempt,
+            reason,
+        } => (
+            "failed",
+            i32::from(*count_attempt),
+            None,
+            Some(*class),
+            Some(*message),
+            None,
+            None,
+            None,
+            *reason,
+        ),
+        StepChange::Review {
+            class,
+            message,
+            count_attempt,
+            reason,
+        } => (
+            "manual_review",
+            i32::from(*count_attempt),
+            None,
+            *class,
+            *message,
+            None,
+            None,
+            None,
+            *reason,
+        ),
+    };
+    let r = sqlx::query(schema.sql(STEP_UPDATE))
+        .bind(id)
+        .bind(token)
+        .bind(seq)
+        .bind(status)
+        .bind(inc)
+        .bind(at)
+        .bind(class)
+        .bind(message)
+        .bind(remote_ref)
+        .bind(result_ref)
+        .bind(output.map(sqlx::types::Json))
+        .bind(crate::redact::truncate(reason, 1000))
+        .execute(conn)
+        .await?;
+    if r.rows_affected() == 0 {
+        return Err(Fenced.into());
+    }
+    Ok(())
+}
+
+/// How a process row changes at the end of a worker's turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessChange {
+    /// Release the lease; due again now (shutdown, or the next step is due at once).
+    Release,
+    /// Back off until the step is due (running becomes waiting; compensating stays).
+    WaitUntil(DateTime<Utc>),
+    Succeeded,
+    Failed,
+    Compensating,
+    Compensated,
+    ManualReview,
+}
+
+/// Applies `change` to the process inside `conn`'s transaction, which must hold the fence.
+pub async fn change_process(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    token: i64,
+    change: ProcessChange,
+    reason: &str,
+) -> Result<(), WriteError> {
+    let reason = crate::redact::truncate(reason, 1000);
+    let (status_sql, keep_lease, next) = match change {
+        ProcessChange::Release => ("status", false, None),
+        ProcessChange::WaitUntil(at) => (
+            "CASE WHEN status = 'running' THEN 'waiting' ELSE status END",
+            false,
+            Some(at),
+        ),
+        ProcessChange::Succeeded => ("'succeeded'", false, None),
+        ProcessChange::Failed => ("'failed'", false, None),
+        ProcessChange::Compensating => ("'compensating'", true, None),
+        ProcessChange::Compensated => ("'compensated'", false, None),
+        ProcessChange::ManualReview => ("'manual_review'", false, None),
+    };
+    let lease = if keep_lease {
+        ""
+    } else {
+        "lease_owner = NULL, lease_until = NULL,"
+    };
+    let sql = format!(
+        "UPDATE {{{{schema}}}}.processes SET status = {status_sql}, {lease} \
+         next_run_at = CASE WHEN $4::timestamptz IS NOT NULL THEN $4 WHEN $5 THEN next_run_at ELSE now() END, \
+         finished_at = CASE WHEN {status_sql} IN ('succeeded', 'failed', 'compensated') THEN now() END, \
+         last_reason = CASE WHEN {status_sql} = status THEN last_reason ELSE $3 END, \
+         last_actor = 'system', updated_at = now() \
+         WHERE id = $1 AND lease_token = $2"
+    );
+    let r = sqlx::query(schema.sql(&sql))
+        .bind(id)
+        .bind(token)
+        .bind(reason)
+        .bind(next)
+        .bind(keep_lease)
+        .execute(&mut *conn)
+        .await?;
+    if r.rows_affected() == 0 {
+        return Err(Fenced.into());
+    }
+    Ok(())
+}
+
+/// Inserts the compensation steps (`(acts_on, name, execution, remote, sensitive, max_attempts)`,
+/// already in the order they run), inside the fenced transaction.
+pub async fn add_compensations(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    token: i64,
+    steps: &[(i32, String, &'static str, Option<&'static str>, bool, i32)],
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    if steps.is_empty() {
+        return Ok(());
+    }
+    let acts_on: Vec<i32> = steps.iter().map(|s| s.0).collect();
+    let names: Vec<&str> = steps.iter().map(|s| s.1.as_str()).collect();
+    let executions: Vec<&str> = steps.iter().map(|s| s.2).collect();
+    let remotes: Vec<Option<&str>> = steps.iter().map(|s| s.3).collect();
+    let sensitive: Vec<bool> = steps.iter().map(|s| s.4).collect();
+    let max_attempts: Vec<i32> = steps.iter().map(|s| s.5).collect();
+    sqlx::query(schema.sql(
+        "INSERT INTO {{schema}}.process_steps \
+             (process_id, seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, \
+              max_attempts, last_reason, lease_token) \
+         SELECT $1, (SELECT max(seq) FROM {{schema}}.process_steps WHERE process_id = $1) + c.n, c.name, \
+                'compensation', c.acts_on, c.execution, c.remote, c.sensitive, \
+                CASE WHEN c.sensitive THEN 'manual_review' ELSE 'pending' END, \
+                md5($1::text || '/compensation/' || c.name)::uuid, c.max_attempts, \
+                CASE WHEN c.sensitive THEN 'sensitive compensation: waits for approval; ' || $7 ELSE $7 END, $8 \
+         FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::bool[], $9::int[]) \
+              WITH ORDINALITY AS c(acts_on, name, execution, remote, sensitive, max_attempts, n) \
+         ORDER BY c.n",
+    ))
+    .bind(id)
+    .bind(&acts_on)
+    .bind(&names)
+    .bind(&executions)
+    .bind(&remotes)
+    .bind(&sensitive)
+    .bind(crate::redact::truncate(reason, 900))
+    .bind(token)
+    .bind(&max_attempts)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}

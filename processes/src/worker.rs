@@ -1,0 +1,280 @@
+//! The worker: claims due processes with `FOR UPDATE SKIP LOCKED` and a lease, runs each claimed
+//! process in its own task, wakes on NOTIFY (channel `<schema>.processes`) with a fallback poll.
+//!
+//! A killed worker's processes are taken over by any other worker once their lease expires
+//! (`lease`, so the bound is `lease + poll`). On shutdown the worker stops claiming, lets each
+//! process finish its current step and releases it; after `shutdown_grace`, calls still in flight
+//! are abandoned (their outcome stays unknown and is resolved by the next owner) and the lease is
+//! released.
+
+use crate::definition::Registry;
+use crate::internal_events as events;
+use crate::runner::{self, Shared, TurnEnd};
+use crate::start::notify_channel;
+use crate::store;
+use shared::schema::Schema;
+use sqlx::{PgPool, Row};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Needs about `concurrency + 3` connections (the listener, heartbeats, the claim).
+    pub pool: PgPool,
+    pub schema: Schema,
+    /// Unique per worker process (shown as the lease owner).
+    pub worker_id: String,
+    /// Processes worked on at once.
+    pub concurrency: usize,
+    /// How long a claim holds; a dead worker's processes are taken over after it.
+    pub lease: Duration,
+    /// How often a held lease is extended (well under `lease`).
+    pub heartbeat: Duration,
+    /// Fallback poll when no NOTIFY arrives (retries that became due, missed notifications).
+    pub poll_interval: Duration,
+    /// Most processes claimed by one statement.
+    pub claim_batch: i64,
+    /// On shutdown, how long a call in flight may still finish before it is abandoned.
+    pub shutdown_grace: Duration,
+    /// How often the worker refreshes the status gauges and looks for unknown versions.
+    pub stats_interval: Duration,
+}
+
+impl WorkerConfig {
+    pub fn new(pool: PgPool, schema: Schema, worker_id: impl Into<String>) -> Self {
+        Self {
+            pool,
+            schema,
+            worker_id: worker_id.into(),
+            concurrency: 16,
+            lease: Duration::from_secs(15),
+            heartbeat: Duration::from_secs(5),
+            poll_interval: Duration::from_millis(500),
+            claim_batch: 32,
+            shutdown_grace: Duration::from_secs(10),
+            stats_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Errors that stop a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("the registry has no definitions")]
+    EmptyRegistry,
+    #[error("worker configuration: {0}")]
+    Config(String),
+}
+
+/// The worker.
+pub struct Worker;
+
+impl Worker {
+    /// Runs until `shutdown` is cancelled; then finishes or abandons the current steps safely.
+    pub async fn run(config: WorkerConfig, registry: Registry, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        if registry.is_empty() {
+            return Err(WorkerError::EmptyRegistry);
+        }
+        if config.heartbeat >= config.lease || config.concurrency == 0 || config.claim_batch < 1 {
+            return Err(WorkerError::Config(
+                "heartbeat must be shorter than the lease; concurrency and claim_batch at least 1".into(),
+            ));
+        }
+        events::describe();
+        let registry = Arc::new(registry);
+        let (kinds, versions) = registry.known();
+        let shared = Shared {
+            pool: config.pool.clone(),
+            schema: config.schema.clone(),
+            lease: config.lease,
+            heartbeat: config.heartbeat,
+        };
+        let wake = Arc::new(Notify::new());
+        let background = CancellationToken::new();
+        let listener = tokio::spawn(listen_loop(
+            config.pool.clone(),
+            notify_channel(&config.schema),
+            wake.clone(),
+            background.clone(),
+        ));
+        let stats = tokio::spawn(stats_loop(
+            config.clone(),
+            kinds.clone(),
+            versions.clone(),
+            background.clone(),
+        ));
+        let abandon = CancellationToken::new();
+        let mut running: JoinSet<()> = JoinSet::new();
+        let mut failures = 0u32;
+        tracing::info!(worker = %config.worker_id, "process worker started");
+        while !shutdown.is_cancelled() {
+            let free = config.concurrency.saturating_sub(running.len());
+            let mut full = false;
+            if free > 0 {
+                let limit = (free as i64).min(config.claim_batch);
+                match store::claim(&config.pool, &config.schema, &kinds, &versions, limit, &config.worker_id, config.lease).await {
+                    Ok(claimed) => {
+                        failures = 0;
+                        full = claimed.len() as i64 == limit;
+                        for c in claimed {
+                            events::claimed(&c.kind, c.previous_owner.is_some());
+                            if let Some(prev) = &c.previous_owner {
+                                tracing::info!(process = %c.id, previous = %prev, token = c.token, "took over an expired lease");
+                            }
+                            let Some(def) = registry.get(&c.kind, c.version).cloned() else {
+                                continue; // the claim filters by known versions
+                            };
+                            let sh = shared.clone();
+                            let stop = shutdown.clone();
+                            let abandon = abandon.clone();
+                            running.spawn(async move {
+                                let id = c.id;
+                                match runner::run(&sh, def, c, stop, abandon).await {
+                                    Ok(TurnEnd::Fenced) => {
+                                        tracing::warn!(process = %id, "lease lost: this worker's remaining writes were fenced off");
+                                    }
+                                    Ok(_) => {}
+                                    Err(e) => {
+                                        tracing::warn!(process = %id, error = %e, "database error while running a process; its lease will expire and another claim resumes it");
+                                    }
+                                }
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        tracing::warn!(error = %e, "claim failed; retrying");
+                    }
+                }
+            }
+            if full && failures == 0 {
+                // More may be due right now; still let finished tasks be reaped.
+                while running.try_join_next().is_some() {}
+                continue;
+            }
+            let idle = if failures > 0 {
+                config.poll_interval.max(Duration::from_millis(200) * failures.min(10))
+            } else {
+                config.poll_interval
+            };
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(idle) => {}
+                Some(_) = running.join_next(), if !running.is_empty() => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+        tracing::info!(worker = %config.worker_id, in_flight = running.len(), "stopping: finishing current steps");
+        let grace = tokio::time::sleep(config.shutdown_grace);
+        tokio::pin!(grace);
+        loop {
+            tokio::select! {
+                r = running.join_next() => if r.is_none() { break },
+                _ = &mut grace, if !abandon.is_cancelled() => abandon.cancel(),
+            }
+        }
+        background.cancel();
+        let _ = listener.await;
+        let _ = stats.await;
+        tracing::info!(worker = %config.worker_id, "process worker stopped");
+        Ok(())
+    }
+}
+
+async fn listen_loop(pool: PgPool, channel: String, wake: Arc<Notify>, stop: CancellationToken) {
+    // The listener gets a pool of its own: sqlx hands a dropped listener's connection back from a
+    // spawned task, which must never hold up closing the caller's pool.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(pool.connect_options().as_ref().clone());
+    let mut failures = 0u32;
+    loop {
+        let result = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen(&channel).await?;
+            wake.notify_one();
+            loop {
+                // A notification, or Ok(None) after a reconnect that may have dropped some.
+                listener.try_recv().await?;
+                wake.notify_one();
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        tokio::select! {
+            r = result => if let Err(e) = r {
+                failures += 1;
+                tracing::warn!(error = %e, "LISTEN connection failed; the poll covers until it is back");
+            },
+            _ = stop.cancelled() => return,
+        }
+        let delay = Duration::from_millis(200) * failures.clamp(1, 25);
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Refreshes the status gauges and the manual-review backlog, and says (metric and log) when due
+/// processes wait for a definition version this worker does not have.
+async fn stats_loop(config: WorkerConfig, kinds: Vec<String>, versions: Vec<i32>, stop: CancellationToken) {
+    let mut seen: HashSet<(String, String)> = HashSet::new();
+    let mut warned: HashSet<(String, i32)> = HashSet::new();
+    loop {
+        if let Err(e) = refresh(&config, &kinds, &versions, &mut seen, &mut warned).await {
+            tracing::debug!(error = %e, "process statistics not refreshed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(config.stats_interval) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn refresh(
+    config: &WorkerConfig,
+    kinds: &[String],
+    versions: &[i32],
+    seen: &mut HashSet<(String, String)>,
+    warned: &mut HashSet<(String, i32)>,
+) -> Result<(), sqlx::Error> {
+    let rows = sqlx::query(config.schema.sql(
+        "SELECT kind, status, count(*) AS n FROM {{schema}}.processes \
+         WHERE status IN ('pending', 'running', 'waiting', 'compensating', 'manual_review') GROUP BY 1, 2",
+    ))
+    .fetch_all(&config.pool)
+    .await?;
+    let mut now_seen = HashSet::new();
+    for r in &rows {
+        let kind: String = r.try_get("kind")?;
+        let status: String = r.try_get("status")?;
+        let n: i64 = r.try_get("n")?;
+        events::active(&kind, &status, n);
+        now_seen.insert((kind, status));
+    }
+    for (kind, status) in seen.difference(&now_seen) {
+        events::active(kind, status, 0);
+    }
+    *seen = now_seen;
+    let r = sqlx::query(config.schema.sql(
+        "SELECT count(*) AS n, coalesce(extract(epoch FROM now() - min(updated_at)), 0)::float8 AS age \
+         FROM {{schema}}.processes WHERE status = 'manual_review'",
+    ))
+    .fetch_one(&config.pool)
+    .await?;
+    let age: f64 = r.try_get("age")?;
+    events::manual_review(r.try_get("n")?, Duration::from_secs_f64(age.max(0.0)));
+    for (kind, version, n) in store::unknown_versions(&config.pool, &config.schema, kinds, versions).await? {
+        events::unknown_version(&kind, version, n);
+        if warned.insert((kind.clone(), version)) {
+            tracing::warn!(kind = %kind, version, due = n, "due processes of a definition version this worker does not have; leaving them to a worker that has it");
+        }
+    }
+    Ok(())
+}
