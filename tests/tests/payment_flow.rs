@@ -13,7 +13,6 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use shared::schema::Schema;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 use system_tests::{TestDb, bin_path, free_addr, http_status, wait_until};
@@ -181,14 +180,22 @@ impl Flow {
     }
 
     async fn wait_status(&self, payment: Uuid, want: &str) {
-        wait_until(&format!("payment {payment} process {want}"), WAIT, || async move {
-            let s = self.process_status(payment).await;
-            assert!(
-                s == want || !matches!(s.as_str(), "succeeded" | "failed" | "compensated" | "manual_review"),
-                "payment {payment}: process {s}, expected {want}"
-            );
-            (s == want).then_some(())
-        })
+        wait_until(
+            &format!("payment {payment} process {want}"),
+            WAIT,
+            || async move {
+                let s = self.process_status(payment).await;
+                assert!(
+                    s == want
+                        || !matches!(
+                            s.as_str(),
+                            "succeeded" | "failed" | "compensated" | "manual_review"
+                        ),
+                    "payment {payment}: process {s}, expected {want}"
+                );
+                (s == want).then_some(())
+            },
+        )
         .await;
     }
 
@@ -286,12 +293,21 @@ async fn a_payment_is_charged_once_and_captured_for_the_ledger() {
     assert_eq!(captured.len(), 1);
     // What the ledger consumer reads.
     let p: demo::ledger::PaymentCaptured = serde_json::from_value(captured[0].0.clone()).unwrap();
-    assert_eq!(p, demo::ledger::PaymentCaptured { account: "acme:EUR".into(), amount: 500 });
+    assert_eq!(
+        p,
+        demo::ledger::PaymentCaptured {
+            account: "acme:EUR".into(),
+            amount: 500
+        }
+    );
     assert_eq!(captured[0].0["charge_id"], json!(charges[0].id.to_string()));
     // The request's trace continues into the process's event.
     let requested = f.events(payment, "payment.requested").await;
     let trace = |tp: &Option<String>| shared::trace::trace_id(tp.as_deref()).map(str::to_string);
-    assert_eq!(trace(&captured[0].1), Some("4bf92f3577b34da6a3ce929d0e0e4736".into()));
+    assert_eq!(
+        trace(&captured[0].1),
+        Some("4bf92f3577b34da6a3ce929d0e0e4736".into())
+    );
     assert_eq!(trace(&captured[0].1), trace(&requested[0].1));
     let charge_id: Option<String> =
         sqlx::query_scalar("SELECT charge_id FROM demo.payments WHERE id = $1")
@@ -312,7 +328,10 @@ async fn a_decline_fails_the_payment_and_releases_the_order() {
     let charges = f.charges(payment).await;
     assert_eq!(taken(&charges), 0, "{charges:?}");
     assert_eq!(f.step(payment, "forward", "charge").await.0, "failed");
-    assert_eq!(f.step(payment, "compensation", "reserve_order").await.0, "succeeded");
+    assert_eq!(
+        f.step(payment, "compensation", "reserve_order").await.0,
+        "succeeded"
+    );
     assert_eq!(f.events(payment, "payment.failed").await.len(), 1);
     assert!(f.events(payment, "payment.captured").await.is_empty());
 }
@@ -338,7 +357,10 @@ async fn unknown_outcome_then_cleared(f: &Flow) -> Uuid {
 #[tokio::test]
 async fn an_unknown_outcome_with_keys_is_retried_with_the_same_key_and_charged_once() {
     let f = Flow::start(
-        &[("PROVIDER_FAULTS", "timeout_after_charge:100"), ("PROVIDER_TIMEOUT_DELAY", "3s")],
+        &[
+            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
+            ("PROVIDER_TIMEOUT_DELAY", "3s"),
+        ],
         "honours_key",
     )
     .await;
@@ -384,8 +406,15 @@ async fn an_unknown_outcome_with_neither_goes_to_manual_review() {
     let _w = f.worker("w1", &[]);
     let (_order, payment) = f.pay(1).await;
     f.wait_status(payment, "manual_review").await;
-    assert_eq!(f.step(payment, "forward", "charge").await.0, "manual_review");
-    assert_eq!(taken(&f.charges(payment).await), 1, "charged once, never called again");
+    assert_eq!(
+        f.step(payment, "forward", "charge").await.0,
+        "manual_review"
+    );
+    assert_eq!(
+        taken(&f.charges(payment).await),
+        1,
+        "charged once, never called again"
+    );
     assert_eq!(f.row(payment).await, ("pending".into(), "reserved".into()));
     // The operator's choices are visible.
     let id: Uuid = sqlx::query_scalar("SELECT process_id FROM demo.payments WHERE id = $1")
@@ -393,9 +422,14 @@ async fn an_unknown_outcome_with_neither_goes_to_manual_review() {
         .fetch_one(&f.db.pool)
         .await
         .unwrap();
-    let view = admin::get(&f.db.pool, &Schema::default(), id).await.unwrap();
+    let view = admin::get(&f.db.pool, &Schema::default(), id)
+        .await
+        .unwrap();
     let names: Vec<&str> = view.allowed.iter().map(|a| a.name()).collect();
-    assert!(names.contains(&"resolve_succeeded") && names.contains(&"resolve_failed"), "{names:?}");
+    assert!(
+        names.contains(&"resolve_succeeded") && names.contains(&"resolve_failed"),
+        "{names:?}"
+    );
 }
 
 #[tokio::test]
@@ -403,7 +437,10 @@ async fn a_worker_killed_after_the_provider_charged_is_replaced_and_the_payment_
     // The answer is held far longer than the worker waits for it: the worker is mid-call when the
     // charge exists, and is SIGKILLed there, before it could store the result.
     let f = Flow::start(
-        &[("PROVIDER_FAULTS", "timeout_after_charge:100"), ("PROVIDER_TIMEOUT_DELAY", "60s")],
+        &[
+            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
+            ("PROVIDER_TIMEOUT_DELAY", "60s"),
+        ],
         "honours_key",
     )
     .await;
@@ -423,7 +460,10 @@ async fn a_worker_killed_after_the_provider_charged_is_replaced_and_the_payment_
 #[tokio::test]
 async fn an_order_cancelled_before_the_capture_needs_an_approved_refund() {
     let f = Flow::start(
-        &[("PROVIDER_FAULTS", "timeout_after_charge:100"), ("PROVIDER_TIMEOUT_DELAY", "3s")],
+        &[
+            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
+            ("PROVIDER_TIMEOUT_DELAY", "3s"),
+        ],
         "honours_key",
     )
     .await;
@@ -439,13 +479,24 @@ async fn an_order_cancelled_before_the_capture_needs_an_approved_refund() {
     f.admin.set_faults("").await.unwrap();
     f.wait_status(payment, "manual_review").await;
     assert_eq!(f.step(payment, "forward", "charge").await.0, "succeeded");
-    assert_eq!(f.step(payment, "forward", "record_capture").await.0, "failed");
+    assert_eq!(
+        f.step(payment, "forward", "record_capture").await.0,
+        "failed"
+    );
     let (status, _, sensitive) = f.step(payment, "compensation", "charge").await;
-    assert_eq!((status.as_str(), sensitive), ("manual_review", true), "the refund waits");
+    assert_eq!(
+        (status.as_str(), sensitive),
+        ("manual_review", true),
+        "the refund waits"
+    );
     assert_eq!(f.row(payment).await, ("pending".into(), "cancelled".into()));
     let charges = f.charges(payment).await;
     assert_eq!(charges.len(), 1);
-    assert_eq!(charges[0].status, ChargeStatus::Succeeded, "not refunded without approval");
+    assert_eq!(
+        charges[0].status,
+        ChargeStatus::Succeeded,
+        "not refunded without approval"
+    );
     assert!(f.events(payment, "payment.captured").await.is_empty());
 
     // An approver runs the refund.
@@ -454,7 +505,9 @@ async fn an_order_cancelled_before_the_capture_needs_an_approved_refund() {
         .fetch_one(&f.db.pool)
         .await
         .unwrap();
-    let view = admin::get(&f.db.pool, &Schema::default(), id).await.unwrap();
+    let view = admin::get(&f.db.pool, &Schema::default(), id)
+        .await
+        .unwrap();
     let action = view
         .allowed
         .iter()
@@ -477,7 +530,10 @@ async fn an_order_cancelled_before_the_capture_needs_an_approved_refund() {
     .unwrap();
     f.wait_status(payment, "compensated").await;
     let charges = f.charges(payment).await;
-    assert_eq!((charges.len(), charges[0].status), (1, ChargeStatus::Refunded));
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Refunded)
+    );
     assert_eq!(f.row(payment).await, ("failed".into(), "cancelled".into()));
     assert_eq!(f.events(payment, "payment.failed").await.len(), 1);
 }
@@ -530,9 +586,11 @@ async fn two_hundred_payments_under_random_faults_and_worker_kills_end_consisten
         println!("killed worker {i} after {} finished", finished().await);
         workers[i] = f.worker(&format!("w{i}-{k}"), &[]);
     }
-    wait_until("every payment finished", Duration::from_secs(150), || async {
-        (finished().await == 200).then_some(())
-    })
+    wait_until(
+        "every payment finished",
+        Duration::from_secs(150),
+        || async { (finished().await == 200).then_some(()) },
+    )
     .await;
 
     let charges = f.admin.admin_charges().await.unwrap();
@@ -548,11 +606,19 @@ async fn two_hundred_payments_under_random_faults_and_worker_kills_end_consisten
         let captured = f.events(*p, "payment.captured").await.len();
         match status.as_str() {
             "succeeded" => {
-                assert_eq!((payment.as_str(), order.as_str()), ("succeeded", "paid"), "{p}");
+                assert_eq!(
+                    (payment.as_str(), order.as_str()),
+                    ("succeeded", "paid"),
+                    "{p}"
+                );
                 assert_eq!((taken, captured), (1, 1), "{p}: one charge, one capture");
             }
             "compensated" => {
-                assert_eq!((payment.as_str(), order.as_str()), ("failed", "placed"), "{p}");
+                assert_eq!(
+                    (payment.as_str(), order.as_str()),
+                    ("failed", "placed"),
+                    "{p}"
+                );
                 assert_eq!((taken, captured), (0, 0), "{p}: nothing taken");
                 assert_eq!(f.events(*p, "payment.failed").await.len(), 1, "{p}");
             }

@@ -18,7 +18,7 @@ ALTER TABLE demo.payments ADD COLUMN IF NOT EXISTS charge_id text
     CHECK (charge_id IS NULL OR length(charge_id) BETWEEN 1 AND 200);
 ALTER TABLE demo.payments ADD COLUMN IF NOT EXISTS failure_reason text
     CHECK (failure_reason IS NULL OR length(failure_reason) BETWEEN 1 AND 500);
-ALTER TABLE demo.payments ADD CONSTRAINT payments_failure_reason_check
+ALTER TABLE demo.payments ADD CONSTRAINT payments_failure_only_when_failed
     CHECK (failure_reason IS NULL OR status = 'failed');
 CREATE UNIQUE INDEX IF NOT EXISTS payments_process_id_key ON demo.payments (process_id);
 COMMENT ON TABLE demo.payments IS 'Payments requested through POST /payments. The API records the request and starts a payment process ({{schema}}.processes, kind payment) in the same transaction; the worker (producer worker) charges at the provider and settles the row.';
