@@ -174,6 +174,7 @@ COMMENT ON COLUMN {{schema}}.process_transitions.to_status IS 'Status after.';
 INSERT INTO {{schema}}.process_transitions (entity, from_status, to_status) VALUES
     ('process', 'pending', 'running'),
     ('process', 'pending', 'cancelled'),
+    ('process', 'pending', 'manual_review'),
     ('process', 'running', 'waiting'),
     ('process', 'running', 'succeeded'),
     ('process', 'running', 'failed'),

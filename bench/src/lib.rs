@@ -4,10 +4,12 @@
 //! - [`report`]: one line per scenario (`scenario`, `value`, `unit`, `ceiling`, `ratio`, `target`, `met`), as a table or JSON.
 //! - [`env`]: a fresh bench database and exchange per run, child processes of the release binaries.
 //! - [`scenarios`]: the measurements.
+//! - [`process_scenario`]: recoverable processes (3-step no-op) against the commit ceiling.
 //!
 //! Ratios compare with ceilings measured in the same run, because absolute numbers drift on a shared machine.
 
 pub mod env;
+pub mod process_scenario;
 pub mod report;
 pub mod scenarios;
 
@@ -25,6 +27,7 @@ pub const SCENARIOS: &[&str] = &[
     "api",
     "soak-memory",
     "table-growth",
+    "processes",
 ];
 
 /// Measures the relay, the consumer and the API against the same run's PostgreSQL and RabbitMQ ceilings.
@@ -32,7 +35,7 @@ pub const SCENARIOS: &[&str] = &[
 #[command(name = "bench", version, about)]
 pub struct Args {
     /// Scenarios to run (default: all): ceiling-amqp, ceiling-pg, relay-drain, relay-latency,
-    /// consumer, end-to-end, api, soak-memory, table-growth.
+    /// consumer, end-to-end, api, soak-memory, table-growth, processes.
     pub scenarios: Vec<String>,
     /// Print one JSON object per scenario line instead of a table.
     #[arg(long)]

@@ -35,6 +35,7 @@ pub async fn run(name: &str, env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result
         "api" => api(env).await,
         "soak-memory" => soak_memory(env).await,
         "table-growth" => table_growth(env).await,
+        "processes" => crate::process_scenario::run(env).await,
         other => anyhow::bail!("unknown scenario {other}"),
     }
 }

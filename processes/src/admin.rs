@@ -96,19 +96,29 @@ pub struct ProcessView {
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
     /// Run an idempotent step again (local, or a remote that honours its key).
-    RerunStep { seq: i32 },
+    RerunStep {
+        seq: i32,
+    },
     /// Let a worker ask the remote by operation id whether the step's operation happened.
-    QueryRemote { seq: i32 },
+    QueryRemote {
+        seq: i32,
+    },
     /// Stop automation: the process waits in manual_review.
     Escalate,
     Pause,
     Resume,
     /// Approve (or retry) a compensation waiting in manual_review.
-    RunCompensation { seq: i32 },
+    RunCompensation {
+        seq: i32,
+    },
     /// The step did happen: `evidence` (a remote reference, a ticket) is required.
-    ResolveSucceeded { seq: i32 },
+    ResolveSucceeded {
+        seq: i32,
+    },
     /// The step did not happen and will not: forward steps then compensate earlier effects.
-    ResolveFailed { seq: i32 },
+    ResolveFailed {
+        seq: i32,
+    },
     Cancel,
 }
 
@@ -128,7 +138,10 @@ impl Action {
     }
     /// Sensitive actions need a second person's approval in the console.
     pub fn sensitive(&self) -> bool {
-        matches!(self, Action::RunCompensation { .. } | Action::ResolveSucceeded { .. })
+        matches!(
+            self,
+            Action::RunCompensation { .. } | Action::ResolveSucceeded { .. }
+        )
     }
 }
 
@@ -188,7 +201,11 @@ fn summary(r: &PgRow) -> Result<ProcessSummary, sqlx::Error> {
 }
 
 /// Processes, manual_review first, then most recently changed.
-pub async fn list(pool: &PgPool, schema: &Schema, filter: &Filter) -> Result<Vec<ProcessSummary>, Error> {
+pub async fn list(
+    pool: &PgPool,
+    schema: &Schema,
+    filter: &Filter,
+) -> Result<Vec<ProcessSummary>, Error> {
     let rows = sqlx::query(schema.sql(&format!(
         "SELECT {PROCESS_COLUMNS} FROM {{{{schema}}}}.processes \
          WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR status = $2) \
@@ -212,7 +229,9 @@ pub async fn get(pool: &PgPool, schema: &Schema, id: Uuid) -> Result<ProcessView
     .await?
     .ok_or(Error::NotFound(id))?;
     let process = summary(&row)?;
-    let input: Value = row.try_get::<sqlx::types::Json<Value>, _>("input_redacted")?.0;
+    let input: Value = row
+        .try_get::<sqlx::types::Json<Value>, _>("input_redacted")?
+        .0;
     let steps = sqlx::query(schema.sql(
         "SELECT seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, attempts, \
          max_attempts, next_attempt_at, first_attempt_at, last_attempt_at, finished_at, error_class, \
@@ -284,14 +303,21 @@ pub async fn get(pool: &PgPool, schema: &Schema, id: Uuid) -> Result<ProcessView
 /// capability. There is no "retry everything".
 pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
     let mut out = Vec::new();
-    let terminal = matches!(p.status.as_str(), "succeeded" | "failed" | "compensated" | "cancelled");
+    let terminal = matches!(
+        p.status.as_str(),
+        "succeeded" | "failed" | "compensated" | "cancelled"
+    );
     if terminal {
         return out;
     }
     if p.status != "manual_review" {
         out.push(Action::Escalate);
     }
-    out.push(if p.paused { Action::Resume } else { Action::Pause });
+    out.push(if p.paused {
+        Action::Resume
+    } else {
+        Action::Pause
+    });
     if p.status == "manual_review" {
         for s in steps.iter().filter(|s| s.status == "manual_review") {
             let remote = s.remote.as_deref().and_then(Remote::parse);
@@ -314,7 +340,10 @@ pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
             out.push(Action::ResolveFailed { seq: s.seq });
         }
     }
-    if matches!(p.status.as_str(), "pending" | "running" | "waiting" | "manual_review") {
+    if matches!(
+        p.status.as_str(),
+        "pending" | "running" | "waiting" | "manual_review"
+    ) {
         out.push(Action::Cancel);
     }
     out
@@ -322,30 +351,43 @@ pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
 
 pub(crate) fn check_reason_actor(reason: &str, actor: &str) -> Result<(), Error> {
     if reason.trim().is_empty() || reason.len() > 900 {
-        return Err(Error::Invalid("a reason of 1 to 900 bytes is required".into()));
+        return Err(Error::Invalid(
+            "a reason of 1 to 900 bytes is required".into(),
+        ));
     }
     if actor.trim().is_empty() || actor.len() > 200 || actor == "system" {
-        return Err(Error::Invalid("an actor (not 'system') of 1 to 200 bytes is required".into()));
+        return Err(Error::Invalid(
+            "an actor (not 'system') of 1 to 200 bytes is required".into(),
+        ));
     }
     Ok(())
 }
 
 /// Performs `req` on process `id` if it is allowed now and the operator saw the current version.
-pub async fn act(pool: &PgPool, schema: &Schema, id: Uuid, req: &Request) -> Result<Outcome, Error> {
+pub async fn act(
+    pool: &PgPool,
+    schema: &Schema,
+    id: Uuid,
+    req: &Request,
+) -> Result<Outcome, Error> {
     check_reason_actor(&req.reason, &req.actor)?;
     let evidence = match (&req.action, req.evidence.as_deref().map(str::trim)) {
-        (Action::ResolveSucceeded { .. }, Some(e)) if !e.is_empty() && e.len() <= 500 => Some(e.to_string()),
+        (Action::ResolveSucceeded { .. }, Some(e)) if !e.is_empty() && e.len() <= 500 => {
+            Some(e.to_string())
+        }
         (Action::ResolveSucceeded { .. }, _) => {
             return Err(Error::Invalid("resolving as succeeded needs evidence (1 to 500 bytes): a remote reference, a ticket".into()));
         }
         _ => None,
     };
     let mut tx = pool.begin().await?;
-    let current: i64 = sqlx::query_scalar(schema.sql("SELECT row_version FROM {{schema}}.processes WHERE id = $1 FOR UPDATE"))
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(Error::NotFound(id))?;
+    let current: i64 = sqlx::query_scalar(
+        schema.sql("SELECT row_version FROM {{schema}}.processes WHERE id = $1 FOR UPDATE"),
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(Error::NotFound(id))?;
     if current != req.seen_version {
         return Err(Error::Stale {
             id,
@@ -358,7 +400,11 @@ pub async fn act(pool: &PgPool, schema: &Schema, id: Uuid, req: &Request) -> Res
     if !allowed_actions(&view.0, &view.1).contains(&req.action) {
         return Err(Error::NotAllowed {
             action: req.action.name().into(),
-            why: format!("process is {}{}", view.0.status, if view.0.paused { " (paused)" } else { "" }),
+            why: format!(
+                "process is {}{}",
+                view.0.status,
+                if view.0.paused { " (paused)" } else { "" }
+            ),
         });
     }
     let (_, steps) = view;
@@ -377,10 +423,17 @@ pub async fn act(pool: &PgPool, schema: &Schema, id: Uuid, req: &Request) -> Res
             .execute(&mut *tx)
             .await?;
         }
-        Action::Escalate => take_process(&mut tx, schema, id, "manual_review", &reason, &req.actor).await?,
-        Action::Cancel => take_process(&mut tx, schema, id, "cancelled", &reason, &req.actor).await?,
+        Action::Escalate => {
+            take_process(&mut tx, schema, id, "manual_review", &reason, &req.actor).await?
+        }
+        Action::Cancel => {
+            take_process(&mut tx, schema, id, "cancelled", &reason, &req.actor).await?
+        }
         Action::RerunStep { seq } => {
-            set_step(&mut tx, schema, id, *seq, "pending", None, &reason, &req.actor).await?;
+            set_step(
+                &mut tx, schema, id, *seq, "pending", None, &reason, &req.actor,
+            )
+            .await?;
             take_process(&mut tx, schema, id, "running", &reason, &req.actor).await?;
         }
         Action::QueryRemote { seq } => {
@@ -401,7 +454,10 @@ pub async fn act(pool: &PgPool, schema: &Schema, id: Uuid, req: &Request) -> Res
             take_process(&mut tx, schema, id, "running", &reason, &req.actor).await?;
         }
         Action::RunCompensation { seq } => {
-            set_step(&mut tx, schema, id, *seq, "pending", None, &reason, &req.actor).await?;
+            set_step(
+                &mut tx, schema, id, *seq, "pending", None, &reason, &req.actor,
+            )
+            .await?;
             take_process(&mut tx, schema, id, "compensating", &reason, &req.actor).await?;
         }
         Action::ResolveSucceeded { seq } | Action::ResolveFailed { seq } => {
@@ -424,11 +480,15 @@ pub async fn act(pool: &PgPool, schema: &Schema, id: Uuid, req: &Request) -> Res
             .bind(&req.actor)
             .execute(&mut *tx)
             .await?;
-            let resolution: i32 = sqlx::query_scalar(schema.sql("SELECT max(seq) FROM {{schema}}.process_steps WHERE process_id = $1"))
-                .bind(id)
-                .fetch_one(&mut *tx)
-                .await?;
-            let done_ref = evidence.clone().unwrap_or_else(|| format!("resolved failed by {}", req.actor));
+            let resolution: i32 = sqlx::query_scalar(
+                schema.sql("SELECT max(seq) FROM {{schema}}.process_steps WHERE process_id = $1"),
+            )
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+            let done_ref = evidence
+                .clone()
+                .unwrap_or_else(|| format!("resolved failed by {}", req.actor));
             sqlx::query(schema.sql(
                 "UPDATE {{schema}}.process_steps SET status = 'succeeded', attempts = 1, result_ref = $3, \
                  finished_at = now(), last_reason = $4, last_actor = $5, updated_at = now() \
@@ -442,7 +502,17 @@ pub async fn act(pool: &PgPool, schema: &Schema, id: Uuid, req: &Request) -> Res
             .execute(&mut *tx)
             .await?;
             let target = if succeeded { "succeeded" } else { "failed" };
-            set_step(&mut tx, schema, id, *seq, target, evidence.as_deref().or(Some(&done_ref)), &reason, &req.actor).await?;
+            set_step(
+                &mut tx,
+                schema,
+                id,
+                *seq,
+                target,
+                evidence.as_deref().or(Some(&done_ref)),
+                &reason,
+                &req.actor,
+            )
+            .await?;
             // The process goes back to a worker, which continues (or compensates, or finishes).
             let is_comp = s.role == "compensation";
             let next = match (is_comp, succeeded) {
@@ -453,14 +523,18 @@ pub async fn act(pool: &PgPool, schema: &Schema, id: Uuid, req: &Request) -> Res
             take_process(&mut tx, schema, id, next, &reason, &req.actor).await?;
         }
     }
-    let audit_ref: i64 = sqlx::query_scalar(schema.sql("SELECT max(id) FROM {{schema}}.process_history WHERE process_id = $1"))
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await?;
-    let r = sqlx::query(schema.sql("SELECT row_version, status FROM {{schema}}.processes WHERE id = $1"))
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await?;
+    let audit_ref: i64 = sqlx::query_scalar(
+        schema.sql("SELECT max(id) FROM {{schema}}.process_history WHERE process_id = $1"),
+    )
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
+    let r = sqlx::query(
+        schema.sql("SELECT row_version, status FROM {{schema}}.processes WHERE id = $1"),
+    )
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
     let outcome = Outcome {
         audit_ref,
         row_version: r.try_get("row_version")?,
@@ -470,11 +544,17 @@ pub async fn act(pool: &PgPool, schema: &Schema, id: Uuid, req: &Request) -> Res
     Ok(outcome)
 }
 
-async fn get_in(tx: &mut sqlx::PgConnection, schema: &Schema, id: Uuid) -> Result<(ProcessSummary, Vec<StepView>), Error> {
-    let row = sqlx::query(schema.sql(&format!("SELECT {PROCESS_COLUMNS} FROM {{{{schema}}}}.processes WHERE id = $1")))
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await?;
+async fn get_in(
+    tx: &mut sqlx::PgConnection,
+    schema: &Schema,
+    id: Uuid,
+) -> Result<(ProcessSummary, Vec<StepView>), Error> {
+    let row = sqlx::query(schema.sql(&format!(
+        "SELECT {PROCESS_COLUMNS} FROM {{{{schema}}}}.processes WHERE id = $1"
+    )))
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
     let p = summary(&row)?;
     let steps = sqlx::query(schema.sql(
         "SELECT seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, attempts, \
@@ -516,7 +596,14 @@ async fn get_in(tx: &mut sqlx::PgConnection, schema: &Schema, id: Uuid) -> Resul
 
 /// Moves the process to `status` and takes a new fencing token, so a worker still holding it
 /// can write nothing more.
-async fn take_process(tx: &mut sqlx::PgConnection, schema: &Schema, id: Uuid, status: &str, reason: &str, actor: &str) -> Result<(), Error> {
+async fn take_process(
+    tx: &mut sqlx::PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    status: &str,
+    reason: &str,
+    actor: &str,
+) -> Result<(), Error> {
     sqlx::query(schema.sql(
         "UPDATE {{schema}}.processes SET status = $2, last_reason = $3, last_actor = $4, \
          lease_owner = NULL, lease_until = NULL, lease_token = nextval('{{schema}}.process_lease_tokens'), \

@@ -126,6 +126,9 @@ pub struct StepContext {
     pub input: Value,
     /// Outputs of the forward steps that succeeded, by step name.
     pub outputs: HashMap<String, Value>,
+    /// Evidence references (remote or local, or an operator's evidence) of the forward steps
+    /// that succeeded, by step name.
+    pub references: HashMap<String, String>,
     /// For a compensation: the evidence of the step it undoes.
     pub compensates: Option<Done>,
 }
@@ -232,7 +235,11 @@ impl Step {
     pub fn local(name: impl Into<String>, step: impl LocalStep + 'static) -> Self {
         Self::new(name, Action::local(step))
     }
-    pub fn external(name: impl Into<String>, remote: Remote, step: impl ExternalStep + 'static) -> Self {
+    pub fn external(
+        name: impl Into<String>,
+        remote: Remote,
+        step: impl ExternalStep + 'static,
+    ) -> Self {
         Self::new(name, Action::external(remote, step))
     }
     pub fn new(name: impl Into<String>, action: Action) -> Self {

@@ -104,7 +104,11 @@ pub enum Error {
     NotFound(uuid::Uuid),
     /// The operator saw an older version of the process than the one stored.
     #[error("process {id} changed since version {seen} (now {current}); reload and decide again")]
-    Stale { id: uuid::Uuid, seen: i64, current: i64 },
+    Stale {
+        id: uuid::Uuid,
+        seen: i64,
+        current: i64,
+    },
     /// The action is not allowed in the process's current state.
     #[error("{action} is not allowed now: {why}")]
     NotAllowed { action: String, why: String },

@@ -1,20 +1,58 @@
 //! Every metric the process workers emit, in one place, with fixed label sets.
 
-use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 use std::time::Duration;
 
 pub fn describe() {
-    describe_gauge!("processes_active", "Processes not yet finished, by kind and status");
-    describe_counter!("processes_finished_total", "Processes that reached a final or review status, by kind and status");
-    describe_counter!("process_step_attempts_total", "Step attempts, by kind, step, outcome and error class");
-    describe_counter!("process_unknown_outcomes_total", "Attempts whose outcome is unknown (timeout, lost worker), by kind, step and how they are resolved");
-    describe_gauge!("process_manual_review_backlog", "Processes waiting in manual_review");
-    describe_gauge!("process_manual_review_oldest_age_seconds", Unit::Seconds, "Age of the oldest process in manual_review");
-    describe_counter!("process_lease_takeovers_total", "Claims that took over an expired lease of another worker, by kind");
-    describe_counter!("process_fenced_writes_total", "Writes refused because the lease was taken over, by kind");
-    describe_histogram!("process_step_duration_seconds", Unit::Seconds, "Duration of one step attempt, by kind and step");
-    describe_histogram!("process_latency_seconds", Unit::Seconds, "Start to finish of a process, by kind and final status");
-    describe_gauge!("process_unknown_version_due", "Due processes of a definition version this worker does not have, by kind and version");
+    describe_gauge!(
+        "processes_active",
+        "Processes not yet finished, by kind and status"
+    );
+    describe_counter!(
+        "processes_finished_total",
+        "Processes that reached a final or review status, by kind and status"
+    );
+    describe_counter!(
+        "process_step_attempts_total",
+        "Step attempts, by kind, step, outcome and error class"
+    );
+    describe_counter!(
+        "process_unknown_outcomes_total",
+        "Attempts whose outcome is unknown (timeout, lost worker), by kind, step and how they are resolved"
+    );
+    describe_gauge!(
+        "process_manual_review_backlog",
+        "Processes waiting in manual_review"
+    );
+    describe_gauge!(
+        "process_manual_review_oldest_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest process in manual_review"
+    );
+    describe_counter!(
+        "process_lease_takeovers_total",
+        "Claims that took over an expired lease of another worker, by kind"
+    );
+    describe_counter!(
+        "process_fenced_writes_total",
+        "Writes refused because the lease was taken over, by kind"
+    );
+    describe_histogram!(
+        "process_step_duration_seconds",
+        Unit::Seconds,
+        "Duration of one step attempt, by kind and step"
+    );
+    describe_histogram!(
+        "process_latency_seconds",
+        Unit::Seconds,
+        "Start to finish of a process, by kind and final status"
+    );
+    describe_gauge!(
+        "process_unknown_version_due",
+        "Due processes of a definition version this worker does not have, by kind and version"
+    );
     describe_counter!("process_claims_total", "Processes claimed by this worker");
 }
 
@@ -27,7 +65,13 @@ pub fn claimed(kind: &str, takeover: bool) {
 }
 
 /// One step attempt ended with `outcome` (succeeded, retryable, failed, manual_review, found).
-pub fn step_attempt(kind: &str, step: &str, outcome: &'static str, class: &'static str, took: Duration) {
+pub fn step_attempt(
+    kind: &str,
+    step: &str,
+    outcome: &'static str,
+    class: &'static str,
+    took: Duration,
+) {
     counter!("process_step_attempts_total", "kind" => kind.to_string(), "step" => step.to_string(),
         "outcome" => outcome, "error_class" => class)
     .increment(1);
@@ -49,13 +93,15 @@ pub fn fenced(kind: &str) {
 
 /// A process reached `status` (succeeded, failed, compensated, manual_review) `latency` after its start.
 pub fn finished(kind: &str, status: &'static str, latency: Duration) {
-    counter!("processes_finished_total", "kind" => kind.to_string(), "status" => status).increment(1);
+    counter!("processes_finished_total", "kind" => kind.to_string(), "status" => status)
+        .increment(1);
     histogram!("process_latency_seconds", "kind" => kind.to_string(), "status" => status)
         .record(latency.as_secs_f64());
 }
 
 pub fn active(kind: &str, status: &str, n: i64) {
-    gauge!("processes_active", "kind" => kind.to_string(), "status" => status.to_string()).set(n as f64);
+    gauge!("processes_active", "kind" => kind.to_string(), "status" => status.to_string())
+        .set(n as f64);
 }
 
 pub fn manual_review(backlog: i64, oldest_age: Duration) {

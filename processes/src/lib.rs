@@ -30,7 +30,10 @@ pub mod start;
 pub mod store;
 pub mod worker;
 
-pub use definition::{Action, Definition, Done, ExternalStep, LocalStep, Lookup, Registry, Remote, Role, Step, StepContext, StepFuture};
+pub use definition::{
+    Action, Definition, Done, ExternalStep, LocalStep, Lookup, Registry, Remote, Role, Step,
+    StepContext, StepFuture,
+};
 pub use error::{Error, ErrorClass, StepError};
 pub use retry::RetryPolicy;
 pub use start::{Started, revise, start, start_in};

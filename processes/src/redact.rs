@@ -89,7 +89,10 @@ mod tests {
     #[test]
     fn redacts_declared_fields_only() {
         let v = json!({"amount": 5, "card": {"number": "4111", "exp": "12/30"}, "items": [{"secret": 1}, {"secret": 2}]});
-        let r = input(&v, &["card.number".into(), "items.secret".into(), "absent".into()]);
+        let r = input(
+            &v,
+            &["card.number".into(), "items.secret".into(), "absent".into()],
+        );
         assert_eq!(
             r,
             json!({"amount": 5, "card": {"number": MARK, "exp": "12/30"}, "items": [{"secret": MARK}, {"secret": MARK}]})
@@ -98,7 +101,10 @@ mod tests {
 
     #[test]
     fn masks_card_like_numbers_and_cuts() {
-        assert_eq!(message("card 4111111111111111 declined"), "card [redacted] declined");
+        assert_eq!(
+            message("card 4111111111111111 declined"),
+            "card [redacted] declined"
+        );
         assert_eq!(message("HTTP 503"), "HTTP 503");
         assert!(message(&"é".repeat(400)).len() <= MAX_MESSAGE);
     }

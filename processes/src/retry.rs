@@ -37,7 +37,10 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// Delay after attempt `attempt` (1-based) failed.
     pub fn delay_after(&self, attempt: i32) -> Duration {
-        let exp = self.factor.max(1.0).powi(attempt.saturating_sub(1).clamp(0, 60));
+        let exp = self
+            .factor
+            .max(1.0)
+            .powi(attempt.saturating_sub(1).clamp(0, 60));
         let base = self.initial.as_secs_f64() * exp;
         let capped = base.min(self.max_delay.as_secs_f64()).max(0.0);
         let secs = if self.jitter && capped > 0.0 {

@@ -145,13 +145,18 @@ async fn heartbeat(
 }
 
 impl Run<'_> {
-    async fn turn(&mut self, stop: &CancellationToken, abandon: &CancellationToken) -> Result<TurnEnd, WriteError> {
+    async fn turn(
+        &mut self,
+        stop: &CancellationToken,
+        abandon: &CancellationToken,
+    ) -> Result<TurnEnd, WriteError> {
         loop {
             if self.lost.is_cancelled() {
                 return Err(Fenced.into());
             }
             if stop.is_cancelled() {
-                self.process_change(ProcessChange::Release, "released at shutdown").await?;
+                self.process_change(ProcessChange::Release, "released at shutdown")
+                    .await?;
                 return Ok(TurnEnd::Released);
             }
             match self.next() {
@@ -165,7 +170,11 @@ impl Run<'_> {
                     });
                 }
                 Next::Wait(at) => {
-                    self.process_change(ProcessChange::WaitUntil(at), "backing off until the next attempt is due").await?;
+                    self.process_change(
+                        ProcessChange::WaitUntil(at),
+                        "backing off until the next attempt is due",
+                    )
+                    .await?;
                     return Ok(TurnEnd::Parked);
                 }
                 Next::Review(i, reason) => {
@@ -196,16 +205,27 @@ impl Run<'_> {
             Phase::Forward => Role::Forward,
             Phase::Compensating => Role::Compensation,
         };
-        let Some(i) = self.steps.iter().position(|s| s.role == role && s.status != "succeeded") else {
+        let Some(i) = self
+            .steps
+            .iter()
+            .position(|s| s.role == role && s.status != "succeeded")
+        else {
             return match self.phase {
-                Phase::Forward => Next::Finish(ProcessChange::Succeeded, "every step succeeded".into()),
-                Phase::Compensating => Next::Finish(ProcessChange::Compensated, "every compensation succeeded".into()),
+                Phase::Forward => {
+                    Next::Finish(ProcessChange::Succeeded, "every step succeeded".into())
+                }
+                Phase::Compensating => Next::Finish(
+                    ProcessChange::Compensated,
+                    "every compensation succeeded".into(),
+                ),
             };
         };
         let s = &self.steps[i];
         match (self.phase, s.status.as_str()) {
             (Phase::Forward, "failed") => Next::Compensate(format!("step {} failed", s.name)),
-            (Phase::Compensating, "failed") => Next::Review(i, format!("compensation of {} failed", s.name)),
+            (Phase::Compensating, "failed") => {
+                Next::Review(i, format!("compensation of {} failed", s.name))
+            }
             (_, "manual_review") => Next::Finish(
                 ProcessChange::ManualReview,
                 format!("step {} needs a decision (manual review)", s.name),
@@ -216,9 +236,18 @@ impl Run<'_> {
                     && deadline <= now
                 {
                     if in_doubt(s) {
-                        return Next::Review(i, format!("process deadline passed with the outcome of {} unknown", s.name));
+                        return Next::Review(
+                            i,
+                            format!(
+                                "process deadline passed with the outcome of {} unknown",
+                                s.name
+                            ),
+                        );
                     }
-                    return Next::Compensate(format!("process deadline passed before {} succeeded", s.name));
+                    return Next::Compensate(format!(
+                        "process deadline passed before {} succeeded",
+                        s.name
+                    ));
                 }
                 match s.next_attempt_at {
                     Some(at) if s.status == "retryable" && at > now => Next::Wait(at),
@@ -230,7 +259,15 @@ impl Run<'_> {
 
     async fn process_change(&self, change: ProcessChange, reason: &str) -> Result<(), WriteError> {
         let mut conn = self.sh.pool.acquire().await?;
-        store::change_process(&mut conn, &self.sh.schema, self.c.id, self.c.token, change, reason).await
+        store::change_process(
+            &mut conn,
+            &self.sh.schema,
+            self.c.id,
+            self.c.token,
+            change,
+            reason,
+        )
+        .await
     }
 
     fn finished(&self, change: ProcessChange) {
@@ -241,7 +278,9 @@ impl Run<'_> {
             ProcessChange::ManualReview => "manual_review",
             _ => return,
         };
-        let latency = (Utc::now() - self.c.created_at).to_std().unwrap_or_default();
+        let latency = (Utc::now() - self.c.created_at)
+            .to_std()
+            .unwrap_or_default();
         events::finished(&self.c.kind, status, latency);
     }
 
@@ -252,6 +291,12 @@ impl Run<'_> {
             .iter()
             .filter(|o| o.role == Role::Forward && o.status == "succeeded")
             .filter_map(|o| o.output.clone().map(|v| (o.name.clone(), v)))
+            .collect();
+        let references: HashMap<String, String> = self
+            .steps
+            .iter()
+            .filter(|o| o.role == Role::Forward && o.status == "succeeded")
+            .filter_map(|o| o.reference().map(|r| (o.name.clone(), r.to_string())))
             .collect();
         let compensates = s.acts_on.and_then(|seq| {
             self.steps.iter().find(|o| o.seq == seq).and_then(|o| {
@@ -269,9 +314,11 @@ impl Run<'_> {
             role: s.role,
             attempt: s.attempts + 1,
             operation_id: s.operation_id,
-            idempotency_key: (s.remote == Some(Remote::HonoursKey)).then(|| s.operation_id.to_string()),
+            idempotency_key: (s.remote == Some(Remote::HonoursKey))
+                .then(|| s.operation_id.to_string()),
             input: self.c.input.clone(),
             outputs,
+            references,
             compensates,
         }
     }
@@ -282,7 +329,10 @@ impl Run<'_> {
         let d = self.def.step_named(&s.name)?;
         match s.role {
             Role::Forward => Some((d.action.clone(), d.retry, d.timeout)),
-            Role::Compensation => d.compensation.as_ref().map(|c| (c.action.clone(), c.retry, c.timeout)),
+            Role::Compensation => d
+                .compensation
+                .as_ref()
+                .map(|c| (c.action.clone(), c.retry, c.timeout)),
             Role::Resolution => None,
         }
     }
@@ -297,11 +347,18 @@ impl Run<'_> {
             .any(|(j, s)| j != i && s.role == role && s.status != "succeeded")
     }
 
-    async fn run_step(&mut self, i: usize, abandon: &CancellationToken) -> Result<Option<TurnEnd>, WriteError> {
+    async fn run_step(
+        &mut self,
+        i: usize,
+        abandon: &CancellationToken,
+    ) -> Result<Option<TurnEnd>, WriteError> {
         let Some((action, retry, timeout)) = self.action(i) else {
             let reason = format!(
                 "definition {} v{} has no {} step {}",
-                self.c.kind, self.c.version, self.steps[i].role.as_str(), self.steps[i].name
+                self.c.kind,
+                self.c.version,
+                self.steps[i].role.as_str(),
+                self.steps[i].name
             );
             self.review(i, None, None, false, &reason).await?;
             return Ok(Some(TurnEnd::Parked));
@@ -336,10 +393,24 @@ impl Run<'_> {
                             Phase::Compensating => ProcessChange::Compensated,
                         });
                         if let Some(change) = finish {
-                            store::change_process(&mut tx, &self.sh.schema, self.c.id, self.c.token, change, "every step succeeded").await?;
+                            store::change_process(
+                                &mut tx,
+                                &self.sh.schema,
+                                self.c.id,
+                                self.c.token,
+                                change,
+                                "every step succeeded",
+                            )
+                            .await?;
                         }
                         tx.commit().await?;
-                        events::step_attempt(&self.c.kind, &self.steps[i].name, "succeeded", "none", started.elapsed());
+                        events::step_attempt(
+                            &self.c.kind,
+                            &self.steps[i].name,
+                            "succeeded",
+                            "none",
+                            started.elapsed(),
+                        );
                         self.mark_succeeded(i, false, done);
                         if let Some(change) = finish {
                             self.finished(change);
@@ -353,7 +424,9 @@ impl Run<'_> {
                     }
                     Err(_) => {
                         drop(tx);
-                        let e = StepError::transient(format!("timed out after {timeout:?}; rolled back"));
+                        let e = StepError::transient(format!(
+                            "timed out after {timeout:?}; rolled back"
+                        ));
                         self.record_error(i, e, true, retry, started).await
                     }
                 }
@@ -371,7 +444,14 @@ impl Run<'_> {
                                 "outcome of attempt {} of {name} is unknown and the remote offers neither an idempotency key nor a status query",
                                 s.attempts
                             );
-                            self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason).await?;
+                            self.review(
+                                i,
+                                Some(ErrorClass::Unknown),
+                                Some(&reason),
+                                false,
+                                &reason,
+                            )
+                            .await?;
                             return Ok(Some(TurnEnd::Parked));
                         }
                         Remote::Queryable => {
@@ -388,23 +468,58 @@ impl Run<'_> {
                                     tracing::info!(process = %self.c.id, step = %name, "not found at the remote; calling again");
                                 }
                                 Ok(Ok(Lookup::Inconclusive(m))) => {
-                                    let reason = format!("outcome of {name} unknown and the status query was inconclusive: {m}");
-                                    self.review(i, Some(ErrorClass::Unknown), Some(&m), false, &reason).await?;
+                                    let reason = format!(
+                                        "outcome of {name} unknown and the status query was inconclusive: {m}"
+                                    );
+                                    self.review(
+                                        i,
+                                        Some(ErrorClass::Unknown),
+                                        Some(&m),
+                                        false,
+                                        &reason,
+                                    )
+                                    .await?;
                                     return Ok(Some(TurnEnd::Parked));
                                 }
                                 Ok(Err(e)) => {
-                                    if e.class == ErrorClass::Transient && s.attempts < s.max_attempts {
+                                    if e.class == ErrorClass::Transient
+                                        && s.attempts < s.max_attempts
+                                    {
                                         // The lookup itself can be retried later; the outcome stays unknown.
-                                        let e = StepError::unknown(format!("status query failed: {}", e.message));
-                                        return self.record_error(i, e, false, retry, started).await;
+                                        let e = StepError::unknown(format!(
+                                            "status query failed: {}",
+                                            e.message
+                                        ));
+                                        return self
+                                            .record_error(i, e, false, retry, started)
+                                            .await;
                                     }
-                                    let reason = format!("outcome of {name} unknown and the status query failed: {}", e.message);
-                                    self.review(i, Some(ErrorClass::Unknown), Some(&e.message), false, &reason).await?;
+                                    let reason = format!(
+                                        "outcome of {name} unknown and the status query failed: {}",
+                                        e.message
+                                    );
+                                    self.review(
+                                        i,
+                                        Some(ErrorClass::Unknown),
+                                        Some(&e.message),
+                                        false,
+                                        &reason,
+                                    )
+                                    .await?;
                                     return Ok(Some(TurnEnd::Parked));
                                 }
                                 Err(_) => {
-                                    let reason = format!("outcome of {name} unknown and the status query timed out");
-                                    self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason).await?;
+                                    let reason = format!(
+                                        "outcome of {name} unknown and the status query timed out"
+                                    );
+                                    self.review(
+                                        i,
+                                        Some(ErrorClass::Unknown),
+                                        Some(&reason),
+                                        false,
+                                        &reason,
+                                    )
+                                    .await?;
                                     return Ok(Some(TurnEnd::Parked));
                                 }
                             }
@@ -416,19 +531,31 @@ impl Run<'_> {
                 }
                 // Budget: an unknown outcome that cannot be retried goes to review, never to failed.
                 let s = &self.steps[i];
-                let over_deadline = retry
-                    .deadline
-                    .zip(s.first_attempt_at)
-                    .is_some_and(|(d, first)| first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX) <= Utc::now());
+                let over_deadline =
+                    retry
+                        .deadline
+                        .zip(s.first_attempt_at)
+                        .is_some_and(|(d, first)| {
+                            first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
+                                <= Utc::now()
+                        });
                 if s.attempts >= s.max_attempts || over_deadline {
-                    let why = if over_deadline { "deadline passed" } else { "attempts exhausted" };
+                    let why = if over_deadline {
+                        "deadline passed"
+                    } else {
+                        "attempts exhausted"
+                    };
                     if doubt {
                         let reason = format!("{why} with the outcome of {name} unknown");
-                        self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason).await?;
+                        self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason)
+                            .await?;
                         return Ok(Some(TurnEnd::Parked));
                     }
                     let e = StepError::new(
-                        s.error_class.as_deref().and_then(ErrorClass::parse).unwrap_or(ErrorClass::Transient),
+                        s.error_class
+                            .as_deref()
+                            .and_then(ErrorClass::parse)
+                            .unwrap_or(ErrorClass::Transient),
                         format!("{why} after {} attempts", s.attempts),
                     );
                     return self.fail(i, e, false).await;
@@ -438,15 +565,25 @@ impl Run<'_> {
                 } else {
                     format!("attempt {}", s.attempts + 1)
                 };
-                store::change_step(&self.sh.pool, &self.sh.schema, self.c.id, self.c.token, seq, &StepChange::Begin { reason: &reason })
-                    .await?;
+                store::change_step(
+                    &self.sh.pool,
+                    &self.sh.schema,
+                    self.c.id,
+                    self.c.token,
+                    seq,
+                    &StepChange::Begin { reason: &reason },
+                )
+                .await?;
                 self.steps[i].status = "running".into();
                 self.steps[i].attempts += 1;
                 if self.steps[i].first_attempt_at.is_none() {
                     self.steps[i].first_attempt_at = Some(Utc::now());
                 }
                 let ctx = self.context(i);
-                let ctx = StepContext { attempt: self.steps[i].attempts, ..ctx };
+                let ctx = StepContext {
+                    attempt: self.steps[i].attempts,
+                    ..ctx
+                };
                 let outcome = tokio::select! {
                     r = tokio::time::timeout(timeout, call.call(&ctx)) => Some(r),
                     _ = self.lost.cancelled() => None,
@@ -464,7 +601,9 @@ impl Run<'_> {
                     Ok(Ok(done)) => self.external_succeeded(i, done, "succeeded", started).await,
                     Ok(Err(e)) => self.record_error(i, e, false, retry, started).await,
                     Err(_) => {
-                        let e = StepError::unknown(format!("no answer within {timeout:?}; the remote may have acted"));
+                        let e = StepError::unknown(format!(
+                            "no answer within {timeout:?}; the remote may have acted"
+                        ));
                         self.record_error(i, e, false, retry, started).await
                     }
                 }
@@ -485,7 +624,13 @@ impl Run<'_> {
         s.output = done.output;
     }
 
-    async fn external_succeeded(&mut self, i: usize, done: Done, reason: &str, started: Instant) -> Result<Option<TurnEnd>, WriteError> {
+    async fn external_succeeded(
+        &mut self,
+        i: usize,
+        done: Done,
+        reason: &str,
+        started: Instant,
+    ) -> Result<Option<TurnEnd>, WriteError> {
         let last = self.is_last(i);
         let mut tx = self.sh.pool.begin().await?;
         let fenced = store::change_step(
@@ -513,10 +658,24 @@ impl Run<'_> {
             Phase::Compensating => ProcessChange::Compensated,
         });
         if let Some(change) = finish {
-            store::change_process(&mut tx, &self.sh.schema, self.c.id, self.c.token, change, "every step succeeded").await?;
+            store::change_process(
+                &mut tx,
+                &self.sh.schema,
+                self.c.id,
+                self.c.token,
+                change,
+                "every step succeeded",
+            )
+            .await?;
         }
         tx.commit().await?;
-        events::step_attempt(&self.c.kind, &self.steps[i].name, "succeeded", "none", started.elapsed());
+        events::step_attempt(
+            &self.c.kind,
+            &self.steps[i].name,
+            "succeeded",
+            "none",
+            started.elapsed(),
+        );
         self.mark_succeeded(i, true, done);
         if let Some(change) = finish {
             self.finished(change);
@@ -538,34 +697,61 @@ impl Run<'_> {
         let attempts = s.attempts + i32::from(count_attempt);
         let message = redact::message(&e.message);
         let class = e.class;
-        events::step_attempt(&self.c.kind, &s.name, "error", class.as_str(), started.elapsed());
+        events::step_attempt(
+            &self.c.kind,
+            &s.name,
+            "error",
+            class.as_str(),
+            started.elapsed(),
+        );
         if class == ErrorClass::Unknown && s.remote == Some(Remote::Neither) {
             events::unknown_outcome(&self.c.kind, &s.name, "manual_review");
-            let reason = format!("outcome of {} unknown ({message}) and the remote offers neither key nor query", s.name);
-            self.review(i, Some(class), Some(&message), count_attempt, &reason).await?;
+            let reason = format!(
+                "outcome of {} unknown ({message}) and the remote offers neither key nor query",
+                s.name
+            );
+            self.review(i, Some(class), Some(&message), count_attempt, &reason)
+                .await?;
             return Ok(Some(TurnEnd::Parked));
         }
         if class == ErrorClass::Permanent {
-            return self.fail(i, StepError::permanent(message), count_attempt).await;
+            return self
+                .fail(i, StepError::permanent(message), count_attempt)
+                .await;
         }
         let now = Utc::now();
-        let at = now + chrono::Duration::from_std(retry.delay_after(attempts)).unwrap_or(chrono::TimeDelta::zero());
+        let at = now
+            + chrono::Duration::from_std(retry.delay_after(attempts))
+                .unwrap_or(chrono::TimeDelta::zero());
         let first = s.first_attempt_at.unwrap_or(now);
-        let past_deadline = retry
-            .deadline
-            .is_some_and(|d| first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX) <= at);
+        let past_deadline = retry.deadline.is_some_and(|d| {
+            first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX) <= at
+        });
         if attempts >= s.max_attempts || past_deadline {
-            let why = if past_deadline { "deadline passed" } else { "attempts exhausted" };
+            let why = if past_deadline {
+                "deadline passed"
+            } else {
+                "attempts exhausted"
+            };
             if class == ErrorClass::Unknown || s.role == Role::Compensation {
                 let reason = format!("{why} ({attempts} attempts) for {}: {message}", s.name);
-                self.review(i, Some(class), Some(&message), count_attempt, &reason).await?;
+                self.review(i, Some(class), Some(&message), count_attempt, &reason)
+                    .await?;
                 return Ok(Some(TurnEnd::Parked));
             }
             return self
-                .fail(i, StepError::new(class, format!("{why} after {attempts} attempts: {message}")), count_attempt)
+                .fail(
+                    i,
+                    StepError::new(class, format!("{why} after {attempts} attempts: {message}")),
+                    count_attempt,
+                )
                 .await;
         }
-        let reason = format!("{} error on attempt {attempts}; next attempt at {}", class.as_str(), at.to_rfc3339());
+        let reason = format!(
+            "{} error on attempt {attempts}; next attempt at {}",
+            class.as_str(),
+            at.to_rfc3339()
+        );
         store::change_step(
             &self.sh.pool,
             &self.sh.schema,
@@ -594,14 +780,23 @@ impl Run<'_> {
 
     /// Step `i` failed for good: a forward step starts compensation (or fails the process), a
     /// compensation goes to manual review.
-    async fn fail(&mut self, i: usize, e: StepError, count_attempt: bool) -> Result<Option<TurnEnd>, WriteError> {
+    async fn fail(
+        &mut self,
+        i: usize,
+        e: StepError,
+        count_attempt: bool,
+    ) -> Result<Option<TurnEnd>, WriteError> {
         let message = redact::message(&e.message);
         if self.steps[i].role == Role::Compensation {
             let reason = format!("compensation of {} failed: {message}", self.steps[i].name);
-            self.review(i, Some(e.class), Some(&message), count_attempt, &reason).await?;
+            self.review(i, Some(e.class), Some(&message), count_attempt, &reason)
+                .await?;
             return Ok(Some(TurnEnd::Parked));
         }
-        let reason = format!("step {} failed ({}): {message}", self.steps[i].name, e.class);
+        let reason = format!(
+            "step {} failed ({}): {message}",
+            self.steps[i].name, e.class
+        );
         let mut tx = self.sh.pool.begin().await?;
         store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
         store::change_step(
@@ -621,44 +816,82 @@ impl Run<'_> {
         self.steps[i].status = "failed".into();
         let end = self.begin_compensation(&mut tx, &reason).await?;
         tx.commit().await?;
-        events::step_attempt(&self.c.kind, &self.steps[i].name, "failed", e.class.as_str(), Duration::ZERO);
+        events::step_attempt(
+            &self.c.kind,
+            &self.steps[i].name,
+            "failed",
+            e.class.as_str(),
+            Duration::ZERO,
+        );
         self.after_compensation_began(end).await
     }
 
     /// Inside a fenced transaction: adds compensations for the forward steps that succeeded, in
     /// reverse order, and moves the process to compensating; or fails it if there is nothing to
     /// undo. Returns the change made.
-    async fn begin_compensation(&mut self, tx: &mut sqlx::PgConnection, reason: &str) -> Result<ProcessChange, WriteError> {
+    async fn begin_compensation(
+        &mut self,
+        tx: &mut sqlx::PgConnection,
+        reason: &str,
+    ) -> Result<ProcessChange, WriteError> {
         let mut comps = Vec::new();
         for s in self.steps.iter().rev() {
             if s.role != Role::Forward || s.status != "succeeded" {
                 continue;
             }
-            if self.steps.iter().any(|o| o.role == Role::Compensation && o.acts_on == Some(s.seq)) {
+            if self
+                .steps
+                .iter()
+                .any(|o| o.role == Role::Compensation && o.acts_on == Some(s.seq))
+            {
                 continue;
             }
-            if let Some(c) = self.def.step_named(&s.name).and_then(|d| d.compensation.as_ref()) {
-                comps.push((
-                    s.seq,
-                    s.name.clone(),
-                    c.action.execution(),
-                    c.action.remote().map(|r| r.as_str()),
-                    c.sensitive,
-                    c.retry.max_attempts.max(1),
-                ));
+            if let Some(c) = self
+                .def
+                .step_named(&s.name)
+                .and_then(|d| d.compensation.as_ref())
+            {
+                comps.push(store::NewCompensation {
+                    acts_on: s.seq,
+                    name: s.name.clone(),
+                    execution: c.action.execution(),
+                    remote: c.action.remote().map(|r| r.as_str()),
+                    sensitive: c.sensitive,
+                    max_attempts: c.retry.max_attempts.max(1),
+                });
             }
         }
         let has_existing = self.steps.iter().any(|o| o.role == Role::Compensation);
         if comps.is_empty() && !has_existing {
-            store::change_process(tx, &self.sh.schema, self.c.id, self.c.token, ProcessChange::Failed, reason).await?;
+            store::change_process(
+                tx,
+                &self.sh.schema,
+                self.c.id,
+                self.c.token,
+                ProcessChange::Failed,
+                reason,
+            )
+            .await?;
             return Ok(ProcessChange::Failed);
         }
-        store::add_compensations(tx, &self.sh.schema, self.c.id, self.c.token, &comps, reason).await?;
-        store::change_process(tx, &self.sh.schema, self.c.id, self.c.token, ProcessChange::Compensating, reason).await?;
+        store::add_compensations(tx, &self.sh.schema, self.c.id, self.c.token, &comps, reason)
+            .await?;
+        store::change_process(
+            tx,
+            &self.sh.schema,
+            self.c.id,
+            self.c.token,
+            ProcessChange::Compensating,
+            reason,
+        )
+        .await?;
         Ok(ProcessChange::Compensating)
     }
 
-    async fn after_compensation_began(&mut self, change: ProcessChange) -> Result<Option<TurnEnd>, WriteError> {
+    async fn after_compensation_began(
+        &mut self,
+        change: ProcessChange,
+    ) -> Result<Option<TurnEnd>, WriteError> {
         if change == ProcessChange::Failed {
             self.finished(change);
             return Ok(Some(TurnEnd::Finished));
@@ -696,7 +929,15 @@ impl Run<'_> {
             )
             .await?;
         }
-        store::change_process(&mut tx, &self.sh.schema, self.c.id, self.c.token, ProcessChange::ManualReview, reason).await?;
+        store::change_process(
+            &mut tx,
+            &self.sh.schema,
+            self.c.id,
+            self.c.token,
+            ProcessChange::ManualReview,
+            reason,
+        )
+        .await?;
         tx.commit().await?;
         self.steps[i].status = "manual_review".into();
         tracing::warn!(process = %self.c.id, kind = %self.c.kind, step = %self.steps[i].name, reason, "process needs manual review");
@@ -714,5 +955,6 @@ impl Run<'_> {
 
 /// The previous attempt may have acted: its worker died mid-call, or it ended without an answer.
 fn in_doubt(s: &StepRow) -> bool {
-    s.status == "running" || (s.status == "retryable" && s.error_class.as_deref() == Some("unknown"))
+    s.status == "running"
+        || (s.status == "retryable" && s.error_class.as_deref() == Some("unknown"))
 }

@@ -88,7 +88,18 @@ where
         .validate()
         .map_err(|e| Error::Invalid(e.to_string()))?;
     let mut conn = conn.acquire().await?;
-    let id = insert(&mut conn, schema, definition, business_key, 0, None, "started", "system", &input).await?;
+    let id = insert(
+        &mut conn,
+        schema,
+        definition,
+        business_key,
+        0,
+        None,
+        "started",
+        "system",
+        &input,
+    )
+    .await?;
     if let Some(id) = id {
         return Ok(Started { id, created: true });
     }
@@ -151,7 +162,13 @@ async fn insert(
 }
 
 /// Statuses a process can be revised from: it no longer works (or waits for a person).
-const REVISABLE: &[&str] = &["succeeded", "failed", "compensated", "cancelled", "manual_review"];
+const REVISABLE: &[&str] = &[
+    "succeeded",
+    "failed",
+    "compensated",
+    "cancelled",
+    "manual_review",
+];
 
 /// Revises process `old` with a changed `input`: a new process (revision n+1 of the same kind and
 /// business key, `revision_of` = `old`) of `definition`, never an edit of the old one. An old
@@ -204,12 +221,22 @@ where
     .fetch_one(&mut *tx)
     .await?;
     let why = redact::truncate(&format!("revision of {old}: {reason}"), 1000);
-    let id = insert(&mut tx, schema, definition, &business_key, latest + 1, Some(old), &why, actor, &input)
-        .await?
-        .ok_or_else(|| Error::NotAllowed {
-            action: "revise".into(),
-            why: "a concurrent revision was made; reload".into(),
-        })?;
+    let id = insert(
+        &mut tx,
+        schema,
+        definition,
+        &business_key,
+        latest + 1,
+        Some(old),
+        &why,
+        actor,
+        &input,
+    )
+    .await?
+    .ok_or_else(|| Error::NotAllowed {
+        action: "revise".into(),
+        why: "a concurrent revision was made; reload".into(),
+    })?;
     if status == "manual_review" {
         sqlx::query(schema.sql(
             "UPDATE {{schema}}.processes SET status = 'cancelled', finished_at = now(), updated_at = now(), \

@@ -153,7 +153,13 @@ pub async fn unknown_versions(
     .fetch_all(pool)
     .await?;
     rows.iter()
-        .map(|r| Ok((r.try_get("kind")?, r.try_get("definition_version")?, r.try_get("n")?)))
+        .map(|r| {
+            Ok((
+                r.try_get("kind")?,
+                r.try_get("definition_version")?,
+                r.try_get("n")?,
+            ))
+        })
         .collect()
 }
 
@@ -220,7 +226,12 @@ pub async fn heartbeat(
 }
 
 /// Locks the process row if the token is still current (the start of every fenced transaction).
-pub async fn fence(conn: &mut PgConnection, schema: &Schema, id: Uuid, token: i64) -> Result<(), WriteError> {
+pub async fn fence(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    token: i64,
+) -> Result<(), WriteError> {
     let r = sqlx::query(schema.sql(
         "SELECT 1 AS one FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE",
     ))
@@ -454,25 +465,35 @@ pub async fn change_process(
     Ok(())
 }
 
-/// Inserts the compensation steps (`(acts_on, name, execution, remote, sensitive, max_attempts)`,
-/// already in the order they run), inside the fenced transaction.
+/// A compensation step to add, linked to the step it undoes.
+#[derive(Debug, Clone)]
+pub struct NewCompensation {
+    pub acts_on: i32,
+    pub name: String,
+    pub execution: &'static str,
+    pub remote: Option<&'static str>,
+    pub sensitive: bool,
+    pub max_attempts: i32,
+}
+
+/// Inserts the compensation steps (already in the order they run), inside the fenced transaction.
 pub async fn add_compensations(
     conn: &mut PgConnection,
     schema: &Schema,
     id: Uuid,
     token: i64,
-    steps: &[(i32, String, &'static str, Option<&'static str>, bool, i32)],
+    steps: &[NewCompensation],
     reason: &str,
 ) -> Result<(), sqlx::Error> {
     if steps.is_empty() {
         return Ok(());
     }
-    let acts_on: Vec<i32> = steps.iter().map(|s| s.0).collect();
-    let names: Vec<&str> = steps.iter().map(|s| s.1.as_str()).collect();
-    let executions: Vec<&str> = steps.iter().map(|s| s.2).collect();
-    let remotes: Vec<Option<&str>> = steps.iter().map(|s| s.3).collect();
-    let sensitive: Vec<bool> = steps.iter().map(|s| s.4).collect();
-    let max_attempts: Vec<i32> = steps.iter().map(|s| s.5).collect();
+    let acts_on: Vec<i32> = steps.iter().map(|s| s.acts_on).collect();
+    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+    let executions: Vec<&str> = steps.iter().map(|s| s.execution).collect();
+    let remotes: Vec<Option<&str>> = steps.iter().map(|s| s.remote).collect();
+    let sensitive: Vec<bool> = steps.iter().map(|s| s.sensitive).collect();
+    let max_attempts: Vec<i32> = steps.iter().map(|s| s.max_attempts).collect();
     sqlx::query(schema.sql(
         "INSERT INTO {{schema}}.process_steps \
              (process_id, seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, \

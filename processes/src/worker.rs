@@ -76,13 +76,18 @@ pub struct Worker;
 
 impl Worker {
     /// Runs until `shutdown` is cancelled; then finishes or abandons the current steps safely.
-    pub async fn run(config: WorkerConfig, registry: Registry, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    pub async fn run(
+        config: WorkerConfig,
+        registry: Registry,
+        shutdown: CancellationToken,
+    ) -> Result<(), WorkerError> {
         if registry.is_empty() {
             return Err(WorkerError::EmptyRegistry);
         }
         if config.heartbeat >= config.lease || config.concurrency == 0 || config.claim_batch < 1 {
             return Err(WorkerError::Config(
-                "heartbeat must be shorter than the lease; concurrency and claim_batch at least 1".into(),
+                "heartbeat must be shorter than the lease; concurrency and claim_batch at least 1"
+                    .into(),
             ));
         }
         events::describe();
@@ -117,7 +122,17 @@ impl Worker {
             let mut full = false;
             if free > 0 {
                 let limit = (free as i64).min(config.claim_batch);
-                match store::claim(&config.pool, &config.schema, &kinds, &versions, limit, &config.worker_id, config.lease).await {
+                match store::claim(
+                    &config.pool,
+                    &config.schema,
+                    &kinds,
+                    &versions,
+                    limit,
+                    &config.worker_id,
+                    config.lease,
+                )
+                .await
+                {
                     Ok(claimed) => {
                         failures = 0;
                         full = claimed.len() as i64 == limit;
@@ -158,7 +173,9 @@ impl Worker {
                 continue;
             }
             let idle = if failures > 0 {
-                config.poll_interval.max(Duration::from_millis(200) * failures.min(10))
+                config
+                    .poll_interval
+                    .max(Duration::from_millis(200) * failures.min(10))
             } else {
                 config.poll_interval
             };
@@ -223,7 +240,12 @@ async fn listen_loop(pool: PgPool, channel: String, wake: Arc<Notify>, stop: Can
 
 /// Refreshes the status gauges and the manual-review backlog, and says (metric and log) when due
 /// processes wait for a definition version this worker does not have.
-async fn stats_loop(config: WorkerConfig, kinds: Vec<String>, versions: Vec<i32>, stop: CancellationToken) {
+async fn stats_loop(
+    config: WorkerConfig,
+    kinds: Vec<String>,
+    versions: Vec<i32>,
+    stop: CancellationToken,
+) {
     let mut seen: HashSet<(String, String)> = HashSet::new();
     let mut warned: HashSet<(String, i32)> = HashSet::new();
     loop {
@@ -270,7 +292,9 @@ async fn refresh(
     .await?;
     let age: f64 = r.try_get("age")?;
     events::manual_review(r.try_get("n")?, Duration::from_secs_f64(age.max(0.0)));
-    for (kind, version, n) in store::unknown_versions(&config.pool, &config.schema, kinds, versions).await? {
+    for (kind, version, n) in
+        store::unknown_versions(&config.pool, &config.schema, kinds, versions).await?
+    {
         events::unknown_version(&kind, version, n);
         if warned.insert((kind.clone(), version)) {
             tracing::warn!(kind = %kind, version, due = n, "due processes of a definition version this worker does not have; leaving them to a worker that has it");

@@ -9,7 +9,10 @@
 //! "reject_confirm": false}`, with `charge` one of `ok`, `timeout_once` (acts, then answers after
 //! the step's timeout on the first attempt), `transient_always`, `permanent`.
 
-use processes::{Action, Definition, Done, ExternalStep, LocalStep, Lookup, Registry, Remote, RetryPolicy, Step, StepContext, StepError, StepFuture};
+use processes::{
+    Action, Definition, Done, ExternalStep, LocalStep, Lookup, Registry, Remote, RetryPolicy, Step,
+    StepContext, StepError, StepFuture,
+};
 use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 
@@ -81,7 +84,10 @@ impl Failpoint {
 }
 
 fn input_str<'a>(ctx: &'a StepContext, field: &str) -> &'a str {
-    ctx.input.get(field).and_then(|v| v.as_str()).unwrap_or("ok")
+    ctx.input
+        .get(field)
+        .and_then(|v| v.as_str())
+        .unwrap_or("ok")
 }
 
 struct Reserve {
@@ -95,7 +101,11 @@ impl LocalStep for Reserve {
             if self.fp.is("hang_before", "reserve") {
                 self.fp.hang(&self.pool, "hang_before:reserve").await;
             }
-            let amount = ctx.input.get("amount").and_then(|v| v.as_i64()).unwrap_or(0);
+            let amount = ctx
+                .input
+                .get("amount")
+                .and_then(|v| v.as_i64())
+                .unwrap_or(0);
             if amount <= 0 {
                 return Err(StepError::permanent(format!("invalid amount {amount}")));
             }
@@ -117,7 +127,9 @@ impl LocalStep for Release {
     fn run<'a>(&'a self, ctx: &'a StepContext, tx: &'a mut PgConnection) -> StepFuture<'a, Done> {
         Box::pin(async move {
             if self.fp.is("hang_before_compensation", "reserve") {
-                self.fp.hang(&self.pool, "hang_before_compensation:reserve").await;
+                self.fp
+                    .hang(&self.pool, "hang_before_compensation:reserve")
+                    .await;
             }
             sqlx::query("UPDATE fake_shop.reservations SET released = true WHERE process_id = $1")
                 .bind(ctx.process_id)
@@ -139,11 +151,20 @@ impl LocalStep for Confirm {
             if self.fp.is("hang_before", "confirm") {
                 self.fp.hang(&self.pool, "hang_before:confirm").await;
             }
-            if ctx.input.get("reject_confirm").and_then(|v| v.as_bool()).unwrap_or(false) {
+            if ctx
+                .input
+                .get("reject_confirm")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false)
+            {
                 return Err(StepError::permanent("order cannot be confirmed"));
             }
-            let charge = ctx.outputs.get("charge").and_then(|o| o.get("charge")).and_then(|v| v.as_str()).unwrap_or("");
-            if charge.is_empty() {
+            let charge = ctx
+                .references
+                .get("charge")
+                .map(String::as_str)
+                .unwrap_or("");
+            if !charge.starts_with("ch_") {
                 return Err(StepError::permanent("no charge evidence"));
             }
             sqlx::query("INSERT INTO fake_shop.confirmations (process_id) VALUES ($1)")
@@ -163,7 +184,11 @@ struct Charge {
 
 impl Charge {
     async fn effect(&self, ctx: &StepContext) -> Result<String, StepError> {
-        let amount = ctx.input.get("amount").and_then(|v| v.as_i64()).unwrap_or(0);
+        let amount = ctx
+            .input
+            .get("amount")
+            .and_then(|v| v.as_i64())
+            .unwrap_or(0);
         let id: i64 = match &ctx.idempotency_key {
             // Honours the key: the same key returns the first charge.
             Some(key) => sqlx::query_scalar(
@@ -199,7 +224,11 @@ impl ExternalStep for Charge {
             }
             match input_str(ctx, "charge") {
                 "transient_always" => return Err(StepError::transient("HTTP 503")),
-                "permanent" => return Err(StepError::permanent("HTTP 402 declined card 4111111111111111")),
+                "permanent" => {
+                    return Err(StepError::permanent(
+                        "HTTP 402 declined card 4111111111111111",
+                    ));
+                }
                 _ => {}
             }
             let id = self.effect(ctx).await?;
@@ -207,12 +236,16 @@ impl ExternalStep for Charge {
                 self.fp.hang(&self.pool, "hang_after_effect:charge").await;
             }
             if self.fp.is("stall_after_effect", "charge") {
-                self.fp.reached(&self.pool, "stall_after_effect:charge").await;
+                self.fp
+                    .reached(&self.pool, "stall_after_effect:charge")
+                    .await;
                 loop {
-                    let released: Option<String> = sqlx::query_scalar("SELECT name FROM fake_remote.flags WHERE name = 'release'")
-                        .fetch_optional(&self.pool)
-                        .await
-                        .unwrap_or(None);
+                    let released: Option<String> = sqlx::query_scalar(
+                        "SELECT name FROM fake_remote.flags WHERE name = 'release'",
+                    )
+                    .fetch_optional(&self.pool)
+                    .await
+                    .unwrap_or(None);
                     if released.is_some() {
                         break;
                     }
@@ -228,15 +261,19 @@ impl ExternalStep for Charge {
 
     fn query<'a>(&'a self, ctx: &'a StepContext) -> StepFuture<'a, Lookup> {
         Box::pin(async move {
-            let id: Option<i64> = sqlx::query_scalar("SELECT id FROM fake_remote.charges WHERE reference = $1 ORDER BY id LIMIT 1")
-                .bind(ctx.operation_id)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| StepError::transient(format!("remote unreachable: {e}")))?;
+            let id: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM fake_remote.charges WHERE reference = $1 ORDER BY id LIMIT 1",
+            )
+            .bind(ctx.operation_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| StepError::transient(format!("remote unreachable: {e}")))?;
             Ok(match id {
                 Some(id) => {
                     let r = format!("ch_{id}");
-                    Lookup::Found(Done::new(r.clone()).with_output(serde_json::json!({ "charge": r })))
+                    Lookup::Found(
+                        Done::new(r.clone()).with_output(serde_json::json!({ "charge": r })),
+                    )
                 }
                 None => Lookup::NotFound,
             })
@@ -254,9 +291,15 @@ impl ExternalStep for Refund {
     fn call<'a>(&'a self, ctx: &'a StepContext) -> StepFuture<'a, Done> {
         Box::pin(async move {
             if self.fp.is("hang_before_compensation", "charge") {
-                self.fp.hang(&self.pool, "hang_before_compensation:charge").await;
+                self.fp
+                    .hang(&self.pool, "hang_before_compensation:charge")
+                    .await;
             }
-            let charge = ctx.compensates.as_ref().map(|d| d.reference.clone()).unwrap_or_default();
+            let charge = ctx
+                .compensates
+                .as_ref()
+                .map(|d| d.reference.clone())
+                .unwrap_or_default();
             let id: i64 = sqlx::query_scalar(
                 "INSERT INTO fake_remote.refunds (process_id, charge, key) VALUES ($1, $2, $3) \
                  ON CONFLICT (key) DO UPDATE SET key = EXCLUDED.key RETURNING id",
@@ -268,7 +311,9 @@ impl ExternalStep for Refund {
             .await
             .map_err(|e| StepError::transient(format!("remote unreachable: {e}")))?;
             if self.fp.is("hang_after_compensation_effect", "charge") {
-                self.fp.hang(&self.pool, "hang_after_compensation_effect:charge").await;
+                self.fp
+                    .hang(&self.pool, "hang_after_compensation_effect:charge")
+                    .await;
             }
             Ok(Done::new(format!("re_{id}")))
         })
@@ -276,7 +321,13 @@ impl ExternalStep for Refund {
 }
 
 /// The order process of `kind` whose charge's remote is `remote`, at `version`.
-pub fn order(kind: &str, remote: Remote, version: i32, pool: &PgPool, fp: &Failpoint) -> Definition {
+pub fn order(
+    kind: &str,
+    remote: Remote,
+    version: i32,
+    pool: &PgPool,
+    fp: &Failpoint,
+) -> Definition {
     let retry = RetryPolicy::default()
         .initial(Duration::from_millis(50))
         .max_delay(Duration::from_millis(200))
@@ -285,21 +336,57 @@ pub fn order(kind: &str, remote: Remote, version: i32, pool: &PgPool, fp: &Failp
     Definition::new(kind, version)
         .redact("card")
         .step(
-            Step::local("reserve", Reserve { pool: pool.clone(), fp: fp.clone() })
-                .retry(retry)
-                .compensate(Action::local(Release { pool: pool.clone(), fp: fp.clone() })),
+            Step::local(
+                "reserve",
+                Reserve {
+                    pool: pool.clone(),
+                    fp: fp.clone(),
+                },
+            )
+            .retry(retry)
+            .compensate(Action::local(Release {
+                pool: pool.clone(),
+                fp: fp.clone(),
+            })),
         )
         .step(
-            Step::external("charge", remote, Charge { pool: pool.clone(), fp: fp.clone() })
-                .retry(retry)
-                .timeout(CHARGE_TIMEOUT)
-                .compensate(Action::external(Remote::HonoursKey, Refund { pool: pool.clone(), fp: fp.clone() })),
+            Step::external(
+                "charge",
+                remote,
+                Charge {
+                    pool: pool.clone(),
+                    fp: fp.clone(),
+                },
+            )
+            .retry(retry)
+            .timeout(CHARGE_TIMEOUT)
+            .compensate(Action::external(
+                Remote::HonoursKey,
+                Refund {
+                    pool: pool.clone(),
+                    fp: fp.clone(),
+                },
+            )),
         )
-        .step(Step::local("confirm", Confirm { pool: pool.clone(), fp: fp.clone() }).retry(retry))
+        .step(
+            Step::local(
+                "confirm",
+                Confirm {
+                    pool: pool.clone(),
+                    fp: fp.clone(),
+                },
+            )
+            .retry(retry),
+        )
 }
 
 /// Like [`order`] with a charge retried for at most `deadline` (many attempts allowed).
-pub fn order_with_deadline(kind: &str, deadline: Duration, pool: &PgPool, fp: &Failpoint) -> Definition {
+pub fn order_with_deadline(
+    kind: &str,
+    deadline: Duration,
+    pool: &PgPool,
+    fp: &Failpoint,
+) -> Definition {
     let retry = RetryPolicy::default()
         .initial(Duration::from_millis(50))
         .max_delay(Duration::from_millis(100))
@@ -307,35 +394,90 @@ pub fn order_with_deadline(kind: &str, deadline: Duration, pool: &PgPool, fp: &F
         .deadline(Some(deadline));
     Definition::new(kind, 1)
         .step(
-            Step::local("reserve", Reserve { pool: pool.clone(), fp: fp.clone() })
-                .compensate(Action::local(Release { pool: pool.clone(), fp: fp.clone() })),
+            Step::local(
+                "reserve",
+                Reserve {
+                    pool: pool.clone(),
+                    fp: fp.clone(),
+                },
+            )
+            .compensate(Action::local(Release {
+                pool: pool.clone(),
+                fp: fp.clone(),
+            })),
         )
-        .step(Step::external("charge", Remote::HonoursKey, Charge { pool: pool.clone(), fp: fp.clone() }).retry(retry))
+        .step(
+            Step::external(
+                "charge",
+                Remote::HonoursKey,
+                Charge {
+                    pool: pool.clone(),
+                    fp: fp.clone(),
+                },
+            )
+            .retry(retry),
+        )
 }
 
 /// Like [`order`] whose charge's refund is sensitive (waits for approval).
 pub fn order_sensitive_refund(kind: &str, pool: &PgPool, fp: &Failpoint) -> Definition {
     Definition::new(kind, 1)
         .step(
-            Step::local("reserve", Reserve { pool: pool.clone(), fp: fp.clone() })
-                .compensate(Action::local(Release { pool: pool.clone(), fp: fp.clone() })),
+            Step::local(
+                "reserve",
+                Reserve {
+                    pool: pool.clone(),
+                    fp: fp.clone(),
+                },
+            )
+            .compensate(Action::local(Release {
+                pool: pool.clone(),
+                fp: fp.clone(),
+            })),
         )
         .step(
-            Step::external("charge", Remote::HonoursKey, Charge { pool: pool.clone(), fp: fp.clone() })
-                .compensate_sensitive(Action::external(Remote::HonoursKey, Refund { pool: pool.clone(), fp: fp.clone() })),
+            Step::external(
+                "charge",
+                Remote::HonoursKey,
+                Charge {
+                    pool: pool.clone(),
+                    fp: fp.clone(),
+                },
+            )
+            .compensate_sensitive(Action::external(
+                Remote::HonoursKey,
+                Refund {
+                    pool: pool.clone(),
+                    fp: fp.clone(),
+                },
+            )),
         )
-        .step(Step::local("confirm", Confirm { pool: pool.clone(), fp: fp.clone() }))
+        .step(Step::local(
+            "confirm",
+            Confirm {
+                pool: pool.clone(),
+                fp: fp.clone(),
+            },
+        ))
 }
 
 /// Every order kind at version 1.
 pub fn registry(pool: &PgPool, fp: &Failpoint) -> Registry {
     let mut r = Registry::new();
     for (kind, remote) in ORDER_KINDS {
-        r = r.with(order(kind, *remote, 1, pool, fp)).expect("valid definition");
+        r = r
+            .with(order(kind, *remote, 1, pool, fp))
+            .expect("valid definition");
     }
-    r = r.with(order_sensitive_refund("order_sensitive", pool, fp)).expect("valid definition");
-    let version: i32 = std::env::var("PROCESS_VERSION").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
-    r.with(versioned(version, pool, fp)).expect("valid definition")
+    r = r
+        .with(order_sensitive_refund("order_sensitive", pool, fp))
+        .expect("valid definition");
+    let version: i32 = std::env::var("PROCESS_VERSION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    r.with(versioned(version, pool, fp))
+        .expect("valid definition")
 }
 
 /// Kind `versioned`: version 1 is the order process; version 2 adds a final `audit` step.
@@ -358,15 +500,17 @@ impl LocalStep for Audit {
 
 /// Effects the fake remote recorded for a process: (charges, refunds).
 pub async fn effects(pool: &PgPool, process: uuid::Uuid) -> (i64, i64) {
-    let charges: i64 = sqlx::query_scalar("SELECT count(*) FROM fake_remote.charges WHERE process_id = $1")
-        .bind(process)
-        .fetch_one(pool)
-        .await
-        .unwrap_or(-1);
-    let refunds: i64 = sqlx::query_scalar("SELECT count(*) FROM fake_remote.refunds WHERE process_id = $1")
-        .bind(process)
-        .fetch_one(pool)
-        .await
-        .unwrap_or(-1);
+    let charges: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM fake_remote.charges WHERE process_id = $1")
+            .bind(process)
+            .fetch_one(pool)
+            .await
+            .unwrap_or(-1);
+    let refunds: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM fake_remote.refunds WHERE process_id = $1")
+            .bind(process)
+            .fetch_one(pool)
+            .await
+            .unwrap_or(-1);
     (charges, refunds)
 }

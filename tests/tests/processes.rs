@@ -41,13 +41,19 @@ fn input(charge: &str) -> serde_json::Value {
 }
 
 fn def(pool: &PgPool, kind: &str) -> processes::Definition {
-    let remote = fx::ORDER_KINDS.iter().find(|(k, _)| *k == kind).map(|(_, r)| *r).unwrap_or(Remote::HonoursKey);
+    let remote = fx::ORDER_KINDS
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, r)| *r)
+        .unwrap_or(Remote::HonoursKey);
     fx::order(kind, remote, 1, pool, &Failpoint::default())
 }
 
 async fn start(pool: &PgPool, kind: &str, key: &str, input: &serde_json::Value) -> Uuid {
     let mut tx = pool.begin().await.unwrap();
-    let s = processes::start(&mut *tx, &def(pool, kind), key, input).await.unwrap();
+    let s = processes::start(&mut *tx, &def(pool, kind), key, input)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     s.id
 }
@@ -108,7 +114,10 @@ impl ChildWorker {
         let l = lines.clone();
         let name = id.to_string();
         std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
                 eprintln!("[{name}] {line}");
                 l.lock().unwrap().push(line);
             }
@@ -116,10 +125,18 @@ impl ChildWorker {
         Self { child, lines }
     }
     fn said(&self, needle: &str) -> bool {
-        self.lines.lock().unwrap().iter().any(|l| l.contains(needle))
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
     }
     fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().expect("kill");
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
         assert!(ok.success(), "kill -{sig}");
     }
     fn sigkill(&mut self) {
@@ -140,7 +157,11 @@ impl Drop for ChildWorker {
 }
 
 async fn status(pool: &PgPool, id: Uuid) -> String {
-    sqlx::query_scalar("SELECT status FROM outbox.processes WHERE id = $1").bind(id).fetch_one(pool).await.unwrap()
+    sqlx::query_scalar("SELECT status FROM outbox.processes WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 async fn wait_status(pool: &PgPool, id: Uuid, want: &str) {
@@ -159,19 +180,30 @@ async fn wait_failpoint(pool: &PgPool, name: &str) {
         let p = p.clone();
         let n = n.clone();
         async move {
-            let r: Option<String> = sqlx::query_scalar("SELECT name FROM fake_remote.failpoints WHERE name = $1")
-                .bind(&n)
-                .fetch_optional(&p)
-                .await
-                .unwrap();
+            let r: Option<String> =
+                sqlx::query_scalar("SELECT name FROM fake_remote.failpoints WHERE name = $1")
+                    .bind(&n)
+                    .fetch_optional(&p)
+                    .await
+                    .unwrap();
             r.map(|_| ())
         }
     })
     .await;
 }
 
-/// (name, role, status, attempts, error_class, remote_ref, result_ref) per step.
-async fn steps(pool: &PgPool, id: Uuid) -> Vec<(String, String, String, i32, Option<String>, Option<String>, Option<String>)> {
+/// (name, role, status, attempts, error_class, remote_ref, result_ref) of a step.
+type StepRow = (
+    String,
+    String,
+    String,
+    i32,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+async fn steps(pool: &PgPool, id: Uuid) -> Vec<StepRow> {
     sqlx::query("SELECT name, role, status, attempts, error_class, remote_ref, result_ref FROM outbox.process_steps WHERE process_id = $1 ORDER BY seq")
         .bind(id)
         .fetch_all(pool)
@@ -192,20 +224,20 @@ async fn steps(pool: &PgPool, id: Uuid) -> Vec<(String, String, String, i32, Opt
         .collect()
 }
 
-fn step<'a>(
-    s: &'a [(String, String, String, i32, Option<String>, Option<String>, Option<String>)],
-    name: &str,
-    role: &str,
-) -> &'a (String, String, String, i32, Option<String>, Option<String>, Option<String>) {
-    s.iter().find(|x| x.0 == name && x.1 == role).unwrap_or_else(|| panic!("no {role} step {name} in {s:?}"))
+fn step<'a>(s: &'a [StepRow], name: &str, role: &str) -> &'a StepRow {
+    s.iter()
+        .find(|x| x.0 == name && x.1 == role)
+        .unwrap_or_else(|| panic!("no {role} step {name} in {s:?}"))
 }
 
 async fn history_reasons(pool: &PgPool, id: Uuid) -> Vec<String> {
-    sqlx::query_scalar("SELECT reason FROM outbox.process_history WHERE process_id = $1 ORDER BY id")
-        .bind(id)
-        .fetch_all(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(
+        "SELECT reason FROM outbox.process_history WHERE process_id = $1 ORDER BY id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
@@ -213,34 +245,64 @@ async fn a_process_runs_its_steps_once_and_a_second_start_returns_it() {
     let db = setup().await;
     let d = def(&db.pool, "order_key");
     let mut tx = db.pool.begin().await.unwrap();
-    let first = processes::start(&mut *tx, &d, "order-1", &input("ok")).await.unwrap();
-    let again = processes::start(&mut *tx, &d, "order-1", &input("ok")).await.unwrap();
+    let first = processes::start(&mut *tx, &d, "order-1", &input("ok"))
+        .await
+        .unwrap();
+    let again = processes::start(&mut *tx, &d, "order-1", &input("ok"))
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     assert!(first.created && !again.created);
     assert_eq!(first.id, again.id);
     // A start rolled back with its caller's transaction leaves nothing.
     let mut tx = db.pool.begin().await.unwrap();
-    let gone = processes::start(&mut *tx, &d, "order-2", &input("ok")).await.unwrap();
+    let gone = processes::start(&mut *tx, &d, "order-2", &input("ok"))
+        .await
+        .unwrap();
     tx.rollback().await.unwrap();
 
     let w = InProcess::start(&db.pool, "w1", registry(&db.pool));
     wait_status(&db.pool, first.id, "succeeded").await;
     w.stop().await;
 
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.processes WHERE id = $1").bind(gone.id).fetch_one(&db.pool).await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.processes WHERE id = $1")
+        .bind(gone.id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(n, 0);
     let s = steps(&db.pool, first.id).await;
     assert_eq!(s.len(), 3);
     assert!(s.iter().all(|x| x.2 == "succeeded" && x.3 == 1), "{s:?}");
-    assert!(step(&s, "charge", "forward").5.as_deref().unwrap_or("").starts_with("ch_"));
+    assert!(
+        step(&s, "charge", "forward")
+            .5
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("ch_")
+    );
     assert_eq!(fx::effects(&db.pool, first.id).await, (1, 0));
     // Stored for display: the card is redacted; the console view never shows it.
     let view = admin::get(&db.pool, &schema(), first.id).await.unwrap();
     assert_eq!(view.input["card"], "[redacted]");
-    assert!(!serde_json::to_string(&view).unwrap().contains("4111111111111111"));
-    assert!(view.allowed.is_empty(), "a finished process offers no action: {:?}", view.allowed);
-    assert!(view.history.iter().any(|h| h.step_seq.is_none() && h.to_status == "succeeded"));
-    let listed = admin::list(&db.pool, &schema(), &admin::Filter::default()).await.unwrap();
+    assert!(
+        !serde_json::to_string(&view)
+            .unwrap()
+            .contains("4111111111111111")
+    );
+    assert!(
+        view.allowed.is_empty(),
+        "a finished process offers no action: {:?}",
+        view.allowed
+    );
+    assert!(
+        view.history
+            .iter()
+            .any(|h| h.step_seq.is_none() && h.to_status == "succeeded")
+    );
+    let listed = admin::list(&db.pool, &schema(), &admin::Filter::default())
+        .await
+        .unwrap();
     assert_eq!(listed.len(), 1);
     close(db).await;
 }
@@ -254,23 +316,48 @@ async fn the_database_refuses_illegal_transitions_missing_evidence_and_history_e
         .execute(&db.pool)
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("may not go from pending to succeeded"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("may not go from pending to succeeded"),
+        "{e}"
+    );
     let e = sqlx::query("UPDATE outbox.process_steps SET status = 'succeeded', finished_at = now() WHERE process_id = $1 AND seq = 0")
         .bind(id)
         .execute(&db.pool)
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("process_steps_succeeded_has_evidence"), "{e}");
-    sqlx::query("UPDATE outbox.processes SET status = 'running', last_reason = 'test' WHERE id = $1").bind(id).execute(&db.pool).await.unwrap();
+    assert!(
+        e.to_string()
+            .contains("process_steps_succeeded_has_evidence"),
+        "{e}"
+    );
+    sqlx::query(
+        "UPDATE outbox.processes SET status = 'running', last_reason = 'test' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let e = sqlx::query("UPDATE outbox.processes SET status = 'succeeded', finished_at = now(), last_reason = 'x' WHERE id = $1")
         .bind(id)
         .execute(&db.pool)
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("processes_succeeded_has_evidence") || e.to_string().contains("cannot succeed"), "{e}");
-    let e = sqlx::query("DELETE FROM outbox.process_history WHERE process_id = $1").bind(id).execute(&db.pool).await.unwrap_err();
+    assert!(
+        e.to_string().contains("processes_succeeded_has_evidence")
+            || e.to_string().contains("cannot succeed"),
+        "{e}"
+    );
+    let e = sqlx::query("DELETE FROM outbox.process_history WHERE process_id = $1")
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("append-only"), "{e}");
-    let e = sqlx::query("UPDATE outbox.process_history SET reason = 'rewritten'").execute(&db.pool).await.unwrap_err();
+    let e = sqlx::query("UPDATE outbox.process_history SET reason = 'rewritten'")
+        .execute(&db.pool)
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("append-only"), "{e}");
     close(db).await;
 }
@@ -285,21 +372,43 @@ async fn a_worker_killed_before_a_step_is_resumed_by_another() {
     let _b = ChildWorker::spawn(&db, "b", &[]);
     wait_status(&db.pool, id, "succeeded").await;
     assert_eq!(fx::effects(&db.pool, id).await, (1, 0));
-    let confirmations: i64 = sqlx::query_scalar("SELECT count(*) FROM fake_shop.confirmations WHERE process_id = $1").bind(id).fetch_one(&db.pool).await.unwrap();
+    let confirmations: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM fake_shop.confirmations WHERE process_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(confirmations, 1);
     let s = steps(&db.pool, id).await;
-    assert_eq!(step(&s, "confirm", "forward").3, 1, "the killed attempt rolled back and was not counted: {s:?}");
-    assert!(history_reasons(&db.pool, id).await.iter().any(|r| r.contains("lease of a expired; taken over by b")));
+    assert_eq!(
+        step(&s, "confirm", "forward").3,
+        1,
+        "the killed attempt rolled back and was not counted: {s:?}"
+    );
+    assert!(
+        history_reasons(&db.pool, id)
+            .await
+            .iter()
+            .any(|r| r.contains("lease of a expired; taken over by b"))
+    );
 }
 
 /// Kill after the remote acted but before the result was stored: what happens depends on what the remote supports.
 async fn killed_after_the_remote_acted(kind: &str) -> (TestDb, Uuid, ChildWorker) {
     let db = setup().await;
     let id = start(&db.pool, kind, "k", &input("ok")).await;
-    let mut a = ChildWorker::spawn(&db, "a", &[("PROCESS_FAILPOINT", "hang_after_effect:charge")]);
+    let mut a = ChildWorker::spawn(
+        &db,
+        "a",
+        &[("PROCESS_FAILPOINT", "hang_after_effect:charge")],
+    );
     wait_failpoint(&db.pool, "hang_after_effect:charge").await;
     a.sigkill();
-    assert_eq!(step(&steps(&db.pool, id).await, "charge", "forward").2, "running", "the attempt was committed before the call");
+    assert_eq!(
+        step(&steps(&db.pool, id).await, "charge", "forward").2,
+        "running",
+        "the attempt was committed before the call"
+    );
     let b = ChildWorker::spawn(&db, "b", &[]);
     (db, id, b)
 }
@@ -320,57 +429,105 @@ async fn killed_after_the_remote_acted_without_keys_queries_first() {
     assert_eq!(fx::effects(&db.pool, id).await, (1, 0), "one charge");
     let s = steps(&db.pool, id).await;
     assert_eq!(step(&s, "charge", "forward").3, 1, "no second call");
-    assert!(history_reasons(&db.pool, id).await.iter().any(|r| r.contains("found at the remote by operation id")));
+    assert!(
+        history_reasons(&db.pool, id)
+            .await
+            .iter()
+            .any(|r| r.contains("found at the remote by operation id"))
+    );
     close(db).await;
 }
 
 #[tokio::test]
-async fn killed_after_the_remote_acted_with_neither_goes_to_manual_review_and_an_operator_resolves_it() {
+async fn killed_after_the_remote_acted_with_neither_goes_to_manual_review_and_an_operator_resolves_it()
+ {
     let (db, id, _b) = killed_after_the_remote_acted("order_none").await;
     wait_status(&db.pool, id, "manual_review").await;
-    assert_eq!(fx::effects(&db.pool, id).await, (1, 0), "not retried blindly");
+    assert_eq!(
+        fx::effects(&db.pool, id).await,
+        (1, 0),
+        "not retried blindly"
+    );
     let view = admin::get(&db.pool, &schema(), id).await.unwrap();
     let charge = view.steps.iter().find(|s| s.name == "charge").unwrap();
-    assert_eq!((charge.status.as_str(), charge.error_class.as_deref()), ("manual_review", Some("unknown")));
-    assert!(view.allowed.contains(&AdminAction::ResolveSucceeded { seq: charge.seq }));
-    assert!(!view.allowed.contains(&AdminAction::RerunStep { seq: charge.seq }), "a call of unknown outcome without key is not rerun: {:?}", view.allowed);
+    assert_eq!(
+        (charge.status.as_str(), charge.error_class.as_deref()),
+        ("manual_review", Some("unknown"))
+    );
+    assert!(
+        view.allowed
+            .contains(&AdminAction::ResolveSucceeded { seq: charge.seq })
+    );
+    assert!(
+        !view
+            .allowed
+            .contains(&AdminAction::RerunStep { seq: charge.seq }),
+        "a call of unknown outcome without key is not rerun: {:?}",
+        view.allowed
+    );
     // The operator looked at the remote and found the charge.
-    let remote_ref: i64 = sqlx::query_scalar("SELECT id FROM fake_remote.charges WHERE process_id = $1").bind(id).fetch_one(&db.pool).await.unwrap();
-    let stale = admin::act(&db.pool, &schema(), id, &Request {
-        action: AdminAction::ResolveSucceeded { seq: charge.seq },
-        reason: "charge found in the provider dashboard".into(),
-        seen_version: view.process.row_version - 1,
-        actor: "alice".into(),
-        evidence: Some(format!("ch_{remote_ref}")),
-    })
+    let remote_ref: i64 =
+        sqlx::query_scalar("SELECT id FROM fake_remote.charges WHERE process_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let stale = admin::act(
+        &db.pool,
+        &schema(),
+        id,
+        &Request {
+            action: AdminAction::ResolveSucceeded { seq: charge.seq },
+            reason: "charge found in the provider dashboard".into(),
+            seen_version: view.process.row_version - 1,
+            actor: "alice".into(),
+            evidence: Some(format!("ch_{remote_ref}")),
+        },
+    )
     .await
     .unwrap_err();
     assert!(matches!(stale, processes::Error::Stale { .. }), "{stale}");
-    let missing = admin::act(&db.pool, &schema(), id, &Request {
-        action: AdminAction::ResolveSucceeded { seq: charge.seq },
-        reason: "no evidence".into(),
-        seen_version: view.process.row_version,
-        actor: "alice".into(),
-        evidence: None,
-    })
+    let missing = admin::act(
+        &db.pool,
+        &schema(),
+        id,
+        &Request {
+            action: AdminAction::ResolveSucceeded { seq: charge.seq },
+            reason: "no evidence".into(),
+            seen_version: view.process.row_version,
+            actor: "alice".into(),
+            evidence: None,
+        },
+    )
     .await
     .unwrap_err();
     assert!(matches!(missing, processes::Error::Invalid(_)), "{missing}");
-    let done = admin::act(&db.pool, &schema(), id, &Request {
-        action: AdminAction::ResolveSucceeded { seq: charge.seq },
-        reason: "charge found in the provider dashboard".into(),
-        seen_version: view.process.row_version,
-        actor: "alice".into(),
-        evidence: Some(format!("ch_{remote_ref}")),
-    })
+    let done = admin::act(
+        &db.pool,
+        &schema(),
+        id,
+        &Request {
+            action: AdminAction::ResolveSucceeded { seq: charge.seq },
+            reason: "charge found in the provider dashboard".into(),
+            seen_version: view.process.row_version,
+            actor: "alice".into(),
+            evidence: Some(format!("ch_{remote_ref}")),
+        },
+    )
     .await
     .unwrap();
     assert!(done.audit_ref > 0);
     wait_status(&db.pool, id, "succeeded").await;
     assert_eq!(fx::effects(&db.pool, id).await, (1, 0));
     let view = admin::get(&db.pool, &schema(), id).await.unwrap();
-    assert!(view.steps.iter().any(|s| s.role == "resolution" && s.acts_on == Some(charge.seq) && s.last_actor == "alice"));
-    assert!(view.history.iter().any(|h| h.actor == "alice" && h.reason.contains("provider dashboard")));
+    assert!(view.steps.iter().any(|s| s.role == "resolution"
+        && s.acts_on == Some(charge.seq)
+        && s.last_actor == "alice"));
+    assert!(
+        view.history
+            .iter()
+            .any(|h| h.actor == "alice" && h.reason.contains("provider dashboard"))
+    );
     close(db).await;
 }
 
@@ -380,20 +537,36 @@ async fn a_worker_killed_during_compensation_is_resumed_and_each_effect_is_undon
     let mut i = input("ok");
     i["reject_confirm"] = json!(true);
     let id = start(&db.pool, "order_key", "k", &i).await;
-    let mut a = ChildWorker::spawn(&db, "a", &[("PROCESS_FAILPOINT", "hang_after_compensation_effect:charge")]);
+    let mut a = ChildWorker::spawn(
+        &db,
+        "a",
+        &[("PROCESS_FAILPOINT", "hang_after_compensation_effect:charge")],
+    );
     wait_failpoint(&db.pool, "hang_after_compensation_effect:charge").await;
     a.sigkill();
     let _b = ChildWorker::spawn(&db, "b", &[]);
     wait_status(&db.pool, id, "compensated").await;
-    assert_eq!(fx::effects(&db.pool, id).await, (1, 1), "one charge, one refund");
-    let released: bool = sqlx::query_scalar("SELECT released FROM fake_shop.reservations WHERE process_id = $1").bind(id).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(
+        fx::effects(&db.pool, id).await,
+        (1, 1),
+        "one charge, one refund"
+    );
+    let released: bool =
+        sqlx::query_scalar("SELECT released FROM fake_shop.reservations WHERE process_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert!(released);
     let s = steps(&db.pool, id).await;
     // Done, then compensated: the forward steps keep their evidence; compensations are linked rows.
     assert_eq!(step(&s, "reserve", "forward").2, "succeeded");
     assert_eq!(step(&s, "charge", "forward").2, "succeeded");
     assert_eq!(step(&s, "confirm", "forward").2, "failed");
-    assert_eq!(step(&s, "confirm", "forward").4.as_deref(), Some("permanent"));
+    assert_eq!(
+        step(&s, "confirm", "forward").4.as_deref(),
+        Some("permanent")
+    );
     assert_eq!(step(&s, "charge", "compensation").2, "succeeded");
     assert_eq!(step(&s, "reserve", "compensation").2, "succeeded");
     let order: Vec<String> = sqlx::query_scalar("SELECT name FROM outbox.process_steps WHERE process_id = $1 AND role = 'compensation' ORDER BY seq")
@@ -433,24 +606,47 @@ async fn two_workers_started_at_once_run_every_process_once() {
 async fn a_worker_whose_lease_expired_during_a_call_is_fenced_off() {
     let db = setup().await;
     let id = start(&db.pool, "order_key", "k", &input("ok")).await;
-    let a = ChildWorker::spawn(&db, "a", &[("PROCESS_FAILPOINT", "stall_after_effect:charge"), ("LEASE_MS", "1000")]);
+    let a = ChildWorker::spawn(
+        &db,
+        "a",
+        &[
+            ("PROCESS_FAILPOINT", "stall_after_effect:charge"),
+            ("LEASE_MS", "1000"),
+        ],
+    );
     wait_failpoint(&db.pool, "stall_after_effect:charge").await;
-    let a_token: i64 = sqlx::query_scalar("SELECT lease_token FROM outbox.processes WHERE id = $1").bind(id).fetch_one(&db.pool).await.unwrap();
+    let a_token: i64 = sqlx::query_scalar("SELECT lease_token FROM outbox.processes WHERE id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     a.signal("STOP"); // paused: no heartbeats
     let p = db.pool.clone();
     wait_until("lease expired", WAIT, || {
         let p = p.clone();
         async move {
-            let expired: bool = sqlx::query_scalar("SELECT lease_until < now() FROM outbox.processes WHERE id = $1").bind(id).fetch_one(&p).await.unwrap();
+            let expired: bool = sqlx::query_scalar(
+                "SELECT lease_until < now() FROM outbox.processes WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&p)
+            .await
+            .unwrap();
             expired.then_some(())
         }
     })
     .await;
     let _b = ChildWorker::spawn(&db, "b", &[]);
     wait_status(&db.pool, id, "succeeded").await;
-    sqlx::query("INSERT INTO fake_remote.flags (name) VALUES ('release')").execute(&db.pool).await.unwrap();
+    sqlx::query("INSERT INTO fake_remote.flags (name) VALUES ('release')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     a.signal("CONT");
-    wait_until("worker a reports the fenced write", WAIT, || async { a.said("fenced").then_some(()) }).await;
+    wait_until("worker a reports the fenced write", WAIT, || async {
+        a.said("fenced").then_some(())
+    })
+    .await;
     assert_eq!(status(&db.pool, id).await, "succeeded");
     assert_eq!(fx::effects(&db.pool, id).await, (1, 0));
     let tokens: Vec<i64> = sqlx::query_scalar(
@@ -462,7 +658,11 @@ async fn a_worker_whose_lease_expired_during_a_call_is_fenced_off() {
     .await
     .unwrap();
     assert_eq!(tokens.len(), 1, "one completion");
-    assert!(tokens[0] > a_token, "completed by the later owner ({} > {a_token})", tokens[0]);
+    assert!(
+        tokens[0] > a_token,
+        "completed by the later owner ({} > {a_token})",
+        tokens[0]
+    );
     close(db).await;
 }
 
@@ -478,13 +678,25 @@ async fn a_timeout_is_an_unknown_outcome_resolved_by_what_the_remote_supports() 
     wait_status(&db.pool, none, "manual_review").await;
     w.stop().await;
     assert_eq!(fx::effects(&db.pool, key).await, (1, 0));
-    assert_eq!(step(&steps(&db.pool, key).await, "charge", "forward").3, 2, "retried with the same key");
+    assert_eq!(
+        step(&steps(&db.pool, key).await, "charge", "forward").3,
+        2,
+        "retried with the same key"
+    );
     assert_eq!(fx::effects(&db.pool, query).await, (1, 0));
-    assert_eq!(step(&steps(&db.pool, query).await, "charge", "forward").3, 1, "found by the query, not called again");
+    assert_eq!(
+        step(&steps(&db.pool, query).await, "charge", "forward").3,
+        1,
+        "found by the query, not called again"
+    );
     assert_eq!(fx::effects(&db.pool, none).await, (1, 0));
     let s = steps(&db.pool, none).await;
     let c = step(&s, "charge", "forward");
-    assert_eq!((c.2.as_str(), c.4.as_deref()), ("manual_review", Some("unknown")), "never failed");
+    assert_eq!(
+        (c.2.as_str(), c.4.as_deref()),
+        ("manual_review", Some("unknown")),
+        "never failed"
+    );
     close(db).await;
 }
 
@@ -499,7 +711,10 @@ async fn invalid_input_fails_permanently_without_retry() {
     w.stop().await;
     let s = steps(&db.pool, id).await;
     let r = step(&s, "reserve", "forward");
-    assert_eq!((r.2.as_str(), r.3, r.4.as_deref()), ("failed", 1, Some("permanent")));
+    assert_eq!(
+        (r.2.as_str(), r.3, r.4.as_deref()),
+        ("failed", 1, Some("permanent"))
+    );
     assert_eq!(step(&s, "charge", "forward").2, "pending", "never done");
     assert_eq!(fx::effects(&db.pool, id).await, (0, 0));
     close(db).await;
@@ -510,24 +725,51 @@ async fn retry_limits_then_compensation_and_the_deadline() {
     let db = setup().await;
     let id = start(&db.pool, "order_key", "k", &input("transient_always")).await;
     let fp = Failpoint::default();
-    let deadline_def = fx::order_with_deadline("order_deadline", Duration::from_millis(600), &db.pool, &fp);
+    let deadline_def =
+        fx::order_with_deadline("order_deadline", Duration::from_millis(600), &db.pool, &fp);
     let mut tx = db.pool.begin().await.unwrap();
-    let d = processes::start(&mut *tx, &deadline_def, "k", &input("transient_always")).await.unwrap();
+    let d = processes::start(&mut *tx, &deadline_def, "k", &input("transient_always"))
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
-    let w = InProcess::start(&db.pool, "w", registry(&db.pool).with(fx::order_with_deadline("order_deadline", Duration::from_millis(600), &db.pool, &fp)).unwrap());
+    let w = InProcess::start(
+        &db.pool,
+        "w",
+        registry(&db.pool)
+            .with(fx::order_with_deadline(
+                "order_deadline",
+                Duration::from_millis(600),
+                &db.pool,
+                &fp,
+            ))
+            .unwrap(),
+    );
     wait_status(&db.pool, id, "compensated").await;
     wait_status(&db.pool, d.id, "compensated").await;
     w.stop().await;
     let s = steps(&db.pool, id).await;
     let c = step(&s, "charge", "forward");
-    assert_eq!((c.2.as_str(), c.3, c.4.as_deref()), ("failed", 4, Some("transient")), "{s:?}");
+    assert_eq!(
+        (c.2.as_str(), c.3, c.4.as_deref()),
+        ("failed", 4, Some("transient")),
+        "{s:?}"
+    );
     assert_eq!(step(&s, "reserve", "compensation").2, "succeeded");
-    assert!(s.iter().all(|x| !(x.0 == "charge" && x.1 == "compensation")), "a charge never made is not refunded");
+    assert!(
+        s.iter()
+            .all(|x| !(x.0 == "charge" && x.1 == "compensation")),
+        "a charge never made is not refunded"
+    );
     let s = steps(&db.pool, d.id).await;
     let c = step(&s, "charge", "forward");
     assert_eq!(c.2, "failed");
     assert!(c.3 < 1000, "stopped by the deadline after {} attempts", c.3);
-    assert!(history_reasons(&db.pool, d.id).await.iter().any(|r| r.contains("deadline passed")));
+    assert!(
+        history_reasons(&db.pool, d.id)
+            .await
+            .iter()
+            .any(|r| r.contains("deadline passed"))
+    );
     close(db).await;
 }
 
@@ -538,7 +780,10 @@ async fn a_worker_without_the_definition_version_leaves_the_process_alone() {
     let v1 = fx::versioned(1, &db.pool, &fp);
     let v2 = fx::versioned(2, &db.pool, &fp);
     let mut tx = db.pool.begin().await.unwrap();
-    let old = processes::start(&mut *tx, &v1, "old", &input("ok")).await.unwrap().id;
+    let old = processes::start(&mut *tx, &v1, "old", &input("ok"))
+        .await
+        .unwrap()
+        .id;
     tx.commit().await.unwrap();
     // Mid-flight: a v1 worker dies before the last step.
     let mut a = ChildWorker::spawn(&db, "a", &[("PROCESS_FAILPOINT", "hang_before:confirm")]);
@@ -548,20 +793,46 @@ async fn a_worker_without_the_definition_version_leaves_the_process_alone() {
     wait_until("lease expired", WAIT, || {
         let p = p.clone();
         async move {
-            let expired: bool = sqlx::query_scalar("SELECT lease_until < now() FROM outbox.processes WHERE id = $1").bind(old).fetch_one(&p).await.unwrap();
+            let expired: bool = sqlx::query_scalar(
+                "SELECT lease_until < now() FROM outbox.processes WHERE id = $1",
+            )
+            .bind(old)
+            .fetch_one(&p)
+            .await
+            .unwrap();
             expired.then_some(())
         }
     })
     .await;
     // Only v2 deployed: it runs new processes and leaves the v1 one alone, saying so.
     let mut tx = db.pool.begin().await.unwrap();
-    let new = processes::start(&mut *tx, &v2, "new", &input("ok")).await.unwrap().id;
+    let new = processes::start(&mut *tx, &v2, "new", &input("ok"))
+        .await
+        .unwrap()
+        .id;
     tx.commit().await.unwrap();
     let mut b = ChildWorker::spawn(&db, "b", &[("PROCESS_VERSION", "2")]);
     wait_status(&db.pool, new, "succeeded").await;
-    wait_until("worker b reports the unknown version", WAIT, || async { b.said("definition version this worker does not have").then_some(()) }).await;
-    let r = sqlx::query("SELECT status, attempt, definition_version FROM outbox.processes WHERE id = $1").bind(old).fetch_one(&db.pool).await.unwrap();
-    assert_eq!((r.get::<String, _>("status"), r.get::<i32, _>("attempt"), r.get::<i32, _>("definition_version")), ("running".into(), 1, 1));
+    wait_until("worker b reports the unknown version", WAIT, || async {
+        b.said("definition version this worker does not have")
+            .then_some(())
+    })
+    .await;
+    let r = sqlx::query(
+        "SELECT status, attempt, definition_version FROM outbox.processes WHERE id = $1",
+    )
+    .bind(old)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            r.get::<String, _>("status"),
+            r.get::<i32, _>("attempt"),
+            r.get::<i32, _>("definition_version")
+        ),
+        ("running".into(), 1, 1)
+    );
     assert_eq!(steps(&db.pool, new).await.len(), 4);
     assert!(b.sigterm_and_wait().success(), "SIGTERM exits 0");
     // A v1 worker comes back and finishes it with v1's steps.
@@ -581,16 +852,51 @@ async fn a_revision_is_a_new_process_linked_to_the_old_one() {
     let w = InProcess::start(&db.pool, "w", registry(&db.pool));
     wait_status(&db.pool, old, "failed").await;
     let d = def(&db.pool, "order_key");
-    let new = processes::revise(&db.pool, &schema(), &d, old, &input("ok"), "amount corrected", "alice").await.unwrap();
+    let new = processes::revise(
+        &db.pool,
+        &schema(),
+        &d,
+        old,
+        &input("ok"),
+        "amount corrected",
+        "alice",
+    )
+    .await
+    .unwrap();
     wait_status(&db.pool, new, "succeeded").await;
     w.stop().await;
     assert_ne!(new, old);
-    assert_eq!(status(&db.pool, old).await, "failed", "the old process is not edited");
-    let r = sqlx::query("SELECT revision, revision_of FROM outbox.processes WHERE id = $1").bind(new).fetch_one(&db.pool).await.unwrap();
-    assert_eq!((r.get::<i32, _>("revision"), r.get::<Option<Uuid>, _>("revision_of")), (1, Some(old)));
-    let again = processes::start(&db.pool, &d, "order-9", &input("ok")).await.unwrap();
-    assert_eq!((again.id, again.created), (new, false), "a replayed start finds the latest revision");
-    let old_input: serde_json::Value = sqlx::query_scalar("SELECT input FROM outbox.processes WHERE id = $1").bind(old).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(
+        status(&db.pool, old).await,
+        "failed",
+        "the old process is not edited"
+    );
+    let r = sqlx::query("SELECT revision, revision_of FROM outbox.processes WHERE id = $1")
+        .bind(new)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            r.get::<i32, _>("revision"),
+            r.get::<Option<Uuid>, _>("revision_of")
+        ),
+        (1, Some(old))
+    );
+    let again = processes::start(&db.pool, &d, "order-9", &input("ok"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.id, again.created),
+        (new, false),
+        "a replayed start finds the latest revision"
+    );
+    let old_input: serde_json::Value =
+        sqlx::query_scalar("SELECT input FROM outbox.processes WHERE id = $1")
+            .bind(old)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(old_input["amount"], 0);
     close(db).await;
 }
@@ -605,20 +911,33 @@ async fn a_sensitive_compensation_waits_for_approval() {
     let id = processes::start(&db.pool, &d, "k", &i).await.unwrap().id;
     let w = InProcess::start(&db.pool, "w", registry(&db.pool));
     wait_status(&db.pool, id, "manual_review").await;
-    assert_eq!(fx::effects(&db.pool, id).await, (1, 0), "no refund without approval");
+    assert_eq!(
+        fx::effects(&db.pool, id).await,
+        (1, 0),
+        "no refund without approval"
+    );
     let view = admin::get(&db.pool, &schema(), id).await.unwrap();
-    let refund = view.steps.iter().find(|s| s.role == "compensation" && s.name == "charge").unwrap();
+    let refund = view
+        .steps
+        .iter()
+        .find(|s| s.role == "compensation" && s.name == "charge")
+        .unwrap();
     assert!(refund.sensitive && refund.status == "manual_review");
     let action = AdminAction::RunCompensation { seq: refund.seq };
     assert!(view.allowed.contains(&action), "{:?}", view.allowed);
     assert!(action.sensitive());
-    admin::act(&db.pool, &schema(), id, &Request {
-        action,
-        reason: "refund approved".into(),
-        seen_version: view.process.row_version,
-        actor: "bob".into(),
-        evidence: None,
-    })
+    admin::act(
+        &db.pool,
+        &schema(),
+        id,
+        &Request {
+            action,
+            reason: "refund approved".into(),
+            seen_version: view.process.row_version,
+            actor: "bob".into(),
+            evidence: None,
+        },
+    )
     .await
     .unwrap();
     wait_status(&db.pool, id, "compensated").await;
@@ -633,20 +952,61 @@ async fn operator_actions_pause_resume_escalate_and_cancel() {
     let id = start(&db.pool, "order_key", "k", &input("ok")).await;
     let v = admin::get(&db.pool, &schema(), id).await.unwrap();
     assert!(v.allowed.contains(&AdminAction::Pause) && v.allowed.contains(&AdminAction::Cancel));
-    let req = |action, seen_version| Request { action, reason: "testing".into(), seen_version, actor: "carol".into(), evidence: None };
-    let o = admin::act(&db.pool, &schema(), id, &req(AdminAction::Pause, v.process.row_version)).await.unwrap();
+    let req = |action, seen_version| Request {
+        action,
+        reason: "testing".into(),
+        seen_version,
+        actor: "carol".into(),
+        evidence: None,
+    };
+    let o = admin::act(
+        &db.pool,
+        &schema(),
+        id,
+        &req(AdminAction::Pause, v.process.row_version),
+    )
+    .await
+    .unwrap();
     let w = InProcess::start(&db.pool, "w", registry(&db.pool));
     // A worker never claims a paused process; the only way to see that is to let another one finish first.
     let other = start(&db.pool, "order_key", "k2", &input("ok")).await;
     wait_status(&db.pool, other, "succeeded").await;
     assert_eq!(status(&db.pool, id).await, "pending");
-    let e = admin::act(&db.pool, &schema(), id, &req(AdminAction::Resume, v.process.row_version)).await.unwrap_err();
+    let e = admin::act(
+        &db.pool,
+        &schema(),
+        id,
+        &req(AdminAction::Resume, v.process.row_version),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(e, processes::Error::Stale { .. }));
-    let o = admin::act(&db.pool, &schema(), id, &req(AdminAction::Escalate, o.row_version)).await.unwrap();
+    let o = admin::act(
+        &db.pool,
+        &schema(),
+        id,
+        &req(AdminAction::Escalate, o.row_version),
+    )
+    .await
+    .unwrap();
     assert_eq!(o.status, "manual_review");
-    let e = admin::act(&db.pool, &schema(), id, &req(AdminAction::Escalate, o.row_version)).await.unwrap_err();
+    let e = admin::act(
+        &db.pool,
+        &schema(),
+        id,
+        &req(AdminAction::Escalate, o.row_version),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(e, processes::Error::NotAllowed { .. }), "{e}");
-    let o = admin::act(&db.pool, &schema(), id, &req(AdminAction::Cancel, o.row_version)).await.unwrap();
+    let o = admin::act(
+        &db.pool,
+        &schema(),
+        id,
+        &req(AdminAction::Cancel, o.row_version),
+    )
+    .await
+    .unwrap();
     assert_eq!(o.status, "cancelled");
     w.stop().await;
     assert_eq!(fx::effects(&db.pool, id).await, (0, 0));

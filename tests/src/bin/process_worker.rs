@@ -7,15 +7,24 @@ use std::time::Duration;
 use system_tests::process_fixtures::{self, Failpoint};
 
 fn ms(name: &str, default: u64) -> Duration {
-    Duration::from_millis(std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default))
+    Duration::from_millis(
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default),
+    )
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     plumbing::telemetry::init_logging();
     let url = std::env::var("DATABASE_URL")?;
-    let worker = std::env::var("WORKER_ID").unwrap_or_else(|_| format!("worker-{}", std::process::id()));
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(12).connect(&url).await?;
+    let worker =
+        std::env::var("WORKER_ID").unwrap_or_else(|_| format!("worker-{}", std::process::id()));
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(12)
+        .connect(&url)
+        .await?;
     let fp = Failpoint::from_env(&worker);
     let registry = process_fixtures::registry(&pool, &fp);
     let mut config = WorkerConfig::new(pool, shared::schema::Schema::default(), worker);
