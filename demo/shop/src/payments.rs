@@ -202,7 +202,7 @@ async fn request(
         state.settings.payment_remote,
     );
     let started = crate::payment_process::start(
-        &mut *tx,
+        &mut tx,
         &flow,
         &crate::payment_process::PaymentInput {
             payment_id: id,
