@@ -52,6 +52,13 @@ pub struct Config {
     #[arg(long, env = "PURGE_BATCH_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub purge_batch_size: u32,
+    /// What the payment provider supports, for the payment process's charge step:
+    /// `honours_key` (PROVIDER_IDEMPOTENCY=on), `queryable` (keys off, PROVIDER_STATUS_QUERY=on)
+    /// or `none` (both off: an unknown outcome goes to manual review). The API records it with
+    /// each process it starts; give the API and `producer worker` the same value.
+    #[arg(long, env = "PAYMENT_REMOTE", default_value = "honours_key",
+          value_parser = crate::payment_process::parse_remote)]
+    pub payment_remote: processes::Remote,
 }
 
 impl Config {
@@ -66,6 +73,7 @@ impl Config {
             purge_max_batches: 100,
             readiness_interval: Duration::from_secs(5),
             schema: self.schema.clone(),
+            payment_remote: self.payment_remote,
         }
     }
 }
@@ -89,6 +97,8 @@ pub struct Settings {
     pub readiness_interval: Duration,
     /// The product schema that holds the idempotency records (`outbox` by default).
     pub schema: Schema,
+    /// What the payment provider supports (recorded with each payment process started).
+    pub payment_remote: processes::Remote,
 }
 
 impl Default for Settings {
@@ -102,6 +112,7 @@ impl Default for Settings {
             purge_max_batches: 100,
             readiness_interval: Duration::from_secs(5),
             schema: Schema::default(),
+            payment_remote: processes::Remote::HonoursKey,
         }
     }
 }

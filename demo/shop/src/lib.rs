@@ -7,6 +7,11 @@
 //! - [`orders`], [`payments`]: the handlers, request and response types, and each route's
 //!   Idempotency-Key layer (the `idempotency` crate: reservation before the effect, the effect's
 //!   transaction, fenced completion, release on failure, replay, expiry and purge).
+//! - [`payment_process`]: the `payment` process definition (reserve the order, charge at the
+//!   provider, record the capture; release and a sensitive refund as compensations) that
+//!   `POST /payments` starts in its transaction.
+//! - [`worker`]: `producer worker`, which runs payment processes against the provider.
+//! - [`ledger`]: the example consumer handler (`payment.captured` moves ledger balances).
 //! - [`replay_marker`]: the `"replayed": true` the demo's replays carry in their body.
 //! - [`validation`]: strict parsing of request bodies (field errors as `{"errors": [...]}`).
 //! - [`auth`]: bearer API keys mapped to tenants, stored hashed; key creation.
@@ -29,11 +34,13 @@ pub mod ledger;
 pub mod migrate;
 pub mod openapi;
 pub mod orders;
+pub mod payment_process;
 pub mod payments;
 pub mod replay_marker;
 pub mod state;
 pub mod trace_context;
 pub mod validation;
+pub mod worker;
 
 pub use config::{Config, Settings};
 pub use error::ApiError;

@@ -1,5 +1,5 @@
 //! `producer`: the example application. Serves the orders/payments HTTP API (default), runs its
-//! ledger consumer, manages API keys, applies its migrations.
+//! ledger consumer and its payment worker, manages API keys, applies its migrations.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -29,6 +29,12 @@ enum Command {
     Ledger {
         #[command(flatten)]
         settings: Box<consumer::config::Settings>,
+    },
+    /// Run the payment processes that POST /payments starts (charges at the provider at
+    /// PROVIDER_URL) until SIGTERM/SIGINT.
+    Worker {
+        #[command(flatten)]
+        settings: Box<demo::worker::WorkerSettings>,
     },
     /// Apply the product's and the example application's migrations, then exit.
     Migrate,
@@ -71,6 +77,12 @@ async fn main() -> anyhow::Result<()> {
             pool.close().await;
             println!("{key}");
             Ok(())
+        }
+        Command::Worker { settings } => {
+            let shutdown = plumbing::shutdown::on_signal();
+            let result = demo::worker::run(cli.config, *settings, shutdown).await;
+            plumbing::telemetry::shutdown_tracing();
+            result.context("payment worker failed")
         }
         Command::Migrate => {
             let pool = demo::connect_and_migrate(&cli.config, 1, "producer-migrate").await?;

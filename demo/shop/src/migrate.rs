@@ -10,8 +10,14 @@ use std::borrow::Cow;
 /// The example application's own schema.
 pub const DEMO_SCHEMA: &str = "demo";
 
-const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "demo", include_str!("../migrations/0001_demo.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "demo", include_str!("../migrations/0001_demo.sql")),
+    (
+        2,
+        "payment process",
+        include_str!("../migrations/0002_payment_process.sql"),
+    ),
+];
 
 /// The demo's migrator; `product` is the product schema its SQL refers to.
 pub fn migrator(product: &Schema) -> Migrator {

@@ -1,5 +1,7 @@
-//! `POST /payments` (idempotent, asynchronous: records the payment as `pending` and emits
-//! `payment.requested`; the charge happens downstream) and `GET /payments/{id}` (tenant-scoped).
+//! `POST /payments` (idempotent, asynchronous: records the payment as `pending`, emits
+//! `payment.requested` and starts its payment process ([`crate::payment_process`]), all in the
+//! request's effect transaction; `producer worker` charges and settles it) and
+//! `GET /payments/{id}` (tenant-scoped).
 
 use crate::auth::Tenant;
 use crate::error::{ApiError, ErrorBody, FieldError, ValidationErrorBody};
@@ -43,7 +45,7 @@ pub struct Payment {
     /// Minor units.
     pub amount: i64,
     pub currency: String,
-    /// `pending` until the downstream charge sets `succeeded` or `failed`.
+    /// `pending` until the payment process sets `succeeded` or `failed`.
     #[schema(example = "pending")]
     pub status: String,
     pub created_at: DateTime<Utc>,
@@ -177,7 +179,7 @@ async fn request(
         "requested_at": now,
     });
     let message = NewMessage::new("payment", id.to_string(), "payment.requested", event)
-        .with_header("traceparent", traceparent)
+        .with_header("traceparent", traceparent.clone())
         .with_header("tenant", tenant.0.clone());
     tracing::Span::current().record("message_id", tracing::field::display(message.id));
 
@@ -193,6 +195,31 @@ async fn request(
     .bind(now)
     .execute(&mut *tx)
     .await?;
+    // The payment process, in the same transaction: business key = the payment id, so the
+    // request's effect and its process commit together or not at all.
+    let flow = crate::payment_process::PaymentFlow::starter(
+        state.settings.schema.clone(),
+        state.settings.payment_remote,
+    );
+    let started = crate::payment_process::start(
+        &mut tx,
+        &flow,
+        &crate::payment_process::PaymentInput {
+            payment_id: id,
+            order_id: payment.order_id,
+            tenant: tenant.0.clone(),
+            amount: payment.amount,
+            currency: payment.currency.clone(),
+            traceparent,
+        },
+    )
+    .await
+    .map_err(|e| ApiError::Internal(format!("cannot start the payment process: {e}")))?;
+    sqlx::query("UPDATE demo.payments SET process_id = $2 WHERE id = $1")
+        .bind(id)
+        .bind(started.id)
+        .execute(&mut *tx)
+        .await?;
     // Into the configured product schema, like the idempotency record.
     shared::outbox::Outbox::new(state.settings.schema.clone())
         .enqueue(&mut *tx, &message)

@@ -1,0 +1,505 @@
+//! The payment process (kind `payment`): what happens after `POST /payments` accepted a payment.
+//!
+//! 1. `reserve_order` (local): the order is reserved for this payment (`demo.orders.reserved_by`).
+//!    An order that is not payable (already reserved by another payment, paid, cancelled) is not
+//!    reserved; the charge then refuses to run and the process compensates.
+//!    Compensation `release`: the reservation is released (order back to `placed`), the payment
+//!    `failed`, and `payment.failed` goes through the outbox, in one transaction.
+//! 2. `charge` (external): the provider is called with the process's idempotency key (for
+//!    [`Remote::HonoursKey`]) and the payment id as its stable reference; a decline is permanent,
+//!    an unanswered call an unknown outcome (retried with the same key, or looked up by reference
+//!    for [`Remote::Queryable`], or manual review for [`Remote::Neither`]).
+//!    Compensation `refund` (**sensitive**: it waits in manual_review for an approver).
+//! 3. `record_capture` (local): payment `succeeded`, order `paid`, `payment.captured` (the
+//!    ledger's `account` and `amount`) in one transaction. An order that is no longer reserved for
+//!    this payment (cancelled meanwhile) fails the step permanently: the charge needs its refund.
+//!
+//! The API starts the process with [`start`] in the request's effect transaction; `producer
+//! worker` runs it with [`definition`] and a provider [`Client`].
+//!
+//! Trace context: the processes crate does not carry one, so the request's `traceparent` travels
+//! in the process input; each step runs in a span parented to it, and the events it writes carry
+//! it, so `payment.captured` / `payment.failed` continue the request's trace.
+
+use crate::internal_events;
+use payment_provider::api::ChargeStatus;
+use payment_provider::client::{ChargeError, Client, QueryError, RefundError};
+use processes::{
+    Action, Definition, Done, ExternalStep, LocalStep, Lookup, Remote, RetryPolicy, Started, Step,
+    StepContext, StepError, StepFuture,
+};
+use serde::{Deserialize, Serialize};
+use shared::NewMessage;
+use shared::schema::Schema;
+use sqlx::PgConnection;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::Instrument;
+use uuid::Uuid;
+
+/// The process kind.
+pub const KIND: &str = "payment";
+/// The definition version.
+pub const VERSION: i32 = 1;
+
+/// The input of a payment process (everything the steps need; no card data).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentInput {
+    pub payment_id: Uuid,
+    pub order_id: Uuid,
+    pub tenant: String,
+    pub amount: i64,
+    pub currency: String,
+    /// The request's W3C trace context, continued by the steps and their events.
+    pub traceparent: String,
+}
+
+/// How the payment process runs.
+#[derive(Debug, Clone)]
+pub struct PaymentFlow {
+    /// The product schema (outbox, processes).
+    pub schema: Schema,
+    /// What the provider supports: must match `PROVIDER_IDEMPOTENCY` / `PROVIDER_STATUS_QUERY`.
+    pub remote: Remote,
+    /// The provider; `None` where processes are only started (the API), never run.
+    pub provider: Option<Client>,
+    /// Limit of one provider call (the step's outcome is unknown past it).
+    pub call_timeout: Duration,
+    /// Retries of the charge and the refund.
+    pub retry: RetryPolicy,
+}
+
+impl PaymentFlow {
+    /// A flow that only starts processes (the API): the steps are never run with it.
+    pub fn starter(schema: Schema, remote: Remote) -> Self {
+        Self {
+            schema,
+            remote,
+            provider: None,
+            call_timeout: Duration::from_secs(5),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// Parses `honours_key`, `queryable` or `none` (the `PAYMENT_REMOTE` setting).
+pub fn parse_remote(s: &str) -> Result<Remote, String> {
+    Remote::parse(s).ok_or_else(|| format!("{s:?}: expected honours_key, queryable or none"))
+}
+
+/// The `payment` definition.
+pub fn definition(flow: &PaymentFlow) -> Definition {
+    let flow = Arc::new(flow.clone());
+    // The step's own limit is a little above the client's, so the client classifies first.
+    let step_timeout = flow.call_timeout + Duration::from_secs(1);
+    let local_retry = RetryPolicy::default().max_attempts(10);
+    Definition::new(KIND, VERSION)
+        .step(
+            Step::local("reserve_order", Reserve)
+                .retry(local_retry)
+                .compensate(Action::local(Release(flow.clone()))),
+        )
+        .step(
+            Step::external("charge", flow.remote, Charge(flow.clone()))
+                .retry(flow.retry)
+                .timeout(step_timeout)
+                .compensate_sensitive(Action::external(Remote::HonoursKey, Refund(flow.clone()))),
+        )
+        .step(Step::local("record_capture", Record(flow.clone())).retry(local_retry))
+}
+
+/// Starts the payment process for `input` in the caller's transaction (business key = the
+/// payment id: a second start returns the existing process).
+pub fn start<'a>(
+    tx: &'a mut PgConnection,
+    flow: &'a PaymentFlow,
+    input: &'a PaymentInput,
+) -> impl std::future::Future<Output = Result<Started, processes::Error>> + Send + 'a {
+    AssertSend(Box::pin(async move {
+        let definition = definition(flow);
+        let key = input.payment_id.to_string();
+        processes::start_in(tx, &flow.schema, &definition, &key, input).await
+    }))
+}
+
+/// `processes::start_in` is generic over `sqlx::Acquire`; rustc cannot prove its future `Send`
+/// for `&mut PgConnection` ("implementation of Acquire is not general enough", a known
+/// higher-ranked-lifetime limitation), although everything it holds is `Send`: the connection
+/// (`&mut PgConnection`), the definition (`Arc<dyn ... + Send + Sync>` steps), JSON values and
+/// `&PaymentInput`. TODO(processes): a `start_in` taking `&mut PgConnection` removes this.
+struct AssertSend<F>(std::pin::Pin<Box<F>>);
+
+// SAFETY: see the type's documentation: every value the wrapped future holds across an await is
+// Send; only the compiler's proof of it fails.
+unsafe impl<F> Send for AssertSend<F> {}
+
+impl<F: std::future::Future> std::future::Future for AssertSend<F> {
+    type Output = F::Output;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+fn input(ctx: &StepContext) -> Result<PaymentInput, StepError> {
+    serde_json::from_value(ctx.input.clone())
+        .map_err(|e| StepError::permanent(format!("payment input unreadable: {e}")))
+}
+
+/// The span of one step, a child of the request's trace.
+fn step_span(ctx: &StepContext, input: &PaymentInput) -> tracing::Span {
+    let span = tracing::info_span!(
+        "payment_step",
+        step = %ctx.step,
+        role = ctx.role.as_str(),
+        attempt = ctx.attempt,
+        payment = %input.payment_id,
+        process = %ctx.process_id,
+        trace_id = tracing::field::Empty,
+    );
+    plumbing::trace::set_parent(&span, &input.traceparent);
+    if let Some(id) = shared::trace::trace_id(Some(&input.traceparent)) {
+        span.record("trace_id", id);
+    }
+    span
+}
+
+/// The `traceparent` the step's events carry: the step's span when exported, else the request's.
+fn event_traceparent(span: &tracing::Span, input: &PaymentInput) -> String {
+    plumbing::trace::traceparent_of(span).unwrap_or_else(|| input.traceparent.clone())
+}
+
+async fn enqueue(
+    tx: &mut PgConnection,
+    flow: &PaymentFlow,
+    input: &PaymentInput,
+    event_type: &str,
+    payload: serde_json::Value,
+) -> Result<(), StepError> {
+    let traceparent = event_traceparent(&tracing::Span::current(), input);
+    let message = NewMessage::new("payment", input.payment_id.to_string(), event_type, payload)
+        .with_header("traceparent", traceparent)
+        .with_header("tenant", input.tenant.clone());
+    shared::outbox::Outbox::new(flow.schema.clone())
+        .enqueue(&mut *tx, &message)
+        .await
+        .map_err(|e| StepError::transient(format!("outbox: {e}")))?;
+    Ok(())
+}
+
+/// Step 1: reserve the order for this payment.
+struct Reserve;
+
+impl LocalStep for Reserve {
+    fn run<'a>(&'a self, ctx: &'a StepContext, tx: &'a mut PgConnection) -> StepFuture<'a, Done> {
+        Box::pin(async move {
+            let input = input(ctx)?;
+            let span = step_span(ctx, &input);
+            async move {
+                let row: Option<(String, Option<Uuid>)> = sqlx::query_as(
+                    "SELECT status, reserved_by FROM demo.orders WHERE id = $1 AND tenant = $2 FOR UPDATE",
+                )
+                .bind(input.order_id)
+                .bind(&input.tenant)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let reserved = match row {
+                    Some((status, _)) if status == "placed" => {
+                        sqlx::query(
+                            "UPDATE demo.orders SET status = 'reserved', reserved_by = $2 WHERE id = $1",
+                        )
+                        .bind(input.order_id)
+                        .bind(input.payment_id)
+                        .execute(&mut *tx)
+                        .await?;
+                        None
+                    }
+                    Some((status, by)) if status == "reserved" && by == Some(input.payment_id) => None,
+                    Some((status, _)) => Some(format!("order is {status}")),
+                    None => Some("order not found".to_string()),
+                };
+                Ok(match reserved {
+                    None => Done::new(format!("order {}", input.order_id))
+                        .with_output(serde_json::json!({"reserved": true})),
+                    // Not payable: nothing to hold. The charge refuses and the process
+                    // compensates (the payment fails with this reason).
+                    Some(why) => Done::new(format!("order {} not reserved", input.order_id))
+                        .with_output(serde_json::json!({"reserved": false, "why": why})),
+                })
+            }
+            .instrument(span)
+            .await
+        })
+    }
+}
+
+/// Compensation of step 1: release the reservation, fail the payment, emit `payment.failed`.
+struct Release(Arc<PaymentFlow>);
+
+impl LocalStep for Release {
+    fn run<'a>(&'a self, ctx: &'a StepContext, tx: &'a mut PgConnection) -> StepFuture<'a, Done> {
+        Box::pin(async move {
+            let input = input(ctx)?;
+            let span = step_span(ctx, &input);
+            async move {
+                let released = sqlx::query(
+                    "UPDATE demo.orders SET status = 'placed', reserved_by = NULL \
+                     WHERE id = $1 AND status = 'reserved' AND reserved_by = $2",
+                )
+                .bind(input.order_id)
+                .bind(input.payment_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                let reason = failure_reason(ctx);
+                let failed = sqlx::query(
+                    "UPDATE demo.payments SET status = 'failed', failure_reason = $2, updated_at = now() \
+                     WHERE id = $1 AND status = 'pending'",
+                )
+                .bind(input.payment_id)
+                .bind(&reason)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if failed == 1 {
+                    enqueue(
+                        tx,
+                        &self.0,
+                        &input,
+                        "payment.failed",
+                        serde_json::json!({
+                            "payment_id": input.payment_id,
+                            "order_id": input.order_id,
+                            "tenant": input.tenant,
+                            "amount": input.amount,
+                            "currency": input.currency,
+                            "reason": reason,
+                        }),
+                    )
+                    .await?;
+                    internal_events::payment_settled("failed");
+                }
+                Ok(Done::new(format!(
+                    "order {} {}",
+                    input.order_id,
+                    if released == 1 { "released" } else { "was not held" }
+                )))
+            }
+            .instrument(span)
+            .await
+        })
+    }
+}
+
+/// Why the payment failed, as far as the compensation knows: the reservation's refusal, a
+/// refunded charge, or a declined/failed charge.
+fn failure_reason(ctx: &StepContext) -> String {
+    if let Some(why) = ctx
+        .outputs
+        .get("reserve_order")
+        .filter(|o| o["reserved"] == serde_json::json!(false))
+        .and_then(|o| o["why"].as_str())
+    {
+        return format!("not payable: {why}");
+    }
+    if ctx.outputs.contains_key("charge") {
+        return "charged, then refunded: the capture could not be recorded".into();
+    }
+    "the charge failed (declined or refused by the provider)".into()
+}
+
+/// Step 2: charge at the provider.
+struct Charge(Arc<PaymentFlow>);
+
+impl Charge {
+    fn provider(&self) -> Result<&Client, StepError> {
+        self.0
+            .provider
+            .as_ref()
+            .ok_or_else(|| StepError::transient("no payment provider configured in this process"))
+    }
+}
+
+impl ExternalStep for Charge {
+    fn call<'a>(&'a self, ctx: &'a StepContext) -> StepFuture<'a, Done> {
+        Box::pin(async move {
+            let input = input(ctx)?;
+            let span = step_span(ctx, &input);
+            async move {
+                if let Some(reserve) = ctx.outputs.get("reserve_order")
+                    && reserve["reserved"] == serde_json::json!(false)
+                {
+                    return Err(StepError::permanent(format!(
+                        "not charged: {}",
+                        reserve["why"].as_str().unwrap_or("order not payable")
+                    )));
+                }
+                let provider = self.provider()?;
+                let reference = input.payment_id.to_string();
+                match provider
+                    .charge(
+                        &reference,
+                        input.amount,
+                        &input.currency,
+                        ctx.idempotency_key.as_deref(),
+                    )
+                    .await
+                {
+                    Ok(charge) => Ok(charge_done(&charge.id.to_string())),
+                    Err(e @ ChargeError::Declined { .. }) => {
+                        Err(StepError::permanent(e.to_string()))
+                    }
+                    Err(e @ ChargeError::Invalid { .. }) => {
+                        Err(StepError::permanent(e.to_string()))
+                    }
+                    Err(e @ ChargeError::Unavailable { .. }) => {
+                        Err(StepError::transient(e.to_string()))
+                    }
+                    Err(e @ ChargeError::OutcomeUnknown { .. }) => {
+                        Err(StepError::unknown(e.to_string()))
+                    }
+                }
+            }
+            .instrument(span)
+            .await
+        })
+    }
+
+    fn query<'a>(&'a self, ctx: &'a StepContext) -> StepFuture<'a, Lookup> {
+        Box::pin(async move {
+            let input = input(ctx)?;
+            let provider = self.provider()?;
+            match provider
+                .find_by_reference(&input.payment_id.to_string())
+                .await
+            {
+                Ok(Some(c)) if c.status != ChargeStatus::Declined => {
+                    Ok(Lookup::Found(charge_done(&c.id.to_string())))
+                }
+                // A declined charge took nothing: calling again cannot take money twice.
+                Ok(_) => Ok(Lookup::NotFound),
+                Err(QueryError::QueryUnsupported) => Ok(Lookup::Inconclusive(
+                    "the provider has no lookup by reference".into(),
+                )),
+                Err(e @ QueryError::Invalid { .. }) => Ok(Lookup::Inconclusive(e.to_string())),
+                Err(e @ QueryError::Unavailable { .. }) => Err(StepError::transient(e.to_string())),
+            }
+        })
+    }
+}
+
+fn charge_done(charge_id: &str) -> Done {
+    Done::new(charge_id).with_output(serde_json::json!({"charge_id": charge_id}))
+}
+
+/// Compensation of step 2 (sensitive): refund the charge.
+struct Refund(Arc<PaymentFlow>);
+
+impl ExternalStep for Refund {
+    fn call<'a>(&'a self, ctx: &'a StepContext) -> StepFuture<'a, Done> {
+        Box::pin(async move {
+            let input = input(ctx)?;
+            let span = step_span(ctx, &input);
+            async move {
+                let provider = self.0.provider.as_ref().ok_or_else(|| {
+                    StepError::transient("no payment provider configured in this process")
+                })?;
+                let charge = ctx
+                    .compensates
+                    .as_ref()
+                    .and_then(|d| d.reference.parse::<Uuid>().ok())
+                    .ok_or_else(|| {
+                        StepError::permanent("the charge to refund has no readable charge id")
+                    })?;
+                match provider.refund(charge).await {
+                    Ok(refund) => Ok(Done::new(refund.id.to_string())),
+                    Err(
+                        e @ (RefundError::NotFound
+                        | RefundError::NotRefundable { .. }
+                        | RefundError::Invalid { .. }),
+                    ) => Err(StepError::permanent(e.to_string())),
+                    Err(e @ RefundError::Unavailable { .. }) => {
+                        Err(StepError::transient(e.to_string()))
+                    }
+                    Err(e @ RefundError::OutcomeUnknown { .. }) => {
+                        Err(StepError::unknown(e.to_string()))
+                    }
+                }
+            }
+            .instrument(span)
+            .await
+        })
+    }
+}
+
+/// Step 3: payment succeeded, order paid, `payment.captured`, in one transaction.
+struct Record(Arc<PaymentFlow>);
+
+impl LocalStep for Record {
+    fn run<'a>(&'a self, ctx: &'a StepContext, tx: &'a mut PgConnection) -> StepFuture<'a, Done> {
+        Box::pin(async move {
+            let input = input(ctx)?;
+            let span = step_span(ctx, &input);
+            async move {
+                let charge_id = ctx
+                    .outputs
+                    .get("charge")
+                    .and_then(|o| o["charge_id"].as_str())
+                    .ok_or_else(|| StepError::permanent("the charge left no charge id"))?
+                    .to_string();
+                let order: Option<(String, Option<Uuid>)> = sqlx::query_as(
+                    "SELECT status, reserved_by FROM demo.orders WHERE id = $1 FOR UPDATE",
+                )
+                .bind(input.order_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+                match order {
+                    Some((status, by)) if status == "reserved" && by == Some(input.payment_id) => {}
+                    Some((status, _)) => {
+                        return Err(StepError::permanent(format!(
+                            "charged, but the order is {status} now: the capture cannot be recorded"
+                        )));
+                    }
+                    None => return Err(StepError::permanent("charged, but the order is gone")),
+                }
+                sqlx::query("UPDATE demo.orders SET status = 'paid' WHERE id = $1")
+                    .bind(input.order_id)
+                    .execute(&mut *tx)
+                    .await?;
+                let updated = sqlx::query(
+                    "UPDATE demo.payments SET status = 'succeeded', charge_id = $2, updated_at = now() \
+                     WHERE id = $1 AND status = 'pending'",
+                )
+                .bind(input.payment_id)
+                .bind(&charge_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if updated != 1 {
+                    return Err(StepError::permanent("charged, but the payment is no longer pending"));
+                }
+                enqueue(
+                    tx,
+                    &self.0,
+                    &input,
+                    "payment.captured",
+                    serde_json::json!({
+                        "payment_id": input.payment_id,
+                        "order_id": input.order_id,
+                        "account": format!("{}:{}", input.tenant, input.currency),
+                        "amount": input.amount,
+                        "currency": input.currency,
+                        "charge_id": charge_id,
+                    }),
+                )
+                .await?;
+                internal_events::payment_settled("succeeded");
+                Ok(Done::new(format!("payment {} captured", input.payment_id)))
+            }
+            .instrument(span)
+            .await
+        })
+    }
+}

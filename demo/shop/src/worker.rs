@@ -1,0 +1,137 @@
+//! `producer worker`: runs the payment processes that `POST /payments` started, against the
+//! payment provider (`PROVIDER_URL`), with the processes crate's [`processes::Worker`].
+
+use crate::Config;
+use crate::payment_process::{self, PaymentFlow};
+use payment_provider::client::Client;
+use processes::{Registry, RetryPolicy, Worker, WorkerConfig};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Flags of `producer worker` (with env var fallbacks).
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerSettings {
+    /// Base URL of the payment provider.
+    #[arg(long, env = "PROVIDER_URL", default_value = "http://127.0.0.1:8090")]
+    pub provider_url: String,
+    /// Limit of one provider call in milliseconds; past it the outcome is unknown (never a failure).
+    #[arg(long, env = "PROVIDER_CALL_TIMEOUT_MS", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u64).range(50..=600_000))]
+    pub provider_call_timeout_ms: u64,
+    /// Attempts of the charge (and of the refund), the first included.
+    #[arg(long, env = "CHARGE_MAX_ATTEMPTS", default_value_t = 10,
+          value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub charge_max_attempts: i32,
+    /// Delay before the second attempt in milliseconds (doubling, full jitter).
+    #[arg(long, env = "CHARGE_RETRY_INITIAL_MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub charge_retry_initial_ms: u64,
+    /// Upper bound of the retry delay in milliseconds.
+    #[arg(long, env = "CHARGE_RETRY_MAX_DELAY_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub charge_retry_max_delay_ms: u64,
+    /// No charge attempt starts later than this after the first, in seconds.
+    #[arg(long, env = "CHARGE_DEADLINE_SECS", default_value_t = 3_600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub charge_deadline_secs: u64,
+    /// Lease owner name; default `<hostname>-<pid>`.
+    #[arg(long, env = "WORKER_ID")]
+    pub worker_id: Option<String>,
+    /// Processes worked on at once.
+    #[arg(long, env = "WORKER_CONCURRENCY", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub worker_concurrency: u32,
+    /// Lease of a claimed process in milliseconds: a killed worker's processes are taken over after it.
+    #[arg(long, env = "WORKER_LEASE_MS", default_value_t = 15_000,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub worker_lease_ms: u64,
+    /// Heartbeat interval in milliseconds (shorter than the lease).
+    #[arg(long, env = "WORKER_HEARTBEAT_MS", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub worker_heartbeat_ms: u64,
+    /// Fallback poll when no NOTIFY arrives, in milliseconds.
+    #[arg(long, env = "WORKER_POLL_MS", default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub worker_poll_ms: u64,
+    /// On SIGTERM, how long a provider call in flight may still finish, in milliseconds.
+    #[arg(long, env = "WORKER_SHUTDOWN_GRACE_MS", default_value_t = 10_000)]
+    pub worker_shutdown_grace_ms: u64,
+    /// Address of /metrics, /healthz, /readyz.
+    #[arg(long, env = "METRICS_ADDR", default_value = "127.0.0.1:9465")]
+    pub metrics_addr: SocketAddr,
+}
+
+/// Why the worker could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerRunError {
+    #[error(transparent)]
+    Database(#[from] plumbing::db::DbError),
+    #[error("cannot build the provider client")]
+    Client(#[from] payment_provider::client::BuildError),
+    #[error("invalid definition")]
+    Definition(#[from] processes::definition::DefinitionError),
+    #[error("cannot serve metrics on {addr}")]
+    Ops {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Worker(#[from] processes::WorkerError),
+}
+
+impl WorkerSettings {
+    /// The payment flow these settings describe.
+    pub fn flow(&self, config: &Config) -> Result<PaymentFlow, WorkerRunError> {
+        let call_timeout = Duration::from_millis(self.provider_call_timeout_ms);
+        Ok(PaymentFlow {
+            schema: config.schema.clone(),
+            remote: config.payment_remote,
+            provider: Some(Client::new(&self.provider_url, call_timeout)?),
+            call_timeout,
+            retry: RetryPolicy::default()
+                .max_attempts(self.charge_max_attempts)
+                .initial(Duration::from_millis(self.charge_retry_initial_ms))
+                .max_delay(Duration::from_millis(self.charge_retry_max_delay_ms))
+                .deadline(Some(Duration::from_secs(self.charge_deadline_secs))),
+        })
+    }
+}
+
+/// Connects (retrying), migrates, serves the ops routes and runs the payment worker until
+/// `shutdown`; then finishes or abandons the current steps safely.
+pub async fn run(
+    config: Config,
+    settings: WorkerSettings,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerRunError> {
+    let flow = settings.flow(&config)?;
+    let registry = Registry::new().with(payment_process::definition(&flow))?;
+    let concurrency = settings.worker_concurrency as usize;
+    let pool =
+        crate::connect_and_migrate(&config, concurrency as u32 + 4, "producer worker").await?;
+    let readiness = plumbing::telemetry::Readiness::without_rabbitmq();
+    readiness.set_postgres(true);
+    let ops = CancellationToken::new();
+    plumbing::telemetry::serve_ops(settings.metrics_addr, readiness, ops.clone())
+        .await
+        .map_err(|source| WorkerRunError::Ops {
+            addr: settings.metrics_addr,
+            source,
+        })?;
+    let worker_id = settings.worker_id.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
+        format!("{host}-{}", std::process::id())
+    });
+    let mut wc = WorkerConfig::new(pool.clone(), config.schema.clone(), worker_id);
+    wc.concurrency = concurrency;
+    wc.lease = Duration::from_millis(settings.worker_lease_ms);
+    wc.heartbeat = Duration::from_millis(settings.worker_heartbeat_ms);
+    wc.poll_interval = Duration::from_millis(settings.worker_poll_ms);
+    wc.shutdown_grace = Duration::from_millis(settings.worker_shutdown_grace_ms);
+    let result = Worker::run(wc, registry, shutdown).await;
+    ops.cancel();
+    pool.close().await;
+    Ok(result?)
+}
