@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole system on the local PostgreSQL and RabbitMQ, without Docker: the producer API, two
-# relays, the payment provider simulator, a stand-in payment gateway, the ledger consumer and a
+# relays, the payment provider simulator, the payment process worker, the ledger consumer and a
 # small load generator, as in docker-compose.yml. Ctrl-C stops everything.
 #
 #   scripts/up.sh            # runs until Ctrl-C
@@ -49,9 +49,8 @@ METRICS_ADDR=127.0.0.1:9102 "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($
 METRICS_ADDR=127.0.0.1:9103 "$BIN/producer" ledger --name ledger --bind "payment.*" --bind "order.*" >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
 # The payment provider simulator (schema provider; PROVIDER_* come through from the environment).
 "$BIN/payment-provider" >"$LOG_DIR/payment-provider.log" 2>&1 & pids+=($!)
-# Until the payment process calls the provider, the gateway script still settles the demo's
-# pending payments and emits payment.captured.
-deploy/payment-gateway.sh >"$LOG_DIR/payment-gateway.log" 2>&1 & pids+=($!)
+# The payment process worker: charges at the provider, records captures, compensates declines.
+PROVIDER_URL="http://$PROVIDER_ADDR" METRICS_ADDR=127.0.0.1:9104 "$BIN/producer" worker >"$LOG_DIR/payment-worker.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 1 100); do curl -fsS "http://$API_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 for _ in $(seq 1 100); do curl -fsS "http://$PROVIDER_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
@@ -62,7 +61,7 @@ running:
   ledger         http://127.0.0.1:9103/metrics (producer ledger, the example consumer: applies payment.captured, acks the other events)
   provider       http://$PROVIDER_ADDR  payment provider simulator (faults: ${PROVIDER_FAULTS:-none}; charges: /admin/charges)
   console        http://$CONSOLE_ADDR  (log in with the admin token: $CONSOLE_TOKEN; docs/console.md)
-  gateway        deploy/payment-gateway.sh settles pending payments and emits payment.captured
+  worker         http://127.0.0.1:9104/metrics (producer worker: the payment processes)
   logs           $LOG_DIR/
 load: deploy/loadgen.sh places an order and pays it every 200 ms (with replays, conflicts, mismatches)
 EOT

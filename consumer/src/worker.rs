@@ -177,7 +177,6 @@ impl Worker {
         stop: &CancellationToken,
     ) -> Result<BatchEnd, SessionError> {
         let size = deliveries.len();
-        let last_tag = deliveries.iter().map(|d| d.delivery_tag).max().unwrap_or(0);
         let items: Vec<Item> = deliveries.into_iter().map(|d| self.prepare(d)).collect();
 
         let mut fates: Vec<Option<Fate>> = vec![None; items.len()];
@@ -260,13 +259,24 @@ impl Worker {
             tokio::time::sleep(self.ctx.config.ack_delay).await;
         }
         self.publish_copies(&items, &mut fates).await?;
-        bounded(
-            "acknowledging",
-            self.consume_ch
-                .basic_ack(last_tag, BasicAckOptions { multiple: true }),
-            SessionError::Ack,
-        )
-        .await?;
+        // One multi-ack up to the highest tag still ours: a delivery rejected because its copy
+        // could not fit a frame is settled already, and acking its tag again would make the broker
+        // close the channel (unknown delivery tag). Lower rejected tags are skipped by the broker.
+        let last_tag = items
+            .iter()
+            .zip(&fates)
+            .filter(|(_, f)| !matches!(f, Some(Fate::Discarded)))
+            .map(|(i, _)| i.delivery.delivery_tag)
+            .max();
+        if let Some(last_tag) = last_tag {
+            bounded(
+                "acknowledging",
+                self.consume_ch
+                    .basic_ack(last_tag, BasicAckOptions { multiple: true }),
+                SessionError::Ack,
+            )
+            .await?;
+        }
 
         let mut counts = [0u64; Outcome::ALL.len()];
         for fate in fates.iter().flatten() {

@@ -296,7 +296,7 @@ def overview():
                 "retry and dead-letter copies). Consumed: deliveries the consumers settled (processed, "
                 "duplicate, ignored, dead-lettered; retries excluded). RabbitMQ delivered: deliveries to "
                 "consumers. In steady state all lines meet; a gap tells where the flow is held back. The "
-                "demo's payment.captured events are written by the payment-gateway SQL, not the API, so "
+                "demo's payment.captured events are written by the payment process worker, not the API, so "
                 "published > API writes there.",
                 targets((API_WRITES, "API writes"), (PUBLISHED, "published (relays)"),
                         (RMQ_CONFIRMED, "RabbitMQ confirmed"), (CONSUMED, "consumed (consumers)"),
