@@ -281,8 +281,10 @@ async fn receive_all(
     let want: HashSet<String> = good.iter().map(|m| m.id.to_string()).collect();
     let mut got = Vec::new();
     let mut seen = HashSet::new();
+    // Generous: a row behind a refused 128 MiB message in its partition waits until that one is
+    // dead, and each attempt sends the whole message again (slow on a loaded 2-core machine).
     while !want.is_subset(&seen) {
-        let r = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        let r = tokio::time::timeout(Duration::from_secs(120), rx.recv())
             .await
             .unwrap_or_else(|_| panic!("only {} of {} good rows arrived", seen.len(), want.len()))
             .unwrap();
