@@ -228,10 +228,10 @@ run "docker-compose config -q (docker-compose.yml is valid)" docker-compose -f d
 
 bins=(relay consumer producer payment-provider console)
 need_build=()
-for b in "${bins[@]}"; do [[ -x "target/debug/$b" ]] || need_build+=(-p "$b"); done
+for b in "${bins[@]}"; do [[ -x "target/debug/$b" ]] || need_build+=(--bin "$b"); done
 if ((${#need_build[@]})); then
     echo "      building ${need_build[*]} (target/debug binaries missing)"
-    run "cargo build --bins ${need_build[*]}" cargo build --bins "${need_build[@]}"
+    run "cargo build ${need_build[*]}" cargo build "${need_build[@]}"
 fi
 for b in "${bins[@]}"; do
     if "target/debug/$b" --help >"$tmp/$b.help" 2>&1; then

@@ -10,7 +10,8 @@
 //! next row is sent only after the broker confirmed the previous one. A refused row (nack, return)
 //! gives every unsent row of its partition back to the outbox and blocks the partition for the
 //! retry backoff (locally and in `relay_partitions`, so any relay respects it). A link failure gives
-//! back everything unconfirmed. Either way nothing later of an aggregate overtakes an earlier row.
+//! back everything unconfirmed. A channel closed by a refusal, or a confirm timeout, sends the rows
+//! that were in flight again one at a time, so the one to blame is found and charged. Either way nothing later of an aggregate overtakes an earlier row.
 
 use crate::RelayOptions;
 use crate::encoder::{self, Encoded, Limits};
@@ -709,9 +710,26 @@ impl<'a> Pipeline<'a> {
                 }
             },
             Err(_) => {
-                self.claimed.remove(&row.seq);
                 let why = format!("no confirm within {:?}", self.opts.confirm_timeout());
-                self.link_failed(FailureReason::ConfirmTimeout, &why).await;
+                if self.isolation.is_some() && self.in_flight.is_empty() {
+                    // Alone on a fresh link and still no answer: the row itself is the trouble
+                    // (one so large the broker takes longer than the timeout to refuse it, say).
+                    // Charged, so it backs off and goes dead instead of holding its partition
+                    // forever; it may have arrived, which at-least-once allows.
+                    self.refused(row, FailureReason::ConfirmTimeout, why).await;
+                    self.publisher.disconnect().await;
+                    self.set_ready(None, Some(false));
+                } else {
+                    // A slow link or one slow row: send what was in flight one at a time to tell.
+                    let mut suspects = std::mem::take(&mut self.in_flight);
+                    suspects.insert(row.seq);
+                    self.isolation = Some(Isolation {
+                        suspects,
+                        until: Instant::now() + ISOLATION_LIMIT,
+                    });
+                    self.claimed.remove(&row.seq);
+                    self.link_failed(FailureReason::ConfirmTimeout, &why).await;
+                }
             }
         }
     }
