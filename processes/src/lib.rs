@@ -37,4 +37,4 @@ pub use definition::{
 pub use error::{Error, ErrorClass, StepError};
 pub use retry::RetryPolicy;
 pub use start::{Started, revise, start, start_in};
-pub use worker::{Worker, WorkerConfig, WorkerError};
+pub use worker::{DatabaseHook, Worker, WorkerConfig, WorkerError};

@@ -43,6 +43,18 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// How often the worker refreshes the status gauges and looks for unknown versions.
     pub stats_interval: Duration,
+    /// Told after every claim whether the database answered, so a binary's `/readyz` follows it.
+    pub on_database: Option<DatabaseHook>,
+}
+
+/// Called with `true` after a claim the database answered, `false` after one that failed.
+#[derive(Clone)]
+pub struct DatabaseHook(pub Arc<dyn Fn(bool) + Send + Sync>);
+
+impl std::fmt::Debug for DatabaseHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DatabaseHook")
+    }
 }
 
 impl WorkerConfig {
@@ -58,6 +70,7 @@ impl WorkerConfig {
             claim_batch: 32,
             shutdown_grace: Duration::from_secs(10),
             stats_interval: Duration::from_secs(5),
+            on_database: None,
         }
     }
 }
@@ -116,6 +129,7 @@ impl Worker {
         let abandon = CancellationToken::new();
         let mut running: JoinSet<()> = JoinSet::new();
         let mut failures = 0u32;
+        let mut first = true;
         tracing::info!(worker = %config.worker_id, "process worker started");
         while !shutdown.is_cancelled() {
             let free = config.concurrency.saturating_sub(running.len());
@@ -134,6 +148,12 @@ impl Worker {
                 .await
                 {
                     Ok(claimed) => {
+                        if failures > 0 || first {
+                            if let Some(hook) = &config.on_database {
+                                (hook.0)(true);
+                            }
+                            first = false;
+                        }
                         failures = 0;
                         full = claimed.len() as i64 == limit;
                         for c in claimed {
@@ -163,6 +183,9 @@ impl Worker {
                     }
                     Err(e) => {
                         failures += 1;
+                        if let Some(hook) = &config.on_database {
+                            (hook.0)(false);
+                        }
                         tracing::warn!(error = %e, "claim failed; retrying");
                     }
                 }

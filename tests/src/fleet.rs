@@ -79,6 +79,19 @@ impl Component {
         )
     }
 
+    /// A `process_worker` (the test definitions of `process_fixtures`) named `id`.
+    pub fn process_worker(database_url: &str, id: &str) -> Self {
+        Self::new(
+            "process_worker",
+            Vec::new(),
+            vec![
+                ("DATABASE_URL".into(), database_url.into()),
+                ("WORKER_ID".into(), id.into()),
+                ("LEASE_MS".into(), "2000".into()),
+            ],
+        )
+    }
+
     fn new(program: &'static str, args: Vec<String>, env: Vec<(String, String)>) -> Self {
         let mut c = Self {
             child: None,

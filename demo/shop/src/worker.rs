@@ -112,9 +112,8 @@ pub async fn run(
     let pool =
         crate::connect_and_migrate(&config, concurrency as u32 + 4, "producer worker").await?;
     let readiness = plumbing::telemetry::Readiness::without_rabbitmq();
-    readiness.set_postgres(true);
     let ops = CancellationToken::new();
-    plumbing::telemetry::serve_ops(settings.metrics_addr, readiness, ops.clone())
+    plumbing::telemetry::serve_ops(settings.metrics_addr, readiness.clone(), ops.clone())
         .await
         .map_err(|source| WorkerRunError::Ops {
             addr: settings.metrics_addr,
@@ -130,6 +129,10 @@ pub async fn run(
     wc.heartbeat = Duration::from_millis(settings.worker_heartbeat_ms);
     wc.poll_interval = Duration::from_millis(settings.worker_poll_ms);
     wc.shutdown_grace = Duration::from_millis(settings.worker_shutdown_grace_ms);
+    // Ready once a claim succeeded; not ready while claims fail (the database is away).
+    wc.on_database = Some(processes::DatabaseHook(std::sync::Arc::new(move |up| {
+        readiness.set_postgres(up)
+    })));
     let result = Worker::run(wc, registry, shutdown).await;
     ops.cancel();
     pool.close().await;

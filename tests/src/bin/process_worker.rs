@@ -1,6 +1,7 @@
 //! A process worker for the system tests: the test definitions of `system_tests::process_fixtures`,
 //! a failpoint from `PROCESS_FAILPOINT`, settings from the environment (DATABASE_URL, WORKER_ID,
-//! LEASE_MS, HEARTBEAT_MS). SIGTERM stops it at a safe point.
+//! LEASE_MS, HEARTBEAT_MS, and METRICS_ADDR for /readyz, which follows the worker's claims).
+//! SIGTERM stops it at a safe point.
 
 use processes::{Worker, WorkerConfig};
 use std::time::Duration;
@@ -34,6 +35,13 @@ async fn main() -> anyhow::Result<()> {
     config.concurrency = 8;
     config.shutdown_grace = Duration::from_secs(5);
     let shutdown = plumbing::shutdown::on_signal();
+    if let Ok(addr) = std::env::var("METRICS_ADDR") {
+        let readiness = plumbing::telemetry::Readiness::without_rabbitmq();
+        plumbing::telemetry::serve_ops(addr.parse()?, readiness.clone(), shutdown.clone()).await?;
+        config.on_database = Some(processes::DatabaseHook(std::sync::Arc::new(move |up| {
+            readiness.set_postgres(up)
+        })));
+    }
     Worker::run(config, registry, shutdown).await?;
     Ok(())
 }
