@@ -31,13 +31,10 @@ pub struct RelayOptions {
     #[arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub poll_interval_ms: u64,
     /// How long to wait for the broker's confirm of a publish before giving up on the connection.
-    /// After a timeout the rows that were in flight are sent again one at a time; one that times
-    /// out alone is charged an attempt (it may have arrived: at least once), so a row the broker
-    /// is too slow to accept or refuse goes dead instead of holding its partition forever.
+    /// A timeout is the link's failure, never charged to a row (it stays pending).
     #[arg(long, env = "RELAY_CONFIRM_TIMEOUT_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..))]
     pub confirm_timeout_ms: u64,
-    /// Failed attempts (nack, unroutable return, refusal, a confirm timeout while alone on the
-    /// link) after which a row is dead. Broker or database
+    /// Failed attempts (nack, unroutable return, refusal) after which a row is dead. Broker or database
     /// outages do not count: they are waited out, not charged to the message.
     #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,

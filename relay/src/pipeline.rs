@@ -10,8 +10,8 @@
 //! next row is sent only after the broker confirmed the previous one. A refused row (nack, return)
 //! gives every unsent row of its partition back to the outbox and blocks the partition for the
 //! retry backoff (locally and in `relay_partitions`, so any relay respects it). A link failure gives
-//! back everything unconfirmed. A channel closed by a refusal, or a confirm timeout, sends the rows
-//! that were in flight again one at a time, so the one to blame is found and charged. Either way nothing later of an aggregate overtakes an earlier row.
+//! back everything unconfirmed. A channel closed by a refusal sends the rows that were in flight
+//! again one at a time, so the one to blame is found and charged. Either way nothing later of an aggregate overtakes an earlier row.
 
 use crate::RelayOptions;
 use crate::encoder::{self, Encoded, Limits};
@@ -87,6 +87,9 @@ pub(crate) struct Pipeline<'a> {
     in_flight: HashSet<i64>,
     /// Set after the broker refused a message while several were in flight.
     isolation: Option<Isolation>,
+    /// Bumped whenever the link is dropped. Confirms taken in one batch that settle after their
+    /// link was dropped belong to rows already given back: they are not this row's answer.
+    link: u64,
     /// Confirmed rows waiting for their mark.
     to_mark: Vec<i64>,
     /// Confirmed rows that had failed before: their partition may be unblocked once marked.
@@ -143,6 +146,7 @@ impl<'a> Pipeline<'a> {
             confirms: FuturesUnordered::new(),
             in_flight: HashSet::new(),
             isolation: None,
+            link: 0,
             to_mark: Vec::new(),
             retried: Vec::new(),
             marking: None,
@@ -255,7 +259,18 @@ impl<'a> Pipeline<'a> {
                             }
                         }
                     }
+                    // Acks first: a failure in the batch drops the link and gives back everything
+                    // unconfirmed, and rows the broker did confirm need not be published again.
+                    // Once the link is dropped, the rest of the batch are answers of that link
+                    // (its closing error, seen by every publish in flight), not of their rows:
+                    // those rows went back to the outbox with it.
+                    batch.sort_by_key(|(_, r)| !matches!(r, Ok(Ok(Confirmation::Ack(_)))));
+                    let link = self.link;
                     for (row, result) in batch {
+                        if self.link != link {
+                            self.in_flight.remove(&row.seq);
+                            continue;
+                        }
                         self.on_confirm(row, result).await;
                     }
                     if self.confirms.is_empty() {
@@ -687,6 +702,7 @@ impl<'a> Pipeline<'a> {
                     // It was alone on the wire: the refusal is this row's.
                     self.refused(row, FailureReason::BrokerRefused, why).await;
                     // The broker closed the channel; the next turn reconnects.
+                    self.link += 1;
                     self.publisher.disconnect().await;
                     self.set_ready(None, Some(false));
                 }
@@ -710,26 +726,12 @@ impl<'a> Pipeline<'a> {
                 }
             },
             Err(_) => {
+                // A timeout is the link's (a quorum queue without a leader, a stalled path), not
+                // the row's: charging it would kill rows during an outage. The culprits that do
+                // exist, refusals, close the channel right after the body arrives, well within it.
+                self.claimed.remove(&row.seq);
                 let why = format!("no confirm within {:?}", self.opts.confirm_timeout());
-                if self.isolation.is_some() && self.in_flight.is_empty() {
-                    // Alone on a fresh link and still no answer: the row itself is the trouble
-                    // (one so large the broker takes longer than the timeout to refuse it, say).
-                    // Charged, so it backs off and goes dead instead of holding its partition
-                    // forever; it may have arrived, which at-least-once allows.
-                    self.refused(row, FailureReason::ConfirmTimeout, why).await;
-                    self.publisher.disconnect().await;
-                    self.set_ready(None, Some(false));
-                } else {
-                    // A slow link or one slow row: send what was in flight one at a time to tell.
-                    let mut suspects = std::mem::take(&mut self.in_flight);
-                    suspects.insert(row.seq);
-                    self.isolation = Some(Isolation {
-                        suspects,
-                        until: Instant::now() + ISOLATION_LIMIT,
-                    });
-                    self.claimed.remove(&row.seq);
-                    self.link_failed(FailureReason::ConfirmTimeout, &why).await;
-                }
+                self.link_failed(FailureReason::ConfirmTimeout, &why).await;
             }
         }
     }
@@ -809,6 +811,7 @@ impl<'a> Pipeline<'a> {
     /// The link failed: every unconfirmed row goes back to the outbox, nothing is charged.
     async fn link_failed(&mut self, reason: FailureReason, error: &str) {
         self.generation += 1;
+        self.link += 1;
         let unconfirmed = self.confirms.len();
         self.confirms = FuturesUnordered::new();
         self.in_flight.clear();
