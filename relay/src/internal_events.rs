@@ -90,6 +90,10 @@ pub fn describe() {
         "relay_reconnects_total",
         "Reconnections to a dependency, by target"
     );
+    describe_counter!(
+        "relay_amqp_opened_total",
+        "RabbitMQ connections and channels opened, by kind (a refused message costs a channel, never the connection)"
+    );
     describe_histogram!(
         "relay_publish_latency_seconds",
         Unit::Seconds,
@@ -154,6 +158,11 @@ pub fn db_duration(op: DbOp, d: Duration) {
 
 pub fn batch_claimed(size: usize) {
     histogram!("relay_batch_size").record(size as f64);
+}
+
+/// A connection or a channel to RabbitMQ was opened (`kind`: `connection` or `channel`).
+pub fn amqp_opened(kind: &'static str) {
+    counter!("relay_amqp_opened_total", "kind" => kind).increment(1);
 }
 
 pub fn reconnect(target: &'static str) {

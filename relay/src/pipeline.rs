@@ -701,10 +701,9 @@ impl<'a> Pipeline<'a> {
                 Some(why) if self.isolation.is_some() && self.in_flight.is_empty() => {
                     // It was alone on the wire: the refusal is this row's.
                     self.refused(row, FailureReason::BrokerRefused, why).await;
-                    // The broker closed the channel; the next turn reconnects.
+                    // The broker closed the channel; the next turn opens another.
                     self.link += 1;
-                    self.publisher.disconnect().await;
-                    self.set_ready(None, Some(false));
+                    self.publisher.drop_channel().await;
                 }
                 Some(why) => {
                     // One of the rows in flight made the broker close the channel: find which, by
@@ -717,7 +716,7 @@ impl<'a> Pipeline<'a> {
                         until: Instant::now() + ISOLATION_LIMIT,
                     });
                     self.claimed.remove(&row.seq);
-                    self.link_failed(FailureReason::Connection, &why).await;
+                    self.channel_failed(&why).await;
                 }
                 None => {
                     self.claimed.remove(&row.seq);
@@ -810,6 +809,21 @@ impl<'a> Pipeline<'a> {
 
     /// The link failed: every unconfirmed row goes back to the outbox, nothing is charged.
     async fn link_failed(&mut self, reason: FailureReason, error: &str) {
+        self.give_back_unconfirmed(reason, error);
+        self.publisher.disconnect().await;
+        self.set_ready(None, Some(false));
+        self.amqp_failures += 1;
+        self.back_off(self.amqp_failures);
+    }
+
+    /// The broker closed the channel over a message: as [`Self::link_failed`], but the connection
+    /// stays and the next turn opens a new channel on it at once.
+    async fn channel_failed(&mut self, error: &str) {
+        self.give_back_unconfirmed(FailureReason::Connection, error);
+        self.publisher.drop_channel().await;
+    }
+
+    fn give_back_unconfirmed(&mut self, reason: FailureReason, error: &str) {
         self.generation += 1;
         self.link += 1;
         let unconfirmed = self.confirms.len();
@@ -826,10 +840,6 @@ impl<'a> Pipeline<'a> {
         self.claimed.retain(|seq, _| keep.contains(seq));
         internal_events::publish_failed(reason, unconfirmed.max(1));
         tracing::warn!(%error, unconfirmed, "broker link failed; unconfirmed rows stay pending");
-        self.publisher.disconnect().await;
-        self.set_ready(None, Some(false));
-        self.amqp_failures += 1;
-        self.back_off(self.amqp_failures);
     }
 
     async fn on_marked(&mut self, result: Result<(), String>) {

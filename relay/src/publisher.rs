@@ -1,5 +1,8 @@
 //! The broker side: one connection with one confirm-mode channel, the exchange topology, and the
 //! sending of encoded rows ([`crate::encoder`]). What is sent when is decided by [`crate::pipeline`].
+//!
+//! A channel the broker closed over one message (406 on a body over `max_message_size`) is
+//! replaced on the same connection: one row's refusal never costs the connection.
 
 use crate::encoder::Encoded;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -24,7 +27,8 @@ pub struct Publisher {
     tls: AmqpTls,
     exchange: String,
     alternate_exchange: bool,
-    conn: Option<(Connection, Channel)>,
+    conn: Option<Connection>,
+    channel: Option<Channel>,
 }
 
 impl Publisher {
@@ -35,6 +39,7 @@ impl Publisher {
             exchange: exchange.to_string(),
             alternate_exchange,
             conn: None,
+            channel: None,
         }
     }
 
@@ -45,22 +50,26 @@ impl Publisher {
     }
 
     pub fn is_connected(&self) -> bool {
-        self.conn
-            .as_ref()
-            .is_some_and(|(c, ch)| c.status().connected() && ch.status().connected())
+        self.connection_alive()
+            && self
+                .channel
+                .as_ref()
+                .is_some_and(|ch| ch.status().connected())
+    }
+
+    fn connection_alive(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| c.status().connected())
     }
 
     /// Whether RabbitMQ has blocked the connection (`connection.blocked`: a memory or disk alarm).
     /// lapin writes nothing while it is; publishes and their confirms wait for the unblock.
     pub fn is_blocked(&self) -> bool {
-        self.conn
-            .as_ref()
-            .is_some_and(|(c, _)| c.status().blocked())
+        self.conn.as_ref().is_some_and(|c| c.status().blocked())
     }
 
     /// The connection's status, for confirm waits that must not time out while it is blocked.
     pub fn status(&self) -> Option<lapin::ConnectionStatus> {
-        self.conn.as_ref().map(|(c, _)| c.status().clone())
+        self.conn.as_ref().map(|c| c.status().clone())
     }
 
     /// Connects, declares the exchange topology and opens a confirm channel, if not done yet.
@@ -68,28 +77,51 @@ impl Publisher {
         if self.is_connected() {
             return Ok(());
         }
+        if let Some(conn) = self.conn.as_ref().filter(|c| c.status().connected()) {
+            // Only the channel is gone: a new one on the same connection.
+            let opened = tokio::time::timeout(Duration::from_secs(10), confirm_channel(conn)).await;
+            if let Ok(Ok(ch)) = opened {
+                crate::internal_events::amqp_opened("channel");
+                tracing::info!("opened a new confirm channel on the same connection");
+                self.channel = Some(ch);
+                return Ok(());
+            }
+        }
         self.disconnect().await;
         let conn = plumbing::amqp_nodes::connect(&self.url, &self.tls, "outbox-relay").await?;
         let setup = async {
             plumbing::amqp::declare_outbox_exchange(&conn, &self.exchange, self.alternate_exchange)
                 .await?;
-            let ch = conn.create_channel().await?;
-            ch.confirm_select(ConfirmSelectOptions::default()).await?;
-            Ok::<_, lapin::Error>(ch)
+            confirm_channel(&conn).await
         };
         let ch = match tokio::time::timeout(Duration::from_secs(10), setup).await {
             Ok(Ok(ch)) => ch,
             Ok(Err(e)) => return Err(PublisherError::Setup(e)),
             Err(_) => return Err(PublisherError::SetupTimeout),
         };
+        crate::internal_events::amqp_opened("connection");
+        crate::internal_events::amqp_opened("channel");
         tracing::info!(exchange = %self.exchange, "connected to RabbitMQ");
-        self.conn = Some((conn, ch));
+        self.conn = Some(conn);
+        self.channel = Some(ch);
         Ok(())
+    }
+
+    /// Closes the channel only (bounded); the next batch opens a new one on the same connection.
+    pub async fn drop_channel(&mut self) {
+        if let Some(ch) = self.channel.take() {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                ch.close(200, "relay closing".into()),
+            )
+            .await;
+        }
     }
 
     /// Closes the connection (bounded); the next batch reconnects.
     pub async fn disconnect(&mut self) {
-        if let Some((conn, _)) = self.conn.take() {
+        self.channel = None;
+        if let Some(conn) = self.conn.take() {
             let _ = tokio::time::timeout(
                 Duration::from_secs(2),
                 conn.close(200, "relay closing".into()),
@@ -101,9 +133,7 @@ impl Publisher {
     /// The connection's negotiated `frame_max` (properties and headers of one message must fit a
     /// frame), once connected.
     pub fn frame_max(&self) -> Option<u32> {
-        self.conn
-            .as_ref()
-            .map(|(c, _)| c.configuration().frame_max())
+        self.conn.as_ref().map(|c| c.configuration().frame_max())
     }
 
     /// Sends one encoded row (persistent, mandatory) and returns the future of its confirm.
@@ -112,7 +142,7 @@ impl Publisher {
         message: &Encoded,
         payload: &[u8],
     ) -> Result<lapin::PublisherConfirm, lapin::Error> {
-        let Some((_, channel)) = self.conn.as_ref() else {
+        let Some(channel) = self.channel.as_ref() else {
             return Err(lapin::Error::from(
                 lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
             ));
@@ -130,6 +160,13 @@ impl Publisher {
             )
             .await
     }
+}
+
+/// A channel in confirm mode.
+async fn confirm_channel(conn: &Connection) -> Result<Channel, lapin::Error> {
+    let ch = conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    Ok(ch)
 }
 
 /// Depth of `<exchange>.unrouted` (bounded to 2 s).

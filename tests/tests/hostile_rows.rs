@@ -553,6 +553,11 @@ async fn broker_refuses_a_huge_row(confirm_timeout_ms: u64) -> (String, String) 
         2.0,
         "the culprit's two attempts and no other row's: {body}"
     );
+    assert!(
+        body.lines()
+            .any(|l| l == "relay_amqp_opened_total{kind=\"connection\"} 1"),
+        "one connection all along (each refusal cost a channel): {body}"
+    );
     relay.kill().await.unwrap();
     (error, body)
 }
