@@ -51,7 +51,7 @@ impl Console {
             secret_fields: vec!["customer_secret".into()],
         };
         let shutdown = CancellationToken::new();
-        let running = console::start(config, None, shutdown.clone())
+        let running = console::start(config, shutdown.clone())
             .await
             .expect("console starts");
         let http = reqwest::Client::builder()
