@@ -522,7 +522,7 @@ pub async fn process_get(
 }
 
 /// Perform an action on a process: one the process offers now (`allowed_actions`); the sensitive
-/// ones (run_compensation, resolve_succeeded, cancel) create an approval request.
+/// ones (run_compensation, resolve_succeeded) create an approval request.
 #[utoipa::path(post, path = "/api/processes/{id}/actions/{action}", tag = "processes", request_body = ProcessActionRequest,
     params(("id" = Uuid, Path), ("action" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
     responses((status = 200, description = "done"), (status = 202, description = "approval request created"), (status = 403, body = crate::error::ErrorBody),

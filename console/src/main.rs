@@ -168,12 +168,12 @@ enum ProcessCommand {
     },
     /// One process: its steps, last classified error, history and the actions allowed now.
     Show { id: uuid::Uuid },
-    /// Perform an action the process offers now (see `show`); run_compensation,
-    /// resolve_succeeded and cancel create an approval request.
+    /// Perform an action the process offers now (see `show`); run_compensation and
+    /// resolve_succeeded create an approval request.
     Act {
         id: uuid::Uuid,
         /// rerun_step, query_remote_status, escalate, pause, resume, run_compensation,
-        /// resolve_succeeded, resolve_failed, cancel.
+        /// resolve_succeeded, resolve_failed.
         action: String,
         #[arg(long)]
         reason: String,

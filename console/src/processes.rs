@@ -38,12 +38,10 @@ pub enum ProcessAction {
     ResolveSucceeded,
     /// Resolve a step in manual review as failed: the process compensates its earlier effects.
     ResolveFailed,
-    /// Stop the process for good, compensating nothing: needs approval.
-    Cancel,
 }
 
 impl ProcessAction {
-    pub const ALL: [ProcessAction; 9] = [
+    pub const ALL: [ProcessAction; 8] = [
         ProcessAction::RerunStep,
         ProcessAction::QueryRemoteStatus,
         ProcessAction::Escalate,
@@ -52,7 +50,6 @@ impl ProcessAction {
         ProcessAction::RunCompensation,
         ProcessAction::ResolveSucceeded,
         ProcessAction::ResolveFailed,
-        ProcessAction::Cancel,
     ];
 
     /// The name in URLs (`/api/processes/{id}/actions/{name}`).
@@ -66,7 +63,6 @@ impl ProcessAction {
             ProcessAction::RunCompensation => "run_compensation",
             ProcessAction::ResolveSucceeded => "resolve_succeeded",
             ProcessAction::ResolveFailed => "resolve_failed",
-            ProcessAction::Cancel => "cancel",
         }
     }
 
@@ -81,7 +77,6 @@ impl ProcessAction {
             ProcessAction::RunCompensation => "process.run_compensation",
             ProcessAction::ResolveSucceeded => "process.resolve_succeeded",
             ProcessAction::ResolveFailed => "process.resolve_failed",
-            ProcessAction::Cancel => "process.cancel",
         }
     }
 
@@ -96,7 +91,6 @@ impl ProcessAction {
             ProcessAction::RunCompensation => "Request compensation",
             ProcessAction::ResolveSucceeded => "Request resolve as succeeded",
             ProcessAction::ResolveFailed => "Resolve as failed",
-            ProcessAction::Cancel => "Request cancel",
         }
     }
 
@@ -106,7 +100,7 @@ impl ProcessAction {
 
     /// Who may ask. Operator: the reversible actions, and requesting a compensation (a refund),
     /// which runs only once an approver approves it. Approver: resolving a manual review (as
-    /// failed: now; as succeeded: once a second approver approves) and cancelling (approved too).
+    /// failed: now; as succeeded: once a second approver approves).
     pub fn min_role(self) -> Role {
         match self {
             ProcessAction::RerunStep
@@ -115,9 +109,7 @@ impl ProcessAction {
             | ProcessAction::Pause
             | ProcessAction::Resume
             | ProcessAction::RunCompensation => Role::Operator,
-            ProcessAction::ResolveSucceeded
-            | ProcessAction::ResolveFailed
-            | ProcessAction::Cancel => Role::Approver,
+            ProcessAction::ResolveSucceeded | ProcessAction::ResolveFailed => Role::Approver,
         }
     }
 
@@ -126,9 +118,7 @@ impl ProcessAction {
     pub fn needs_approval(self) -> bool {
         matches!(
             self,
-            ProcessAction::RunCompensation
-                | ProcessAction::ResolveSucceeded
-                | ProcessAction::Cancel
+            ProcessAction::RunCompensation | ProcessAction::ResolveSucceeded
         )
     }
 
@@ -144,9 +134,11 @@ impl ProcessAction {
         )
     }
 
-    /// The console's name of an action the processes crate allows, and its step.
-    pub fn of_admin(a: &AdminAction) -> (ProcessAction, Option<i32>) {
-        match *a {
+    /// The console's name of an action the processes crate allows, and its step. `None` for
+    /// `cancel`, which the console does not offer: it abandons a process without compensating
+    /// its effects (resolve_failed ends a manual review and compensates).
+    pub fn of_admin(a: &AdminAction) -> Option<(ProcessAction, Option<i32>)> {
+        Some(match *a {
             AdminAction::RerunStep { seq } => (ProcessAction::RerunStep, Some(seq)),
             AdminAction::QueryRemote { seq } => (ProcessAction::QueryRemoteStatus, Some(seq)),
             AdminAction::Escalate => (ProcessAction::Escalate, None),
@@ -155,8 +147,8 @@ impl ProcessAction {
             AdminAction::RunCompensation { seq } => (ProcessAction::RunCompensation, Some(seq)),
             AdminAction::ResolveSucceeded { seq } => (ProcessAction::ResolveSucceeded, Some(seq)),
             AdminAction::ResolveFailed { seq } => (ProcessAction::ResolveFailed, Some(seq)),
-            AdminAction::Cancel => (ProcessAction::Cancel, None),
-        }
+            AdminAction::Cancel => return None,
+        })
     }
 
     /// The processes crate's action for this one on `step` (ignored by actions on the process).
@@ -170,7 +162,6 @@ impl ProcessAction {
             ProcessAction::RunCompensation => AdminAction::RunCompensation { seq: step },
             ProcessAction::ResolveSucceeded => AdminAction::ResolveSucceeded { seq: step },
             ProcessAction::ResolveFailed => AdminAction::ResolveFailed { seq: step },
-            ProcessAction::Cancel => AdminAction::Cancel,
         }
     }
 }
@@ -312,8 +303,8 @@ fn offered(allowed: &[AdminAction]) -> Value {
     Value::Array(
         allowed
             .iter()
-            .map(|a| {
-                let (action, step) = ProcessAction::of_admin(a);
+            .filter_map(ProcessAction::of_admin)
+            .map(|(action, step)| {
                 json!({
                     "action": action.name(),
                     "step": step,
@@ -353,7 +344,7 @@ fn resolve_step(
     let offered: Vec<Option<i32>> = view
         .allowed
         .iter()
-        .map(ProcessAction::of_admin)
+        .filter_map(ProcessAction::of_admin)
         .filter(|(a, _)| *a == action)
         .map(|(_, step)| step)
         .collect();
@@ -395,7 +386,7 @@ fn resolve_step(
 }
 
 fn step_of(a: &AdminAction) -> Option<i32> {
-    ProcessAction::of_admin(a).1
+    ProcessAction::of_admin(a).and_then(|(_, step)| step)
 }
 
 /// The process and the step acted on, for the audit entry.

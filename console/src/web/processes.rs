@@ -370,9 +370,6 @@ fn explain(a: ProcessAction) -> &'static str {
         ProcessAction::ResolveFailed => {
             "the step counts as failed: the process compensates its earlier effects"
         }
-        ProcessAction::Cancel => {
-            "the process stops for good and compensates nothing; a second approver must approve"
-        }
     }
 }
 
