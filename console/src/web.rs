@@ -106,7 +106,8 @@ fn html(s: &str) -> String {
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;font-size:.9em}\
 th{background:#f3f3f3}nav a{margin-right:1em}.notice{background:#eef7ee;border:1px solid #9c9;padding:.5em}\
-.error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}input[type=text]{width:24em}";
+.error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}td code{word-break:break-all}input[type=text]{width:24em}\
+form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}";
 
 fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
     let nav = match session {
@@ -291,8 +292,12 @@ async fn logout(
 }
 
 fn audit_table(entries: &[audit::Entry]) -> String {
-    let mut h = String::from(
-        "<table id=\"audit\"><tr><th>#</th><th>when</th><th>who</th><th>roles</th><th>action</th><th>target</th><th>reason</th><th>approver</th><th>outcome</th><th>before → after</th></tr>",
+    audit_table_with_id("audit", entries)
+}
+
+fn audit_table_with_id(id: &str, entries: &[audit::Entry]) -> String {
+    let mut h = format!(
+        "<table id=\"{id}\"><tr><th>#</th><th>when</th><th>who</th><th>roles</th><th>action</th><th>target</th><th>reason</th><th>approver</th><th>outcome</th><th>before → after</th></tr>",
     );
     for e in entries {
         h.push_str(&format!(

@@ -1834,3 +1834,381 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     assert_eq!(c.audit_count("dora", "dlq.replay", "conflict").await, 1);
     let _ = conn.close(200, "done".into()).await;
 }
+
+/// The demo's payment flow on the console's database: the payment-provider simulator (a child
+/// process), the demo API and a payment worker (both in this process).
+struct Payments {
+    provider: std::process::Child,
+    admin: payment_provider::client::Client,
+    api: String,
+    key: String,
+    http: reqwest::Client,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Payments {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        let _ = self.provider.kill();
+        let _ = self.provider.wait();
+    }
+}
+
+impl Payments {
+    /// Charges are made at once but answered 3 s late (`timeout_after_charge`): past the worker's
+    /// 1 s limit, so the charge's outcome stays unknown (retried with the same key) until the test
+    /// clears the fault.
+    async fn start(db: &TestDb) -> Self {
+        let addr = system_tests::free_addr();
+        let mut cmd = std::process::Command::new(bin_path("payment-provider"));
+        for var in [
+            "PROVIDER_IDEMPOTENCY",
+            "PROVIDER_STATUS_QUERY",
+            "PROVIDER_SEED",
+            "PROVIDER_SLOW_DELAY",
+        ] {
+            cmd.env_remove(var);
+        }
+        let provider = cmd
+            .env("DATABASE_URL", &db.url)
+            .env("PROVIDER_ADDR", addr.to_string())
+            .env("PROVIDER_DB_MAX_CONNECTIONS", "4")
+            .env("PROVIDER_FAULTS", "timeout_after_charge:100")
+            .env("PROVIDER_TIMEOUT_DELAY", "3s")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("spawn payment-provider (cargo build -p payment-provider --bins)");
+        wait_until("the provider answers", Duration::from_secs(60), || async {
+            (system_tests::http_status(addr, "/healthz").await == Some(200)).then_some(())
+        })
+        .await;
+        let url = format!("http://{addr}");
+        let shutdown = CancellationToken::new();
+        let settings = demo::Settings {
+            purge_interval: None,
+            payment_remote: processes::Remote::HonoursKey,
+            ..demo::Settings::default()
+        };
+        let server = demo::start(
+            demo::AppState::new(db.pool.clone(), settings),
+            "127.0.0.1:0".parse().unwrap(),
+            shutdown.clone(),
+        )
+        .await
+        .expect("the demo API starts");
+        let call_timeout = Duration::from_secs(1);
+        let flow = demo::payment_process::PaymentFlow {
+            schema: Schema::default(),
+            remote: processes::Remote::HonoursKey,
+            provider: Some(payment_provider::client::Client::new(&url, call_timeout).unwrap()),
+            call_timeout,
+            retry: processes::RetryPolicy::default()
+                .max_attempts(30)
+                .initial(Duration::from_millis(100))
+                .max_delay(Duration::from_millis(800)),
+        };
+        let registry = processes::Registry::new()
+            .with(demo::payment_process::definition(&flow))
+            .unwrap();
+        spawn_worker(&db.url, "payment-worker", registry, shutdown.clone()).await;
+        Self {
+            provider,
+            admin: payment_provider::client::Client::new(&url, Duration::from_secs(30)).unwrap(),
+            api: format!("http://{}", server.local_addr()),
+            key: demo::auth::create_api_key(&db.pool, "acme").await.unwrap(),
+            http: reqwest::Client::new(),
+            shutdown,
+        }
+    }
+
+    async fn post(&self, path: &str, key: &str, body: Value) -> Value {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.api))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+        r.json().await.unwrap()
+    }
+
+    /// The provider's charges for `payment`.
+    async fn charges(&self, payment: &str) -> Vec<payment_provider::api::Charge> {
+        self.admin
+            .admin_charges()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.reference == payment)
+            .collect()
+    }
+}
+
+/// What the browser shows in element `id`.
+async fn text_of(b: &fantoccini::Client, id: &str) -> String {
+    b.find(fantoccini::Locator::Id(id))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn log_in(b: &fantoccini::Client, base: &str, token: &str) {
+    b.goto(&format!("{base}/login")).await.unwrap();
+    wait_for(b, "token").await.send_keys(token).await.unwrap();
+    b.find(fantoccini::Locator::Id("login"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(b, "whoami").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approves_it() {
+    use fantoccini::Locator;
+    use payment_provider::api::ChargeStatus;
+    let c = Console::start().await;
+    let op = c.user("operator-olivia", Role::Operator).await;
+    let ap = c.user("approver-arthur", Role::Approver).await;
+    let pay = Payments::start(&c.db).await;
+
+    // A payment whose order support cancels while the charge's answer is outstanding: charged,
+    // the capture refused, the (sensitive) refund waits in manual review.
+    let order = pay
+        .post(
+            "/orders",
+            "order-1",
+            json!({"customer_id": "cust-1", "currency": "EUR", "items": [{"sku": "sku-1", "quantity": 2, "unit_price": 250}]}),
+        )
+        .await;
+    let order_id: Uuid = order["id"].as_str().unwrap().parse().unwrap();
+    let payment = pay
+        .post(
+            "/payments",
+            "pay-1",
+            json!({"order_id": order_id, "amount": 500, "currency": "EUR"}),
+        )
+        .await;
+    let payment = payment["id"].as_str().unwrap().to_string();
+    wait_until("the provider charged", Duration::from_secs(90), || async {
+        (!pay.charges(&payment).await.is_empty()).then_some(())
+    })
+    .await;
+    sqlx::query("UPDATE demo.orders SET status = 'cancelled' WHERE id = $1")
+        .bind(order_id)
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    pay.admin.set_faults("").await.unwrap();
+    let pid: Uuid = sqlx::query_scalar(
+        "SELECT id FROM outbox.processes WHERE kind = 'payment' AND business_key = $1",
+    )
+    .bind(&payment)
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    wait_process(&c.db.pool, pid, "manual_review").await;
+    let view = c.process_view(&op, pid).await;
+    let step = view["allowed_actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["action"] == "run_compensation")
+        .and_then(|a| a["step"].as_i64())
+        .unwrap_or_else(|| panic!("no refund offered: {view}"));
+    let slug = format!("run_compensation-{step}");
+
+    // The operator logs in and finds the payment in manual review, first in the list.
+    let (_driver, b) = chromedriver().await;
+    log_in(&b, &c.base, &op).await;
+    b.find(Locator::LinkText("Processes"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, "processes").await;
+    let first = b
+        .find(Locator::Css("#processes tr.process"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        first.contains(&pid.to_string()) && first.contains("manual_review"),
+        "{first}"
+    );
+    b.find(Locator::Id(&format!("process-{pid}")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, "steps").await;
+    assert_eq!(text_of(&b, "process-status").await, "manual_review");
+    assert_eq!(
+        text_of(&b, &format!("step-{step}-status")).await,
+        "manual_review"
+    );
+    let source = b.source().await.unwrap();
+    assert!(
+        source.contains("charged, but the order is cancelled now"),
+        "the last classified error is shown"
+    );
+    // Only the actions allowed now, and only those an operator may ask for as forms.
+    assert!(source.contains(&format!("action-{slug}")));
+    assert!(
+        !source.contains("id=\"action-resolve_failed") && source.contains("offered-resolve_failed"),
+        "resolving is an approver's"
+    );
+    assert!(!source.contains("action-escalate") && !source.contains("action-resume"));
+    // Requests the refund with a reason.
+    b.find(Locator::Id(&format!("reason-{slug}")))
+        .await
+        .unwrap()
+        .send_keys("order cancelled by support, INC-77: refund the customer")
+        .await
+        .unwrap();
+    b.find(Locator::Id(&format!("action-{slug}")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let notice = wait_for(&b, "notice").await.text().await.unwrap();
+    assert!(notice.contains("approval request"), "{notice}");
+    assert!(
+        b.source()
+            .await
+            .unwrap()
+            .contains("waiting for another approver")
+    );
+    let charges = pay.charges(&payment).await;
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Succeeded),
+        "no refund before the approval"
+    );
+    b.find(Locator::Id("logout"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, "token").await;
+
+    // The approver logs in, opens the process and approves.
+    log_in(&b, &c.base, &ap).await;
+    b.goto(&format!("{}/processes/{pid}", c.base))
+        .await
+        .unwrap();
+    let approval: Uuid =
+        sqlx::query_scalar("SELECT id FROM outbox.console_approvals WHERE status = 'pending'")
+            .fetch_one(&c.db.pool)
+            .await
+            .unwrap();
+    wait_for(&b, &format!("approval-reason-{approval}"))
+        .await
+        .send_keys("checked the order: cancelled, refund due")
+        .await
+        .unwrap();
+    b.find(Locator::Id(&format!("approve-{approval}")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let notice = wait_for(&b, "notice").await.text().await.unwrap();
+    assert!(notice.contains("approved"), "{notice}");
+
+    // The worker refunds; the page shows the compensation step succeeded and both entries.
+    wait_until(
+        "the page shows the refund succeeded and the process compensated",
+        Duration::from_secs(90),
+        || async {
+            b.refresh().await.unwrap();
+            wait_for(&b, "steps").await;
+            let step_status = text_of(&b, &format!("step-{step}-status")).await;
+            let status = text_of(&b, "process-status").await;
+            (step_status == "succeeded" && status == "compensated").then_some(())
+        },
+    )
+    .await;
+    let actions = text_of(&b, "process-audit").await;
+    for (who, outcome, reason) in [
+        (
+            "operator-olivia",
+            "requested",
+            "order cancelled by support, INC-77",
+        ),
+        (
+            "approver-arthur",
+            "approved",
+            "checked the order: cancelled, refund due",
+        ),
+    ] {
+        assert!(
+            actions
+                .lines()
+                .any(|l| l.contains(who) && l.contains(outcome) && l.contains(reason)),
+            "{who} {outcome}: {actions}"
+        );
+    }
+    let timeline = text_of(&b, "timeline").await;
+    assert!(
+        timeline.contains("operator-olivia")
+            && timeline.contains("requested")
+            && timeline.contains("order cancelled by support, INC-77"),
+        "{timeline}"
+    );
+    assert!(
+        timeline.contains("approver-arthur")
+            && timeline.contains("approved")
+            && timeline.contains("checked the order: cancelled, refund due"),
+        "{timeline}"
+    );
+    assert!(
+        timeline.contains("console:operator-olivia (approved by approver-arthur)"),
+        "the transition names who asked and who approved: {timeline}"
+    );
+    assert!(
+        b.find(Locator::Id("no-actions")).await.is_ok(),
+        "a compensated process offers nothing"
+    );
+    let charges = pay.charges(&payment).await;
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Refunded)
+    );
+    assert_eq!(
+        c.audit_count("operator-olivia", "process.run_compensation", "requested")
+            .await,
+        1
+    );
+    assert_eq!(
+        c.audit_count("approver-arthur", "approval.approve", "approved")
+            .await,
+        1
+    );
+    // The whole page, timeline included.
+    b.set_window_size(1400, 2600).await.unwrap();
+    let png = b.screenshot().await.unwrap();
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/console-process.png");
+    std::fs::write(&path, &png).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG"),
+        "a PNG screenshot at {}",
+        path.display()
+    );
+    b.close().await.unwrap();
+}

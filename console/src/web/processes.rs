@@ -4,8 +4,8 @@
 //! allowed now that the user's role may ask for). Everything shown is redacted.
 
 use super::{
-    Fields, Notice, WebSession, answer_page, approvals_table, csrf, error_page, esc, field, hidden,
-    html, notice_redirect_to, page, submit, url_encode,
+    Fields, Notice, WebSession, answer_page, approvals_table, audit_table_with_id, csrf,
+    error_page, esc, field, hidden, html, notice_redirect_to, page, submit, url_encode,
 };
 use crate::approvals;
 use crate::audit;
@@ -44,6 +44,19 @@ fn time_of(v: &Value, key: &str) -> Option<DateTime<Utc>> {
 fn when(v: &Value, key: &str) -> String {
     time_of(v, key)
         .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_default()
+}
+
+/// A time in a crowded table: the time of day, the whole time on hover.
+fn short(v: &Value, key: &str) -> String {
+    time_of(v, key)
+        .map(|t| {
+            format!(
+                "<span title=\"{}\">{}</span>",
+                t.format("%Y-%m-%d %H:%M:%S%.3f UTC"),
+                t.format("%H:%M:%S")
+            )
+        })
         .unwrap_or_default()
 }
 
@@ -202,6 +215,10 @@ async fn render(
             Some(&format!("/processes/{id}")),
         ));
     }
+    if !entries.is_empty() {
+        h.push_str("<h2>Operator actions</h2>");
+        h.push_str(&audit_table_with_id("process-audit", &entries));
+    }
     h.push_str(&timeline(&v, &steps, &entries));
     h.push_str("<p><a href=\"/processes\">All processes</a></p>");
     let title = format!("Process {} {}", txt(&v, "kind"), txt(&v, "business_key"));
@@ -331,7 +348,7 @@ fn steps_table(steps: &[Value]) -> String {
         ]
         .iter()
         .filter(|(_, k)| time_of(st, k).is_some())
-        .map(|(label, k)| format!("{label} {}", when(st, k)))
+        .map(|(label, k)| format!("{label} {}", short(st, k)))
         .collect::<Vec<_>>()
         .join("<br>");
         h.push_str(&format!(
