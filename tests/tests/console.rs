@@ -1362,6 +1362,48 @@ async fn cli_creates_users_with_a_token_on_the_last_line_and_talks_to_the_api() 
     ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert_eq!(c.state(ids[0]).await, "pending");
+    // Processes: list, show (with the actions allowed now), act.
+    let pid = c.process("cli").await;
+    let list = cli(&["process", "list", "--status", "pending"]);
+    assert!(list.status.success());
+    assert!(
+        String::from_utf8(list.stdout)
+            .unwrap()
+            .contains(&pid.to_string())
+    );
+    let show = cli(&["process", "show", &pid.to_string()]);
+    assert!(show.status.success());
+    let text = String::from_utf8(show.stdout).unwrap();
+    assert!(
+        text.contains("allowed now:") && text.contains("  pause  (role operator)"),
+        "{text}"
+    );
+    assert!(!text.contains(CARD), "{text}");
+    let version = c.process_state(pid).await.2.to_string();
+    let pid_s = pid.to_string();
+    let act = |version: &str| {
+        cli(&[
+            "process",
+            "act",
+            &pid_s,
+            "pause",
+            "--reason",
+            "from the cli",
+            "--version",
+            version,
+        ])
+    };
+    let r = act(&version);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(c.process_state(pid).await.1, "paused");
+    // The same version again is stale: the command fails with the console's reason.
+    let r = act(&version);
+    assert!(!r.status.success());
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("409"),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     let export = cli(&["audit", "export"]);
     let lines: Vec<Value> = String::from_utf8(export.stdout)
         .unwrap()
