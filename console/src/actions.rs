@@ -1,15 +1,16 @@
 //! How every action runs, whatever asked for it (API, web form, CLI through the API):
 //!
 //! 1. the role matrix ([`crate::roles::allowed`]); a refusal is audited (`denied`) and answers 403;
-//! 2. one transaction: the Idempotency-Key is reserved ([`crate::action_keys`]; a repeat replays
-//!    the stored response), the effect runs, its audit entries are appended, the response is
-//!    stored, commit. Effect and audit commit together or not at all;
-//! 3. a stale row version (409) or a four-eyes refusal (403) rolls the effect back and commits
-//!    only its audit entry: nothing else changes.
+//! 2. one transaction: the effect runs and its audit entries are appended. With an
+//!    Idempotency-Key the transaction is the idempotency layer's ([`crate::keys`]): the key was
+//!    reserved before, and the layer stores the response in the same transaction and commits it
+//!    (a repeat replays the stored response). Without one, the console's own. Effect and audit
+//!    commit together or not at all;
+//! 3. a stale row version (409) or a four-eyes refusal (403) rolls the effect back; only its
+//!    audit entry commits, on its own, and the key is released: nothing else changes.
 
-use crate::action_keys::{self, Key};
 use crate::audit::{self, NewEntry, outcome};
-use crate::error::{ConsoleError, ErrorBody};
+use crate::error::ConsoleError;
 use crate::internal_events;
 use crate::roles::{Action, allowed};
 use crate::state::AppState;
@@ -50,8 +51,6 @@ pub struct Outcome {
     pub status: StatusCode,
     /// JSON text.
     pub body: String,
-    /// Replayed from an earlier request with the same Idempotency-Key.
-    pub replayed: bool,
 }
 
 /// An action request.
@@ -60,7 +59,8 @@ pub struct Request<'a> {
     pub action: Action,
     pub target: String,
     pub reason: String,
-    pub key: Option<Key>,
+    /// The idempotency layer's effect, when the request carried an Idempotency-Key.
+    pub keyed: Option<idempotency::Effect>,
 }
 
 /// Checks the role matrix; a refusal is audited and returned as 403.
@@ -140,37 +140,28 @@ where
 {
     authorize(state, req.principal, req.action, &req.target, &req.reason).await?;
     let name = req.action.name();
-    let mut tx = state.pool.begin().await?;
-    if let Some(key) = &req.key
-        && let Some(stored) =
-            action_keys::begin(&mut tx, &state.schema, req.principal.id, key).await?
-    {
-        tx.rollback().await?;
-        internal_events::action(req.principal, name, &req.target, "replayed");
-        return Ok(Outcome {
-            status: StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK),
-            body: stored.body,
-            replayed: true,
-        });
-    }
-    match effect(&mut tx).await {
+    let result = match &req.keyed {
+        // The layer commits this transaction with the stored response (or rolls it back).
+        Some(keyed) => {
+            let mut tx = keyed.tx().await?;
+            apply(state, &req, &mut tx, effect).await
+        }
+        None => {
+            let mut tx = state.pool.begin().await?;
+            match apply(state, &req, &mut tx, effect).await {
+                Ok(done) => {
+                    tx.commit().await?;
+                    Ok(done)
+                }
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    Err(e)
+                }
+            }
+        }
+    };
+    match result {
         Ok(done) => {
-            for c in &done.changes {
-                audit::record(&mut tx, &state.schema, &entry(&req, c)).await?;
-            }
-            let body = done.body.to_string();
-            if let Some(key) = &req.key {
-                action_keys::finish(
-                    &mut tx,
-                    &state.schema,
-                    req.principal.id,
-                    key,
-                    done.status.as_u16(),
-                    &body,
-                )
-                .await?;
-            }
-            tx.commit().await?;
             for c in &done.changes {
                 internal_events::action(
                     c.actor.as_ref().unwrap_or(req.principal),
@@ -179,49 +170,49 @@ where
                     c.outcome.unwrap_or(outcome::SUCCEEDED),
                 );
             }
-            crate::approvals::refresh_pending_gauge(state).await;
             Ok(Outcome {
                 status: done.status,
-                body,
-                replayed: false,
+                body: done.body.to_string(),
             })
         }
         Err(ConsoleError::Forbidden(why)) => {
-            tx.rollback().await?;
             Err(deny(state, req.principal, name, &req.target, &req.reason, why).await)
         }
         Err(ConsoleError::Conflict(why)) => {
-            tx.rollback().await?;
-            let mut tx = state.pool.begin().await?;
             let change = Change {
                 target: req.target.clone(),
                 after: Some(serde_json::json!({ "conflict": why })),
                 outcome: Some(outcome::CONFLICT),
                 ..Default::default()
             };
+            let mut tx = state.pool.begin().await?;
             audit::record(&mut tx, &state.schema, &entry(&req, &change)).await?;
-            let body = serde_json::to_string(&ErrorBody {
-                error: crate::redact::text(&why),
-            })
-            .unwrap_or_default();
-            if let Some(key) = &req.key
-                && action_keys::begin(&mut tx, &state.schema, req.principal.id, key)
-                    .await?
-                    .is_none()
-            {
-                action_keys::finish(&mut tx, &state.schema, req.principal.id, key, 409, &body)
-                    .await?;
-            }
             tx.commit().await?;
             internal_events::action(req.principal, name, &req.target, outcome::CONFLICT);
             Err(ConsoleError::Conflict(why))
         }
         Err(other) => {
-            let _ = tx.rollback().await;
             internal_events::action(req.principal, name, &req.target, "failed");
             Err(other)
         }
     }
+}
+
+/// The effect and its audit entries, on `conn`.
+async fn apply<F>(
+    state: &AppState,
+    req: &Request<'_>,
+    conn: &mut PgConnection,
+    effect: F,
+) -> Result<Effect, ConsoleError>
+where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Effect, ConsoleError>>,
+{
+    let done = effect(&mut *conn).await?;
+    for c in &done.changes {
+        audit::record(conn, &state.schema, &entry(req, c)).await?;
+    }
+    Ok(done)
 }
 
 fn entry(req: &Request<'_>, c: &Change) -> NewEntry {

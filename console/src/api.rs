@@ -1,23 +1,26 @@
 //! The JSON API under `/api`, for bearer tokens (`Authorization: Bearer ct_...`). Every response
-//! is redacted; every error is `{"error": "..."}`.
+//! is redacted; every error is `{"error": "..."}`. The web page's forms are forwarded to the same
+//! action routes ([`forward`]), so both go through one path: authentication, the Idempotency-Key
+//! ([`crate::keys`]), the role check and the action.
 
-use crate::action_keys::{self, Key};
 use crate::actions::{self, Outcome};
 use crate::approvals::{self, Decision};
 use crate::audit;
 use crate::commands;
 use crate::dead_letters;
 use crate::error::ConsoleError;
+use crate::keys::{self, Keyed};
 use crate::outbox_dead;
-use crate::processes::{self, ProcessAction, ProcessActionRequest, ProcessFilter};
+use crate::processes::{ProcessAction, ProcessActionRequest, ProcessFilter};
 use crate::redact;
 use crate::roles::Action;
 use crate::state::AppState;
 use crate::users::{self, Principal};
-use axum::body::Bytes;
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -26,8 +29,29 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
+/// A principal the console authenticated: from a bearer token ([`authenticate`]), or the web
+/// session whose form [`forward`] passes on. Only the console puts it into a request.
+#[derive(Debug, Clone)]
+pub struct Authenticated(pub(crate) Principal);
+
 /// The authenticated caller of an API route.
 pub struct Bearer(pub Principal);
+
+async fn principal_of(parts: &Parts, state: &AppState) -> Result<Principal, ConsoleError> {
+    if let Some(a) = parts.extensions.get::<Authenticated>() {
+        return Ok(a.0.clone());
+    }
+    let token = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or(ConsoleError::Unauthorized)?;
+    users::by_token(&state.pool, &state.schema, token)
+        .await?
+        .ok_or(ConsoleError::Unauthorized)
+}
 
 impl FromRequestParts<AppState> for Bearer {
     type Rejection = ConsoleError;
@@ -35,70 +59,109 @@ impl FromRequestParts<AppState> for Bearer {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let token = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or(ConsoleError::Unauthorized)?;
-        users::by_token(&state.pool, &state.schema, token)
-            .await?
-            .map(Bearer)
-            .ok_or(ConsoleError::Unauthorized)
+        principal_of(parts, state).await.map(Bearer)
     }
 }
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/outbox/dead", get(dead_rows))
-        .route("/api/outbox/dead/actions/requeue", post(requeue_many))
-        .route("/api/outbox/dead/{id}/actions/requeue", post(requeue_one))
-        .route("/api/outbox/backlog", get(backlog))
-        .route("/api/dead-letters", get(dead_letter_list))
-        .route("/api/dead-letters/{consumer}/actions/replay", post(replay))
-        .route("/api/idempotency", get(idempotency))
-        .route("/api/audit", get(audit_list))
-        .route("/api/audit/actions/purge", post(audit_purge))
-        .route("/api/approvals", get(approval_list))
-        .route("/api/approvals/{id}/approve", post(approve))
-        .route("/api/approvals/{id}/reject", post(reject))
-        .route("/api/processes", get(process_list))
-        .route("/api/processes/{id}", get(process_get))
-        .route("/api/processes/{id}/actions/{action}", post(process_action))
-        .route("/api/whoami", get(whoami))
-        .route("/api/openapi.json", get(crate::openapi::serve))
+/// Middleware of the action routes: the caller, before the idempotency layer needs its scope
+/// (401 here, nothing reserved).
+async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let (mut parts, body) = request.into_parts();
+    match principal_of(&parts, &state).await {
+        Ok(p) => {
+            parts.extensions.insert(Authenticated(p));
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(e) => e.into_response(),
+    }
 }
 
-/// An action's answer, with `Idempotent-Replayed: true` on replays.
+/// Middleware of the action routes: after an action (committed by then, also through the
+/// idempotency layer), the pending-approvals gauge.
+async fn settle(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    crate::approvals::refresh_pending_gauge(&state).await;
+    response
+}
+
+/// Every route of the API.
+pub fn router(state: &AppState) -> Router<AppState> {
+    Router::new()
+        .route("/api/outbox/dead", get(dead_rows))
+        .route("/api/outbox/backlog", get(backlog))
+        .route("/api/dead-letters", get(dead_letter_list))
+        .route("/api/idempotency", get(idempotency))
+        .route("/api/audit", get(audit_list))
+        .route("/api/approvals", get(approval_list))
+        .route("/api/processes", get(process_list))
+        .route("/api/processes/{id}", get(process_get))
+        .route("/api/whoami", get(whoami))
+        .route("/api/openapi.json", get(crate::openapi::serve))
+        .merge(actions(state))
+}
+
+/// The action routes: authentication, then the Idempotency-Key ([`keys::optional`]), then the
+/// handler.
+pub fn actions(state: &AppState) -> Router<AppState> {
+    Router::new()
+        .route("/api/outbox/dead/actions/requeue", post(requeue_many))
+        .route("/api/outbox/dead/{id}/actions/requeue", post(requeue_one))
+        .route("/api/dead-letters/{consumer}/actions/replay", post(replay))
+        .route("/api/audit/actions/purge", post(audit_purge))
+        .route("/api/approvals/{id}/approve", post(approve))
+        .route("/api/approvals/{id}/reject", post(reject))
+        .route("/api/processes/{id}/actions/{action}", post(process_action))
+        .route_layer(from_fn_with_state(state.clone(), keys::optional))
+        .route_layer(from_fn_with_state(state.clone(), authenticate))
+        .route_layer(from_fn_with_state(state.clone(), settle))
+}
+
+/// Sends a web form's action, as `principal`, to the action route `path` with JSON `body` and the
+/// form's Idempotency-Key: the same path an API client's request takes.
+pub async fn forward(
+    state: &AppState,
+    principal: &Principal,
+    path: &str,
+    key: Option<&str>,
+    body: &serde_json::Value,
+) -> Response {
+    let mut builder = axum::http::Request::builder()
+        .method(Method::POST)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(k) = key {
+        builder = builder.header(idempotency::KEY_HEADER, k);
+    }
+    let mut request = match builder.body(Body::from(body.to_string())) {
+        Ok(r) => r,
+        Err(_) => {
+            return ConsoleError::BadRequest("the form's idempotency key is malformed".into())
+                .into_response();
+        }
+    };
+    request
+        .extensions_mut()
+        .insert(Authenticated(principal.clone()));
+    let mut router = actions(state).with_state(state.clone());
+    match tower_service::Service::call(&mut router, request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// An action's answer (replays are answered by the idempotency layer, byte for byte).
 pub fn outcome_response(o: Outcome) -> Response {
     let mut r = (o.status, o.body).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if o.replayed {
-        r.headers_mut()
-            .insert("idempotent-replayed", HeaderValue::from_static("true"));
-    }
     r
 }
 
 fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ConsoleError> {
     serde_json::from_slice(body)
         .map_err(|e| ConsoleError::BadRequest(format!("invalid JSON body: {e}")))
-}
-
-fn key(headers: &HeaderMap, path: &str, body: &[u8]) -> Result<Option<Key>, ConsoleError> {
-    match headers.get(action_keys::HEADER) {
-        None => Ok(None),
-        Some(v) => {
-            let k = v
-                .to_str()
-                .map_err(|_| ConsoleError::BadRequest("Idempotency-Key must be ASCII".into()))?;
-            Key::new(k, "POST", path, body).map(Some)
-        }
-    }
 }
 
 async fn read(state: &AppState, p: &Principal, what: &str) -> Result<(), ConsoleError> {
@@ -160,10 +223,9 @@ pub async fn requeue_one(
     State(s): State<AppState>,
     Bearer(p): Bearer,
     Path(id): Path<Uuid>,
-    headers: HeaderMap,
+    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let path = format!("/api/outbox/dead/{id}/actions/requeue");
     let b: RequeueOne = match parse(&body) {
         Ok(b) => b,
         Err(e) => {
@@ -171,13 +233,12 @@ pub async fn requeue_one(
             return Err(e);
         }
     };
-    let k = key(&headers, &path, &body)?;
     let items = vec![outbox_dead::Item {
         id,
         version: b.version,
     }];
     Ok(outcome_response(
-        commands::requeue_outbox(&s, &p, items, &b.reason, false, k).await?,
+        commands::requeue_outbox(&s, &p, items, &b.reason, false, keyed).await?,
     ))
 }
 
@@ -188,7 +249,7 @@ pub async fn requeue_one(
 pub async fn requeue_many(
     State(s): State<AppState>,
     Bearer(p): Bearer,
-    headers: HeaderMap,
+    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let b: RequeueMany = match parse(&body) {
@@ -198,9 +259,8 @@ pub async fn requeue_many(
             return Err(e);
         }
     };
-    let k = key(&headers, "/api/outbox/dead/actions/requeue", &body)?;
     Ok(outcome_response(
-        commands::requeue_outbox(&s, &p, b.items, &b.reason, b.dry_run, k).await?,
+        commands::requeue_outbox(&s, &p, b.items, &b.reason, b.dry_run, keyed).await?,
     ))
 }
 
@@ -248,7 +308,7 @@ pub async fn replay(
     State(s): State<AppState>,
     Bearer(p): Bearer,
     Path(consumer): Path<String>,
-    headers: HeaderMap,
+    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let b: Replay = match parse(&body) {
@@ -258,13 +318,9 @@ pub async fn replay(
             return Err(e);
         }
     };
-    let k = key(
-        &headers,
-        &format!("/api/dead-letters/{consumer}/actions/replay"),
-        &body,
-    )?;
     Ok(outcome_response(
-        commands::replay_dead_letters(&s, &p, consumer, b.items, &b.reason, b.dry_run, k).await?,
+        commands::replay_dead_letters(&s, &p, consumer, b.items, &b.reason, b.dry_run, keyed)
+            .await?,
     ))
 }
 
@@ -354,7 +410,7 @@ pub struct ReasonOnly {
 pub async fn audit_purge(
     State(s): State<AppState>,
     Bearer(p): Bearer,
-    headers: HeaderMap,
+    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let b: ReasonOnly = match parse(&body) {
@@ -364,9 +420,8 @@ pub async fn audit_purge(
             return Err(e);
         }
     };
-    let k = key(&headers, "/api/audit/actions/purge", &body)?;
     Ok(outcome_response(
-        commands::purge_audit(&s, &p, &b.reason, k).await?,
+        commands::purge_audit(&s, &p, &b.reason, keyed).await?,
     ))
 }
 
@@ -391,7 +446,7 @@ async fn decide(
     s: AppState,
     p: Principal,
     id: Uuid,
-    headers: HeaderMap,
+    keyed: Option<idempotency::Effect>,
     body: Bytes,
     approve: bool,
 ) -> Result<Response, ConsoleError> {
@@ -407,10 +462,8 @@ async fn decide(
             return Err(e);
         }
     };
-    let verb = if approve { "approve" } else { "reject" };
-    let k = key(&headers, &format!("/api/approvals/{id}/{verb}"), &body)?;
     Ok(outcome_response(
-        commands::decide(&s, &p, id, d, approve, k).await?,
+        commands::decide(&s, &p, id, d, approve, keyed).await?,
     ))
 }
 
@@ -421,10 +474,10 @@ pub async fn approve(
     State(s): State<AppState>,
     Bearer(p): Bearer,
     Path(id): Path<Uuid>,
-    headers: HeaderMap,
+    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    decide(s, p, id, headers, body, true).await
+    decide(s, p, id, keyed, body, true).await
 }
 
 /// Reject a request of someone else (approver): nothing runs.
@@ -434,49 +487,52 @@ pub async fn reject(
     State(s): State<AppState>,
     Bearer(p): Bearer,
     Path(id): Path<Uuid>,
-    headers: HeaderMap,
+    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    decide(s, p, id, headers, body, false).await
+    decide(s, p, id, keyed, body, false).await
 }
 
-/// Processes, manual_review first (501 until the processes crate is plugged in).
-#[utoipa::path(get, path = "/api/processes", tag = "processes", params(ProcessFilter), responses((status = 200), (status = 501)))]
+/// Processes, manual_review first, then most recently changed.
+#[utoipa::path(get, path = "/api/processes", tag = "processes", params(ProcessFilter), responses((status = 200)))]
 pub async fn process_list(
     State(s): State<AppState>,
     Bearer(p): Bearer,
     Query(f): Query<ProcessFilter>,
 ) -> Result<Response, ConsoleError> {
     read(&s, &p, "processes").await?;
-    let backend = s.processes.clone().ok_or_else(processes::unavailable)?;
-    let list = backend.list(&s.pool, &f).await?;
+    let list = s.processes.list(&s.pool, &f).await?;
     Ok(Json(list.iter().map(redact::value).collect::<Vec<_>>()).into_response())
 }
 
-/// One process with the actions allowed now.
-#[utoipa::path(get, path = "/api/processes/{id}", tag = "processes", params(("id" = Uuid, Path)), responses((status = 200), (status = 404), (status = 501)))]
+/// One process: its steps, last classified error, history, `version` and the actions allowed now.
+#[utoipa::path(get, path = "/api/processes/{id}", tag = "processes", params(("id" = Uuid, Path)), responses((status = 200), (status = 404)))]
 pub async fn process_get(
     State(s): State<AppState>,
     Bearer(p): Bearer,
     Path(id): Path<Uuid>,
 ) -> Result<Response, ConsoleError> {
     read(&s, &p, &format!("process:{id}")).await?;
-    let backend = s.processes.clone().ok_or_else(processes::unavailable)?;
-    let v = backend
+    let v = s
+        .processes
         .get(&s.pool, id)
         .await?
         .ok_or_else(|| ConsoleError::NotFound(format!("process {id}")))?;
     Ok(Json(redact::value(&v)).into_response())
 }
 
-/// Perform an action on a process (the sensitive ones create an approval request).
+/// Perform an action on a process: one the process offers now (`allowed_actions`); the sensitive
+/// ones (run_compensation, resolve_succeeded) create an approval request.
 #[utoipa::path(post, path = "/api/processes/{id}/actions/{action}", tag = "processes", request_body = ProcessActionRequest,
-    params(("id" = Uuid, Path), ("action" = String, Path)), responses((status = 200), (status = 202), (status = 403), (status = 409), (status = 501)))]
+    params(("id" = Uuid, Path), ("action" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, description = "done"), (status = 202, description = "approval request created"), (status = 403, body = crate::error::ErrorBody),
+               (status = 409, description = "stale version or not allowed now: nothing changed", body = crate::error::ErrorBody),
+               (status = 422, description = "Idempotency-Key used for another request", body = crate::error::ErrorBody)))]
 pub async fn process_action(
     State(s): State<AppState>,
     Bearer(p): Bearer,
     Path((id, action)): Path<(Uuid, String)>,
-    headers: HeaderMap,
+    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let action = ProcessAction::parse(&action)
@@ -495,13 +551,8 @@ pub async fn process_action(
             return Err(e);
         }
     };
-    let k = key(
-        &headers,
-        &format!("/api/processes/{id}/actions/{}", action.name()),
-        &body,
-    )?;
     Ok(outcome_response(
-        commands::process_action(&s, &p, id, action, r, k).await?,
+        commands::process_action(&s, &p, id, action, r, keyed).await?,
     ))
 }
 

@@ -76,15 +76,36 @@ pub async fn list(
     state: &AppState,
     status: Option<&str>,
 ) -> Result<Vec<Approval>, ConsoleError> {
+    query(pool, state, status, None).await
+}
+
+/// The requests of actions on process `id`, newest first.
+pub async fn of_process(
+    pool: &PgPool,
+    state: &AppState,
+    id: Uuid,
+) -> Result<Vec<Approval>, ConsoleError> {
+    query(pool, state, None, Some(id)).await
+}
+
+async fn query(
+    pool: &PgPool,
+    state: &AppState,
+    status: Option<&str>,
+    process: Option<Uuid>,
+) -> Result<Vec<Approval>, ConsoleError> {
     let rows = sqlx::query_as::<_, Approval>(state.schema.sql(
         "SELECT a.id, a.action, a.request, a.reason, r.name AS requested_by, a.requested_at, a.status, a.version, \
                 d.name AS decided_by, a.decided_at, a.decision_reason, a.result \
          FROM {{schema}}.console_approvals a \
          JOIN {{schema}}.console_users r ON r.id = a.requested_by \
          LEFT JOIN {{schema}}.console_users d ON d.id = a.decided_by \
-         WHERE $1::text IS NULL OR a.status = $1 ORDER BY a.requested_at DESC LIMIT 500",
+         WHERE ($1::text IS NULL OR a.status = $1) \
+           AND ($2::uuid IS NULL OR (a.request->>'kind' = 'process' AND a.request->>'id' = $2::text)) \
+         ORDER BY a.requested_at DESC LIMIT 500",
     ))
     .bind(status)
+    .bind(process)
     .fetch_all(pool)
     .await?;
     Ok(rows
@@ -186,7 +207,8 @@ pub async fn decide(
             .map_err(|e: crate::roles::UnknownRole| ConsoleError::Internal(e.to_string()))?,
     };
     let (mut changes, result) = if approve {
-        let (changes, result) = run(conn, state, &pending).await?;
+        let actor = crate::processes::actor(&requester, Some(&principal.name));
+        let (changes, result) = run(conn, state, &pending, &actor).await?;
         let changes = changes
             .into_iter()
             .map(|c| Change {
@@ -235,10 +257,12 @@ pub async fn decide(
     ))
 }
 
+/// Runs an approved request's effect; `actor` names the requester and the approver.
 async fn run(
     conn: &mut PgConnection,
     state: &AppState,
     pending: &Pending,
+    actor: &str,
 ) -> Result<(Vec<Change>, Value), ConsoleError> {
     match pending {
         Pending::OutboxRequeue { items } => outbox_dead::requeue(conn, &state.schema, items).await,
@@ -256,11 +280,10 @@ async fn run(
             action,
             request,
         } => {
-            let backend = state
+            let (before, after) = state
                 .processes
-                .as_ref()
-                .ok_or_else(crate::processes::unavailable)?;
-            let (before, after) = backend.perform(conn, *id, *action, request).await?;
+                .perform(conn, *id, *action, request, actor)
+                .await?;
             Ok((
                 vec![Change {
                     target: format!("process:{id}"),

@@ -133,6 +133,27 @@ pub async fn list(
     Ok(rows.into_iter().map(redacted).collect())
 }
 
+/// The entries about process `id`, oldest first: its actions (denied and conflicting attempts
+/// included) and the decisions on approval requests for it.
+pub async fn of_process(
+    pool: &PgPool,
+    schema: &Schema,
+    id: Uuid,
+) -> Result<Vec<Entry>, ConsoleError> {
+    let rows = sqlx::query_as::<_, Entry>(schema.sql(
+        "SELECT seq, at, actor_id, actor_name, roles, action, target, reason, approval_id, approver, before, after, outcome \
+         FROM {{schema}}.console_audit \
+         WHERE target = 'process:' || $1::text \
+            OR approval_id IN (SELECT id FROM {{schema}}.console_approvals \
+                               WHERE request->>'kind' = 'process' AND request->>'id' = $1::text) \
+         ORDER BY seq LIMIT 1000",
+    ))
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(redacted).collect())
+}
+
 /// An entry as shown: redacted again on the way out (declared fields may have grown since).
 fn redacted(mut e: Entry) -> Entry {
     e.target = redact::text(&e.target);

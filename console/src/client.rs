@@ -1,5 +1,5 @@
-//! The CLI's side: `console dead ...`, `console dlq ...`, `console approvals ...`, `console audit
-//! export` are clients of the console's API, printing untrusted values with
+//! The CLI's side: `console dead ...`, `console dlq ...`, `console approvals ...`, `console process
+//! ...`, `console audit export` are clients of the console's API, printing untrusted values with
 //! [`shared::display::escape_control`].
 
 use serde_json::Value;
@@ -153,6 +153,108 @@ pub fn print_approvals(rows: &Value, out: &mut impl Write) -> std::io::Result<()
         )?;
     }
     writeln!(out, "{} request(s)", rows.len())
+}
+
+/// Prints processes, one a line.
+pub fn print_processes(rows: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    let rows = rows.as_array().cloned().unwrap_or_default();
+    for r in &rows {
+        writeln!(
+            out,
+            "{}  {:<14} {}  {}  version {}  {}: {}",
+            s(r, "id"),
+            s(r, "status"),
+            s(r, "kind"),
+            s(r, "business_key"),
+            s(r, "version"),
+            s(r, "last_actor"),
+            s(r, "last_reason")
+        )?;
+    }
+    writeln!(
+        out,
+        "{} process(es); details: console process show ID",
+        rows.len()
+    )
+}
+
+/// Prints one process: status, steps, last error, history, the actions allowed now.
+pub fn print_process(p: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "process {} {} {}: {}{} (version {})",
+        s(p, "id"),
+        s(p, "kind"),
+        s(p, "business_key"),
+        s(p, "status"),
+        if p["paused"] == Value::Bool(true) {
+            ", paused"
+        } else {
+            ""
+        },
+        s(p, "version")
+    )?;
+    if let Some(e) = p.get("last_error").filter(|e| !e.is_null()) {
+        writeln!(
+            out,
+            "last error: {} at step {} {}: {}",
+            s(e, "class"),
+            s(e, "step"),
+            s(e, "name"),
+            s(e, "message")
+        )?;
+    }
+    writeln!(out, "steps:")?;
+    for st in p["steps"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "  {:>3} {:<20} {:<12} {:<14} attempts {}/{}  operation {}  {}{}",
+            s(st, "seq"),
+            s(st, "name"),
+            s(st, "role"),
+            s(st, "status"),
+            s(st, "attempts"),
+            s(st, "max_attempts"),
+            s(st, "operation_id"),
+            s(st, "result_ref"),
+            match s(st, "error_class").as_str() {
+                "" => String::new(),
+                c => format!("  {c}: {}", s(st, "error_message")),
+            }
+        )?;
+    }
+    writeln!(out, "history:")?;
+    for h in p["history"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "  {}  step {:<3} {} -> {}  {}: {}",
+            s(h, "at"),
+            s(h, "step_seq"),
+            s(h, "from_status"),
+            s(h, "to_status"),
+            s(h, "actor"),
+            s(h, "reason")
+        )?;
+    }
+    writeln!(out, "allowed now:")?;
+    for a in p["allowed_actions"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "  {}{}  (role {}{})",
+            s(a, "action"),
+            match s(a, "step").as_str() {
+                "" => String::new(),
+                st => format!(" --step {st}"),
+            },
+            s(a, "min_role"),
+            if a["needs_approval"] == Value::Bool(true) {
+                ", needs approval"
+            } else {
+                ""
+            }
+        )?;
+    }
+    Ok(())
 }
 
 /// Prints an action's answer on one line.

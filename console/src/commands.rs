@@ -1,15 +1,14 @@
 //! The console's actions, as the API and the web page both call them: each builds its effect and
 //! hands it to [`actions::perform`] (role check, idempotency, audit, one transaction).
 
-use crate::action_keys::Key;
 use crate::actions::{self, Effect, Outcome, Request};
 use crate::approvals::{self, Decision, Pending};
 use crate::error::ConsoleError;
-use crate::processes::{self, ProcessAction, ProcessActionRequest};
+use crate::processes::{ProcessAction, ProcessActionRequest};
 use crate::roles::Action;
 use crate::state::AppState;
 use crate::users::Principal;
-use crate::{audit, dead_letters, outbox_dead};
+use crate::{audit, dead_letters, outbox_dead, processes};
 use axum::http::StatusCode;
 use serde_json::json;
 use uuid::Uuid;
@@ -27,7 +26,7 @@ pub async fn requeue_outbox(
     items: Vec<outbox_dead::Item>,
     reason: &str,
     dry_run: bool,
-    key: Option<Key>,
+    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let target = targets("outbox:", &items, |i| i.id.to_string());
     if dry_run {
@@ -61,7 +60,7 @@ pub async fn requeue_outbox(
         action: Action::OutboxRequeue,
         target,
         reason,
-        key,
+        keyed,
     };
     actions::perform(state, req, move |conn| {
         Box::pin(async move {
@@ -95,7 +94,7 @@ pub async fn replay_dead_letters(
     items: Vec<dead_letters::Item>,
     reason: &str,
     dry_run: bool,
-    key: Option<Key>,
+    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let target = targets(&format!("dlq:{consumer}/"), &items, |i| {
         i.message_id.clone()
@@ -125,7 +124,7 @@ pub async fn replay_dead_letters(
         action: Action::DlqReplay,
         target,
         reason,
-        key,
+        keyed,
     };
     actions::perform(state, req, move |conn| {
         Box::pin(async move {
@@ -170,7 +169,7 @@ pub async fn decide(
     id: Uuid,
     decision: Decision,
     approve: bool,
-    key: Option<Key>,
+    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let action = if approve {
         Action::ApprovalApprove
@@ -186,7 +185,7 @@ pub async fn decide(
         action,
         target,
         reason,
-        key,
+        keyed,
     };
     actions::perform(state, req, move |conn| {
         Box::pin(async move {
@@ -201,14 +200,15 @@ pub async fn decide(
     .await
 }
 
-/// An action on a process: the sensitive ones create an approval request.
+/// An action on a process: the sensitive ones create an approval request (after checking that the
+/// action is allowed now on the version seen), the others run now.
 pub async fn process_action(
     state: &AppState,
     principal: &Principal,
     id: Uuid,
     action: ProcessAction,
     request: ProcessActionRequest,
-    key: Option<Key>,
+    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let target = format!("process:{id}");
     actions::authorize(
@@ -220,7 +220,7 @@ pub async fn process_action(
     )
     .await?;
     let reason = actions::require_reason(&request.reason)?;
-    let backend = state.processes.clone().ok_or_else(processes::unavailable)?;
+    let backend = state.processes.clone();
     let (st, p, r, t) = (
         state.clone(),
         principal.clone(),
@@ -232,24 +232,27 @@ pub async fn process_action(
         action: Action::Process(action),
         target,
         reason,
-        key,
+        keyed,
     };
     actions::perform(state, req, move |conn| {
         Box::pin(async move {
             if action.needs_approval() {
+                let checked = backend.check(conn, id, action, &request).await?;
                 let pending = Pending::Process {
                     id,
                     action,
-                    request,
+                    request: checked.request,
                 };
-                let (aid, change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                let (aid, mut change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                change.before = Some(checked.before);
                 Ok(Effect {
                     status: StatusCode::ACCEPTED,
                     body: json!({"approval": aid, "status": "pending"}),
                     changes: vec![change],
                 })
             } else {
-                let (before, after) = backend.perform(conn, id, action, &request).await?;
+                let actor = processes::actor(&p, None);
+                let (before, after) = backend.perform(conn, id, action, &request, &actor).await?;
                 Ok(Effect {
                     status: StatusCode::OK,
                     body: after.clone(),
@@ -271,7 +274,7 @@ pub async fn purge_audit(
     state: &AppState,
     principal: &Principal,
     reason: &str,
-    key: Option<Key>,
+    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let target = "audit".to_string();
     actions::authorize(state, principal, Action::AuditPurge, &target, reason).await?;
@@ -282,7 +285,7 @@ pub async fn purge_audit(
         action: Action::AuditPurge,
         target,
         reason,
-        key,
+        keyed,
     };
     actions::perform(state, req, move |conn| {
         Box::pin(async move {
@@ -305,6 +308,5 @@ fn read(body: serde_json::Value) -> Outcome {
     Outcome {
         status: StatusCode::OK,
         body: body.to_string(),
-        replayed: false,
     }
 }

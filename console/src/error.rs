@@ -23,8 +23,9 @@ pub enum ConsoleError {
     Unprocessable(String),
     #[error("too many failed logins from this address; try again later")]
     TooManyAttempts,
-    #[error("{0}")]
-    NotImplemented(String),
+    /// The idempotency layer's transaction could not be had (taken over by a retry, database).
+    #[error("idempotency")]
+    Idempotency(#[from] idempotency::IdempotencyError),
     #[error("database error")]
     Db(#[from] sqlx::Error),
     #[error("RabbitMQ: {0}")]
@@ -55,7 +56,7 @@ impl ConsoleError {
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::TooManyAttempts => StatusCode::TOO_MANY_REQUESTS,
-            Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            Self::Idempotency(e) => e.status(),
             Self::DeadLetters(_) => StatusCode::BAD_GATEWAY,
             Self::Db(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -65,6 +66,8 @@ impl ConsoleError {
     pub fn public_message(&self) -> String {
         match self {
             Self::Db(_) | Self::Internal(_) => "internal error".to_string(),
+            Self::Idempotency(e) if e.status().is_server_error() => "internal error".to_string(),
+            Self::Idempotency(e) => e.to_string(),
             other => crate::redact::text(&other.to_string()),
         }
     }
@@ -72,7 +75,7 @@ impl ConsoleError {
 
 impl IntoResponse for ConsoleError {
     fn into_response(self) -> Response {
-        if matches!(self, Self::Db(_) | Self::Internal(_) | Self::DeadLetters(_)) {
+        if self.status().is_server_error() {
             tracing::error!(error = %plumbing::telemetry::ErrorChain(&self), "console request failed");
         }
         let status = self.status();

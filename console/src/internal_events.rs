@@ -1,7 +1,8 @@
 //! The console's telemetry: every metric and log event, with fixed label sets.
 //!
 //! - `console_actions_total{action, outcome}`: actions by outcome (succeeded, requested, approved,
-//!   rejected, denied, conflict, failed, replayed).
+//!   rejected, denied, conflict, failed). Replays of an Idempotency-Key are the idempotency
+//!   crate's `api_idempotency_outcomes_total{outcome="replayed"}`: no action runs.
 //! - `console_approvals_pending`: approval requests waiting for a decision.
 //! - `console_login_failures_total{reason}`: failed web logins (`invalid_token`, `rate_limited`).
 

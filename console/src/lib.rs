@@ -6,17 +6,17 @@
 //! A short tour:
 //! - [`roles`]: roles (viewer < operator < approver < admin), actions and the matrix [`roles::allowed`].
 //! - [`users`]: users and their hashed tokens; [`sessions`]: web sessions, cookies, the login limiter.
-//! - [`actions`]: how every action runs (role check, Idempotency-Key, effect and audit in one
-//!   transaction, 409 on a stale version); [`commands`]: the actions themselves.
-//! - [`action_keys`]: the interim Idempotency-Key records (SEAM for the idempotency crate).
+//! - [`actions`]: how every action runs (role check, effect and audit in one transaction, 409 on a
+//!   stale version); [`commands`]: the actions themselves.
+//! - [`keys`]: Idempotency-Keys through the `idempotency` crate's layer, scoped to the user.
 //! - [`approvals`]: four eyes for sensitive actions; [`audit`]: the append-only audit log.
 //! - [`outbox_dead`], [`dead_letters`]: dead outbox rows and consumer dead letters (via
-//!   `consumer::dlq`); [`processes`]: the [`processes::ProcessBackend`] SEAM for the processes crate.
+//!   `consumer::dlq`); [`processes`]: processes and their actions, on the processes crate's
+//!   `admin` module.
 //! - [`api`], [`web`], [`openapi`]: the HTTP surface; [`client`]: the CLI's API client.
 //! - [`redact`]: what never leaves the console; [`internal_events`]: metrics and logs.
 //! - [`config`], [`state`], [`error`].
 
-pub mod action_keys;
 pub mod actions;
 pub mod api;
 pub mod approvals;
@@ -27,6 +27,7 @@ pub mod config;
 pub mod dead_letters;
 pub mod error;
 pub mod internal_events;
+pub mod keys;
 pub mod openapi;
 pub mod outbox_dead;
 pub mod processes;
@@ -43,7 +44,6 @@ pub use state::AppState;
 
 use axum::Router;
 use plumbing::telemetry::Readiness;
-use processes::ProcessBackend;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 /// The whole router for `state`.
 pub fn router(state: AppState, readiness: Arc<Readiness>) -> Router {
     Router::new()
-        .merge(api::router())
+        .merge(api::router(&state))
         .merge(web::router())
         .fallback(api::not_found)
         .with_state(state)
@@ -77,11 +77,9 @@ pub struct Running {
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// Connects, migrates, binds and serves until `shutdown`. `processes` is the SEAM where the
-/// processes crate plugs in (`None`: the process routes answer 501).
+/// Connects, migrates, binds and serves until `shutdown`.
 pub async fn start(
     config: ServeConfig,
-    processes: Option<Arc<dyn ProcessBackend>>,
     shutdown: CancellationToken,
 ) -> Result<Running, StartError> {
     redact::declare_secret_fields(&config.secret_fields);
@@ -109,13 +107,15 @@ pub async fn start(
             cookie_secure: config.cookie_secure,
             audit_retention_days: config.audit_retention_days,
         }),
-        processes,
+        processes: Arc::new(processes::Admin::new(config.db.schema.clone())),
+        idempotency: keys::store(pool.clone(), config.db.schema.clone()),
         limiter: Arc::new(sessions::LoginLimiter::new(
             config.login_attempts_per_minute.max(1),
             Duration::from_secs(60),
         )),
     };
     approvals::refresh_pending_gauge(&state).await;
+    keys::purge(state.idempotency.clone(), shutdown.clone());
     // Readiness follows the database.
     {
         let (pool, readiness, shutdown) = (pool.clone(), readiness.clone(), shutdown.clone());
@@ -151,12 +151,8 @@ pub async fn start(
 }
 
 /// [`start`], then serve until `shutdown`.
-pub async fn run(
-    config: ServeConfig,
-    processes: Option<Arc<dyn ProcessBackend>>,
-    shutdown: CancellationToken,
-) -> Result<(), StartError> {
-    let running = start(config, processes, shutdown).await?;
+pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> Result<(), StartError> {
+    let running = start(config, shutdown).await?;
     running.task.await??;
     Ok(())
 }

@@ -50,6 +50,13 @@ enum Command {
         #[command(subcommand)]
         command: ApprovalCommand,
     },
+    /// Processes (through the API).
+    Process {
+        #[command(flatten)]
+        client: ClientConfig,
+        #[command(subcommand)]
+        command: ProcessCommand,
+    },
     /// The audit log (through the API).
     Audit {
         #[command(flatten)]
@@ -148,6 +155,41 @@ enum ApprovalCommand {
 }
 
 #[derive(Debug, Subcommand)]
+enum ProcessCommand {
+    /// List processes, manual_review first.
+    List {
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long)]
+        status: Option<String>,
+        /// Only processes created at least this many seconds ago.
+        #[arg(long)]
+        older_than_seconds: Option<i64>,
+    },
+    /// One process: its steps, last classified error, history and the actions allowed now.
+    Show { id: uuid::Uuid },
+    /// Perform an action the process offers now (see `show`); run_compensation and
+    /// resolve_succeeded create an approval request.
+    Act {
+        id: uuid::Uuid,
+        /// rerun_step, query_remote_status, escalate, pause, resume, run_compensation,
+        /// resolve_succeeded, resolve_failed.
+        action: String,
+        #[arg(long)]
+        reason: String,
+        /// The process version you saw (`show`).
+        #[arg(long)]
+        version: i64,
+        /// The step's number for step actions (may be left out when only one step offers it).
+        #[arg(long)]
+        step: Option<i32>,
+        /// Evidence for resolve_succeeded (a provider reference, a ticket).
+        #[arg(long)]
+        evidence: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum AuditCommand {
     /// Write the audit log as JSON lines, oldest first.
     Export {
@@ -168,7 +210,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve => {
             plumbing::telemetry::init("console", None);
             let shutdown = plumbing::shutdown::on_signal();
-            console::run(cli.serve, None, shutdown).await?;
+            console::run(cli.serve, shutdown).await?;
         }
         Command::Migrate => {
             let pool =
@@ -312,6 +354,48 @@ async fn main() -> anyhow::Result<()> {
                             &key(),
                         )
                         .await?;
+                    client::print_outcome(status, &body, &mut out)?;
+                }
+            }
+        }
+        Command::Process { client: c, command } => {
+            let api = Client::new(&c.url, &c.token);
+            match command {
+                ProcessCommand::List {
+                    kind,
+                    status,
+                    older_than_seconds,
+                } => {
+                    let mut q = Vec::new();
+                    if let Some(k) = kind {
+                        q.push(format!("kind={}", urlencode(&k)));
+                    }
+                    if let Some(s) = status {
+                        q.push(format!("status={}", urlencode(&s)));
+                    }
+                    if let Some(o) = older_than_seconds {
+                        q.push(format!("older_than_seconds={o}"));
+                    }
+                    let path = format!("/api/processes?{}", q.join("&"));
+                    client::print_processes(&api.get(&path).await?, &mut out)?;
+                }
+                ProcessCommand::Show { id } => {
+                    client::print_process(
+                        &api.get(&format!("/api/processes/{id}")).await?,
+                        &mut out,
+                    )?;
+                }
+                ProcessCommand::Act {
+                    id,
+                    action,
+                    reason,
+                    version,
+                    step,
+                    evidence,
+                } => {
+                    let body = json!({"reason": reason, "version": version, "step": step, "evidence": evidence});
+                    let path = format!("/api/processes/{id}/actions/{}", urlencode(&action));
+                    let (status, body) = api.post(&path, &body, &key()).await?;
                     client::print_outcome(status, &body, &mut out)?;
                 }
             }

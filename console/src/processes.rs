@@ -1,39 +1,42 @@
-//! Processes (issue 12): the seam where the `processes` crate plugs in.
+//! Processes: what the console shows of them and the actions it offers, on the processes crate's
+//! `admin` module ([`Admin`], the [`ProcessBackend`] every console runs with).
 //!
-//! SEAM(processes crate): the lead implements [`ProcessBackend`] on the processes crate's `admin`
-//! module (list/get, the actions allowed now, and performing one in the caller's transaction) and
-//! sets `AppState::processes`. Until then the routes answer 501, after the role check (so the role
-//! matrix and its audit of refusals already hold for every process action).
-//!
-//! The roles of the actions are defined here ([`ProcessAction::min_role`]), and which need a
-//! second person ([`ProcessAction::needs_approval`]).
+//! The processes crate decides which actions are allowed now (`admin::allowed_actions`, from the
+//! process status, each step's status, error class and remote capability) and performs them
+//! (`admin::act_in`, in the console's transaction, so the audit entry commits with the effect).
+//! The console adds who may ask ([`ProcessAction::min_role`]), which need a second person
+//! ([`ProcessAction::needs_approval`]) and the row version check's answer (409).
 
 use crate::error::ConsoleError;
 use crate::roles::Role;
+use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
+use processes::admin::{self, Action as AdminAction};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
+use shared::schema::Schema;
 use sqlx::{PgConnection, PgPool};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-/// Actions on a process.
+/// Actions on a process (the processes crate's `admin::Action`, named for the console).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcessAction {
-    /// Run an idempotent step again.
+    /// Run an idempotent step again (local, or a remote that honours its key; or a step that did
+    /// not run).
     RerunStep,
-    /// Ask the remote side for the status of an operation whose outcome is unknown.
+    /// Let a worker ask the remote, by operation id, whether the step's operation happened.
     QueryRemoteStatus,
-    /// Hand the process to a person (manual review).
+    /// Hand the process to a person (manual review): automation stops.
     Escalate,
     Pause,
     Resume,
-    /// Run the compensation (e.g. refund): needs approval.
+    /// Run (or retry) a compensation waiting in manual review, e.g. a refund: needs approval.
     RunCompensation,
-    /// Resolve a manual review as succeeded, with evidence: needs approval.
+    /// Resolve a step in manual review as succeeded, with evidence: needs approval.
     ResolveSucceeded,
-    /// Resolve a manual review as failed.
+    /// Resolve a step in manual review as failed: the process compensates its earlier effects.
     ResolveFailed,
 }
 
@@ -77,56 +80,127 @@ impl ProcessAction {
         }
     }
 
+    /// The button on the process page.
+    pub fn label(self) -> &'static str {
+        match self {
+            ProcessAction::RerunStep => "Rerun step",
+            ProcessAction::QueryRemoteStatus => "Query remote status",
+            ProcessAction::Escalate => "Escalate to manual review",
+            ProcessAction::Pause => "Pause",
+            ProcessAction::Resume => "Resume",
+            ProcessAction::RunCompensation => "Request compensation",
+            ProcessAction::ResolveSucceeded => "Request resolve as succeeded",
+            ProcessAction::ResolveFailed => "Resolve as failed",
+        }
+    }
+
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|a| a.name() == name)
     }
 
-    /// Operator: the reversible ones. Approver: compensations and resolving manual reviews.
+    /// Who may ask. Operator: the reversible actions, and requesting a compensation (a refund),
+    /// which runs only once an approver approves it. Approver: resolving a manual review (as
+    /// failed: now; as succeeded: once a second approver approves).
     pub fn min_role(self) -> Role {
         match self {
             ProcessAction::RerunStep
             | ProcessAction::QueryRemoteStatus
             | ProcessAction::Escalate
             | ProcessAction::Pause
-            | ProcessAction::Resume => Role::Operator,
-            ProcessAction::RunCompensation
-            | ProcessAction::ResolveSucceeded
-            | ProcessAction::ResolveFailed => Role::Approver,
+            | ProcessAction::Resume
+            | ProcessAction::RunCompensation => Role::Operator,
+            ProcessAction::ResolveSucceeded | ProcessAction::ResolveFailed => Role::Approver,
         }
     }
 
-    /// Sensitive: a second approver confirms before it runs.
+    /// Sensitive: it creates an approval request, and a second person with the approver role
+    /// makes it run.
     pub fn needs_approval(self) -> bool {
         matches!(
             self,
             ProcessAction::RunCompensation | ProcessAction::ResolveSucceeded
         )
     }
+
+    /// Acts on one step (the request names its `step`).
+    pub fn on_step(self) -> bool {
+        matches!(
+            self,
+            ProcessAction::RerunStep
+                | ProcessAction::QueryRemoteStatus
+                | ProcessAction::RunCompensation
+                | ProcessAction::ResolveSucceeded
+                | ProcessAction::ResolveFailed
+        )
+    }
+
+    /// The console's name of an action the processes crate allows, and its step. `None` for
+    /// `cancel`, which the console does not offer: it abandons a process without compensating
+    /// its effects (resolve_failed ends a manual review and compensates).
+    pub fn of_admin(a: &AdminAction) -> Option<(ProcessAction, Option<i32>)> {
+        Some(match *a {
+            AdminAction::RerunStep { seq } => (ProcessAction::RerunStep, Some(seq)),
+            AdminAction::QueryRemote { seq } => (ProcessAction::QueryRemoteStatus, Some(seq)),
+            AdminAction::Escalate => (ProcessAction::Escalate, None),
+            AdminAction::Pause => (ProcessAction::Pause, None),
+            AdminAction::Resume => (ProcessAction::Resume, None),
+            AdminAction::RunCompensation { seq } => (ProcessAction::RunCompensation, Some(seq)),
+            AdminAction::ResolveSucceeded { seq } => (ProcessAction::ResolveSucceeded, Some(seq)),
+            AdminAction::ResolveFailed { seq } => (ProcessAction::ResolveFailed, Some(seq)),
+            AdminAction::Cancel => return None,
+        })
+    }
+
+    /// The processes crate's action for this one on `step` (ignored by actions on the process).
+    pub fn to_admin(self, step: i32) -> AdminAction {
+        match self {
+            ProcessAction::RerunStep => AdminAction::RerunStep { seq: step },
+            ProcessAction::QueryRemoteStatus => AdminAction::QueryRemote { seq: step },
+            ProcessAction::Escalate => AdminAction::Escalate,
+            ProcessAction::Pause => AdminAction::Pause,
+            ProcessAction::Resume => AdminAction::Resume,
+            ProcessAction::RunCompensation => AdminAction::RunCompensation { seq: step },
+            ProcessAction::ResolveSucceeded => AdminAction::ResolveSucceeded { seq: step },
+            ProcessAction::ResolveFailed => AdminAction::ResolveFailed { seq: step },
+        }
+    }
 }
 
-/// Filters of `GET /api/processes` (manual_review first).
+/// Filters of `GET /api/processes` (manual_review first, then most recently changed).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
 pub struct ProcessFilter {
     pub kind: Option<String>,
     pub status: Option<String>,
-    /// Only processes older than this many seconds.
+    /// Only processes created at least this many seconds ago.
     pub older_than_seconds: Option<i64>,
+    /// At most this many (default 100).
     pub limit: Option<i64>,
 }
 
 /// Body of `POST /api/processes/{id}/actions/{action}`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ProcessActionRequest {
     pub reason: String,
-    /// The process version the operator saw.
+    /// The process `version` the operator saw.
     pub version: i64,
-    /// Evidence (resolve_succeeded), e.g. the provider's reference.
+    /// Evidence for resolve_succeeded (a provider reference, a ticket): required there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<String>,
-    /// Step for rerun_step.
-    pub step: Option<String>,
+    /// The step (its `seq`) of a step action; may be left out when exactly one step offers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<i32>,
 }
 
-/// What the processes crate provides to the console.
+/// An action checked against the process as it is now.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// The request with its step filled in (what an approval request stores).
+    pub request: ProcessActionRequest,
+    /// The process and the step acted on, as they are (the audit entry's `before`).
+    pub before: Value,
+}
+
+/// What the console needs of processes. [`Admin`] implements it on the processes crate.
 pub trait ProcessBackend: Send + Sync {
     /// Processes matching `filter`, manual_review first (JSON objects; redacted by the console).
     fn list<'a>(
@@ -136,27 +210,323 @@ pub trait ProcessBackend: Send + Sync {
     ) -> BoxFuture<'a, Result<Vec<Value>, ConsoleError>>;
 
     /// One process: overall and per-step status, last classified error, attempts, operation ids,
-    /// external references, timeline, its `version` and `allowed_actions` (the names of the
-    /// actions allowed now for its state, error class and remote capability).
+    /// external references, history, its `version` and `allowed_actions` (the actions allowed
+    /// now for its state, error class and remote capability, with their steps).
     fn get<'a>(
         &'a self,
         pool: &'a PgPool,
         id: Uuid,
     ) -> BoxFuture<'a, Result<Option<Value>, ConsoleError>>;
 
-    /// Performs `action` on `conn` (the console's transaction, which also writes the audit entry).
-    /// A version other than the current one is `ConsoleError::Conflict`; an action not allowed
-    /// now is `ConsoleError::Conflict` too. Returns (before, after).
+    /// Checks on `conn`, changing nothing, that `action` is allowed now on the version the
+    /// request names (stale or not allowed: `Conflict`), and fills in its step.
+    fn check<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        id: Uuid,
+        action: ProcessAction,
+        request: &'a ProcessActionRequest,
+    ) -> BoxFuture<'a, Result<Checked, ConsoleError>>;
+
+    /// Performs `action` as `actor` on `conn` (the console's transaction, which also writes the
+    /// audit entry, and commits both or neither). A stale version or an action not allowed now is
+    /// `Conflict`, with nothing changed. Returns (before, after).
     fn perform<'a>(
         &'a self,
         conn: &'a mut PgConnection,
         id: Uuid,
         action: ProcessAction,
         request: &'a ProcessActionRequest,
+        actor: &'a str,
     ) -> BoxFuture<'a, Result<(Value, Value), ConsoleError>>;
 }
 
-/// The answer while no backend is plugged in.
-pub fn unavailable() -> ConsoleError {
-    ConsoleError::NotImplemented("processes are not available in this build of the console".into())
+/// The processes crate's `admin` module, on the product schema.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub schema: Schema,
+}
+
+impl Admin {
+    pub fn new(schema: Schema) -> Self {
+        Self { schema }
+    }
+}
+
+/// The console's answer to an error of the processes crate.
+fn error(e: processes::Error) -> ConsoleError {
+    match e {
+        processes::Error::NotFound(id) => ConsoleError::NotFound(format!("process {id}")),
+        e @ (processes::Error::Stale { .. } | processes::Error::NotAllowed { .. }) => {
+            ConsoleError::Conflict(e.to_string())
+        }
+        processes::Error::Invalid(why) => ConsoleError::BadRequest(why),
+        processes::Error::Database(e) => ConsoleError::Db(e),
+        processes::Error::Input(e) => ConsoleError::Internal(format!("process input: {e}")),
+    }
+}
+
+fn to_value<T: Serialize>(v: &T) -> Result<Value, ConsoleError> {
+    serde_json::to_value(v).map_err(|e| ConsoleError::Internal(e.to_string()))
+}
+
+/// A summary as the console shows it: the processes crate's fields, `row_version` as `version`.
+fn summary(p: &admin::ProcessSummary) -> Result<Value, ConsoleError> {
+    let mut v = to_value(p)?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert("version".into(), json!(p.row_version));
+    }
+    Ok(v)
+}
+
+/// The last classified error of any step: the most recently attempted step that has one.
+fn last_error(steps: &[admin::StepView]) -> Value {
+    steps
+        .iter()
+        .filter(|s| s.error_class.is_some())
+        .max_by_key(|s| (s.last_attempt_at.unwrap_or(DateTime::<Utc>::MIN_UTC), s.seq))
+        .map(|s| {
+            json!({
+                "step": s.seq,
+                "name": s.name,
+                "role": s.role,
+                "class": s.error_class,
+                "message": s.error_message,
+                "at": s.last_attempt_at,
+            })
+        })
+        .unwrap_or(Value::Null)
+}
+
+/// The actions allowed now, as the console offers them.
+fn offered(allowed: &[AdminAction]) -> Value {
+    Value::Array(
+        allowed
+            .iter()
+            .filter_map(ProcessAction::of_admin)
+            .map(|(action, step)| {
+                json!({
+                    "action": action.name(),
+                    "step": step,
+                    "min_role": action.min_role(),
+                    "needs_approval": action.needs_approval(),
+                })
+            })
+            .collect(),
+    )
+}
+
+fn view_json(v: &admin::ProcessView) -> Result<Value, ConsoleError> {
+    let mut out = summary(&v.process)?;
+    if let Some(o) = out.as_object_mut() {
+        o.insert("input".into(), v.input.clone());
+        o.insert("last_error".into(), last_error(&v.steps));
+        o.insert("steps".into(), to_value(&v.steps)?);
+        o.insert("history".into(), to_value(&v.history)?);
+        o.insert("allowed_actions".into(), offered(&v.allowed));
+    }
+    Ok(out)
+}
+
+/// The step `request` names, or the only step that offers `action` now.
+fn resolve_step(
+    view: &admin::ProcessView,
+    action: ProcessAction,
+    request: &ProcessActionRequest,
+) -> Result<AdminAction, ConsoleError> {
+    let p = &view.process;
+    if p.row_version != request.version {
+        return Err(ConsoleError::Conflict(format!(
+            "process {} changed since version {} (now {}); reload and decide again",
+            p.id, request.version, p.row_version
+        )));
+    }
+    let offered: Vec<Option<i32>> = view
+        .allowed
+        .iter()
+        .filter_map(ProcessAction::of_admin)
+        .filter(|(a, _)| *a == action)
+        .map(|(_, step)| step)
+        .collect();
+    let not_now = || {
+        ConsoleError::Conflict(format!(
+            "{} is not allowed now: process is {}{}",
+            action.name(),
+            p.status,
+            if p.paused { " (paused)" } else { "" }
+        ))
+    };
+    if !action.on_step() {
+        return if offered.is_empty() {
+            Err(not_now())
+        } else {
+            Ok(action.to_admin(0))
+        };
+    }
+    let step = match (request.step, offered.as_slice()) {
+        (Some(s), _) => s,
+        (None, [Some(only)]) => *only,
+        (None, []) => return Err(not_now()),
+        (None, many) => {
+            let steps: Vec<String> = many.iter().flatten().map(|s| s.to_string()).collect();
+            return Err(ConsoleError::BadRequest(format!(
+                "{} is offered on steps {}: name one as \"step\"",
+                action.name(),
+                steps.join(", ")
+            )));
+        }
+    };
+    if !offered.contains(&Some(step)) {
+        return Err(ConsoleError::Conflict(format!(
+            "{} is not allowed now on step {step}",
+            action.name()
+        )));
+    }
+    Ok(action.to_admin(step))
+}
+
+fn step_of(a: &AdminAction) -> Option<i32> {
+    ProcessAction::of_admin(a).and_then(|(_, step)| step)
+}
+
+/// The process and the step acted on, for the audit entry.
+fn before(view: &admin::ProcessView, step: Option<i32>) -> Value {
+    let step = step.and_then(|seq| view.steps.iter().find(|s| s.seq == seq));
+    json!({
+        "status": view.process.status,
+        "paused": view.process.paused,
+        "version": view.process.row_version,
+        "step": step.map(|s| json!({
+            "seq": s.seq, "name": s.name, "role": s.role, "status": s.status,
+            "error_class": s.error_class, "attempts": s.attempts,
+        })),
+    })
+}
+
+/// The actor the process history records: the console user, and who approved.
+pub fn actor(requester: &crate::users::Principal, approver: Option<&str>) -> String {
+    match approver {
+        Some(a) => format!("console:{} (approved by {a})", requester.name),
+        None => format!("console:{}", requester.name),
+    }
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn truncate(s: &str, max: usize) -> String {
+    processes::redact::truncate(s, max)
+}
+
+impl ProcessBackend for Admin {
+    fn list<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        filter: &'a ProcessFilter,
+    ) -> BoxFuture<'a, Result<Vec<Value>, ConsoleError>> {
+        Box::pin(async move {
+            let f = admin::Filter {
+                kind: filter.kind.clone().filter(|k| !k.is_empty()),
+                status: filter.status.clone().filter(|s| !s.is_empty()),
+                older_than_seconds: filter.older_than_seconds,
+                limit: filter.limit,
+            };
+            admin::list(pool, &self.schema, &f)
+                .await
+                .map_err(error)?
+                .iter()
+                .map(summary)
+                .collect()
+        })
+    }
+
+    fn get<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        id: Uuid,
+    ) -> BoxFuture<'a, Result<Option<Value>, ConsoleError>> {
+        Box::pin(async move {
+            match admin::get(pool, &self.schema, id).await {
+                Ok(v) => view_json(&v).map(Some),
+                Err(processes::Error::NotFound(_)) => Ok(None),
+                Err(e) => Err(error(e)),
+            }
+        })
+    }
+
+    fn check<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        id: Uuid,
+        action: ProcessAction,
+        request: &'a ProcessActionRequest,
+    ) -> BoxFuture<'a, Result<Checked, ConsoleError>> {
+        Box::pin(async move {
+            let view = admin::view(conn, &self.schema, id).await.map_err(error)?;
+            let a = resolve_step(&view, action, request)?;
+            if action == ProcessAction::ResolveSucceeded
+                && request
+                    .evidence
+                    .as_deref()
+                    .is_none_or(|e| e.trim().is_empty())
+            {
+                return Err(ConsoleError::BadRequest(
+                    "resolving as succeeded needs evidence: a remote reference, a ticket".into(),
+                ));
+            }
+            let mut request = request.clone();
+            request.step = step_of(&a);
+            Ok(Checked {
+                before: before(&view, request.step),
+                request,
+            })
+        })
+    }
+
+    fn perform<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        id: Uuid,
+        action: ProcessAction,
+        request: &'a ProcessActionRequest,
+        actor: &'a str,
+    ) -> BoxFuture<'a, Result<(Value, Value), ConsoleError>> {
+        Box::pin(async move {
+            // Lock first, so `before` is what the action changes.
+            sqlx::query(
+                self.schema
+                    .sql("SELECT 1 FROM {{schema}}.processes WHERE id = $1 FOR UPDATE"),
+            )
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+            let view = admin::view(conn, &self.schema, id).await.map_err(error)?;
+            let a = resolve_step(&view, action, request)?;
+            let before = before(&view, step_of(&a));
+            let req = admin::Request {
+                action: a.clone(),
+                // The console's audit log keeps the whole reason; the process history a prefix.
+                reason: truncate(request.reason.trim(), 900),
+                seen_version: request.version,
+                actor: truncate(actor, 200),
+                evidence: request.evidence.clone(),
+            };
+            let done = admin::act_in(conn, &self.schema, id, &req)
+                .await
+                .map_err(error)?;
+            let step = step_of(&a).and_then(|seq| {
+                view.steps
+                    .iter()
+                    .find(|s| s.seq == seq)
+                    .map(|s| json!({"seq": s.seq, "name": s.name, "role": s.role}))
+            });
+            let after = json!({
+                "process": id,
+                "action": action.name(),
+                "step": step,
+                "status": done.status,
+                "version": done.row_version,
+                "history_ref": done.audit_ref,
+            });
+            Ok((before, after))
+        })
+    }
 }

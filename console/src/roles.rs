@@ -17,9 +17,10 @@ use utoipa::ToSchema;
 pub enum Role {
     /// Reads everything, redacted.
     Viewer,
-    /// Single-item repairs and the reversible process actions.
+    /// Single-item repairs, the reversible process actions, and requests that an approver
+    /// confirms (bulk repairs, compensations such as refunds).
     Operator,
-    /// Compensations, resolving manual reviews, approving requests of others.
+    /// Approving requests of others (which runs compensations), resolving manual reviews.
     Approver,
     /// Users, roles and audit retention.
     Admin,

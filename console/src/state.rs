@@ -29,7 +29,9 @@ pub struct AppState {
     pub pool: PgPool,
     pub schema: Schema,
     pub settings: Arc<Settings>,
-    /// SEAM(processes crate): `None` until the lead plugs in the processes crate's admin module.
-    pub processes: Option<Arc<dyn ProcessBackend>>,
+    /// Processes: the processes crate's admin module ([`crate::processes::Admin`]).
+    pub processes: Arc<dyn ProcessBackend>,
+    /// Where the actions' Idempotency-Keys are kept ([`crate::keys`]).
+    pub idempotency: idempotency::Idempotency,
     pub limiter: Arc<LoginLimiter>,
 }

@@ -1,12 +1,15 @@
 //! The web page: server-rendered HTML (no JavaScript, no build step), a session cookie from
-//! logging in with a token, a CSRF token in every form, the same actions as the API
-//! ([`crate::commands`]), and only the buttons the user's role allows.
+//! logging in with a token, a CSRF token and a fresh Idempotency-Key in every form, and only the
+//! buttons the user's role allows. A form's action is checked for its CSRF token here, then sent
+//! to the API's action route as the session's user ([`crate::api::forward`]): the same path as an
+//! API request, idempotency layer included.
+//!
+//! [`processes`]: the process list and the process page.
 
-use crate::action_keys::Key;
-use crate::actions::Outcome;
-use crate::approvals::{self, Decision};
+mod processes;
+
+use crate::approvals;
 use crate::audit;
-use crate::commands;
 use crate::dead_letters;
 use crate::error::ConsoleError;
 use crate::internal_events;
@@ -23,6 +26,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use serde::Deserialize;
+use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use uuid::Uuid;
@@ -37,7 +41,12 @@ pub fn router() -> Router<AppState> {
         .route("/audit", get(audit_page))
         .route("/dead-letters", get(dead_letters_page))
         .route("/idempotency", get(idempotency_page))
-        .route("/processes", get(processes_page))
+        .route("/processes", get(processes::list_page))
+        .route("/processes/{id}", get(processes::process_page))
+        .route(
+            "/ui/processes/{id}/actions/{action}",
+            post(processes::process_action),
+        )
         .route("/ui/outbox/requeue", post(requeue))
         .route("/ui/dead-letters/{consumer}/replay", post(replay))
         .route("/ui/approvals/{id}/approve", post(approve))
@@ -97,7 +106,8 @@ fn html(s: &str) -> String {
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;font-size:.9em}\
 th{background:#f3f3f3}nav a{margin-right:1em}.notice{background:#eef7ee;border:1px solid #9c9;padding:.5em}\
-.error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}input[type=text]{width:24em}";
+.error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}td code{word-break:break-all}input[type=text]{width:24em}\
+form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}";
 
 fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
     let nav = match session {
@@ -159,17 +169,39 @@ async fn csrf(state: &AppState, s: &Session, f: &Fields, action: &str) -> Result
     Err(error_page(Some(s), &e))
 }
 
-fn form_key(f: &Fields, path: &str) -> Result<Option<Key>, ConsoleError> {
-    let Some(k) = field(f, "idempotency_key") else {
-        return Ok(None);
-    };
-    let mut canonical: Vec<&(String, String)> = f
-        .iter()
-        .filter(|(n, _)| n != "csrf" && n != "idempotency_key")
-        .collect();
-    canonical.sort();
-    let body = serde_json::to_vec(&canonical).unwrap_or_default();
-    Key::new(k, "POST", path, &body).map(Some)
+/// Sends a form's action to the API route `path` with `body`, as the session's user and with the
+/// form's Idempotency-Key; returns the status and the JSON answer.
+async fn submit(
+    state: &AppState,
+    session: &Session,
+    f: &Fields,
+    path: &str,
+    body: Value,
+) -> (StatusCode, Value) {
+    let key = field(f, "idempotency_key").filter(|k| !k.is_empty());
+    let response = crate::api::forward(state, &session.principal, path, key, &body).await;
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), 16 << 20)
+        .await
+        .unwrap_or_default();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// The error page for an API answer that is not a success.
+fn answer_page(session: &Session, status: StatusCode, body: &Value) -> Response {
+    let message = body
+        .get("error")
+        .and_then(|e| e.as_str())
+        .unwrap_or("the action failed");
+    let h = format!(
+        "<p class=\"error\" id=\"error\">{} {}</p><p><a href=\"/\">Back</a></p>",
+        status.as_u16(),
+        esc(message)
+    );
+    (status, page(Some(session), "Error", &h)).into_response()
 }
 
 #[derive(Debug, Deserialize)]
@@ -260,8 +292,12 @@ async fn logout(
 }
 
 fn audit_table(entries: &[audit::Entry]) -> String {
-    let mut h = String::from(
-        "<table id=\"audit\"><tr><th>#</th><th>when</th><th>who</th><th>roles</th><th>action</th><th>target</th><th>reason</th><th>approver</th><th>outcome</th><th>before → after</th></tr>",
+    audit_table_with_id("audit", entries)
+}
+
+fn audit_table_with_id(id: &str, entries: &[audit::Entry]) -> String {
+    let mut h = format!(
+        "<table id=\"{id}\"><tr><th>#</th><th>when</th><th>who</th><th>roles</th><th>action</th><th>target</th><th>reason</th><th>approver</th><th>outcome</th><th>before → after</th></tr>",
     );
     for e in entries {
         h.push_str(&format!(
@@ -314,11 +350,27 @@ async fn render_overview(
     )
     .await?;
     let may_requeue = allowed(p.role, Action::OutboxRequeue);
-    let may_decide = allowed(p.role, Action::ApprovalApprove);
     let mut h = String::new();
     if let Some(n) = notice {
         h.push_str(&format!("<p class=\"notice\" id=\"notice\">{}</p>", esc(n)));
     }
+    let in_review = s
+        .processes
+        .list(
+            &s.pool,
+            &crate::processes::ProcessFilter {
+                status: Some("manual_review".into()),
+                limit: Some(1000),
+                ..Default::default()
+            },
+        )
+        .await?
+        .len();
+    h.push_str(&format!(
+        "<h2>Processes</h2><p id=\"manual-review\"><a href=\"/processes?status=manual_review\">{in_review}{} in manual review</a> · \
+         <a href=\"/processes\">all processes</a></p>",
+        if in_review >= 1000 { "+" } else { "" }
+    ));
     h.push_str(&format!(
         "<h2>Outbox</h2><p id=\"backlog\">pending <b>{}</b> (oldest {:.0} s) · dead <b id=\"dead-count\">{}</b></p>",
         backlog.pending, backlog.oldest_pending_seconds, backlog.dead
@@ -363,11 +415,33 @@ async fn render_overview(
              <small>one row runs now; more than one asks an approver</small></form>",
         );
     }
-    h.push_str("<h2>Approval requests</h2><table id=\"approvals\"><tr><th>id</th><th>action</th><th>requested by</th><th>reason</th><th>request</th><th>status</th><th>decided by</th><th>result</th><th></th></tr>");
-    for a in &pending {
+    h.push_str("<h2>Approval requests</h2>");
+    h.push_str(&approvals_table(session, &pending, None));
+    h.push_str("<h2>Recent audit entries</h2>");
+    h.push_str(&audit_table(&recent));
+    Ok(page(Some(session), "Operations console", &h))
+}
+
+/// Approval requests, with approve and reject forms for an approver who did not make them;
+/// `back`: the page to return to after a decision (a process page), else the overview.
+fn approvals_table(session: &Session, list: &[approvals::Approval], back: Option<&str>) -> String {
+    let p = &session.principal;
+    let may_decide = allowed(p.role, Action::ApprovalApprove);
+    let back = back
+        .map(|b| {
+            format!(
+                "<input type=\"hidden\" name=\"back\" value=\"{}\">",
+                html(b)
+            )
+        })
+        .unwrap_or_default();
+    let mut h = String::from(
+        "<table id=\"approvals\"><tr><th>id</th><th>action</th><th>requested by</th><th>reason</th><th>request</th><th>status</th><th>decided by</th><th>result</th><th></th></tr>",
+    );
+    for a in list {
         let decide = if a.status == "pending" && may_decide && a.requested_by != p.name {
             format!(
-                "<form method=\"post\" action=\"/ui/approvals/{id}/approve\">{}<input type=\"hidden\" name=\"version\" value=\"{}\">\
+                "<form method=\"post\" action=\"/ui/approvals/{id}/approve\">{}{back}<input type=\"hidden\" name=\"version\" value=\"{}\">\
                  <input type=\"text\" name=\"reason\" id=\"approval-reason-{id}\" placeholder=\"reason\"> \
                  <button id=\"approve-{id}\">Approve</button> \
                  <button formaction=\"/ui/approvals/{id}/reject\" id=\"reject-{id}\">Reject</button></form>",
@@ -393,12 +467,12 @@ async fn render_overview(
             esc(&a.result.as_ref().map(|v| v.to_string()).unwrap_or_default()),
         ));
     }
-    h.push_str("</table><h2>Recent audit entries</h2>");
-    h.push_str(&audit_table(&recent));
-    Ok(page(Some(session), "Operations console", &h))
+    h.push_str("</table>");
+    h
 }
 
-fn notice_redirect(text: &str) -> Response {
+/// Percent-encodes `text` for a URL's path segment or query value.
+pub fn url_encode(text: &str) -> String {
     let mut q = String::new();
     for b in text.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
@@ -407,11 +481,19 @@ fn notice_redirect(text: &str) -> Response {
             q.push_str(&format!("%{b:02X}"));
         }
     }
-    Redirect::to(&format!("/?notice={q}")).into_response()
+    q
 }
 
-fn describe(o: &Outcome, what: &str) -> String {
-    let v: serde_json::Value = serde_json::from_str(&o.body).unwrap_or_default();
+fn notice_redirect(text: &str) -> Response {
+    notice_redirect_to("/", text)
+}
+
+/// Back to `path` (a page of the console) with a notice.
+fn notice_redirect_to(path: &str, text: &str) -> Response {
+    Redirect::to(&format!("{path}?notice={}", url_encode(text))).into_response()
+}
+
+fn describe(v: &Value, what: &str) -> String {
     if let Some(id) = v.get("approval").and_then(|i| i.as_str()) {
         match v.get("status").and_then(|s| s.as_str()) {
             Some("pending") => {
@@ -421,7 +503,7 @@ fn describe(o: &Outcome, what: &str) -> String {
             None => {}
         }
     }
-    format!("{what}: done {}", o.body)
+    format!("{what}: done {v}")
 }
 
 async fn requeue(
@@ -451,20 +533,19 @@ async fn requeue(
         }
     }
     let dry_run = field(&f, "dry_run").is_some();
-    let key = match form_key(&f, "/ui/outbox/requeue") {
-        Ok(k) => k,
-        Err(e) => return error_page(Some(&session), &e),
-    };
-    let reason = field(&f, "reason").unwrap_or("");
-    match commands::requeue_outbox(&s, &session.principal, items, reason, dry_run, key).await {
-        Ok(o) if dry_run => plan_page(&session, &o),
-        Ok(o) => notice_redirect(&describe(&o, "requeue")),
-        Err(e) => error_page(Some(&session), &e),
+    let body = json!({
+        "reason": field(&f, "reason").unwrap_or(""),
+        "items": items,
+        "dry_run": dry_run,
+    });
+    match submit(&s, &session, &f, "/api/outbox/dead/actions/requeue", body).await {
+        (status, v) if status.is_success() && dry_run => plan_page(&session, &v),
+        (status, v) if status.is_success() => notice_redirect(&describe(&v, "requeue")),
+        (status, v) => answer_page(&session, status, &v),
     }
 }
 
-fn plan_page(session: &Session, o: &Outcome) -> Response {
-    let v: serde_json::Value = serde_json::from_str(&o.body).unwrap_or_default();
+fn plan_page(session: &Session, v: &Value) -> Response {
     let mut h =
         String::from("<table id=\"plan\"><tr><th>item</th><th>would</th><th>detail</th></tr>");
     for i in v
@@ -523,7 +604,7 @@ async fn dead_letters_page(
                 if may {
                     h.push_str(&format!(
                         "<form method=\"post\" action=\"/ui/dead-letters/{}/replay\">{}",
-                        esc(c),
+                        html(&url_encode(c)),
                         hidden(&session)
                     ));
                 }
@@ -571,7 +652,7 @@ async fn replay(
     if let Err(r) = csrf(&s, &session, &f, Action::DlqReplay.name()).await {
         return r;
     }
-    let items = f
+    let items: Vec<dead_letters::Item> = f
         .iter()
         .filter(|(k, _)| k == "item")
         .filter_map(|(_, v)| v.split_once('|'))
@@ -581,24 +662,16 @@ async fn replay(
         })
         .collect();
     let dry_run = field(&f, "dry_run").is_some();
-    let key = match form_key(&f, &format!("/ui/dead-letters/{consumer}/replay")) {
-        Ok(k) => k,
-        Err(e) => return error_page(Some(&session), &e),
-    };
-    match commands::replay_dead_letters(
-        &s,
-        &session.principal,
-        consumer,
-        items,
-        field(&f, "reason").unwrap_or(""),
-        dry_run,
-        key,
-    )
-    .await
-    {
-        Ok(o) if dry_run => plan_page(&session, &o),
-        Ok(o) => notice_redirect(&describe(&o, "replay")),
-        Err(e) => error_page(Some(&session), &e),
+    let body = json!({
+        "reason": field(&f, "reason").unwrap_or(""),
+        "items": items,
+        "dry_run": dry_run,
+    });
+    let path = format!("/api/dead-letters/{}/actions/replay", url_encode(&consumer));
+    match submit(&s, &session, &f, &path, body).await {
+        (status, v) if status.is_success() && dry_run => plan_page(&session, &v),
+        (status, v) if status.is_success() => notice_redirect(&describe(&v, "replay")),
+        (status, v) => answer_page(&session, status, &v),
     }
 }
 
@@ -611,24 +684,31 @@ async fn decide(s: AppState, session: Session, id: Uuid, f: Fields, approve: boo
     if let Err(r) = csrf(&s, &session, &f, action.name()).await {
         return r;
     }
-    let Some(version) = field(&f, "version").and_then(|v| v.parse().ok()) else {
+    let Some(version) = field(&f, "version").and_then(|v| v.parse::<i32>().ok()) else {
         return error_page(
             Some(&session),
             &ConsoleError::BadRequest("version missing".into()),
         );
     };
     let verb = if approve { "approve" } else { "reject" };
-    let key = match form_key(&f, &format!("/ui/approvals/{id}/{verb}")) {
-        Ok(k) => k,
-        Err(e) => return error_page(Some(&session), &e),
-    };
-    let d = Decision {
-        reason: field(&f, "reason").unwrap_or("").to_string(),
-        version,
-    };
-    match commands::decide(&s, &session.principal, id, d, approve, key).await {
-        Ok(o) => notice_redirect(&describe(&o, verb)),
-        Err(e) => error_page(Some(&session), &e),
+    let body = json!({"reason": field(&f, "reason").unwrap_or(""), "version": version});
+    // Back to the page the form was on: the overview, or a process page.
+    let back = field(&f, "back")
+        .and_then(|b| b.strip_prefix("/processes/"))
+        .and_then(|id| id.parse::<Uuid>().ok())
+        .map(|id| format!("/processes/{id}"))
+        .unwrap_or_else(|| "/".to_string());
+    match submit(
+        &s,
+        &session,
+        &f,
+        &format!("/api/approvals/{id}/{verb}"),
+        body,
+    )
+    .await
+    {
+        (status, v) if status.is_success() => notice_redirect_to(&back, &describe(&v, verb)),
+        (status, v) => answer_page(&session, status, &v),
     }
 }
 
@@ -714,22 +794,4 @@ async fn idempotency_page(
         }
     }
     page(Some(&session), "Idempotency records", &h).into_response()
-}
-
-async fn processes_page(State(s): State<AppState>, WebSession(session): WebSession) -> Response {
-    let h = match &s.processes {
-        None => "<p id=\"processes-unavailable\">Processes are not available in this build of the console.</p>".to_string(),
-        Some(backend) => match backend.list(&s.pool, &Default::default()).await {
-            Ok(list) => {
-                let mut h = String::from("<table id=\"processes\">");
-                for p in list {
-                    h.push_str(&format!("<tr><td><code>{}</code></td></tr>", esc(&redact::value(&p).to_string())));
-                }
-                h.push_str("</table>");
-                h
-            }
-            Err(e) => format!("<p class=\"error\">{}</p>", esc(&e.public_message())),
-        },
-    };
-    page(Some(&session), "Processes", &h).into_response()
 }

@@ -1,12 +1,14 @@
 //! What operators (and the console of issue 13) can see and do.
 //!
-//! Reads ([`list`], [`get`]) show redacted inputs only. Every action ([`act`]) takes a reason, the
-//! row version the operator saw (a stale one is [`Error::Stale`] and changes nothing) and an
-//! actor, and is allowed only if [`allowed_actions`] offers it for the current state, error class
-//! and remote capability. Its transitions are recorded by the database triggers in
-//! `process_history` with the actor and reason, in the same transaction as the change; the id of
-//! the last such row is returned as the audit reference. An action that takes a process away from
-//! a worker also takes a new fencing token, so the worker's remaining writes are fenced off.
+//! Reads ([`list`], [`get`]; [`view`] on the caller's connection) show redacted inputs only. Every
+//! action ([`act`]; [`act_in`] inside the caller's transaction, so the console commits its audit
+//! entry with the effect) takes a reason, the row version the operator saw (a stale one is
+//! [`Error::Stale`] and changes nothing) and an actor, and is allowed only if [`allowed_actions`]
+//! offers it for the current state, error class and remote capability. Its transitions are
+//! recorded by the database triggers in `process_history` with the actor and reason, in the same
+//! transaction as the change; the id of the last such row is returned as the audit reference. An
+//! action that takes a process away from a worker also takes a new fencing token, so the worker's
+//! remaining writes are fenced off.
 
 use crate::definition::{Remote, Role};
 use crate::error::Error;
@@ -16,7 +18,7 @@ use serde::Serialize;
 use serde_json::Value;
 use shared::schema::Schema;
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 /// One process, as listed.
@@ -171,6 +173,8 @@ pub struct Outcome {
 pub struct Filter {
     pub kind: Option<String>,
     pub status: Option<String>,
+    /// Only processes created at least this many seconds ago (the ones that should be done).
+    pub older_than_seconds: Option<i64>,
     pub limit: Option<i64>,
 }
 
@@ -209,11 +213,13 @@ pub async fn list(
     let rows = sqlx::query(schema.sql(&format!(
         "SELECT {PROCESS_COLUMNS} FROM {{{{schema}}}}.processes \
          WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR status = $2) \
+           AND ($4::bigint IS NULL OR created_at <= now() - make_interval(secs => $4)) \
          ORDER BY (status = 'manual_review') DESC, updated_at DESC LIMIT $3"
     )))
     .bind(&filter.kind)
     .bind(&filter.status)
     .bind(filter.limit.unwrap_or(100).clamp(1, 1000))
+    .bind(filter.older_than_seconds.map(|s| s.max(0)))
     .fetch_all(pool)
     .await?;
     Ok(rows.iter().map(summary).collect::<Result<_, _>>()?)
@@ -221,25 +227,73 @@ pub async fn list(
 
 /// One process with its steps, history and the actions allowed now.
 pub async fn get(pool: &PgPool, schema: &Schema, id: Uuid) -> Result<ProcessView, Error> {
+    let mut conn = pool.acquire().await?;
+    view(&mut conn, schema, id).await
+}
+
+/// [`get`] on the caller's connection (inside its transaction: what that transaction sees).
+pub async fn view(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+) -> Result<ProcessView, Error> {
     let row = sqlx::query(schema.sql(&format!(
         "SELECT {PROCESS_COLUMNS}, input_redacted FROM {{{{schema}}}}.processes WHERE id = $1"
     )))
     .bind(id)
-    .fetch_optional(pool)
+    .fetch_optional(&mut *conn)
     .await?
     .ok_or(Error::NotFound(id))?;
     let process = summary(&row)?;
     let input: Value = row
         .try_get::<sqlx::types::Json<Value>, _>("input_redacted")?
         .0;
-    let steps = sqlx::query(schema.sql(
+    let steps = steps_of(conn, schema, id).await?;
+    let history = sqlx::query(schema.sql(
+        "SELECT id, step_seq, from_status, to_status, reason, actor, lease_token, at \
+         FROM {{schema}}.process_history WHERE process_id = $1 ORDER BY id",
+    ))
+    .bind(id)
+    .fetch_all(&mut *conn)
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(HistoryEntry {
+            id: r.try_get("id")?,
+            step_seq: r.try_get("step_seq")?,
+            from_status: r.try_get("from_status")?,
+            to_status: r.try_get("to_status")?,
+            reason: r.try_get("reason")?,
+            actor: r.try_get("actor")?,
+            lease_token: r.try_get("lease_token")?,
+            at: r.try_get("at")?,
+        })
+    })
+    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let allowed = allowed_actions(&process, &steps);
+    Ok(ProcessView {
+        process,
+        input,
+        steps,
+        history,
+        allowed,
+    })
+}
+
+/// The steps of process `id`, in order.
+async fn steps_of(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+) -> Result<Vec<StepView>, sqlx::Error> {
+    sqlx::query(schema.sql(
         "SELECT seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, attempts, \
          max_attempts, next_attempt_at, first_attempt_at, last_attempt_at, finished_at, error_class, \
          error_message, remote_ref, result_ref, last_reason, last_actor \
          FROM {{schema}}.process_steps WHERE process_id = $1 ORDER BY seq",
     ))
     .bind(id)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?
     .iter()
     .map(|r| {
@@ -267,36 +321,7 @@ pub async fn get(pool: &PgPool, schema: &Schema, id: Uuid) -> Result<ProcessView
             last_actor: r.try_get("last_actor")?,
         })
     })
-    .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    let history = sqlx::query(schema.sql(
-        "SELECT id, step_seq, from_status, to_status, reason, actor, lease_token, at \
-         FROM {{schema}}.process_history WHERE process_id = $1 ORDER BY id",
-    ))
-    .bind(id)
-    .fetch_all(pool)
-    .await?
-    .iter()
-    .map(|r| {
-        Ok(HistoryEntry {
-            id: r.try_get("id")?,
-            step_seq: r.try_get("step_seq")?,
-            from_status: r.try_get("from_status")?,
-            to_status: r.try_get("to_status")?,
-            reason: r.try_get("reason")?,
-            actor: r.try_get("actor")?,
-            lease_token: r.try_get("lease_token")?,
-            at: r.try_get("at")?,
-        })
-    })
-    .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    let allowed = allowed_actions(&process, &steps);
-    Ok(ProcessView {
-        process,
-        input,
-        steps,
-        history,
-        allowed,
-    })
+    .collect()
 }
 
 /// The actions allowed now, from the process status, each step's status, error class and remote
@@ -363,9 +388,25 @@ pub(crate) fn check_reason_actor(reason: &str, actor: &str) -> Result<(), Error>
     Ok(())
 }
 
-/// Performs `req` on process `id` if it is allowed now and the operator saw the current version.
+/// Performs `req` on process `id` if it is allowed now and the operator saw the current version,
+/// in a transaction of its own.
 pub async fn act(
     pool: &PgPool,
+    schema: &Schema,
+    id: Uuid,
+    req: &Request,
+) -> Result<Outcome, Error> {
+    let mut tx = pool.begin().await?;
+    let outcome = act_in(&mut tx, schema, id, req).await?;
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+/// [`act`] inside the caller's transaction, which it does not commit: a caller that records the
+/// action elsewhere (the console's audit log) commits both together or neither. On an error
+/// nothing was written; the caller rolls back anyway.
+pub async fn act_in(
+    tx: &mut PgConnection,
     schema: &Schema,
     id: Uuid,
     req: &Request,
@@ -380,7 +421,6 @@ pub async fn act(
         }
         _ => None,
     };
-    let mut tx = pool.begin().await?;
     let current: i64 = sqlx::query_scalar(
         schema.sql("SELECT row_version FROM {{schema}}.processes WHERE id = $1 FOR UPDATE"),
     )
@@ -396,7 +436,7 @@ pub async fn act(
         });
     }
     // Decide on what this transaction sees (the process row is locked).
-    let view = get_in(&mut tx, schema, id).await?;
+    let view = get_in(tx, schema, id).await?;
     if !allowed_actions(&view.0, &view.1).contains(&req.action) {
         return Err(Error::NotAllowed {
             action: req.action.name().into(),
@@ -424,17 +464,12 @@ pub async fn act(
             .await?;
         }
         Action::Escalate => {
-            take_process(&mut tx, schema, id, "manual_review", &reason, &req.actor).await?
+            take_process(tx, schema, id, "manual_review", &reason, &req.actor).await?
         }
-        Action::Cancel => {
-            take_process(&mut tx, schema, id, "cancelled", &reason, &req.actor).await?
-        }
+        Action::Cancel => take_process(tx, schema, id, "cancelled", &reason, &req.actor).await?,
         Action::RerunStep { seq } => {
-            set_step(
-                &mut tx, schema, id, *seq, "pending", None, &reason, &req.actor,
-            )
-            .await?;
-            take_process(&mut tx, schema, id, "running", &reason, &req.actor).await?;
+            set_step(tx, schema, id, *seq, "pending", None, &reason, &req.actor).await?;
+            take_process(tx, schema, id, "running", &reason, &req.actor).await?;
         }
         Action::QueryRemote { seq } => {
             // The worker treats a retryable step with an unknown outcome as in doubt: it queries
@@ -451,14 +486,11 @@ pub async fn act(
             .bind(&req.actor)
             .execute(&mut *tx)
             .await?;
-            take_process(&mut tx, schema, id, "running", &reason, &req.actor).await?;
+            take_process(tx, schema, id, "running", &reason, &req.actor).await?;
         }
         Action::RunCompensation { seq } => {
-            set_step(
-                &mut tx, schema, id, *seq, "pending", None, &reason, &req.actor,
-            )
-            .await?;
-            take_process(&mut tx, schema, id, "compensating", &reason, &req.actor).await?;
+            set_step(tx, schema, id, *seq, "pending", None, &reason, &req.actor).await?;
+            take_process(tx, schema, id, "compensating", &reason, &req.actor).await?;
         }
         Action::ResolveSucceeded { seq } | Action::ResolveFailed { seq } => {
             let s = step(*seq).ok_or_else(|| Error::Invalid(format!("no step {seq}")))?;
@@ -503,7 +535,7 @@ pub async fn act(
             .await?;
             let target = if succeeded { "succeeded" } else { "failed" };
             set_step(
-                &mut tx,
+                tx,
                 schema,
                 id,
                 *seq,
@@ -520,7 +552,7 @@ pub async fn act(
                 (true, true) => "compensating",
                 (true, false) => "failed",
             };
-            take_process(&mut tx, schema, id, next, &reason, &req.actor).await?;
+            take_process(tx, schema, id, next, &reason, &req.actor).await?;
         }
     }
     let audit_ref: i64 = sqlx::query_scalar(
@@ -540,12 +572,11 @@ pub async fn act(
         row_version: r.try_get("row_version")?,
         status: r.try_get("status")?,
     };
-    tx.commit().await?;
     Ok(outcome)
 }
 
 async fn get_in(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut PgConnection,
     schema: &Schema,
     id: Uuid,
 ) -> Result<(ProcessSummary, Vec<StepView>), Error> {
@@ -556,48 +587,14 @@ async fn get_in(
     .fetch_one(&mut *tx)
     .await?;
     let p = summary(&row)?;
-    let steps = sqlx::query(schema.sql(
-        "SELECT seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, attempts, \
-         max_attempts, error_class, remote_ref, result_ref, last_reason, last_actor \
-         FROM {{schema}}.process_steps WHERE process_id = $1 ORDER BY seq",
-    ))
-    .bind(id)
-    .fetch_all(&mut *tx)
-    .await?
-    .iter()
-    .map(|r| {
-        Ok(StepView {
-            seq: r.try_get("seq")?,
-            name: r.try_get("name")?,
-            role: r.try_get("role")?,
-            acts_on: r.try_get("acts_on")?,
-            execution: r.try_get("execution")?,
-            remote: r.try_get("remote")?,
-            sensitive: r.try_get("sensitive")?,
-            status: r.try_get("status")?,
-            operation_id: r.try_get("operation_id")?,
-            attempts: r.try_get("attempts")?,
-            max_attempts: r.try_get("max_attempts")?,
-            next_attempt_at: None,
-            first_attempt_at: None,
-            last_attempt_at: None,
-            finished_at: None,
-            error_class: r.try_get("error_class")?,
-            error_message: None,
-            remote_ref: r.try_get("remote_ref")?,
-            result_ref: r.try_get("result_ref")?,
-            last_reason: r.try_get("last_reason")?,
-            last_actor: r.try_get("last_actor")?,
-        })
-    })
-    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let steps = steps_of(tx, schema, id).await?;
     Ok((p, steps))
 }
 
 /// Moves the process to `status` and takes a new fencing token, so a worker still holding it
 /// can write nothing more.
 async fn take_process(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut PgConnection,
     schema: &Schema,
     id: Uuid,
     status: &str,
@@ -622,7 +619,7 @@ async fn take_process(
 
 #[allow(clippy::too_many_arguments)]
 async fn set_step(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut PgConnection,
     schema: &Schema,
     id: Uuid,
     seq: i32,

@@ -1,6 +1,8 @@
 //! The operations console over real HTTP, on a real database: the role × action matrix, four
 //! eyes, stale versions, idempotency keys, CSRF, sessions, login limits, redaction, the
-//! append-only audit table, the CLI, and a real headless Chromium.
+//! append-only audit table, the CLI, process actions on the processes crate, and a real headless
+//! Chromium (a bulk requeue, and a refund of the demo's payment process requested by an operator
+//! and approved by an approver while a worker runs it against the payment-provider simulator).
 
 use console::config::{DbConfig, ServeConfig};
 use console::roles::{Action, Role, allowed};
@@ -8,6 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use shared::schema::Schema;
 use std::time::Duration;
+use system_tests::process_fixtures as fx;
 use system_tests::{TestDb, amqp_url, bin_path, wait_until};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -51,7 +54,7 @@ impl Console {
             secret_fields: vec!["customer_secret".into()],
         };
         let shutdown = CancellationToken::new();
-        let running = console::start(config, None, shutdown.clone())
+        let running = console::start(config, shutdown.clone())
             .await
             .expect("console starts");
         let http = reqwest::Client::builder()
@@ -152,10 +155,68 @@ impl Console {
             .await
             .unwrap()
     }
+
+    /// Starts an order process of the test fixtures (its input carries a card number the
+    /// definition declares secret). No worker runs it: it stays pending.
+    async fn process(&self, key: &str) -> Uuid {
+        let d = fx::order(
+            "order_key",
+            processes::Remote::HonoursKey,
+            1,
+            &self.db.pool,
+            &fx::Failpoint::default(),
+        );
+        processes::start(
+            &self.db.pool,
+            &d,
+            key,
+            &json!({"amount": 5, "card": CARD, "charge": "ok"}),
+        )
+        .await
+        .unwrap()
+        .id
+    }
+
+    /// What `GET /api/processes/{id}` shows `token`.
+    async fn process_view(&self, token: &str, id: Uuid) -> Value {
+        let (s, body) = self.get(token, &format!("/api/processes/{id}")).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// The process row and its history, as stored: (status, paused, row_version, transitions).
+    async fn process_state(&self, id: Uuid) -> (String, bool, i64, i64) {
+        sqlx::query_as(
+            "SELECT status, paused, row_version, \
+                    (SELECT count(*) FROM outbox.process_history h WHERE h.process_id = p.id) \
+             FROM outbox.processes p WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn approvals(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox.console_approvals")
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+}
+
+/// The names of the actions a process view offers now.
+fn offered(view: &Value) -> Vec<String> {
+    view["allowed_actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["action"].as_str().unwrap().to_string())
+        .collect()
 }
 
 /// The request that exercises `action` (targets that do not exist: an allowed role gets past the
-/// role check and then 404, 501 or 502, never 403).
+/// role check and then 404 or 502, never 403).
 fn request_for(action: Action) -> (String, Value) {
     let nobody = Uuid::new_v4();
     match action {
@@ -204,6 +265,10 @@ async fn role_action_matrix_over_http_every_refusal_audited() {
             let denied = c.audit_count(&name, action.name(), "denied").await;
             if allowed(role, action) {
                 assert_ne!(status, StatusCode::FORBIDDEN, "{role} × {}", action.name());
+                if let Action::Process(_) = action {
+                    // Past the role check, on the processes crate: there is no such process.
+                    assert_eq!(status, StatusCode::NOT_FOUND, "{role} × {}", action.name());
+                }
                 assert!(
                     status != StatusCode::UNAUTHORIZED,
                     "{role} × {}",
@@ -495,6 +560,398 @@ async fn the_same_idempotency_key_replays_and_repeats_no_effect() {
         )
         .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // A process action: the same key replays, the process changes once.
+    let pid = c.process("idempotent-pause").await;
+    let version = c.process_view(&op, pid).await["version"].as_i64().unwrap();
+    let path = format!("/api/processes/{pid}/actions/pause");
+    let body = json!({"reason": "hold", "version": version});
+    let (s, first, replayed) = c.post(&op, &path, body.clone(), Some("k-p")).await;
+    assert_eq!((s, replayed), (StatusCode::OK, false), "{first}");
+    let paused = c.process_state(pid).await;
+    assert!(paused.1 && paused.2 == version + 1, "{paused:?}");
+    let (s, again, replayed) = c.post(&op, &path, body.clone(), Some("k-p")).await;
+    assert_eq!((s, replayed), (StatusCode::OK, true));
+    assert_eq!(again, first);
+    assert_eq!(
+        c.process_state(pid).await,
+        paused,
+        "the replay repeated the effect"
+    );
+    assert_eq!(c.audit_count("otto", "process.pause", "succeeded").await, 1);
+    // The same key with another request: 422, nothing changes.
+    let (s, err, _) = c
+        .post(
+            &op,
+            &path,
+            json!({"reason": "hold longer", "version": version}),
+            Some("k-p"),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    assert_eq!(c.process_state(pid).await, paused);
+    // The same key on another route is another record (one per operation), and the key of
+    // another user never collides: both run.
+    let other = c.user("oona", Role::Operator).await;
+    let (s, _, replayed) = c
+        .post(
+            &other,
+            &format!("/api/processes/{pid}/actions/resume"),
+            json!({"reason": "go on", "version": version + 1}),
+            Some("k-p"),
+        )
+        .await;
+    assert_eq!((s, replayed), (StatusCode::OK, false));
+    // The records are the idempotency crate's, scoped to the user: the lookup shows them.
+    let (_, me) = c.get(&op, "/api/whoami").await;
+    let me: Value = serde_json::from_str(&me).unwrap();
+    let scope = format!("console-user:{}", me["id"].as_str().unwrap());
+    let (s, records) = c
+        .get(&op, &format!("/api/idempotency?scope={scope}&key=k-p"))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let records: Vec<Value> = serde_json::from_str(&records).unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(
+        records[0]["operation"],
+        json!("console POST /api/processes/{id}/actions/{action}")
+    );
+    assert_eq!(records[0]["status"], json!("completed"));
+    assert_eq!(records[0]["response_status"], json!(200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_actions_answer_409_on_a_stale_version_or_when_not_allowed_now_and_change_nothing()
+{
+    let c = Console::start().await;
+    let op = c.user("olaf", Role::Operator).await;
+    let id = c.process("stale-1").await;
+    let view = c.process_view(&op, id).await;
+    assert_eq!(view["status"], json!("pending"));
+    let version = view["version"].as_i64().unwrap();
+    let names = offered(&view);
+    for a in ["pause", "escalate"] {
+        assert!(names.iter().any(|n| n == a), "{a} not offered: {names:?}");
+    }
+    // Not now; and cancel (abandoning effects uncompensated) is not a console action at all.
+    for a in ["resume", "run_compensation", "resolve_failed", "cancel"] {
+        assert!(!names.iter().any(|n| n == a), "{a} offered: {names:?}");
+    }
+    let before = c.process_state(id).await;
+    let path = |a: &str| format!("/api/processes/{id}/actions/{a}");
+
+    // A stale version: 409, a body with only `error`, nothing changed, the conflict audited.
+    let (s, err, _) = c
+        .post(
+            &op,
+            &path("pause"),
+            json!({"reason": "hold", "version": version - 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{err}");
+    assert!(err.get("error").is_some() && err.as_object().unwrap().len() == 1);
+    assert_eq!(c.process_state(id).await, before);
+    assert_eq!(c.audit_count("olaf", "process.pause", "conflict").await, 1);
+
+    // Not allowed now (not paused; nothing to compensate): 409, nothing changed, no request.
+    for a in ["resume", "run_compensation"] {
+        let (s, err, _) = c
+            .post(
+                &op,
+                &path(a),
+                json!({"reason": "try", "version": version}),
+                None,
+            )
+            .await;
+        assert_eq!(s, StatusCode::CONFLICT, "{a}: {err}");
+        assert!(
+            err["error"].as_str().unwrap().contains("not allowed now"),
+            "{err}"
+        );
+        assert_eq!(
+            c.audit_count("olaf", &format!("process.{a}"), "conflict")
+                .await,
+            1
+        );
+    }
+    assert_eq!(c.process_state(id).await, before);
+    assert_eq!(c.approvals().await, 0);
+
+    // The version seen: done now, in the process history under the console user's name, and in
+    // the audit log with before and after.
+    let (s, done, _) = c
+        .post(
+            &op,
+            &path("pause"),
+            json!({"reason": "hold for INC-7", "version": version}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    assert_eq!(done["version"], json!(version + 1));
+    let after = c.process_state(id).await;
+    assert_eq!(
+        (after.1, after.2, after.3),
+        (true, version + 1, before.3 + 1)
+    );
+    let (actor, reason): (String, String) = sqlx::query_as(
+        "SELECT actor, reason FROM outbox.process_history WHERE process_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(id)
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(actor, "console:olaf");
+    assert!(reason.contains("hold for INC-7"), "{reason}");
+    let (b, a): (Value, Value) = sqlx::query_as(
+        "SELECT before, after FROM outbox.console_audit WHERE action = 'process.pause' AND outcome = 'succeeded'",
+    )
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (&b["paused"], &b["version"]),
+        (&json!(false), &json!(version))
+    );
+    assert_eq!(a["version"], json!(version + 1));
+    // The version just used is stale now.
+    let (s, _, _) = c
+        .post(
+            &op,
+            &path("resume"),
+            json!({"reason": "go", "version": version}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!(c.process_state(id).await, after);
+    // The page offers resume now, and no pause.
+    let names = offered(&c.process_view(&op, id).await);
+    assert!(names.iter().any(|n| n == "resume") && !names.iter().any(|n| n == "pause"));
+
+    // The list's filters: kind, status, age.
+    for (query, listed) in [
+        ("?kind=order_key&status=pending", true),
+        ("?kind=payment", false),
+        ("?status=manual_review", false),
+        ("?older_than_seconds=3600", false),
+        ("?older_than_seconds=0", true),
+    ] {
+        let (s, body) = c.get(&op, &format!("/api/processes{query}")).await;
+        assert_eq!(s, StatusCode::OK, "{body}");
+        assert_eq!(body.contains(&id.to_string()), listed, "{query}: {body}");
+    }
+}
+
+/// A process worker in this test process, with its own pool, until `shutdown`.
+async fn spawn_worker(
+    url: &str,
+    name: &str,
+    registry: processes::Registry,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<Result<(), processes::WorkerError>> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect(url)
+        .await
+        .unwrap();
+    let mut config = processes::WorkerConfig::new(pool, Schema::default(), name);
+    config.concurrency = 4;
+    config.lease = Duration::from_secs(2);
+    config.heartbeat = Duration::from_millis(400);
+    config.poll_interval = Duration::from_millis(100);
+    config.shutdown_grace = Duration::from_secs(5);
+    tokio::spawn(processes::Worker::run(config, registry, shutdown))
+}
+
+async fn wait_process(pool: &sqlx::PgPool, id: Uuid, want: &str) {
+    wait_until(
+        &format!("process {id} {want}"),
+        Duration::from_secs(90),
+        || async move {
+            let s: String = sqlx::query_scalar("SELECT status FROM outbox.processes WHERE id = $1")
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            (s == want).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_twice() {
+    let c = Console::start().await;
+    fx::setup(&c.db.pool).await.unwrap();
+    let alice = c.user("alice", Role::Approver).await;
+    let bob = c.user("bob", Role::Approver).await;
+    let carol = c.user("carol", Role::Approver).await;
+    // An order whose confirmation is refused after the charge: the charge's refund is sensitive
+    // and waits in manual review.
+    let fp = fx::Failpoint::default();
+    let d = fx::order_sensitive_refund("order_sensitive", &c.db.pool, &fp);
+    let id = processes::start(
+        &c.db.pool,
+        &d,
+        "refund-once",
+        &json!({"amount": 5, "charge": "ok", "reject_confirm": true}),
+    )
+    .await
+    .unwrap()
+    .id;
+    let shutdown = CancellationToken::new();
+    let worker = spawn_worker(
+        &c.db.url,
+        "console-w1",
+        fx::registry(&c.db.pool, &fp),
+        shutdown.clone(),
+    )
+    .await;
+    wait_process(&c.db.pool, id, "manual_review").await;
+    assert_eq!(fx::effects(&c.db.pool, id).await, (1, 0));
+    let view = c.process_view(&alice, id).await;
+    let refund = view["allowed_actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["action"] == "run_compensation")
+        .cloned()
+        .unwrap_or_else(|| panic!("no refund offered: {view}"));
+    assert_eq!(
+        (&refund["needs_approval"], &refund["min_role"]),
+        (&json!(true), &json!("operator"))
+    );
+    let step = refund["step"].as_i64().unwrap();
+    assert!(
+        view["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["seq"] == json!(step)
+                && s["role"] == "compensation"
+                && s["status"] == "manual_review"),
+        "{view}"
+    );
+    // resolving as succeeded needs evidence, checked when asked, not when approved.
+    let (s, err, _) = c
+        .post(
+            &alice,
+            &format!("/api/processes/{id}/actions/resolve_succeeded"),
+            json!({"reason": "refunded by phone", "version": view["version"], "step": step}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+
+    // The request (the step left out: only one offers it).
+    let (s, body, _) = c
+        .post(
+            &alice,
+            &format!("/api/processes/{id}/actions/run_compensation"),
+            json!({"reason": "order refused, refund it", "version": view["version"]}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    let approve = format!(
+        "/api/approvals/{}/approve",
+        body["approval"].as_str().unwrap()
+    );
+    assert_eq!(c.process_state(id).await.0, "manual_review");
+    // Not by the requester.
+    let (s, _, _) = c
+        .post(
+            &alice,
+            &approve,
+            json!({"reason": "mine", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(c.process_state(id).await.0, "manual_review");
+    // Two approvers at once: one wins, the refund runs once.
+    let (rb, rc) = tokio::join!(
+        c.post(
+            &bob,
+            &approve,
+            json!({"reason": "ok", "version": 1}),
+            Some("b")
+        ),
+        c.post(
+            &carol,
+            &approve,
+            json!({"reason": "ok too", "version": 1}),
+            Some("c")
+        ),
+    );
+    let mut statuses = [rb.0, rc.0];
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::CONFLICT],
+        "{:?} {:?}",
+        rb.1,
+        rc.1
+    );
+    let (winner, key) = if rb.0 == StatusCode::OK {
+        (&bob, "b")
+    } else {
+        (&carol, "c")
+    };
+    wait_process(&c.db.pool, id, "compensated").await;
+    // Approving again, replayed or not, runs nothing more.
+    let reason = if key == "b" { "ok" } else { "ok too" };
+    let (s, _, replayed) = c
+        .post(
+            winner,
+            &approve,
+            json!({"reason": reason, "version": 1}),
+            Some(key),
+        )
+        .await;
+    assert_eq!((s, replayed), (StatusCode::OK, true));
+    let (s, _, _) = c
+        .post(
+            winner,
+            &approve,
+            json!({"reason": "again", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
+    assert_eq!(fx::effects(&c.db.pool, id).await, (1, 1), "refunded once");
+    let (actor, approver): (String, Option<String>) = sqlx::query_as(
+        "SELECT actor_name, approver FROM outbox.console_audit WHERE action = 'process.run_compensation' AND outcome = 'succeeded'",
+    )
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(actor, "alice");
+    assert!(matches!(approver.as_deref(), Some("bob" | "carol")));
+    assert_eq!(
+        c.audit_count("alice", "process.run_compensation", "requested")
+            .await,
+        1
+    );
+    assert_eq!(
+        c.audit_count("alice", "approval.approve", "denied").await,
+        1
+    );
+    let history_actor: String = sqlx::query_scalar(
+        "SELECT actor FROM outbox.process_history WHERE process_id = $1 AND actor LIKE 'console:%' ORDER BY id LIMIT 1",
+    )
+    .bind(id)
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        history_actor.starts_with("console:alice (approved by "),
+        "{history_actor}"
+    );
 }
 
 fn cookie_of(r: &reqwest::Response) -> Option<String> {
@@ -581,21 +1038,36 @@ async fn web_sessions_csrf_and_expiry() {
     assert_eq!(c.state(id).await, "dead");
 
     // With it: done, back to the overview.
-    let r = c
-        .http
-        .post(format!("{}/ui/outbox/requeue", c.base))
-        .header("cookie", &cookie)
-        .form(&[
-            ("csrf", csrf.as_str()),
-            ("item", item.as_str()),
-            ("reason", "retry"),
-            ("go", "1"),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("idempotency_key", "form-1"),
+        ("item", item.as_str()),
+        ("reason", "retry"),
+        ("go", "1"),
+    ];
+    let submit = || {
+        c.http
+            .post(format!("{}/ui/outbox/requeue", c.base))
+            .header("cookie", &cookie)
+            .form(&form)
+            .send()
+    };
+    let r = submit().await.unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(c.state(id).await, "pending");
+    // The same form sent again (a double click, a reload): its key replays, nothing runs twice.
+    sqlx::query("UPDATE outbox.messages SET state = 'dead' WHERE id = $1")
+        .bind(id)
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    let r = submit().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(c.state(id).await, "dead", "the form ran twice");
+    assert_eq!(
+        c.audit_count("wendy", "outbox.requeue", "succeeded").await,
+        1
+    );
 
     // The session expires: back to the login page.
     sqlx::query("UPDATE outbox.console_sessions SET created_at = now() - interval '2 hours', expires_at = now() - interval '1 hour'")
@@ -709,8 +1181,22 @@ async fn no_token_card_number_or_declared_secret_in_any_page_or_response() {
         .await;
     assert_eq!(s, StatusCode::FORBIDDEN);
 
+    // A process whose input carries the card number, paused with that reason.
+    let pid = c.process("redaction").await;
+    let version = c.process_view(&op, pid).await["version"].as_i64().unwrap();
+    let (s, _, _) = c
+        .post(
+            &op,
+            &format!("/api/processes/{pid}/actions/pause"),
+            json!({"reason": reason, "version": version}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+
     let cookie = login(&c, &admin).await;
     let mut seen = vec![err.to_string()];
+    let process_api = format!("/api/processes/{pid}");
     for token in [&admin, &viewer] {
         for path in [
             "/api/outbox/dead",
@@ -720,13 +1206,23 @@ async fn no_token_card_number_or_declared_secret_in_any_page_or_response() {
             "/api/approvals",
             "/api/whoami",
             "/api/openapi.json",
+            "/api/processes",
+            process_api.as_str(),
         ] {
             let (s, body) = c.get(token, path).await;
             assert_eq!(s, StatusCode::OK, "{path}");
             seen.push(body);
         }
     }
-    for path in ["/", "/audit", "/processes", "/idempotency", "/dead-letters"] {
+    let process_page = format!("/processes/{pid}");
+    for path in [
+        "/",
+        "/audit",
+        "/processes",
+        process_page.as_str(),
+        "/idempotency",
+        "/dead-letters",
+    ] {
         let r = c
             .http
             .get(format!("{}{path}", c.base))
@@ -746,6 +1242,10 @@ async fn no_token_card_number_or_declared_secret_in_any_page_or_response() {
     assert!(raw.contains(CARD) && raw.contains(SECRET));
     let all = seen.join("\n");
     assert!(all.contains("payment.captured"), "the pages show the rows");
+    assert!(
+        all.contains("order_key") && all.contains(&pid.to_string()),
+        "and the process"
+    );
     assert!(all.contains("[redacted]"));
     for secret in [
         CARD,
@@ -862,6 +1362,48 @@ async fn cli_creates_users_with_a_token_on_the_last_line_and_talks_to_the_api() 
     ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert_eq!(c.state(ids[0]).await, "pending");
+    // Processes: list, show (with the actions allowed now), act.
+    let pid = c.process("cli").await;
+    let list = cli(&["process", "list", "--status", "pending"]);
+    assert!(list.status.success());
+    assert!(
+        String::from_utf8(list.stdout)
+            .unwrap()
+            .contains(&pid.to_string())
+    );
+    let show = cli(&["process", "show", &pid.to_string()]);
+    assert!(show.status.success());
+    let text = String::from_utf8(show.stdout).unwrap();
+    assert!(
+        text.contains("allowed now:") && text.contains("  pause  (role operator)"),
+        "{text}"
+    );
+    assert!(!text.contains(CARD), "{text}");
+    let version = c.process_state(pid).await.2.to_string();
+    let pid_s = pid.to_string();
+    let act = |version: &str| {
+        cli(&[
+            "process",
+            "act",
+            &pid_s,
+            "pause",
+            "--reason",
+            "from the cli",
+            "--version",
+            version,
+        ])
+    };
+    let r = act(&version);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(c.process_state(pid).await.1, "paused");
+    // The same version again is stale: the command fails with the console's reason.
+    let r = act(&version);
+    assert!(!r.status.success());
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("409"),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     let export = cli(&["audit", "export"]);
     let lines: Vec<Value> = String::from_utf8(export.stdout)
         .unwrap()
@@ -1333,4 +1875,382 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     assert_eq!(c.audit_count("dora", "dlq.replay", "succeeded").await, 3);
     assert_eq!(c.audit_count("dora", "dlq.replay", "conflict").await, 1);
     let _ = conn.close(200, "done".into()).await;
+}
+
+/// The demo's payment flow on the console's database: the payment-provider simulator (a child
+/// process), the demo API and a payment worker (both in this process).
+struct Payments {
+    provider: std::process::Child,
+    admin: payment_provider::client::Client,
+    api: String,
+    key: String,
+    http: reqwest::Client,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Payments {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        let _ = self.provider.kill();
+        let _ = self.provider.wait();
+    }
+}
+
+impl Payments {
+    /// Charges are made at once but answered 3 s late (`timeout_after_charge`): past the worker's
+    /// 1 s limit, so the charge's outcome stays unknown (retried with the same key) until the test
+    /// clears the fault.
+    async fn start(db: &TestDb) -> Self {
+        let addr = system_tests::free_addr();
+        let mut cmd = std::process::Command::new(bin_path("payment-provider"));
+        for var in [
+            "PROVIDER_IDEMPOTENCY",
+            "PROVIDER_STATUS_QUERY",
+            "PROVIDER_SEED",
+            "PROVIDER_SLOW_DELAY",
+        ] {
+            cmd.env_remove(var);
+        }
+        let provider = cmd
+            .env("DATABASE_URL", &db.url)
+            .env("PROVIDER_ADDR", addr.to_string())
+            .env("PROVIDER_DB_MAX_CONNECTIONS", "4")
+            .env("PROVIDER_FAULTS", "timeout_after_charge:100")
+            .env("PROVIDER_TIMEOUT_DELAY", "3s")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("spawn payment-provider (cargo build -p payment-provider --bins)");
+        wait_until("the provider answers", Duration::from_secs(60), || async {
+            (system_tests::http_status(addr, "/healthz").await == Some(200)).then_some(())
+        })
+        .await;
+        let url = format!("http://{addr}");
+        let shutdown = CancellationToken::new();
+        let settings = demo::Settings {
+            purge_interval: None,
+            payment_remote: processes::Remote::HonoursKey,
+            ..demo::Settings::default()
+        };
+        let server = demo::start(
+            demo::AppState::new(db.pool.clone(), settings),
+            "127.0.0.1:0".parse().unwrap(),
+            shutdown.clone(),
+        )
+        .await
+        .expect("the demo API starts");
+        let call_timeout = Duration::from_secs(1);
+        let flow = demo::payment_process::PaymentFlow {
+            schema: Schema::default(),
+            remote: processes::Remote::HonoursKey,
+            provider: Some(payment_provider::client::Client::new(&url, call_timeout).unwrap()),
+            call_timeout,
+            retry: processes::RetryPolicy::default()
+                .max_attempts(30)
+                .initial(Duration::from_millis(100))
+                .max_delay(Duration::from_millis(800)),
+        };
+        let registry = processes::Registry::new()
+            .with(demo::payment_process::definition(&flow))
+            .unwrap();
+        spawn_worker(&db.url, "payment-worker", registry, shutdown.clone()).await;
+        Self {
+            provider,
+            admin: payment_provider::client::Client::new(&url, Duration::from_secs(30)).unwrap(),
+            api: format!("http://{}", server.local_addr()),
+            key: demo::auth::create_api_key(&db.pool, "acme").await.unwrap(),
+            http: reqwest::Client::new(),
+            shutdown,
+        }
+    }
+
+    async fn post(&self, path: &str, key: &str, body: Value) -> Value {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.api))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+        r.json().await.unwrap()
+    }
+
+    /// The provider's charges for `payment`.
+    async fn charges(&self, payment: &str) -> Vec<payment_provider::api::Charge> {
+        self.admin
+            .admin_charges()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.reference == payment)
+            .collect()
+    }
+}
+
+/// What the browser shows in element `id`.
+async fn text_of(b: &fantoccini::Client, id: &str) -> String {
+    b.find(fantoccini::Locator::Id(id))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn log_in(b: &fantoccini::Client, base: &str, token: &str) {
+    b.goto(&format!("{base}/login")).await.unwrap();
+    wait_for(b, "token").await.send_keys(token).await.unwrap();
+    b.find(fantoccini::Locator::Id("login"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(b, "whoami").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approves_it() {
+    use fantoccini::Locator;
+    use payment_provider::api::ChargeStatus;
+    let c = Console::start().await;
+    let op = c.user("operator-olivia", Role::Operator).await;
+    let ap = c.user("approver-arthur", Role::Approver).await;
+    let pay = Payments::start(&c.db).await;
+
+    // A payment whose order support cancels while the charge's answer is outstanding: charged,
+    // the capture refused, the (sensitive) refund waits in manual review.
+    let order = pay
+        .post(
+            "/orders",
+            "order-1",
+            json!({"customer_id": "cust-1", "currency": "EUR", "items": [{"sku": "sku-1", "quantity": 2, "unit_price": 250}]}),
+        )
+        .await;
+    let order_id: Uuid = order["id"].as_str().unwrap().parse().unwrap();
+    let payment = pay
+        .post(
+            "/payments",
+            "pay-1",
+            json!({"order_id": order_id, "amount": 500, "currency": "EUR"}),
+        )
+        .await;
+    let payment = payment["id"].as_str().unwrap().to_string();
+    wait_until("the provider charged", Duration::from_secs(90), || async {
+        (!pay.charges(&payment).await.is_empty()).then_some(())
+    })
+    .await;
+    sqlx::query("UPDATE demo.orders SET status = 'cancelled' WHERE id = $1")
+        .bind(order_id)
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    pay.admin.set_faults("").await.unwrap();
+    let pid: Uuid = sqlx::query_scalar(
+        "SELECT id FROM outbox.processes WHERE kind = 'payment' AND business_key = $1",
+    )
+    .bind(&payment)
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    wait_process(&c.db.pool, pid, "manual_review").await;
+    let view = c.process_view(&op, pid).await;
+    let step = view["allowed_actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["action"] == "run_compensation")
+        .and_then(|a| a["step"].as_i64())
+        .unwrap_or_else(|| panic!("no refund offered: {view}"));
+    let slug = format!("run_compensation-{step}");
+
+    // The operator logs in and finds the payment in manual review, first in the list.
+    let (_driver, b) = chromedriver().await;
+    log_in(&b, &c.base, &op).await;
+    b.find(Locator::LinkText("Processes"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, "processes").await;
+    let first = b
+        .find(Locator::Css("#processes tr.process"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        first.contains(&pid.to_string()) && first.contains("manual_review"),
+        "{first}"
+    );
+    b.find(Locator::Id(&format!("process-{pid}")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, "steps").await;
+    assert_eq!(text_of(&b, "process-status").await, "manual_review");
+    assert_eq!(
+        text_of(&b, &format!("step-{step}-status")).await,
+        "manual_review"
+    );
+    let source = b.source().await.unwrap();
+    assert!(
+        source.contains("charged, but the order is cancelled now"),
+        "the last classified error is shown"
+    );
+    // Only the actions allowed now, and only those an operator may ask for as forms.
+    assert!(source.contains(&format!("action-{slug}")));
+    assert!(
+        !source.contains("id=\"action-resolve_failed") && source.contains("offered-resolve_failed"),
+        "resolving is an approver's"
+    );
+    assert!(!source.contains("action-escalate") && !source.contains("action-resume"));
+    // Requests the refund with a reason.
+    b.find(Locator::Id(&format!("reason-{slug}")))
+        .await
+        .unwrap()
+        .send_keys("order cancelled by support, INC-77: refund the customer")
+        .await
+        .unwrap();
+    b.find(Locator::Id(&format!("action-{slug}")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let notice = wait_for(&b, "notice").await.text().await.unwrap();
+    assert!(notice.contains("approval request"), "{notice}");
+    assert!(
+        b.source()
+            .await
+            .unwrap()
+            .contains("waiting for another approver")
+    );
+    let charges = pay.charges(&payment).await;
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Succeeded),
+        "no refund before the approval"
+    );
+    b.find(Locator::Id("logout"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for(&b, "token").await;
+
+    // The approver logs in, opens the process and approves.
+    log_in(&b, &c.base, &ap).await;
+    b.goto(&format!("{}/processes/{pid}", c.base))
+        .await
+        .unwrap();
+    let approval: Uuid =
+        sqlx::query_scalar("SELECT id FROM outbox.console_approvals WHERE status = 'pending'")
+            .fetch_one(&c.db.pool)
+            .await
+            .unwrap();
+    wait_for(&b, &format!("approval-reason-{approval}"))
+        .await
+        .send_keys("checked the order: cancelled, refund due")
+        .await
+        .unwrap();
+    b.find(Locator::Id(&format!("approve-{approval}")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let notice = wait_for(&b, "notice").await.text().await.unwrap();
+    assert!(notice.contains("approved"), "{notice}");
+
+    // The worker refunds; the page shows the compensation step succeeded and both entries.
+    wait_until(
+        "the page shows the refund succeeded and the process compensated",
+        Duration::from_secs(90),
+        || async {
+            b.refresh().await.unwrap();
+            wait_for(&b, "steps").await;
+            let step_status = text_of(&b, &format!("step-{step}-status")).await;
+            let status = text_of(&b, "process-status").await;
+            (step_status == "succeeded" && status == "compensated").then_some(())
+        },
+    )
+    .await;
+    let actions = text_of(&b, "process-audit").await;
+    for (who, outcome, reason) in [
+        (
+            "operator-olivia",
+            "requested",
+            "order cancelled by support, INC-77",
+        ),
+        (
+            "approver-arthur",
+            "approved",
+            "checked the order: cancelled, refund due",
+        ),
+    ] {
+        assert!(
+            actions
+                .lines()
+                .any(|l| l.contains(who) && l.contains(outcome) && l.contains(reason)),
+            "{who} {outcome}: {actions}"
+        );
+    }
+    let timeline = text_of(&b, "timeline").await;
+    assert!(
+        timeline.contains("operator-olivia")
+            && timeline.contains("requested")
+            && timeline.contains("order cancelled by support, INC-77"),
+        "{timeline}"
+    );
+    assert!(
+        timeline.contains("approver-arthur")
+            && timeline.contains("approved")
+            && timeline.contains("checked the order: cancelled, refund due"),
+        "{timeline}"
+    );
+    assert!(
+        timeline.contains("console:operator-olivia (approved by approver-arthur)"),
+        "the transition names who asked and who approved: {timeline}"
+    );
+    assert!(
+        b.find(Locator::Id("no-actions")).await.is_ok(),
+        "a compensated process offers nothing"
+    );
+    let charges = pay.charges(&payment).await;
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Refunded)
+    );
+    assert_eq!(
+        c.audit_count("operator-olivia", "process.run_compensation", "requested")
+            .await,
+        1
+    );
+    assert_eq!(
+        c.audit_count("approver-arthur", "approval.approve", "approved")
+            .await,
+        1
+    );
+    // The whole page, timeline included.
+    b.set_window_size(1400, 2600).await.unwrap();
+    let png = b.screenshot().await.unwrap();
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/console-process.png");
+    std::fs::write(&path, &png).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG"),
+        "a PNG screenshot at {}",
+        path.display()
+    );
+    b.close().await.unwrap();
 }
