@@ -65,23 +65,6 @@ COMMENT ON COLUMN {{schema}}.console_approvals.decision_reason IS 'The approver'
 COMMENT ON COLUMN {{schema}}.console_approvals.result IS 'What the effect did (per target), set when approved.';
 CREATE INDEX console_approvals_pending_idx ON {{schema}}.console_approvals (requested_at) WHERE status = 'pending';
 
-CREATE TABLE {{schema}}.console_action_keys (
-    user_id         uuid        NOT NULL REFERENCES {{schema}}.console_users (id),
-    key_hash        bytea       NOT NULL CHECK (octet_length(key_hash) = 32),
-    fingerprint     bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
-    response_status smallint    NOT NULL CHECK (response_status BETWEEN 100 AND 599),
-    response_body   text        NOT NULL,
-    created_at      timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (user_id, key_hash)
-);
-COMMENT ON TABLE {{schema}}.console_action_keys IS 'Interim Idempotency-Key records of console actions, written in the action''s own transaction (to be replaced by the idempotency crate''s layer): a repeated request with the same key gets the stored response and repeats no effect.';
-COMMENT ON COLUMN {{schema}}.console_action_keys.user_id IS 'Whose key it is: the same key of two users never collides.';
-COMMENT ON COLUMN {{schema}}.console_action_keys.key_hash IS 'SHA-256 of the Idempotency-Key header.';
-COMMENT ON COLUMN {{schema}}.console_action_keys.fingerprint IS 'SHA-256 of the method, path and body: the same key with another request answers 422.';
-COMMENT ON COLUMN {{schema}}.console_action_keys.response_status IS 'HTTP status of the stored response.';
-COMMENT ON COLUMN {{schema}}.console_action_keys.response_body IS 'The stored JSON response, replayed byte for byte.';
-COMMENT ON COLUMN {{schema}}.console_action_keys.created_at IS 'When the action ran.';
-
 CREATE TABLE {{schema}}.console_audit (
     seq         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at          timestamptz NOT NULL DEFAULT clock_timestamp(),
@@ -112,6 +95,9 @@ COMMENT ON COLUMN {{schema}}.console_audit.before IS 'The target before the acti
 COMMENT ON COLUMN {{schema}}.console_audit.after IS 'The target after the action (redacted).';
 COMMENT ON COLUMN {{schema}}.console_audit.outcome IS 'succeeded, requested (waits for approval), approved, rejected, denied (403), conflict (stale version, 409), failed.';
 CREATE INDEX console_audit_at_idx ON {{schema}}.console_audit (at);
+-- A process page lists the entries of its process.
+CREATE INDEX console_audit_target_idx ON {{schema}}.console_audit (target, seq);
+CREATE INDEX console_audit_approval_idx ON {{schema}}.console_audit (approval_id) WHERE approval_id IS NOT NULL;
 
 CREATE FUNCTION {{schema}}.console_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
