@@ -7,7 +7,7 @@
 //! same key again, a status query first, or manual review. Nothing is ever marked done
 //! without the evidence the remote or the local transaction gave.
 
-use crate::definition::{Action, Definition, Done, Lookup, Remote, Role, StepContext};
+use crate::definition::{Action, Definition, Done, LocalStep, Lookup, Remote, Role, StepContext};
 use crate::error::{ErrorClass, StepError};
 use crate::internal_events as events;
 use crate::redact;
@@ -21,6 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// A local step's action with its retry policy and timeout.
+type LocalAction = (Arc<dyn LocalStep>, RetryPolicy, Duration);
+
 /// What the worker shares with every run.
 #[derive(Debug, Clone)]
 pub(crate) struct Shared {
@@ -28,6 +31,8 @@ pub(crate) struct Shared {
     pub schema: Schema,
     pub lease: Duration,
     pub heartbeat: Duration,
+    /// Most consecutive local steps of one process run in one transaction.
+    pub local_group: usize,
 }
 
 /// How a turn ended.
@@ -66,6 +71,9 @@ struct Run<'a> {
     steps: Vec<StepRow>,
     phase: Phase,
     lost: CancellationToken,
+    /// After step k of a local group starting at step `.0` failed: the next group there has `.1`
+    /// (= k) steps.
+    group_cap: Option<(usize, usize)>,
 }
 
 /// Runs `c` (claimed with its token) with `def`. `stop` ends the turn at the next safe point;
@@ -87,26 +95,23 @@ pub(crate) async fn run(
         lost.clone(),
         beat_done.clone(),
     ));
-    let steps = store::steps(&sh.pool, &sh.schema, c.id).await;
-    let result = match steps {
-        Ok(steps) => {
-            let phase = if c.status == "compensating" {
-                Phase::Compensating
-            } else {
-                Phase::Forward
-            };
-            let mut r = Run {
-                sh,
-                def: &def,
-                c,
-                steps,
-                phase,
-                lost,
-            };
-            r.turn(&stop, &abandon).await
-        }
-        Err(e) => Err(WriteError::Database(e)),
+    let phase = if c.status == "compensating" {
+        Phase::Compensating
+    } else {
+        Phase::Forward
     };
+    let mut c = c;
+    let steps = std::mem::take(&mut c.steps);
+    let mut r = Run {
+        sh,
+        def: &def,
+        c,
+        steps,
+        phase,
+        lost,
+        group_cap: None,
+    };
+    let result = r.turn(&stop, &abandon).await;
     beat_done.cancel();
     let _ = beat.await;
     match result {
@@ -365,72 +370,7 @@ impl Run<'_> {
         };
         let started = Instant::now();
         match action {
-            Action::Local(step) => {
-                let ctx = self.context(i);
-                let mut tx = self.sh.pool.begin().await?;
-                store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
-                let r = tokio::time::timeout(timeout, step.run(&ctx, &mut tx)).await;
-                match r {
-                    Ok(Ok(done)) => {
-                        let last = self.is_last(i);
-                        store::change_step(
-                            &mut *tx,
-                            &self.sh.schema,
-                            self.c.id,
-                            self.c.token,
-                            self.steps[i].seq,
-                            &StepChange::Succeeded {
-                                remote: false,
-                                reference: &redact::truncate(&done.reference, 500),
-                                output: done.output.as_ref(),
-                                count_attempt: true,
-                                reason: "succeeded",
-                            },
-                        )
-                        .await?;
-                        let finish = last.then_some(match self.phase {
-                            Phase::Forward => ProcessChange::Succeeded,
-                            Phase::Compensating => ProcessChange::Compensated,
-                        });
-                        if let Some(change) = finish {
-                            store::change_process(
-                                &mut tx,
-                                &self.sh.schema,
-                                self.c.id,
-                                self.c.token,
-                                change,
-                                "every step succeeded",
-                            )
-                            .await?;
-                        }
-                        tx.commit().await?;
-                        events::step_attempt(
-                            &self.c.kind,
-                            &self.steps[i].name,
-                            "succeeded",
-                            "none",
-                            started.elapsed(),
-                        );
-                        self.mark_succeeded(i, false, done);
-                        if let Some(change) = finish {
-                            self.finished(change);
-                            return Ok(Some(TurnEnd::Finished));
-                        }
-                        Ok(None)
-                    }
-                    Ok(Err(e)) => {
-                        drop(tx); // rolls the effect back
-                        self.record_error(i, e, true, retry, started).await
-                    }
-                    Err(_) => {
-                        drop(tx);
-                        let e = StepError::transient(format!(
-                            "timed out after {timeout:?}; rolled back"
-                        ));
-                        self.record_error(i, e, true, retry, started).await
-                    }
-                }
-            }
+            Action::Local(step) => self.run_local(i, (step, retry, timeout)).await,
             Action::External { remote, call } => {
                 let s = &self.steps[i];
                 let doubt = in_doubt(s);
@@ -609,6 +549,135 @@ impl Run<'_> {
                 }
             }
         }
+    }
+
+    /// Step `i` (local) and the local steps right after it in this phase that are due now, at
+    /// most `local_group` of them (fewer after a step of a longer group failed).
+    fn local_group(&mut self, i: usize, first: LocalAction) -> Vec<(usize, LocalAction)> {
+        let max = match self.group_cap.take() {
+            Some((first, len)) if first == i => len,
+            _ => self.sh.local_group,
+        }
+        .max(1);
+        let role = self.steps[i].role;
+        let now = Utc::now();
+        let past_deadline = self.phase == Phase::Forward
+            && self.c.deadline_at.is_some_and(|deadline| deadline <= now);
+        let mut group = vec![(i, first)];
+        for (j, s) in self.steps.iter().enumerate().skip(i + 1) {
+            if group.len() >= max || past_deadline {
+                break;
+            }
+            if s.role != role || s.status == "succeeded" {
+                continue;
+            }
+            let due = s.status == "pending"
+                || (s.status == "retryable" && s.next_attempt_at.is_none_or(|at| at <= now));
+            match self.action(j) {
+                Some((Action::Local(step), retry, timeout)) if due => {
+                    group.push((j, (step, retry, timeout)));
+                }
+                _ => break,
+            }
+        }
+        group
+    }
+
+    /// Runs local step `i`, and the local steps after it ([`Self::local_group`]), in one
+    /// transaction: each effect in turn, then one fenced checkpoint of them all (and the process's
+    /// end, if they were the last), then the commit. Every effect still commits with its own
+    /// checkpoint or not at all; a crash rolls back the whole group and the next owner runs it
+    /// again. If step k > 0 of the group fails, nothing of the group is kept: the steps before it
+    /// run again as a group of k, then step k alone, so its error is recorded against the state
+    /// the steps before it committed (a local step's code may thus run again, as after any
+    /// rollback; its effects never commit twice).
+    async fn run_local(
+        &mut self,
+        i: usize,
+        first: LocalAction,
+    ) -> Result<Option<TurnEnd>, WriteError> {
+        let group = self.local_group(i, first);
+        let saved: Vec<StepRow> = group.iter().map(|(j, _)| self.steps[*j].clone()).collect();
+        let mut tx = self.sh.pool.begin().await?;
+        let mut done: Vec<(usize, Done, Duration)> = Vec::with_capacity(group.len());
+        for (k, (j, (step, retry, timeout))) in group.iter().enumerate() {
+            let (j, retry, timeout) = (*j, *retry, *timeout);
+            if self.lost.is_cancelled() {
+                return Err(Fenced.into());
+            }
+            let started = Instant::now();
+            let ctx = self.context(j);
+            let r = tokio::time::timeout(timeout, step.run(&ctx, &mut tx)).await;
+            let e = match r {
+                Ok(Ok(d)) => {
+                    // Visible to the next steps of the group (their outputs and references).
+                    self.mark_succeeded(j, false, d.clone());
+                    done.push((j, d, started.elapsed()));
+                    continue;
+                }
+                Ok(Err(e)) => e,
+                Err(_) => StepError::transient(format!("timed out after {timeout:?}; rolled back")),
+            };
+            drop(tx); // rolls the effects back
+            for ((j, _), row) in group.iter().zip(saved) {
+                self.steps[*j] = row;
+            }
+            if k == 0 {
+                return self.record_error(j, e, true, retry, started).await;
+            }
+            tracing::debug!(process = %self.c.id, step = %self.steps[j].name, error = %e.message, "a step of a local group failed; running the steps before it alone first");
+            self.group_cap = Some((i, k));
+            return Ok(None);
+        }
+        let successes: Vec<store::LocalSuccess<'_>> = done
+            .iter()
+            .map(|(j, d, _)| store::LocalSuccess {
+                seq: self.steps[*j].seq,
+                reference: &d.reference,
+                output: d.output.as_ref(),
+            })
+            .collect();
+        let role = self.steps[i].role;
+        let finish = (!self
+            .steps
+            .iter()
+            .any(|s| s.role == role && s.status != "succeeded"))
+        .then_some(match self.phase {
+            Phase::Forward => (store::Finish::Succeeded, "every step succeeded"),
+            Phase::Compensating => (store::Finish::Compensated, "every compensation succeeded"),
+        });
+        let fenced = store::checkpoint_local(
+            &mut tx,
+            &self.sh.schema,
+            self.c.id,
+            self.c.token,
+            &successes,
+            finish,
+        )
+        .await;
+        if let Err(WriteError::Fenced(_)) = fenced {
+            events::fenced(&self.c.kind);
+            tracing::warn!(process = %self.c.id, step = %self.steps[i].name, "checkpoint fenced off: another worker holds the lease; the effects are rolled back");
+        }
+        fenced?;
+        tx.commit().await?;
+        for (j, _, took) in &done {
+            events::step_attempt(
+                &self.c.kind,
+                &self.steps[*j].name,
+                "succeeded",
+                "none",
+                *took,
+            );
+        }
+        if let Some((end, _)) = finish {
+            self.finished(match end {
+                store::Finish::Succeeded => ProcessChange::Succeeded,
+                store::Finish::Compensated => ProcessChange::Compensated,
+            });
+            return Ok(Some(TurnEnd::Finished));
+        }
+        Ok(None)
     }
 
     fn mark_succeeded(&mut self, i: usize, remote: bool, done: Done) {

@@ -1,9 +1,14 @@
 //! The worker's SQL: the claim, heartbeats, and every write fenced by the lease token.
 //!
-//! Fencing: every write locks the process row only if it still carries the writer's token
-//! (`SELECT ... WHERE id = $1 AND lease_token = $2 FOR UPDATE`). A claim takes a new token
-//! under the same row lock, so after a takeover the old owner's writes match no row: they are
-//! fenced off, and the caller gets [`Fenced`].
+//! Fencing: every write changes or locks the process row only if it still carries the writer's
+//! token (`... WHERE id = $1 AND lease_token = $2`, the lock held to commit). A claim takes a new
+//! token under the same row lock, so after a takeover the old owner's writes match no row: they
+//! are fenced off, and the caller gets [`Fenced`]. Under READ COMMITTED a fenced write that waits
+//! for a concurrent claim re-checks the token on the row the claim committed, so the check and the
+//! write are one step: there is no window between them.
+//!
+//! Round trips: the claim returns each process with its steps (no reload); a local checkpoint is
+//! one statement for any number of steps, fenced by itself ([`checkpoint_local`]).
 
 use crate::definition::{Remote, Role};
 use chrono::{DateTime, Utc};
@@ -42,6 +47,8 @@ pub struct Claimed {
     pub created_at: DateTime<Utc>,
     /// The owner whose expired lease this claim took over, if any.
     pub previous_owner: Option<String>,
+    /// Every step of the process, in order, as the claim found them.
+    pub steps: Vec<StepRow>,
 }
 
 /// One step row as the worker needs it.
@@ -96,9 +103,13 @@ UPDATE {{schema}}.processes p SET
     updated_at = now()
 FROM c WHERE p.id = c.id
 RETURNING p.id, p.kind, p.definition_version, p.business_key, p.status, p.input, p.lease_token,
-          p.deadline_at, p.created_at, c.previous_owner";
+          p.deadline_at, p.created_at, c.previous_owner,
+          (SELECT json_agg(s ORDER BY s.seq) FROM (
+              SELECT seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts,
+                     next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output
+              FROM {{schema}}.process_steps WHERE process_id = p.id) s) AS steps";
 
-/// Claims up to `limit` due processes of the known (kind, version) pairs.
+/// Claims up to `limit` due processes of the known (kind, version) pairs, each with its steps.
 pub async fn claim(
     pool: &PgPool,
     schema: &Schema,
@@ -131,7 +142,53 @@ fn claimed(r: &PgRow) -> Result<Claimed, sqlx::Error> {
         deadline_at: r.try_get("deadline_at")?,
         created_at: r.try_get("created_at")?,
         previous_owner: r.try_get("previous_owner")?,
+        steps: r
+            .try_get::<Option<sqlx::types::Json<Vec<StepJson>>>, _>("steps")?
+            .map(|j| j.0.into_iter().map(StepRow::from).collect())
+            .unwrap_or_default(),
     })
+}
+
+/// A step row as the claim returns it (`json_agg` of the step columns).
+#[derive(Debug, serde::Deserialize)]
+struct StepJson {
+    seq: i32,
+    name: String,
+    role: String,
+    acts_on: Option<i32>,
+    remote: Option<String>,
+    status: String,
+    operation_id: Uuid,
+    attempts: i32,
+    max_attempts: i32,
+    next_attempt_at: Option<DateTime<Utc>>,
+    first_attempt_at: Option<DateTime<Utc>>,
+    error_class: Option<String>,
+    remote_ref: Option<String>,
+    result_ref: Option<String>,
+    output: Option<Value>,
+}
+
+impl From<StepJson> for StepRow {
+    fn from(s: StepJson) -> Self {
+        StepRow {
+            seq: s.seq,
+            name: s.name,
+            role: Role::parse(&s.role).unwrap_or(Role::Resolution),
+            acts_on: s.acts_on,
+            remote: s.remote.as_deref().and_then(Remote::parse),
+            status: s.status,
+            operation_id: s.operation_id,
+            attempts: s.attempts,
+            max_attempts: s.max_attempts,
+            next_attempt_at: s.next_attempt_at,
+            first_attempt_at: s.first_attempt_at,
+            error_class: s.error_class,
+            remote_ref: s.remote_ref,
+            result_ref: s.result_ref,
+            output: s.output,
+        }
+    }
 }
 
 /// Due processes whose (kind, version) this worker does not know, by kind and version.
@@ -399,6 +456,125 @@ pub async fn change_step<'e, E: sqlx::PgExecutor<'e>>(
         return Err(Fenced.into());
     }
     Ok(())
+}
+
+/// A local step that succeeded inside the caller's transaction.
+#[derive(Debug, Clone)]
+pub struct LocalSuccess<'a> {
+    pub seq: i32,
+    pub reference: &'a str,
+    pub output: Option<&'a Value>,
+}
+
+const CHECKPOINT_STEPS: &str = "\
+    fence AS (
+        SELECT id FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE
+    ),
+    s AS (
+        UPDATE {{schema}}.process_steps s SET
+            status = 'succeeded',
+            attempts = s.attempts + 1,
+            first_attempt_at = coalesce(s.first_attempt_at, now()),
+            last_attempt_at = now(),
+            next_attempt_at = NULL,
+            finished_at = now(),
+            result_ref = u.reference,
+            output = coalesce(u.output::jsonb, s.output),
+            last_reason = 'succeeded',
+            last_actor = 'system',
+            lease_token = $2,
+            updated_at = now()
+        FROM unnest($3::int[], $4::text[], $5::text[]) AS u(seq, reference, output)
+        WHERE s.process_id = $1 AND s.seq = u.seq AND EXISTS (SELECT 1 FROM fence)
+        RETURNING 1
+    )";
+
+/// The process's end after its last steps, in the checkpoint's statement: it reads the step
+/// updates' count, so it runs after them (and its trigger, which checks the evidence, sees them).
+const CHECKPOINT_FINISH: &str = ",
+    p AS (
+        UPDATE {{schema}}.processes SET status = $6, lease_owner = NULL, lease_until = NULL,
+            next_run_at = now(), finished_at = now(), last_reason = $7, last_actor = 'system',
+            updated_at = now()
+        WHERE id = $1 AND lease_token = $2 AND (SELECT count(*) FROM s) = cardinality($3::int[])
+        RETURNING 1
+    )
+SELECT (SELECT count(*) FROM s) AS steps, (SELECT count(*) FROM p) AS processes";
+
+const CHECKPOINT_ONLY: &str = "
+SELECT (SELECT count(*) FROM s) AS steps, 1::bigint AS processes";
+
+/// How a checkpoint ends the process, when its steps were the phase's last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// Every forward step succeeded.
+    Succeeded,
+    /// Every compensation succeeded.
+    Compensated,
+}
+
+impl Finish {
+    fn status(self) -> &'static str {
+        match self {
+            Finish::Succeeded => "succeeded",
+            Finish::Compensated => "compensated",
+        }
+    }
+}
+
+/// The checkpoint of local steps whose effects ran in `conn`'s transaction, in one statement:
+/// every step in `done` becomes succeeded (an attempt counted, its reference as the result) and,
+/// with `finish`, the process ends and its lease is released. The statement takes the fence
+/// itself (the process row, locked to commit, must carry `token`), so the effects commit with
+/// their checkpoints or, fenced, not at all: the caller must then roll back.
+pub async fn checkpoint_local(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    token: i64,
+    done: &[LocalSuccess<'_>],
+    finish: Option<(Finish, &str)>,
+) -> Result<(), WriteError> {
+    let seqs: Vec<i32> = done.iter().map(|d| d.seq).collect();
+    let references: Vec<String> = done
+        .iter()
+        .map(|d| crate::redact::truncate(d.reference, 500))
+        .collect();
+    let outputs: Vec<Option<String>> = done
+        .iter()
+        .map(|d| d.output.map(Value::to_string))
+        .collect();
+    let sql = format!(
+        "WITH {CHECKPOINT_STEPS}{}",
+        if finish.is_some() {
+            CHECKPOINT_FINISH
+        } else {
+            CHECKPOINT_ONLY
+        }
+    );
+    let mut q = sqlx::query(schema.sql(&sql))
+        .bind(id)
+        .bind(token)
+        .bind(&seqs)
+        .bind(&references)
+        .bind(&outputs);
+    if let Some((end, reason)) = finish {
+        q = q
+            .bind(end.status())
+            .bind(crate::redact::truncate(reason, 1000));
+    }
+    let r = q.fetch_one(&mut *conn).await?;
+    let steps: i64 = r.try_get("steps")?;
+    let processes: i64 = r.try_get("processes")?;
+    match (steps, processes) {
+        (0, _) => Err(Fenced.into()),
+        (n, 1) if n == done.len() as i64 => Ok(()),
+        // The claim loaded these steps under the same token: a missing row is a bug, never data.
+        (n, p) => Err(WriteError::Database(sqlx::Error::Protocol(format!(
+            "checkpoint matched {n} of {} step rows and {p} process rows",
+            done.len()
+        )))),
+    }
 }
 
 /// How a process row changes at the end of a worker's turn.

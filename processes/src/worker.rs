@@ -39,6 +39,11 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// Most processes claimed by one statement.
     pub claim_batch: i64,
+    /// Most consecutive local steps of one process run in one transaction (effects, then one
+    /// fenced checkpoint of them all, one commit). 1 commits every local step on its own. A crash
+    /// rolls back the whole group (none of its effects commit, the next owner runs it again), and
+    /// the group's row locks are held until its commit.
+    pub local_steps_per_transaction: usize,
     /// On shutdown, how long a call in flight may still finish before it is abandoned.
     pub shutdown_grace: Duration,
     /// How often the worker refreshes the status gauges and looks for unknown versions.
@@ -56,6 +61,7 @@ impl WorkerConfig {
             heartbeat: Duration::from_secs(5),
             poll_interval: Duration::from_millis(500),
             claim_batch: 32,
+            local_steps_per_transaction: 8,
             shutdown_grace: Duration::from_secs(10),
             stats_interval: Duration::from_secs(5),
         }
@@ -84,9 +90,13 @@ impl Worker {
         if registry.is_empty() {
             return Err(WorkerError::EmptyRegistry);
         }
-        if config.heartbeat >= config.lease || config.concurrency == 0 || config.claim_batch < 1 {
+        if config.heartbeat >= config.lease
+            || config.concurrency == 0
+            || config.claim_batch < 1
+            || config.local_steps_per_transaction == 0
+        {
             return Err(WorkerError::Config(
-                "heartbeat must be shorter than the lease; concurrency and claim_batch at least 1"
+                "heartbeat must be shorter than the lease; concurrency, claim_batch and local_steps_per_transaction at least 1"
                     .into(),
             ));
         }
@@ -98,6 +108,7 @@ impl Worker {
             schema: config.schema.clone(),
             lease: config.lease,
             heartbeat: config.heartbeat,
+            local_group: config.local_steps_per_transaction,
         };
         let wake = Arc::new(Notify::new());
         let background = CancellationToken::new();
@@ -116,11 +127,16 @@ impl Worker {
         let abandon = CancellationToken::new();
         let mut running: JoinSet<()> = JoinSet::new();
         let mut failures = 0u32;
+        // A finished process frees one slot; claiming for each would cost a claim per process
+        // under load. Slots freed by finished processes are claimed for once a quarter of a batch
+        // is free (or nothing runs); a NOTIFY or the poll claims for any free slot.
+        let refill = (config.concurrency.min(config.claim_batch as usize) / 4).max(1);
+        let mut woke_by_finish = false;
         tracing::info!(worker = %config.worker_id, "process worker started");
         while !shutdown.is_cancelled() {
             let free = config.concurrency.saturating_sub(running.len());
             let mut full = false;
-            if free > 0 {
+            if free > 0 && (!woke_by_finish || free >= refill || running.is_empty()) {
                 let limit = (free as i64).min(config.claim_batch);
                 match store::claim(
                     &config.pool,
@@ -179,10 +195,14 @@ impl Worker {
             } else {
                 config.poll_interval
             };
+            woke_by_finish = false;
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(idle) => {}
-                Some(_) = running.join_next(), if !running.is_empty() => {}
+                Some(_) = running.join_next(), if !running.is_empty() => {
+                    while running.try_join_next().is_some() {}
+                    woke_by_finish = true;
+                }
                 _ = shutdown.cancelled() => {}
             }
         }
