@@ -128,7 +128,6 @@ async fn spawn_workers(url: &str) -> anyhow::Result<Workers> {
     for w in 0..workers {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(concurrency as u32 + 2)
-            .test_before_acquire(std::env::var("NOPING").is_err())
             .connect(url)
             .await?;
         let mut config = WorkerConfig::new(pool.clone(), Schema::default(), format!("bench-{w}"));
