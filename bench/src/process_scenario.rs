@@ -91,7 +91,13 @@ async fn start_many(pool: &PgPool, from: u64, n: u64) -> anyhow::Result<()> {
 }
 
 /// Starts `n` processes in one transaction: the workers see the whole backlog at its commit.
-async fn start_backlog(pool: &PgPool, from: u64, n: u64) -> anyhow::Result<()> {
+/// Returns the database's clock just before the commit (a drain timed from it is not shorter
+/// than it was).
+async fn start_backlog(
+    pool: &PgPool,
+    from: u64,
+    n: u64,
+) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
     let def = definition();
     let schema = Schema::default();
     let mut tx = pool.begin().await?;
@@ -99,8 +105,9 @@ async fn start_backlog(pool: &PgPool, from: u64, n: u64) -> anyhow::Result<()> {
         let key = format!("p{i}");
         processes::start_in(&mut tx, &schema, &def, &key, &serde_json::json!({ "i": i })).await?;
     }
+    let at = db_now(&mut *tx).await?;
     tx.commit().await?;
-    Ok(())
+    Ok(at)
 }
 
 /// What autovacuum would have done by now (it may be off on a test server, as it is here): dead
@@ -219,9 +226,10 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     vacuum(env).await?;
     env.settle().await?;
     let started = Instant::now();
+    let t0 = db_now(&env.pool).await?;
     let workers = spawn_workers(&env.db_url).await?;
-    wait_succeeded(&env.pool, n, started).await?;
-    let cold = n as f64 / started.elapsed().as_secs_f64();
+    let t1 = wait_succeeded(&env.pool, n, started).await?;
+    let cold = n as f64 / secs_between(t0, t1);
     lines.push(
         Line::new("processes drain, cold workers", cold, "processes/s").note(format!(
             "{n} processes started before {n_workers} new workers x {concurrency}, timed from the workers' start"
@@ -232,12 +240,12 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     vacuum(env).await?;
     env.settle().await?;
     let mut done = n;
-    start_backlog(&env.pool, done, n).await?;
+    let t0 = start_backlog(&env.pool, done, n).await?;
     let cpu = CpuSnapshot::take();
     let started = Instant::now();
     done += n;
-    wait_succeeded(&env.pool, done, started).await?;
-    let took = started.elapsed().as_secs_f64();
+    let t1 = wait_succeeded(&env.pool, done, started).await?;
+    let took = secs_between(t0, t1);
     let cpu_note = CpuSnapshot::take().report_per(&cpu, n, "processes");
     let rate = n as f64 / took;
     let steps_per_s = 3.0 * n as f64 / took;
@@ -345,18 +353,48 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
 
 const POLL: Duration = Duration::from_millis(20);
 
-/// Waits until `n` processes succeeded (one autocommit query per [`POLL`]).
-async fn wait_succeeded(pool: &PgPool, n: u64, started: Instant) -> anyhow::Result<()> {
+/// Waits until no process is left to run (one cheap query per [`POLL`]: the due index holds only
+/// unfinished processes), then checks that `n` succeeded. Returns the database's time of the last
+/// finish.
+async fn wait_succeeded(
+    pool: &PgPool,
+    n: u64,
+    started: Instant,
+) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
     loop {
-        if succeeded(pool).await? >= n as i64 {
-            return Ok(());
+        let busy: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox.processes \
+             WHERE status IN ('pending', 'running', 'waiting', 'compensating') AND NOT paused)",
+        )
+        .fetch_one(pool)
+        .await?;
+        if !busy {
+            break;
         }
         anyhow::ensure!(
             started.elapsed() < Duration::from_secs(600),
-            "{n} processes did not succeed in 10 minutes"
+            "processes still running after 10 minutes"
         );
         tokio::time::sleep(POLL).await;
     }
+    let done = succeeded(pool).await?;
+    anyhow::ensure!(done >= n as i64, "{done} processes succeeded, {n} expected");
+    Ok(sqlx::query_scalar("SELECT max(finished_at) FROM outbox.processes")
+        .fetch_one(pool)
+        .await?)
+}
+
+/// The database's clock, to time a drain against `finished_at`.
+async fn db_now<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    Ok(sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(executor)
+        .await?)
+}
+
+fn secs_between(from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>) -> f64 {
+    (to - from).num_microseconds().unwrap_or(0).max(1) as f64 / 1e6
 }
 
 /// host:port of a `postgres://user@host:port/db` URL.
