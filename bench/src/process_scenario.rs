@@ -324,7 +324,7 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let steps = (3 * m) as f64;
     let per_step = |v: u64| v as f64 / steps;
     let mut kinds: Vec<(String, u64)> = c.statements.into_iter().collect();
-    kinds.sort_by(|a, b| b.1.cmp(&a.1));
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
     let breakdown: Vec<String> = kinds
         .iter()
         .take(6)
@@ -344,9 +344,13 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         ),
     );
     lines.push(
-        Line::new("processes drain commits", steps_per_s * commits_per_step, "commits/s")
-            .vs_ceiling(ceiling, None)
-            .note("drain steps/s x commits per step, against the same run's commit ceiling"),
+        Line::new(
+            "processes drain commits",
+            steps_per_s * commits_per_step,
+            "commits/s",
+        )
+        .vs_ceiling(ceiling, None)
+        .note("drain steps/s x commits per step, against the same run's commit ceiling"),
     );
     Ok(lines)
 }
@@ -379,9 +383,11 @@ async fn wait_succeeded(
     }
     let done = succeeded(pool).await?;
     anyhow::ensure!(done >= n as i64, "{done} processes succeeded, {n} expected");
-    Ok(sqlx::query_scalar("SELECT max(finished_at) FROM outbox.processes")
-        .fetch_one(pool)
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT max(finished_at) FROM outbox.processes")
+            .fetch_one(pool)
+            .await?,
+    )
 }
 
 /// The database's clock, to time a drain against `finished_at`.

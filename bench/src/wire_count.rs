@@ -46,7 +46,12 @@ impl Counts {
             statements: self
                 .statements
                 .iter()
-                .map(|(k, v)| (k.clone(), v - earlier.statements.get(k).copied().unwrap_or(0)))
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v - earlier.statements.get(k).copied().unwrap_or(0),
+                    )
+                })
                 .filter(|(_, v)| *v > 0)
                 .collect(),
         }

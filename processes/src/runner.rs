@@ -15,7 +15,8 @@ use crate::retry::RetryPolicy;
 use crate::store::{self, Claimed, Fenced, ProcessChange, StepChange, StepRow, WriteError};
 use chrono::Utc;
 use shared::schema::Schema;
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgPool, Postgres};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +29,8 @@ type LocalAction = (Arc<dyn LocalStep>, RetryPolicy, Duration);
 #[derive(Debug, Clone)]
 pub(crate) struct Shared {
     pub pool: PgPool,
+    /// Connections of turns that ended, for the next turns while the worker has work.
+    pub spare: Spare,
     pub schema: Schema,
     pub lease: Duration,
     pub heartbeat: Duration,
@@ -64,8 +67,58 @@ enum Next {
     Compensate(String),
 }
 
+/// Connections handed from a turn that ended to the next one while the worker has work, so a
+/// process does not cost a pool acquire and release (sqlx pings the server on both). The worker
+/// empties it whenever a claim finds less work than it asked for: an idle worker holds nothing.
+/// A turn gives its connection back to the pool before an external call (it may be long; the
+/// heartbeats need pool connections meanwhile) and drops it after a database error.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Spare {
+    conns: Arc<std::sync::Mutex<Vec<PoolConnection<Postgres>>>>,
+    cap: usize,
+}
+
+impl Spare {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            conns: Arc::default(),
+            cap,
+        }
+    }
+
+    /// A spare connection, or one from the pool.
+    pub async fn take(&self, pool: &PgPool) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        let spare = self.conns.lock().ok().and_then(|mut v| v.pop());
+        match spare {
+            Some(c) => Ok(c),
+            None => pool.acquire().await,
+        }
+    }
+
+    /// Keeps `conn` for the next turn (or returns it to the pool when there are enough).
+    pub fn give(&self, conn: PoolConnection<Postgres>) {
+        if let Ok(mut v) = self.conns.lock()
+            && v.len() < self.cap
+        {
+            v.push(conn);
+        }
+    }
+
+    /// Returns every spare connection to the pool.
+    pub fn clear(&self) {
+        let drained: Vec<_> = self
+            .conns
+            .lock()
+            .map(|mut v| v.drain(..).collect())
+            .unwrap_or_default();
+        drop(drained);
+    }
+}
+
 struct Run<'a> {
     sh: &'a Shared,
+    /// The turn's connection (taken when first needed).
+    conn: Option<PoolConnection<Postgres>>,
     def: &'a Definition,
     c: Claimed,
     steps: Vec<StepRow>,
@@ -104,6 +157,7 @@ pub(crate) async fn run(
     let steps = std::mem::take(&mut c.steps);
     let mut r = Run {
         sh,
+        conn: None,
         def: &def,
         c,
         steps,
@@ -112,6 +166,10 @@ pub(crate) async fn run(
         group_cap: None,
     };
     let result = r.turn(&stop, &abandon).await;
+    // A connection that saw a database error goes back to the pool, which tests it.
+    if let (Ok(_) | Err(WriteError::Fenced(_)), Some(conn)) = (&result, r.conn.take()) {
+        sh.spare.give(conn);
+    }
     beat_done.cancel();
     let _ = beat.await;
     match result {
@@ -150,6 +208,18 @@ async fn heartbeat(
 }
 
 impl Run<'_> {
+    /// The turn's connection, taken out (give it back with [`Self::put`]).
+    async fn take(&mut self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        match self.conn.take() {
+            Some(c) => Ok(c),
+            None => self.sh.spare.take(&self.sh.pool).await,
+        }
+    }
+
+    fn put(&mut self, conn: PoolConnection<Postgres>) {
+        self.conn = Some(conn);
+    }
+
     async fn turn(
         &mut self,
         stop: &CancellationToken,
@@ -187,10 +257,12 @@ impl Run<'_> {
                     return Ok(TurnEnd::Parked);
                 }
                 Next::Compensate(reason) => {
-                    let mut tx = self.sh.pool.begin().await?;
+                    let mut conn = self.take().await?;
+                    let mut tx = conn.begin().await?;
                     store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
                     let end = self.begin_compensation(&mut tx, &reason).await?;
                     tx.commit().await?;
+                    self.put(conn);
                     if let Some(end) = self.after_compensation_began(end).await? {
                         return Ok(end);
                     }
@@ -262,8 +334,12 @@ impl Run<'_> {
         }
     }
 
-    async fn process_change(&self, change: ProcessChange, reason: &str) -> Result<(), WriteError> {
-        let mut conn = self.sh.pool.acquire().await?;
+    async fn process_change(
+        &mut self,
+        change: ProcessChange,
+        reason: &str,
+    ) -> Result<(), WriteError> {
+        let mut conn = self.take().await?;
         store::change_process(
             &mut conn,
             &self.sh.schema,
@@ -272,7 +348,9 @@ impl Run<'_> {
             change,
             reason,
         )
-        .await
+        .await?;
+        self.put(conn);
+        Ok(())
     }
 
     fn finished(&self, change: ProcessChange) {
@@ -397,6 +475,7 @@ impl Run<'_> {
                         Remote::Queryable => {
                             events::unknown_outcome(&self.c.kind, &name, "query");
                             let ctx = self.context(i);
+                            self.conn = None; // back to the pool for the query's duration
                             let q = tokio::time::timeout(timeout, call.query(&ctx)).await;
                             match q {
                                 Ok(Ok(Lookup::Found(done))) => {
@@ -505,8 +584,9 @@ impl Run<'_> {
                 } else {
                     format!("attempt {}", s.attempts + 1)
                 };
+                let mut conn = self.take().await?;
                 store::change_step(
-                    &self.sh.pool,
+                    &mut *conn,
                     &self.sh.schema,
                     self.c.id,
                     self.c.token,
@@ -514,6 +594,8 @@ impl Run<'_> {
                     &StepChange::Begin { reason: &reason },
                 )
                 .await?;
+                // Back to the pool for the call's duration (heartbeats need pool connections).
+                drop(conn);
                 self.steps[i].status = "running".into();
                 self.steps[i].attempts += 1;
                 if self.steps[i].first_attempt_at.is_none() {
@@ -598,7 +680,8 @@ impl Run<'_> {
     ) -> Result<Option<TurnEnd>, WriteError> {
         let group = self.local_group(i, first);
         let saved: Vec<StepRow> = group.iter().map(|(j, _)| self.steps[*j].clone()).collect();
-        let mut tx = self.sh.pool.begin().await?;
+        let mut conn = self.take().await?;
+        let mut tx = conn.begin().await?;
         let mut done: Vec<(usize, Done, Duration)> = Vec::with_capacity(group.len());
         for (k, (j, (step, retry, timeout))) in group.iter().enumerate() {
             let (j, retry, timeout) = (*j, *retry, *timeout);
@@ -608,17 +691,26 @@ impl Run<'_> {
             let started = Instant::now();
             let ctx = self.context(j);
             let r = tokio::time::timeout(timeout, step.run(&ctx, &mut tx)).await;
-            let e = match r {
+            let (e, timed_out) = match r {
                 Ok(Ok(d)) => {
                     // Visible to the next steps of the group (their outputs and references).
                     self.mark_succeeded(j, false, d.clone());
                     done.push((j, d, started.elapsed()));
                     continue;
                 }
-                Ok(Err(e)) => e,
-                Err(_) => StepError::transient(format!("timed out after {timeout:?}; rolled back")),
+                Ok(Err(e)) => (e, false),
+                Err(_) => (
+                    StepError::transient(format!("timed out after {timeout:?}; rolled back")),
+                    true,
+                ),
             };
             drop(tx); // rolls the effects back
+            if timed_out {
+                // The step's future was dropped mid-statement: the pool tests the connection.
+                drop(conn);
+            } else {
+                self.put(conn);
+            }
             for ((j, _), row) in group.iter().zip(saved) {
                 self.steps[*j] = row;
             }
@@ -661,6 +753,7 @@ impl Run<'_> {
         }
         fenced?;
         tx.commit().await?;
+        self.put(conn);
         for (j, _, took) in &done {
             events::step_attempt(
                 &self.c.kind,
@@ -701,7 +794,8 @@ impl Run<'_> {
         started: Instant,
     ) -> Result<Option<TurnEnd>, WriteError> {
         let last = self.is_last(i);
-        let mut tx = self.sh.pool.begin().await?;
+        let mut conn = self.take().await?;
+        let mut tx = conn.begin().await?;
         let fenced = store::change_step(
             &mut *tx,
             &self.sh.schema,
@@ -738,6 +832,7 @@ impl Run<'_> {
             .await?;
         }
         tx.commit().await?;
+        self.put(conn);
         events::step_attempt(
             &self.c.kind,
             &self.steps[i].name,
@@ -821,12 +916,14 @@ impl Run<'_> {
             class.as_str(),
             at.to_rfc3339()
         );
+        let seq = s.seq;
+        let mut conn = self.take().await?;
         store::change_step(
-            &self.sh.pool,
+            &mut *conn,
             &self.sh.schema,
             self.c.id,
             self.c.token,
-            s.seq,
+            seq,
             &StepChange::Retryable {
                 class: class.as_str(),
                 message: &message,
@@ -836,6 +933,7 @@ impl Run<'_> {
             },
         )
         .await?;
+        self.put(conn);
         let s = &mut self.steps[i];
         s.status = "retryable".into();
         s.attempts = attempts;
@@ -866,7 +964,8 @@ impl Run<'_> {
             "step {} failed ({}): {message}",
             self.steps[i].name, e.class
         );
-        let mut tx = self.sh.pool.begin().await?;
+        let mut conn = self.take().await?;
+        let mut tx = conn.begin().await?;
         store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
         store::change_step(
             &mut *tx,
@@ -885,6 +984,7 @@ impl Run<'_> {
         self.steps[i].status = "failed".into();
         let end = self.begin_compensation(&mut tx, &reason).await?;
         tx.commit().await?;
+        self.put(conn);
         events::step_attempt(
             &self.c.kind,
             &self.steps[i].name,
@@ -966,7 +1066,9 @@ impl Run<'_> {
             return Ok(Some(TurnEnd::Finished));
         }
         self.phase = Phase::Compensating;
-        self.steps = store::steps(&self.sh.pool, &self.sh.schema, self.c.id).await?;
+        let mut conn = self.take().await?;
+        self.steps = store::steps(&mut conn, &self.sh.schema, self.c.id).await?;
+        self.put(conn);
         Ok(None)
     }
 
@@ -980,7 +1082,8 @@ impl Run<'_> {
         reason: &str,
     ) -> Result<(), WriteError> {
         let message = message.map(redact::message);
-        let mut tx = self.sh.pool.begin().await?;
+        let mut conn = self.take().await?;
+        let mut tx = conn.begin().await?;
         store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
         if self.steps[i].status != "manual_review" {
             store::change_step(
@@ -1008,6 +1111,7 @@ impl Run<'_> {
         )
         .await?;
         tx.commit().await?;
+        self.put(conn);
         self.steps[i].status = "manual_review".into();
         tracing::warn!(process = %self.c.id, kind = %self.c.kind, step = %self.steps[i].name, reason, "process needs manual review");
         events::step_attempt(

@@ -111,7 +111,7 @@ RETURNING p.id, p.kind, p.definition_version, p.business_key, p.status, p.input,
 
 /// Claims up to `limit` due processes of the known (kind, version) pairs, each with its steps.
 pub async fn claim(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     schema: &Schema,
     kinds: &[String],
     versions: &[i32],
@@ -125,7 +125,7 @@ pub async fn claim(
         .bind(limit)
         .bind(owner)
         .bind(lease.as_secs_f64())
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
     rows.iter().map(claimed).collect()
 }
@@ -224,12 +224,16 @@ const STEP_COLUMNS: &str = "seq, name, role, acts_on, remote, status, operation_
      next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output";
 
 /// Every step of a process, in order.
-pub async fn steps(pool: &PgPool, schema: &Schema, id: Uuid) -> Result<Vec<StepRow>, sqlx::Error> {
+pub async fn steps(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+) -> Result<Vec<StepRow>, sqlx::Error> {
     let rows = sqlx::query(schema.sql(&format!(
         "SELECT {STEP_COLUMNS} FROM {{{{schema}}}}.process_steps WHERE process_id = $1 ORDER BY seq"
     )))
     .bind(id)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
     rows.iter().map(step_row).collect()
 }

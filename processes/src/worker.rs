@@ -9,7 +9,7 @@
 
 use crate::definition::Registry;
 use crate::internal_events as events;
-use crate::runner::{self, Shared, TurnEnd};
+use crate::runner::{self, Shared, Spare, TurnEnd};
 use crate::start::notify_channel;
 use crate::store;
 use shared::schema::Schema;
@@ -24,7 +24,10 @@ use tokio_util::sync::CancellationToken;
 /// How a worker runs.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// Needs about `concurrency + 3` connections (the listener, heartbeats, the claim).
+    /// Needs about `concurrency + 3` connections (the claim, heartbeats; the listener has its own).
+    /// While it has work, the worker hands connections from a finished process to the next one
+    /// instead of returning them to the pool (each return and acquire costs sqlx a ping); it
+    /// returns them all when a claim finds nothing due.
     pub pool: PgPool,
     pub schema: Schema,
     /// Unique per worker process (shown as the lease owner).
@@ -109,6 +112,7 @@ impl Worker {
             lease: config.lease,
             heartbeat: config.heartbeat,
             local_group: config.local_steps_per_transaction,
+            spare: Spare::new(config.concurrency),
         };
         let wake = Arc::new(Notify::new());
         let background = CancellationToken::new();
@@ -138,20 +142,33 @@ impl Worker {
             let mut full = false;
             if free > 0 && (!woke_by_finish || free >= refill || running.is_empty()) {
                 let limit = (free as i64).min(config.claim_batch);
-                match store::claim(
-                    &config.pool,
-                    &config.schema,
-                    &kinds,
-                    &versions,
-                    limit,
-                    &config.worker_id,
-                    config.lease,
-                )
-                .await
-                {
+                let claimed = match shared.spare.take(&config.pool).await {
+                    Ok(mut conn) => {
+                        let claimed = store::claim(
+                            &mut conn,
+                            &config.schema,
+                            &kinds,
+                            &versions,
+                            limit,
+                            &config.worker_id,
+                            config.lease,
+                        )
+                        .await;
+                        if claimed.is_ok() {
+                            shared.spare.give(conn);
+                        }
+                        claimed
+                    }
+                    Err(e) => Err(e),
+                };
+                match claimed {
                     Ok(claimed) => {
                         failures = 0;
                         full = claimed.len() as i64 == limit;
+                        if claimed.is_empty() {
+                            // Nothing due: an idle worker holds no connections.
+                            shared.spare.clear();
+                        }
                         for c in claimed {
                             events::claimed(&c.kind, c.previous_owner.is_some());
                             if let Some(prev) = &c.previous_owner {
@@ -179,6 +196,7 @@ impl Worker {
                     }
                     Err(e) => {
                         failures += 1;
+                        shared.spare.clear();
                         tracing::warn!(error = %e, "claim failed; retrying");
                     }
                 }
@@ -215,6 +233,7 @@ impl Worker {
                 _ = &mut grace, if !abandon.is_cancelled() => abandon.cancel(),
             }
         }
+        shared.spare.clear();
         background.cancel();
         let _ = listener.await;
         let _ = stats.await;
