@@ -304,9 +304,10 @@ mod tests {
     #[allow(dead_code)]
     async fn start_in_is_send(tx: &mut sqlx::Transaction<'_, Postgres>, definition: &Definition) {
         let schema = Schema::default();
-        let input = std::cell::Cell::new(5);
-        let fut = assert_send(start_in(tx, &schema, definition, "k", &input));
-        drop(input);
+        let fut = {
+            let input = std::cell::Cell::new(5);
+            assert_send(start_in(tx, &schema, definition, "k", &input))
+        };
         let _ = fut.await;
     }
 
