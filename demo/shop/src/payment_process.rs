@@ -13,6 +13,8 @@
 //! 3. `record_capture` (local): payment `succeeded`, order `paid`, `payment.captured` (the
 //!    ledger's `account` and `amount`) in one transaction. An order that is no longer reserved for
 //!    this payment (cancelled meanwhile) fails the step permanently: the charge needs its refund.
+//!    The charge id comes from the charge's output, or from the evidence of an operator who
+//!    resolved the charge as succeeded (the provider's charge id).
 //!
 //! The API starts the process with [`start`] in the request's effect transaction; `producer
 //! worker` runs it with [`definition`] and a provider [`Client`]. docs/payment-flow.md tells the
@@ -422,10 +424,13 @@ impl LocalStep for Record {
             let input = input(ctx)?;
             let span = step_span(ctx, &input);
             async move {
+                // The charge's output, or, for a charge an operator resolved as succeeded, the
+                // evidence they gave (the provider's charge id).
                 let charge_id = ctx
                     .outputs
                     .get("charge")
                     .and_then(|o| o["charge_id"].as_str())
+                    .or_else(|| ctx.references.get("charge").map(String::as_str))
                     .ok_or_else(|| StepError::permanent("the charge left no charge id"))?
                     .to_string();
                 let order: Option<(String, Option<Uuid>)> = sqlx::query_as(
