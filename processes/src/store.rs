@@ -85,19 +85,19 @@ WITH c AS (
       AND p.next_run_at <= now() AND (p.lease_until IS NULL OR p.lease_until < now())
       AND (p.kind, p.definition_version) IN (SELECT k, v FROM unnest($1::text[], $2::int[]) AS u(k, v))
     ORDER BY p.next_run_at
-    LIMIT $3
+    LIMIT {{limit}}
     FOR UPDATE OF p SKIP LOCKED
 )
 UPDATE {{schema}}.processes p SET
     status = CASE WHEN p.status IN ('pending', 'waiting') THEN 'running' ELSE p.status END,
     last_reason = CASE
-        WHEN c.previous_owner IS NOT NULL THEN 'lease of ' || c.previous_owner || ' expired; taken over by ' || $4
-        WHEN p.status IN ('pending', 'waiting') THEN 'claimed by ' || $4
+        WHEN c.previous_owner IS NOT NULL THEN 'lease of ' || c.previous_owner || ' expired; taken over by ' || $3
+        WHEN p.status IN ('pending', 'waiting') THEN 'claimed by ' || $3
         ELSE p.last_reason END,
     last_actor = 'system',
-    lease_owner = $4,
-    lease_until = now() + make_interval(secs => $5::float8),
-    next_run_at = now() + make_interval(secs => $5::float8),
+    lease_owner = $3,
+    lease_until = now() + make_interval(secs => $4::float8),
+    next_run_at = now() + make_interval(secs => $4::float8),
     lease_token = nextval('{{schema}}.process_lease_tokens'),
     attempt = p.attempt + 1,
     updated_at = now()
@@ -110,6 +110,10 @@ RETURNING p.id, p.kind, p.definition_version, p.business_key, p.status, p.input,
               FROM {{schema}}.process_steps WHERE process_id = p.id) s) AS steps";
 
 /// Claims up to `limit` due processes of the known (kind, version) pairs, each with its steps.
+///
+/// The limit is written into the statement, not bound: with a bound limit PostgreSQL plans every
+/// claim anew (the plan for the actual limit always looks cheaper than the generic one), with a
+/// literal one it keeps a generic plan per limit after five claims.
 pub async fn claim(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -119,10 +123,10 @@ pub async fn claim(
     owner: &str,
     lease: Duration,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
-    let rows = sqlx::query(schema.sql(CLAIM))
+    let sql = CLAIM.replace("{{limit}}", &limit.max(1).to_string());
+    let rows = sqlx::query(schema.sql(&sql))
         .bind(kinds)
         .bind(versions)
-        .bind(limit)
         .bind(owner)
         .bind(lease.as_secs_f64())
         .fetch_all(&mut *conn)
@@ -470,10 +474,8 @@ pub struct LocalSuccess<'a> {
     pub output: Option<&'a Value>,
 }
 
+/// The step updates of a checkpoint; `{{fence}}` is the condition that the token is current.
 const CHECKPOINT_STEPS: &str = "\
-    fence AS (
-        SELECT id FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE
-    ),
     s AS (
         UPDATE {{schema}}.process_steps s SET
             status = 'succeeded',
@@ -489,13 +491,24 @@ const CHECKPOINT_STEPS: &str = "\
             lease_token = $2,
             updated_at = now()
         FROM unnest($3::int[], $4::text[], $5::text[]) AS u(seq, reference, output)
-        WHERE s.process_id = $1 AND s.seq = u.seq AND EXISTS (SELECT 1 FROM fence)
+        WHERE s.process_id = $1 AND s.seq = u.seq AND {{fence}}
         RETURNING 1
     )";
 
-/// The process's end after its last steps, in the checkpoint's statement: it reads the step
-/// updates' count, so it runs after them (and its trigger, which checks the evidence, sees them).
-const CHECKPOINT_FINISH: &str = ",
+/// Without the process's end: the fence locks the process row (to commit) if the token is current.
+const CHECKPOINT_ONLY: &str = "\
+WITH fence AS (
+    SELECT id FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE
+), {{steps}}
+SELECT (SELECT count(*) FROM s) AS steps, 1::bigint AS processes";
+
+/// With the process's end, which reads the step updates' count, so it runs after them (and its
+/// trigger, which checks the evidence, sees them). The process update is the fence: it locks the
+/// row and, under the lock, finds the token current or matches nothing (a concurrent takeover is
+/// re-checked on the row it committed). The steps' own check is only a read; if the process then
+/// matches nothing, the caller rolls the step updates back with everything else.
+const CHECKPOINT_FINISH: &str = "\
+WITH {{steps}},
     p AS (
         UPDATE {{schema}}.processes SET status = $6, lease_owner = NULL, lease_until = NULL,
             next_run_at = now(), finished_at = now(), last_reason = $7, last_actor = 'system',
@@ -504,9 +517,6 @@ const CHECKPOINT_FINISH: &str = ",
         RETURNING 1
     )
 SELECT (SELECT count(*) FROM s) AS steps, (SELECT count(*) FROM p) AS processes";
-
-const CHECKPOINT_ONLY: &str = "
-SELECT (SELECT count(*) FROM s) AS steps, 1::bigint AS processes";
 
 /// How a checkpoint ends the process, when its steps were the phase's last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -530,7 +540,7 @@ impl Finish {
 /// every step in `done` becomes succeeded (an attempt counted, its reference as the result) and,
 /// with `finish`, the process ends and its lease is released. The statement takes the fence
 /// itself (the process row, locked to commit, must carry `token`), so the effects commit with
-/// their checkpoints or, fenced, not at all: the caller must then roll back.
+/// their checkpoints or, fenced, not at all: on [`Fenced`] the caller must roll back.
 pub async fn checkpoint_local(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -548,14 +558,15 @@ pub async fn checkpoint_local(
         .iter()
         .map(|d| d.output.map(Value::to_string))
         .collect();
-    let sql = format!(
-        "WITH {CHECKPOINT_STEPS}{}",
-        if finish.is_some() {
-            CHECKPOINT_FINISH
-        } else {
-            CHECKPOINT_ONLY
-        }
-    );
+    let (template, fence) = if finish.is_some() {
+        (
+            CHECKPOINT_FINISH,
+            "EXISTS (SELECT 1 FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2)",
+        )
+    } else {
+        (CHECKPOINT_ONLY, "EXISTS (SELECT 1 FROM fence)")
+    };
+    let sql = template.replace("{{steps}}", &CHECKPOINT_STEPS.replace("{{fence}}", fence));
     let mut q = sqlx::query(schema.sql(&sql))
         .bind(id)
         .bind(token)
@@ -571,7 +582,7 @@ pub async fn checkpoint_local(
     let steps: i64 = r.try_get("steps")?;
     let processes: i64 = r.try_get("processes")?;
     match (steps, processes) {
-        (0, _) => Err(Fenced.into()),
+        (0, _) | (_, 0) => Err(Fenced.into()),
         (n, 1) if n == done.len() as i64 => Ok(()),
         // The claim loaded these steps under the same token: a missing row is a bug, never data.
         (n, p) => Err(WriteError::Database(sqlx::Error::Protocol(format!(
