@@ -1,7 +1,9 @@
 //! Runs one claimed process until it finishes, waits, needs a person, or the lease is lost.
 //!
 //! The worker holds the lease for the whole turn (heartbeats extend it during long calls) and
-//! runs steps in order. A local step's effect and checkpoint commit in one fenced transaction.
+//! runs steps in order. A local step's effect and checkpoint commit in one transaction, whose
+//! checkpoint statement takes the fence; consecutive local steps share that transaction and that
+//! statement (a *local group*, [`Run::run_local`]).
 //! An external step commits its attempt first, then calls; if the previous attempt's outcome is
 //! unknown (its worker died mid-call, or it timed out) what happens depends on the remote:
 //! same key again, a status query first, or manual review. Nothing is ever marked done
@@ -69,7 +71,7 @@ enum Next {
 
 /// Connections handed from a turn that ended to the next one while the worker has work, so a
 /// process does not cost a pool acquire and release (sqlx pings the server on both). The worker
-/// empties it whenever a claim finds less work than it asked for: an idle worker holds nothing.
+/// empties it whenever a claim finds nothing due (and on shutdown): an idle worker holds nothing.
 /// A turn gives its connection back to the pool before an external call (it may be long; the
 /// heartbeats need pool connections meanwhile) and drops it after a database error.
 #[derive(Debug, Clone, Default)]
