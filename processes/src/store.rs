@@ -131,7 +131,19 @@ pub async fn claim(
         .bind(lease.as_secs_f64())
         .fetch_all(&mut *conn)
         .await?;
-    rows.iter().map(claimed).collect()
+    // One unreadable row must not hold up the others: it is left to its lease (and claimed and
+    // skipped again after it), as a process whose steps cannot be read always was.
+    Ok(rows
+        .iter()
+        .filter_map(|r| match claimed(r) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                let id: Option<Uuid> = r.try_get("id").ok();
+                tracing::warn!(process = ?id, error = %e, "claimed process unreadable; left to its lease");
+                None
+            }
+        })
+        .collect())
 }
 
 fn claimed(r: &PgRow) -> Result<Claimed, sqlx::Error> {

@@ -1,6 +1,7 @@
 //! Consecutive local steps of one process run in one transaction (a local group): every effect
 //! commits with its own checkpoint or not at all, a step that fails inside a group leaves the
 //! steps before it committed once, and a group whose lease was taken over commits nothing.
+//! A claimed process whose rows cannot be read is skipped without holding up the others.
 //! In-process workers against the real PostgreSQL.
 
 use processes::{
@@ -367,5 +368,29 @@ async fn a_group_whose_lease_was_taken_over_meanwhile_commits_nothing() {
         (status.as_str(), owner.as_deref()),
         ("running", Some("other"))
     );
+    db.pool.close().await;
+}
+
+#[tokio::test]
+async fn a_claimed_process_whose_steps_cannot_be_read_holds_up_no_other() {
+    let db = setup().await;
+    let probe = Probe::default();
+    let poisoned = start(&db.pool, &probe, "poisoned", json!({})).await;
+    // A timestamp the worker cannot represent: its claim returns the row, the worker skips it.
+    sqlx::query(
+        "UPDATE outbox.process_steps SET status = 'retryable', error_class = 'transient', \
+         next_attempt_at = 'infinity', last_reason = 'test: unreadable' WHERE process_id = $1 AND seq = 1",
+    )
+    .bind(poisoned)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let fine = start(&db.pool, &probe, "fine", json!({})).await;
+    let (stop, handle) = worker(&db.pool, &probe);
+    wait_status(&db.pool, fine, "succeeded").await;
+    stop.cancel();
+    handle.await.unwrap();
+    assert_eq!(effects(&db.pool, fine).await, ["a", "b", "c"]);
+    assert!(effects(&db.pool, poisoned).await.is_empty());
     db.pool.close().await;
 }
