@@ -367,6 +367,11 @@ impl CpuSnapshot {
 
     /// "machine 97% busy; cpu ms per 1000 msgs: rabbitmq 80, postgres 40, relay 30".
     pub fn report_since(&self, earlier: &CpuSnapshot, messages: u64) -> String {
+        self.report_per(earlier, messages, "msgs")
+    }
+
+    /// [`report_since`](Self::report_since) per 1000 of `what`.
+    pub fn report_per(&self, earlier: &CpuSnapshot, messages: u64, what: &str) -> String {
         let mut parts = Vec::new();
         for (g, t) in &self.groups {
             let before = earlier.groups.get(g).copied().unwrap_or(0);
@@ -380,7 +385,7 @@ impl CpuSnapshot {
             _ => 0.0,
         };
         format!(
-            "machine {:.0}% busy over {secs:.1} s; CPU ms per 1000 msgs: {}",
+            "machine {:.0}% busy over {secs:.1} s; CPU ms per 1000 {what}: {}",
             self.busy_since(earlier) * 100.0,
             parts.join(", ")
         )

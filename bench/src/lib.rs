@@ -5,6 +5,7 @@
 //! - [`env`]: a fresh bench database and exchange per run, child processes of the release binaries.
 //! - [`scenarios`]: the measurements.
 //! - [`process_scenario`]: recoverable processes (3-step no-op) against the commit ceiling.
+//! - [`wire_count`]: a proxy that counts PostgreSQL round trips on the wire.
 //!
 //! Ratios compare with ceilings measured in the same run, because absolute numbers drift on a shared machine.
 
@@ -12,6 +13,7 @@ pub mod env;
 pub mod process_scenario;
 pub mod report;
 pub mod scenarios;
+pub mod wire_count;
 
 use clap::Parser;
 use report::Line;

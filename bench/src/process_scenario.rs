@@ -1,13 +1,19 @@
 //! The `processes` scenario: a 3-step no-op process (local steps) run by several workers.
 //!
 //! Measures, in one run: the PostgreSQL commit ceiling (single-row autocommit INSERTs on as many
-//! connections as the workers use), the drain rate of a backlog (processes/s and steps/s), the
-//! start-to-succeeded latency at a steady 100 processes/s (from the database's own timestamps),
-//! and the commits per step (from `pg_stat_database`). Round trips per step are counted from the
-//! code path (see docs/processes.md), since pg_stat_statements is not loaded here.
+//! connections as the workers use); the drain rate of a backlog (processes/s, steps/s, where the
+//! CPU went), once with workers started for it (cold: connections, prepared statements and
+//! PL/pgSQL caches are made during it) and once with the same workers running (warm: the
+//! backlog committed in one transaction, the steady state of long-running workers); the
+//! start-to-succeeded latency at a steady 100 processes/s (from the database's own timestamps);
+//! and the round trips, statements and commits per step, counted on the wire by a proxy in front
+//! of warm workers' connections ([`crate::wire_count`]) in a separate drain (the proxy costs CPU
+//! of its own, so the timed drains run without it). `pg_stat_database` is not used for commits:
+//! backends report to it up to seconds late, which skews windows of a few seconds.
 
-use crate::env::BenchEnv;
+use crate::env::{BenchEnv, CpuSnapshot};
 use crate::report::Line;
+use crate::wire_count::WireCounter;
 use hdrhistogram::Histogram;
 use processes::{
     Definition, Done, LocalStep, Registry, Step, StepContext, StepFuture, Worker, WorkerConfig,
@@ -17,8 +23,23 @@ use sqlx::{PgConnection, PgPool};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-const WORKERS: usize = 4;
-const CONCURRENCY: usize = 16;
+/// Workers (each its own pool), `BENCH_PROCESS_WORKERS` (default 4).
+fn workers() -> usize {
+    env_usize("BENCH_PROCESS_WORKERS", 4)
+}
+
+/// Processes each worker runs at once, `BENCH_PROCESS_CONCURRENCY` (default 16).
+fn concurrency() -> usize {
+    env_usize("BENCH_PROCESS_CONCURRENCY", 16)
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
 
 struct Noop;
 
@@ -33,14 +54,6 @@ fn definition() -> Definition {
         .step(Step::local("one", Noop))
         .step(Step::local("two", Noop))
         .step(Step::local("three", Noop))
-}
-
-async fn commits(pool: &PgPool) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
-    )
-    .fetch_one(pool)
-    .await?)
 }
 
 async fn succeeded(pool: &PgPool) -> anyhow::Result<i64> {
@@ -77,24 +90,56 @@ async fn start_many(pool: &PgPool, from: u64, n: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts `n` processes in one transaction: the workers see the whole backlog at its commit.
+/// Returns the database's clock just before the commit (a drain timed from it is not shorter
+/// than it was).
+async fn start_backlog(
+    pool: &PgPool,
+    from: u64,
+    n: u64,
+) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    let def = definition();
+    let schema = Schema::default();
+    let mut tx = pool.begin().await?;
+    for i in from..from + n {
+        let key = format!("p{i}");
+        processes::start_in(&mut tx, &schema, &def, &key, &serde_json::json!({ "i": i })).await?;
+    }
+    let at = db_now(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(at)
+}
+
+/// What autovacuum would have done by now (it may be off on a test server, as it is here): dead
+/// rows of earlier phases removed, statistics of the grown tables.
+async fn vacuum(env: &BenchEnv) -> anyhow::Result<()> {
+    env.without_timeout(&[
+        "VACUUM ANALYZE outbox.processes",
+        "VACUUM ANALYZE outbox.process_steps",
+        "VACUUM ANALYZE outbox.process_history",
+    ])
+    .await
+}
+
 struct Workers {
     stop: CancellationToken,
     handles: Vec<tokio::task::JoinHandle<()>>,
     pools: Vec<PgPool>,
 }
 
-async fn spawn_workers(env: &BenchEnv) -> anyhow::Result<Workers> {
+async fn spawn_workers(url: &str) -> anyhow::Result<Workers> {
     let stop = CancellationToken::new();
     let mut handles = Vec::new();
     let mut pools = Vec::new();
-    for w in 0..WORKERS {
+    let (workers, concurrency) = (workers(), concurrency());
+    for w in 0..workers {
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(CONCURRENCY as u32 + 2)
-            .connect(&env.db_url)
+            .max_connections(concurrency as u32 + 2)
+            .connect(url)
             .await?;
         let mut config = WorkerConfig::new(pool.clone(), Schema::default(), format!("bench-{w}"));
-        config.concurrency = CONCURRENCY;
-        config.claim_batch = CONCURRENCY as i64;
+        config.concurrency = concurrency;
+        config.claim_batch = concurrency as i64;
         config.poll_interval = Duration::from_millis(200);
         config.stats_interval = Duration::from_secs(3600);
         let registry = Registry::new().with(definition())?;
@@ -165,59 +210,53 @@ async fn commit_ceiling(env: &BenchEnv, connections: usize, secs: Duration) -> a
 pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let mut lines = Vec::new();
     env.settle().await?;
-    let ceiling = commit_ceiling(env, WORKERS * CONCURRENCY, env.secs(5.0, 1.0)).await?;
+    let (n_workers, concurrency) = (workers(), concurrency());
+    let ceiling = commit_ceiling(env, n_workers * concurrency, env.secs(5.0, 1.0)).await?;
     lines.push(
         Line::new("processes commit ceiling", ceiling, "commits/s").note(format!(
             "single-row autocommit INSERTs on {} connections",
-            WORKERS * CONCURRENCY
+            n_workers * concurrency
         )),
     );
 
-    // Drain: a backlog started before the workers, then timed until the last one succeeded.
+    // Cold drain: a backlog started before the workers, timed from the workers' start (their
+    // connections, prepared statements and PL/pgSQL caches are made during it).
     let n = env.n(20_000, 500);
     start_many(&env.pool, 0, n).await?;
-    sqlx::query("ANALYZE outbox.processes")
-        .execute(&env.pool)
-        .await?;
-    sqlx::query("ANALYZE outbox.process_steps")
-        .execute(&env.pool)
-        .await?;
+    vacuum(env).await?;
     env.settle().await?;
-    let commits_before = commits(&env.pool).await?;
     let started = Instant::now();
-    let workers = spawn_workers(env).await?;
-    loop {
-        if succeeded(&env.pool).await? >= n as i64 {
-            break;
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "drain did not finish in 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let took = started.elapsed().as_secs_f64();
-    let commits_after = commits(&env.pool).await?;
+    let t0 = db_now(&env.pool).await?;
+    let workers = spawn_workers(&env.db_url).await?;
+    let t1 = wait_succeeded(&env.pool, n, started).await?;
+    let cold = n as f64 / secs_between(t0, t1);
+    lines.push(
+        Line::new("processes drain, cold workers", cold, "processes/s").note(format!(
+            "{n} processes started before {n_workers} new workers x {concurrency}, timed from the workers' start"
+        )),
+    );
+
+    // Warm drain: the same workers, now idle, get a backlog committed in one transaction.
+    vacuum(env).await?;
+    env.settle().await?;
+    let mut done = n;
+    let t0 = start_backlog(&env.pool, done, n).await?;
+    let cpu = CpuSnapshot::take();
+    let started = Instant::now();
+    done += n;
+    let t1 = wait_succeeded(&env.pool, done, started).await?;
+    let took = secs_between(t0, t1);
+    let cpu_note = CpuSnapshot::take().report_per(&cpu, n, "processes");
     let rate = n as f64 / took;
-    let steps = 3.0 * n as f64;
-    // Every poll above is one commit too; they are few (one per 20 ms).
-    let polls = (took / 0.02).ceil();
-    let per_step = ((commits_after - commits_before) as f64 - polls).max(0.0) / steps;
+    let steps_per_s = 3.0 * n as f64 / took;
     lines.push(
         Line::new("processes drain", rate, "processes/s")
             .at_least(1000.0)
             .note(format!(
-                "{n} 3-step no-op processes, {WORKERS} workers x {CONCURRENCY}; {:.0} steps/s",
-                steps / took
+                "{n} 3-step no-op processes (local steps) committed at once, {n_workers} running workers x {concurrency}; {cpu_note}"
             )),
     );
-    lines.push(
-        Line::new("processes drain", rate / ceiling, "of commit ceiling")
-            .note(format!("ceiling {ceiling:.0} commits/s")),
-    );
-    lines.push(Line::new("processes commits per step", per_step, "commits").note(
-        "pg_stat_database xact_commit during the drain (claims included) / steps; round trips per local step: 4 (BEGIN, fence, checkpoint, COMMIT), +1 on the last step (process update); +2 per process (claim share, step load)",
-    ));
+    lines.push(Line::new("processes drain steps", steps_per_s, "steps/s"));
 
     // Latency at a steady 100 processes/s, with the workers idle between starts.
     let secs = env.secs(20.0, 2.0);
@@ -235,16 +274,8 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         )
         .await?;
     }
-    loop {
-        if succeeded(&env.pool).await? >= (n + total) as i64 {
-            break;
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "latency run did not finish"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    done += total;
+    wait_succeeded(&env.pool, done, started).await?;
     workers.stop().await;
     let micros: Vec<i64> = sqlx::query_scalar(
         "SELECT (extract(epoch FROM finished_at - created_at) * 1e6)::bigint FROM outbox.processes \
@@ -272,5 +303,114 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         ms(h.max()),
         "ms",
     ));
+
+    // Round trips on the wire: new workers behind the proxy, warmed on a first backlog, then
+    // counted while they drain a second one (committed at once, like the warm drain).
+    let m = env.n(2_000, 300);
+    let upstream = upstream_addr(&env.db_url).await?;
+    let proxy = WireCounter::start(upstream).await?;
+    let workers = spawn_workers(&proxy.url_for(&env.db_url)?).await?;
+    let started = Instant::now();
+    start_many(&env.pool, done, m).await?;
+    done += m;
+    wait_succeeded(&env.pool, done, started).await?;
+    start_backlog(&env.pool, done, m).await?;
+    let before = proxy.counts();
+    let started = Instant::now();
+    done += m;
+    wait_succeeded(&env.pool, done, started).await?;
+    let c = proxy.counts().since(&before);
+    workers.stop().await;
+    let steps = (3 * m) as f64;
+    let per_step = |v: u64| v as f64 / steps;
+    let mut kinds: Vec<(String, u64)> = c.statements.into_iter().collect();
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+    let breakdown: Vec<String> = kinds
+        .iter()
+        .take(6)
+        .map(|(k, v)| format!("{:.2} {k}", *v as f64 / m as f64))
+        .collect();
+    lines.push(
+        Line::new("processes round trips per step", per_step(c.round_trips), "round trips").note(format!(
+            "counted on the wire (Sync and Query messages) from warm workers' connections while they drained {m} processes; per process: {:.2} pings, {}",
+            c.pings as f64 / m as f64,
+            breakdown.join("; ")
+        )),
+    );
+    let commits_per_step = per_step(c.transactions);
+    lines.push(
+        Line::new("processes commits per step", commits_per_step, "commits").note(
+            "transactions ended on those connections (commits, autocommit statements and rollbacks, read-only ones included), counted on the wire",
+        ),
+    );
+    lines.push(
+        Line::new(
+            "processes drain commits",
+            steps_per_s * commits_per_step,
+            "commits/s",
+        )
+        .vs_ceiling(ceiling, None)
+        .note("drain steps/s x commits per step, against the same run's commit ceiling"),
+    );
     Ok(lines)
+}
+
+const POLL: Duration = Duration::from_millis(20);
+
+/// Waits until no process is left to run (one cheap query per [`POLL`]: the due index holds only
+/// unfinished processes), then checks that `n` succeeded. Returns the database's time of the last
+/// finish.
+async fn wait_succeeded(
+    pool: &PgPool,
+    n: u64,
+    started: Instant,
+) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    loop {
+        let busy: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox.processes \
+             WHERE status IN ('pending', 'running', 'waiting', 'compensating') AND NOT paused)",
+        )
+        .fetch_one(pool)
+        .await?;
+        if !busy {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "processes still running after 10 minutes"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let done = succeeded(pool).await?;
+    anyhow::ensure!(done >= n as i64, "{done} processes succeeded, {n} expected");
+    Ok(
+        sqlx::query_scalar("SELECT max(finished_at) FROM outbox.processes")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// The database's clock, to time a drain against `finished_at`.
+async fn db_now<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+    Ok(sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(executor)
+        .await?)
+}
+
+fn secs_between(from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>) -> f64 {
+    (to - from).num_microseconds().unwrap_or(0).max(1) as f64 / 1e6
+}
+
+/// host:port of a `postgres://user@host:port/db` URL.
+async fn upstream_addr(url: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let host_port = url
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .ok_or_else(|| anyhow::anyhow!("database url without host"))?;
+    tokio::net::lookup_host(host_port)
+        .await?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{host_port} does not resolve"))
 }

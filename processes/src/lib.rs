@@ -8,8 +8,9 @@
 //!   compensation.
 //! - [`start`](mod@start): start a process inside the caller's transaction (once per kind and business key);
 //!   revise one (changed input is a new linked process).
-//! - [`worker`]: claims due processes with `FOR UPDATE SKIP LOCKED` and a lease whose fencing
-//!   token grows on every claim; [`runner`] runs one claimed process step by step; every write
+//! - [`worker`]: claims due processes (with their steps) with `FOR UPDATE SKIP LOCKED` and a
+//!   lease whose fencing token grows on every claim; `runner` runs one claimed process step by
+//!   step, consecutive local steps in one transaction with one checkpoint statement; every write
 //!   goes through [`store`], fenced by the token.
 //! - [`admin`]: what operators see and may do (list, get with history, the actions allowed now).
 //! - [`redact`]: inputs and messages as stored for display.

@@ -1,13 +1,15 @@
 //! Runs one claimed process until it finishes, waits, needs a person, or the lease is lost.
 //!
 //! The worker holds the lease for the whole turn (heartbeats extend it during long calls) and
-//! runs steps in order. A local step's effect and checkpoint commit in one fenced transaction.
+//! runs steps in order. A local step's effect and checkpoint commit in one transaction, whose
+//! checkpoint statement takes the fence; consecutive local steps share that transaction and that
+//! statement (a *local group*, [`Run::run_local`]).
 //! An external step commits its attempt first, then calls; if the previous attempt's outcome is
 //! unknown (its worker died mid-call, or it timed out) what happens depends on the remote:
 //! same key again, a status query first, or manual review. Nothing is ever marked done
 //! without the evidence the remote or the local transaction gave.
 
-use crate::definition::{Action, Definition, Done, Lookup, Remote, Role, StepContext};
+use crate::definition::{Action, Definition, Done, LocalStep, Lookup, Remote, Role, StepContext};
 use crate::error::{ErrorClass, StepError};
 use crate::internal_events as events;
 use crate::redact;
@@ -15,19 +17,27 @@ use crate::retry::RetryPolicy;
 use crate::store::{self, Claimed, Fenced, ProcessChange, StepChange, StepRow, WriteError};
 use chrono::Utc;
 use shared::schema::Schema;
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgPool, Postgres};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// A local step's action with its retry policy and timeout.
+type LocalAction = (Arc<dyn LocalStep>, RetryPolicy, Duration);
+
 /// What the worker shares with every run.
 #[derive(Debug, Clone)]
 pub(crate) struct Shared {
     pub pool: PgPool,
+    /// Connections of turns that ended, for the next turns while the worker has work.
+    pub spare: Spare,
     pub schema: Schema,
     pub lease: Duration,
     pub heartbeat: Duration,
+    /// Most consecutive local steps of one process run in one transaction.
+    pub local_group: usize,
 }
 
 /// How a turn ended.
@@ -59,13 +69,66 @@ enum Next {
     Compensate(String),
 }
 
+/// Connections handed from a turn that ended to the next one while the worker has work, so a
+/// process does not cost a pool acquire and release (sqlx pings the server on both). The worker
+/// empties it whenever a claim finds nothing due (and on shutdown): an idle worker holds nothing.
+/// A turn gives its connection back to the pool before an external call (it may be long; the
+/// heartbeats need pool connections meanwhile) and drops it after a database error.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Spare {
+    conns: Arc<std::sync::Mutex<Vec<PoolConnection<Postgres>>>>,
+    cap: usize,
+}
+
+impl Spare {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            conns: Arc::default(),
+            cap,
+        }
+    }
+
+    /// A spare connection, or one from the pool.
+    pub async fn take(&self, pool: &PgPool) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        let spare = self.conns.lock().ok().and_then(|mut v| v.pop());
+        match spare {
+            Some(c) => Ok(c),
+            None => pool.acquire().await,
+        }
+    }
+
+    /// Keeps `conn` for the next turn (or returns it to the pool when there are enough).
+    pub fn give(&self, conn: PoolConnection<Postgres>) {
+        if let Ok(mut v) = self.conns.lock()
+            && v.len() < self.cap
+        {
+            v.push(conn);
+        }
+    }
+
+    /// Returns every spare connection to the pool.
+    pub fn clear(&self) {
+        let drained: Vec<_> = self
+            .conns
+            .lock()
+            .map(|mut v| v.drain(..).collect())
+            .unwrap_or_default();
+        drop(drained);
+    }
+}
+
 struct Run<'a> {
     sh: &'a Shared,
+    /// The turn's connection (taken when first needed).
+    conn: Option<PoolConnection<Postgres>>,
     def: &'a Definition,
     c: Claimed,
     steps: Vec<StepRow>,
     phase: Phase,
     lost: CancellationToken,
+    /// After step k of a local group starting at step `.0` failed: the next group there has `.1`
+    /// (= k) steps.
+    group_cap: Option<(usize, usize)>,
 }
 
 /// Runs `c` (claimed with its token) with `def`. `stop` ends the turn at the next safe point;
@@ -87,26 +150,28 @@ pub(crate) async fn run(
         lost.clone(),
         beat_done.clone(),
     ));
-    let steps = store::steps(&sh.pool, &sh.schema, c.id).await;
-    let result = match steps {
-        Ok(steps) => {
-            let phase = if c.status == "compensating" {
-                Phase::Compensating
-            } else {
-                Phase::Forward
-            };
-            let mut r = Run {
-                sh,
-                def: &def,
-                c,
-                steps,
-                phase,
-                lost,
-            };
-            r.turn(&stop, &abandon).await
-        }
-        Err(e) => Err(WriteError::Database(e)),
+    let phase = if c.status == "compensating" {
+        Phase::Compensating
+    } else {
+        Phase::Forward
     };
+    let mut c = c;
+    let steps = std::mem::take(&mut c.steps);
+    let mut r = Run {
+        sh,
+        conn: None,
+        def: &def,
+        c,
+        steps,
+        phase,
+        lost,
+        group_cap: None,
+    };
+    let result = r.turn(&stop, &abandon).await;
+    // A connection that saw a database error goes back to the pool, which tests it.
+    if let (Ok(_) | Err(WriteError::Fenced(_)), Some(conn)) = (&result, r.conn.take()) {
+        sh.spare.give(conn);
+    }
     beat_done.cancel();
     let _ = beat.await;
     match result {
@@ -145,6 +210,18 @@ async fn heartbeat(
 }
 
 impl Run<'_> {
+    /// The turn's connection, taken out (give it back with [`Self::put`]).
+    async fn take(&mut self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        match self.conn.take() {
+            Some(c) => Ok(c),
+            None => self.sh.spare.take(&self.sh.pool).await,
+        }
+    }
+
+    fn put(&mut self, conn: PoolConnection<Postgres>) {
+        self.conn = Some(conn);
+    }
+
     async fn turn(
         &mut self,
         stop: &CancellationToken,
@@ -182,10 +259,12 @@ impl Run<'_> {
                     return Ok(TurnEnd::Parked);
                 }
                 Next::Compensate(reason) => {
-                    let mut tx = self.sh.pool.begin().await?;
+                    let mut conn = self.take().await?;
+                    let mut tx = conn.begin().await?;
                     store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
                     let end = self.begin_compensation(&mut tx, &reason).await?;
                     tx.commit().await?;
+                    self.put(conn);
                     if let Some(end) = self.after_compensation_began(end).await? {
                         return Ok(end);
                     }
@@ -257,8 +336,12 @@ impl Run<'_> {
         }
     }
 
-    async fn process_change(&self, change: ProcessChange, reason: &str) -> Result<(), WriteError> {
-        let mut conn = self.sh.pool.acquire().await?;
+    async fn process_change(
+        &mut self,
+        change: ProcessChange,
+        reason: &str,
+    ) -> Result<(), WriteError> {
+        let mut conn = self.take().await?;
         store::change_process(
             &mut conn,
             &self.sh.schema,
@@ -267,7 +350,9 @@ impl Run<'_> {
             change,
             reason,
         )
-        .await
+        .await?;
+        self.put(conn);
+        Ok(())
     }
 
     fn finished(&self, change: ProcessChange) {
@@ -365,72 +450,7 @@ impl Run<'_> {
         };
         let started = Instant::now();
         match action {
-            Action::Local(step) => {
-                let ctx = self.context(i);
-                let mut tx = self.sh.pool.begin().await?;
-                store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
-                let r = tokio::time::timeout(timeout, step.run(&ctx, &mut tx)).await;
-                match r {
-                    Ok(Ok(done)) => {
-                        let last = self.is_last(i);
-                        store::change_step(
-                            &mut *tx,
-                            &self.sh.schema,
-                            self.c.id,
-                            self.c.token,
-                            self.steps[i].seq,
-                            &StepChange::Succeeded {
-                                remote: false,
-                                reference: &redact::truncate(&done.reference, 500),
-                                output: done.output.as_ref(),
-                                count_attempt: true,
-                                reason: "succeeded",
-                            },
-                        )
-                        .await?;
-                        let finish = last.then_some(match self.phase {
-                            Phase::Forward => ProcessChange::Succeeded,
-                            Phase::Compensating => ProcessChange::Compensated,
-                        });
-                        if let Some(change) = finish {
-                            store::change_process(
-                                &mut tx,
-                                &self.sh.schema,
-                                self.c.id,
-                                self.c.token,
-                                change,
-                                "every step succeeded",
-                            )
-                            .await?;
-                        }
-                        tx.commit().await?;
-                        events::step_attempt(
-                            &self.c.kind,
-                            &self.steps[i].name,
-                            "succeeded",
-                            "none",
-                            started.elapsed(),
-                        );
-                        self.mark_succeeded(i, false, done);
-                        if let Some(change) = finish {
-                            self.finished(change);
-                            return Ok(Some(TurnEnd::Finished));
-                        }
-                        Ok(None)
-                    }
-                    Ok(Err(e)) => {
-                        drop(tx); // rolls the effect back
-                        self.record_error(i, e, true, retry, started).await
-                    }
-                    Err(_) => {
-                        drop(tx);
-                        let e = StepError::transient(format!(
-                            "timed out after {timeout:?}; rolled back"
-                        ));
-                        self.record_error(i, e, true, retry, started).await
-                    }
-                }
-            }
+            Action::Local(step) => self.run_local(i, (step, retry, timeout)).await,
             Action::External { remote, call } => {
                 let s = &self.steps[i];
                 let doubt = in_doubt(s);
@@ -457,6 +477,7 @@ impl Run<'_> {
                         Remote::Queryable => {
                             events::unknown_outcome(&self.c.kind, &name, "query");
                             let ctx = self.context(i);
+                            self.conn = None; // back to the pool for the query's duration
                             let q = tokio::time::timeout(timeout, call.query(&ctx)).await;
                             match q {
                                 Ok(Ok(Lookup::Found(done))) => {
@@ -565,8 +586,9 @@ impl Run<'_> {
                 } else {
                     format!("attempt {}", s.attempts + 1)
                 };
+                let mut conn = self.take().await?;
                 store::change_step(
-                    &self.sh.pool,
+                    &mut *conn,
                     &self.sh.schema,
                     self.c.id,
                     self.c.token,
@@ -574,6 +596,8 @@ impl Run<'_> {
                     &StepChange::Begin { reason: &reason },
                 )
                 .await?;
+                // Back to the pool for the call's duration (heartbeats need pool connections).
+                drop(conn);
                 self.steps[i].status = "running".into();
                 self.steps[i].attempts += 1;
                 if self.steps[i].first_attempt_at.is_none() {
@@ -611,6 +635,146 @@ impl Run<'_> {
         }
     }
 
+    /// Step `i` (local) and the local steps right after it in this phase that are due now, at
+    /// most `local_group` of them (fewer after a step of a longer group failed).
+    fn local_group(&mut self, i: usize, first: LocalAction) -> Vec<(usize, LocalAction)> {
+        let max = match self.group_cap.take() {
+            Some((first, len)) if first == i => len,
+            _ => self.sh.local_group,
+        }
+        .max(1);
+        let role = self.steps[i].role;
+        let now = Utc::now();
+        let past_deadline = self.phase == Phase::Forward
+            && self.c.deadline_at.is_some_and(|deadline| deadline <= now);
+        let mut group = vec![(i, first)];
+        for (j, s) in self.steps.iter().enumerate().skip(i + 1) {
+            if group.len() >= max || past_deadline {
+                break;
+            }
+            if s.role != role || s.status == "succeeded" {
+                continue;
+            }
+            let due = s.status == "pending"
+                || (s.status == "retryable" && s.next_attempt_at.is_none_or(|at| at <= now));
+            match self.action(j) {
+                Some((Action::Local(step), retry, timeout)) if due => {
+                    group.push((j, (step, retry, timeout)));
+                }
+                _ => break,
+            }
+        }
+        group
+    }
+
+    /// Runs local step `i`, and the local steps after it ([`Self::local_group`]), in one
+    /// transaction: each effect in turn, then one fenced checkpoint of them all (and the process's
+    /// end, if they were the last), then the commit. Every effect still commits with its own
+    /// checkpoint or not at all; a crash rolls back the whole group and the next owner runs it
+    /// again. If step k > 0 of the group fails, nothing of the group is kept: the steps before it
+    /// run again as a group of k, then step k alone, so its error is recorded against the state
+    /// the steps before it committed (a local step's code may thus run again, as after any
+    /// rollback; its effects never commit twice).
+    async fn run_local(
+        &mut self,
+        i: usize,
+        first: LocalAction,
+    ) -> Result<Option<TurnEnd>, WriteError> {
+        let group = self.local_group(i, first);
+        let saved: Vec<StepRow> = group.iter().map(|(j, _)| self.steps[*j].clone()).collect();
+        let mut conn = self.take().await?;
+        let mut tx = conn.begin().await?;
+        let mut done: Vec<(usize, Done, Duration)> = Vec::with_capacity(group.len());
+        for (k, (j, (step, retry, timeout))) in group.iter().enumerate() {
+            let (j, retry, timeout) = (*j, *retry, *timeout);
+            if self.lost.is_cancelled() {
+                return Err(Fenced.into());
+            }
+            let started = Instant::now();
+            let ctx = self.context(j);
+            let r = tokio::time::timeout(timeout, step.run(&ctx, &mut tx)).await;
+            let (e, timed_out) = match r {
+                Ok(Ok(d)) => {
+                    // Visible to the next steps of the group (their outputs and references).
+                    self.mark_succeeded(j, false, d.clone());
+                    done.push((j, d, started.elapsed()));
+                    continue;
+                }
+                Ok(Err(e)) => (e, false),
+                Err(_) => (
+                    StepError::transient(format!("timed out after {timeout:?}; rolled back")),
+                    true,
+                ),
+            };
+            drop(tx); // rolls the effects back
+            if timed_out {
+                // The step's future was dropped mid-statement: the pool tests the connection.
+                drop(conn);
+            } else {
+                self.put(conn);
+            }
+            for ((j, _), row) in group.iter().zip(saved) {
+                self.steps[*j] = row;
+            }
+            if k == 0 {
+                return self.record_error(j, e, true, retry, started).await;
+            }
+            tracing::debug!(process = %self.c.id, step = %self.steps[j].name, error = %e.message, "a step of a local group failed; running the steps before it alone first");
+            self.group_cap = Some((i, k));
+            return Ok(None);
+        }
+        let successes: Vec<store::LocalSuccess<'_>> = done
+            .iter()
+            .map(|(j, d, _)| store::LocalSuccess {
+                seq: self.steps[*j].seq,
+                reference: &d.reference,
+                output: d.output.as_ref(),
+            })
+            .collect();
+        let role = self.steps[i].role;
+        let finish = (!self
+            .steps
+            .iter()
+            .any(|s| s.role == role && s.status != "succeeded"))
+        .then_some(match self.phase {
+            Phase::Forward => (store::Finish::Succeeded, "every step succeeded"),
+            Phase::Compensating => (store::Finish::Compensated, "every compensation succeeded"),
+        });
+        let fenced = store::checkpoint_local(
+            &mut tx,
+            &self.sh.schema,
+            self.c.id,
+            self.c.token,
+            &successes,
+            finish,
+        )
+        .await;
+        if let Err(WriteError::Fenced(_)) = fenced {
+            events::fenced(&self.c.kind);
+            tracing::warn!(process = %self.c.id, step = %self.steps[i].name, "checkpoint fenced off: another worker holds the lease; the effects are rolled back");
+        }
+        fenced?;
+        tx.commit().await?;
+        self.put(conn);
+        for (j, _, took) in &done {
+            events::step_attempt(
+                &self.c.kind,
+                &self.steps[*j].name,
+                "succeeded",
+                "none",
+                *took,
+            );
+        }
+        if let Some((end, _)) = finish {
+            self.finished(match end {
+                store::Finish::Succeeded => ProcessChange::Succeeded,
+                store::Finish::Compensated => ProcessChange::Compensated,
+            });
+            return Ok(Some(TurnEnd::Finished));
+        }
+        Ok(None)
+    }
+
     fn mark_succeeded(&mut self, i: usize, remote: bool, done: Done) {
         let s = &mut self.steps[i];
         s.status = "succeeded".into();
@@ -632,7 +796,8 @@ impl Run<'_> {
         started: Instant,
     ) -> Result<Option<TurnEnd>, WriteError> {
         let last = self.is_last(i);
-        let mut tx = self.sh.pool.begin().await?;
+        let mut conn = self.take().await?;
+        let mut tx = conn.begin().await?;
         let fenced = store::change_step(
             &mut *tx,
             &self.sh.schema,
@@ -669,6 +834,7 @@ impl Run<'_> {
             .await?;
         }
         tx.commit().await?;
+        self.put(conn);
         events::step_attempt(
             &self.c.kind,
             &self.steps[i].name,
@@ -752,12 +918,14 @@ impl Run<'_> {
             class.as_str(),
             at.to_rfc3339()
         );
+        let seq = s.seq;
+        let mut conn = self.take().await?;
         store::change_step(
-            &self.sh.pool,
+            &mut *conn,
             &self.sh.schema,
             self.c.id,
             self.c.token,
-            s.seq,
+            seq,
             &StepChange::Retryable {
                 class: class.as_str(),
                 message: &message,
@@ -767,6 +935,7 @@ impl Run<'_> {
             },
         )
         .await?;
+        self.put(conn);
         let s = &mut self.steps[i];
         s.status = "retryable".into();
         s.attempts = attempts;
@@ -797,7 +966,8 @@ impl Run<'_> {
             "step {} failed ({}): {message}",
             self.steps[i].name, e.class
         );
-        let mut tx = self.sh.pool.begin().await?;
+        let mut conn = self.take().await?;
+        let mut tx = conn.begin().await?;
         store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
         store::change_step(
             &mut *tx,
@@ -816,6 +986,7 @@ impl Run<'_> {
         self.steps[i].status = "failed".into();
         let end = self.begin_compensation(&mut tx, &reason).await?;
         tx.commit().await?;
+        self.put(conn);
         events::step_attempt(
             &self.c.kind,
             &self.steps[i].name,
@@ -897,7 +1068,9 @@ impl Run<'_> {
             return Ok(Some(TurnEnd::Finished));
         }
         self.phase = Phase::Compensating;
-        self.steps = store::steps(&self.sh.pool, &self.sh.schema, self.c.id).await?;
+        let mut conn = self.take().await?;
+        self.steps = store::steps(&mut conn, &self.sh.schema, self.c.id).await?;
+        self.put(conn);
         Ok(None)
     }
 
@@ -911,7 +1084,8 @@ impl Run<'_> {
         reason: &str,
     ) -> Result<(), WriteError> {
         let message = message.map(redact::message);
-        let mut tx = self.sh.pool.begin().await?;
+        let mut conn = self.take().await?;
+        let mut tx = conn.begin().await?;
         store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
         if self.steps[i].status != "manual_review" {
             store::change_step(
@@ -939,6 +1113,7 @@ impl Run<'_> {
         )
         .await?;
         tx.commit().await?;
+        self.put(conn);
         self.steps[i].status = "manual_review".into();
         tracing::warn!(process = %self.c.id, kind = %self.c.kind, step = %self.steps[i].name, reason, "process needs manual review");
         events::step_attempt(

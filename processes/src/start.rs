@@ -5,13 +5,22 @@
 //! process starts, or does not, with the caller's business change; a consumer handler starts one
 //! in its effect transaction. The (kind, business key) pair is unique: a second start (a
 //! redelivered message, a replayed request) returns the existing process.
+//!
+//! [`start_in`] is the same start on a `&mut PgConnection` (a transaction derefs to one:
+//! `start_in(&mut tx, ...)`) in a given product schema. It is not generic, so its future is
+//! `Send` wherever the connection is: use it where the future must be `Send`, such as an axum
+//! handler or a `tokio::spawn`ed task that starts a process inside its own transaction. (The
+//! generic [`start`] cannot always be proven `Send` for `&mut PgConnection`: rustc reports
+//! "implementation of `Acquire` is not general enough", a known limit of its reasoning about
+//! higher-ranked lifetimes.)
 
 use crate::definition::Definition;
 use crate::error::Error;
 use crate::redact;
 use serde::Serialize;
 use shared::schema::Schema;
-use sqlx::{Acquire, Postgres, Row};
+use sqlx::{Acquire, PgConnection, Postgres, Row};
+use std::future::Future;
 use uuid::Uuid;
 
 /// What [`start`] did.
@@ -51,8 +60,8 @@ const LATEST: &str = "SELECT id FROM {{schema}}.processes WHERE kind = $1 AND bu
                       ORDER BY revision DESC LIMIT 1";
 
 /// Starts a process of `definition` for `business_key` with `input`, in the caller's transaction
-/// (schema `outbox`; see [`start_in`]). Returns the existing process if one was started for the
-/// same kind and key.
+/// (schema `outbox`; see [`start_in`] for another schema). Returns the existing process if one
+/// was started for the same kind and key.
 pub async fn start<'c, A, T>(
     conn: A,
     definition: &Definition,
@@ -63,21 +72,42 @@ where
     A: Acquire<'c, Database = Postgres>,
     T: Serialize + ?Sized,
 {
-    start_in(conn, &Schema::default(), definition, business_key, input).await
+    let start = prepare(definition, business_key, input);
+    let mut conn = conn.acquire().await?;
+    insert_started(
+        &mut conn,
+        &Schema::default(),
+        definition,
+        business_key,
+        start?,
+    )
+    .await
 }
 
-/// [`start`] in the product schema `schema`.
-pub async fn start_in<'c, A, T>(
-    conn: A,
-    schema: &Schema,
+/// [`start`] on `conn` (a connection, or a transaction: `&mut tx`) in the product schema
+/// `schema`. The future is `Send` (it holds the connection, the schema, the definition and the
+/// key, and the input already serialized), so a handler that must return a `Send` future can
+/// start a process inside its own transaction.
+pub fn start_in<'a, T>(
+    conn: &'a mut PgConnection,
+    schema: &'a Schema,
+    definition: &'a Definition,
+    business_key: &'a str,
+    input: &T,
+) -> impl Future<Output = Result<Started, Error>> + Send + use<'a, T>
+where
+    T: Serialize + ?Sized,
+{
+    let start = prepare(definition, business_key, input);
+    async move { insert_started(conn, schema, definition, business_key, start?).await }
+}
+
+/// The checks before any statement: the input serializes, the key and the definition are valid.
+fn prepare<T: Serialize + ?Sized>(
     definition: &Definition,
     business_key: &str,
     input: &T,
-) -> Result<Started, Error>
-where
-    A: Acquire<'c, Database = Postgres>,
-    T: Serialize + ?Sized,
-{
+) -> Result<serde_json::Value, Error> {
     let input = serde_json::to_value(input).map_err(Error::Input)?;
     if business_key.is_empty() || business_key.len() > 500 {
         return Err(Error::Invalid(
@@ -87,9 +117,18 @@ where
     definition
         .validate()
         .map_err(|e| Error::Invalid(e.to_string()))?;
-    let mut conn = conn.acquire().await?;
+    Ok(input)
+}
+
+async fn insert_started(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    definition: &Definition,
+    business_key: &str,
+    input: serde_json::Value,
+) -> Result<Started, Error> {
     let id = insert(
-        &mut conn,
+        conn,
         schema,
         definition,
         business_key,
@@ -117,7 +156,7 @@ where
 
 #[allow(clippy::too_many_arguments)]
 async fn insert(
-    conn: &mut sqlx::PgConnection,
+    conn: &mut PgConnection,
     schema: &Schema,
     definition: &Definition,
     business_key: &str,
@@ -250,4 +289,41 @@ where
     }
     tx.commit().await?;
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<F: Send>(f: F) -> F {
+        f
+    }
+
+    /// Compiles only if [`start_in`]'s future is `Send` for a transaction's connection, with an
+    /// input that is not `Sync` and is gone before the future runs (it is serialized at the call).
+    #[allow(dead_code)]
+    async fn start_in_is_send(tx: &mut sqlx::Transaction<'_, Postgres>, definition: &Definition) {
+        let schema = Schema::default();
+        let fut = {
+            let input = std::cell::Cell::new(5);
+            assert_send(start_in(tx, &schema, definition, "k", &input))
+        };
+        let _ = fut.await;
+    }
+
+    #[test]
+    fn an_invalid_key_or_input_is_refused_before_any_statement() {
+        let d = Definition::new("k", 1);
+        assert!(matches!(
+            prepare(&d, "", &serde_json::json!({})),
+            Err(Error::Invalid(_))
+        ));
+        assert!(matches!(
+            prepare(&d, &"x".repeat(501), &serde_json::json!({})),
+            Err(Error::Invalid(_))
+        ));
+        let mut bad = std::collections::HashMap::new();
+        bad.insert(vec![1u8], 1);
+        assert!(matches!(prepare(&d, "k", &bad), Err(Error::Input(_))));
+    }
 }

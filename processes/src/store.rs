@@ -1,9 +1,14 @@
 //! The worker's SQL: the claim, heartbeats, and every write fenced by the lease token.
 //!
-//! Fencing: every write locks the process row only if it still carries the writer's token
-//! (`SELECT ... WHERE id = $1 AND lease_token = $2 FOR UPDATE`). A claim takes a new token
-//! under the same row lock, so after a takeover the old owner's writes match no row: they are
-//! fenced off, and the caller gets [`Fenced`].
+//! Fencing: every write changes or locks the process row only if it still carries the writer's
+//! token (`... WHERE id = $1 AND lease_token = $2`, the lock held to commit). A claim takes a new
+//! token under the same row lock, so after a takeover the old owner's writes match no row: they
+//! are fenced off, and the caller gets [`Fenced`]. Under READ COMMITTED a fenced write that waits
+//! for a concurrent claim re-checks the token on the row the claim committed, so the check and the
+//! write are one step: there is no window between them.
+//!
+//! Round trips: the claim returns each process with its steps (no reload); a local checkpoint is
+//! one statement for any number of steps, fenced by itself ([`checkpoint_local`]).
 
 use crate::definition::{Remote, Role};
 use chrono::{DateTime, Utc};
@@ -42,6 +47,8 @@ pub struct Claimed {
     pub created_at: DateTime<Utc>,
     /// The owner whose expired lease this claim took over, if any.
     pub previous_owner: Option<String>,
+    /// Every step of the process, in order, as the claim found them.
+    pub steps: Vec<StepRow>,
 }
 
 /// One step row as the worker needs it.
@@ -78,29 +85,37 @@ WITH c AS (
       AND p.next_run_at <= now() AND (p.lease_until IS NULL OR p.lease_until < now())
       AND (p.kind, p.definition_version) IN (SELECT k, v FROM unnest($1::text[], $2::int[]) AS u(k, v))
     ORDER BY p.next_run_at
-    LIMIT $3
+    LIMIT {{limit}}
     FOR UPDATE OF p SKIP LOCKED
 )
 UPDATE {{schema}}.processes p SET
     status = CASE WHEN p.status IN ('pending', 'waiting') THEN 'running' ELSE p.status END,
     last_reason = CASE
-        WHEN c.previous_owner IS NOT NULL THEN 'lease of ' || c.previous_owner || ' expired; taken over by ' || $4
-        WHEN p.status IN ('pending', 'waiting') THEN 'claimed by ' || $4
+        WHEN c.previous_owner IS NOT NULL THEN 'lease of ' || c.previous_owner || ' expired; taken over by ' || $3
+        WHEN p.status IN ('pending', 'waiting') THEN 'claimed by ' || $3
         ELSE p.last_reason END,
     last_actor = 'system',
-    lease_owner = $4,
-    lease_until = now() + make_interval(secs => $5::float8),
-    next_run_at = now() + make_interval(secs => $5::float8),
+    lease_owner = $3,
+    lease_until = now() + make_interval(secs => $4::float8),
+    next_run_at = now() + make_interval(secs => $4::float8),
     lease_token = nextval('{{schema}}.process_lease_tokens'),
     attempt = p.attempt + 1,
     updated_at = now()
 FROM c WHERE p.id = c.id
 RETURNING p.id, p.kind, p.definition_version, p.business_key, p.status, p.input, p.lease_token,
-          p.deadline_at, p.created_at, c.previous_owner";
+          p.deadline_at, p.created_at, c.previous_owner,
+          (SELECT json_agg(s ORDER BY s.seq) FROM (
+              SELECT seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts,
+                     next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output
+              FROM {{schema}}.process_steps WHERE process_id = p.id) s) AS steps";
 
-/// Claims up to `limit` due processes of the known (kind, version) pairs.
+/// Claims up to `limit` due processes of the known (kind, version) pairs, each with its steps.
+///
+/// The limit is written into the statement, not bound: with a bound limit PostgreSQL plans every
+/// claim anew (the plan for the actual limit always looks cheaper than the generic one), with a
+/// literal one it keeps a generic plan per limit after five claims.
 pub async fn claim(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     schema: &Schema,
     kinds: &[String],
     versions: &[i32],
@@ -108,15 +123,27 @@ pub async fn claim(
     owner: &str,
     lease: Duration,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
-    let rows = sqlx::query(schema.sql(CLAIM))
+    let sql = CLAIM.replace("{{limit}}", &limit.max(1).to_string());
+    let rows = sqlx::query(schema.sql(&sql))
         .bind(kinds)
         .bind(versions)
-        .bind(limit)
         .bind(owner)
         .bind(lease.as_secs_f64())
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
-    rows.iter().map(claimed).collect()
+    // One unreadable row must not hold up the others: it is left to its lease (and claimed and
+    // skipped again after it), as a process whose steps cannot be read always was.
+    Ok(rows
+        .iter()
+        .filter_map(|r| match claimed(r) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                let id: Option<Uuid> = r.try_get("id").ok();
+                tracing::warn!(process = ?id, error = %e, "claimed process unreadable; left to its lease");
+                None
+            }
+        })
+        .collect())
 }
 
 fn claimed(r: &PgRow) -> Result<Claimed, sqlx::Error> {
@@ -131,7 +158,53 @@ fn claimed(r: &PgRow) -> Result<Claimed, sqlx::Error> {
         deadline_at: r.try_get("deadline_at")?,
         created_at: r.try_get("created_at")?,
         previous_owner: r.try_get("previous_owner")?,
+        steps: r
+            .try_get::<Option<sqlx::types::Json<Vec<StepJson>>>, _>("steps")?
+            .map(|j| j.0.into_iter().map(StepRow::from).collect())
+            .unwrap_or_default(),
     })
+}
+
+/// A step row as the claim returns it (`json_agg` of the step columns).
+#[derive(Debug, serde::Deserialize)]
+struct StepJson {
+    seq: i32,
+    name: String,
+    role: String,
+    acts_on: Option<i32>,
+    remote: Option<String>,
+    status: String,
+    operation_id: Uuid,
+    attempts: i32,
+    max_attempts: i32,
+    next_attempt_at: Option<DateTime<Utc>>,
+    first_attempt_at: Option<DateTime<Utc>>,
+    error_class: Option<String>,
+    remote_ref: Option<String>,
+    result_ref: Option<String>,
+    output: Option<Value>,
+}
+
+impl From<StepJson> for StepRow {
+    fn from(s: StepJson) -> Self {
+        StepRow {
+            seq: s.seq,
+            name: s.name,
+            role: Role::parse(&s.role).unwrap_or(Role::Resolution),
+            acts_on: s.acts_on,
+            remote: s.remote.as_deref().and_then(Remote::parse),
+            status: s.status,
+            operation_id: s.operation_id,
+            attempts: s.attempts,
+            max_attempts: s.max_attempts,
+            next_attempt_at: s.next_attempt_at,
+            first_attempt_at: s.first_attempt_at,
+            error_class: s.error_class,
+            remote_ref: s.remote_ref,
+            result_ref: s.result_ref,
+            output: s.output,
+        }
+    }
 }
 
 /// Due processes whose (kind, version) this worker does not know, by kind and version.
@@ -167,12 +240,16 @@ const STEP_COLUMNS: &str = "seq, name, role, acts_on, remote, status, operation_
      next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output";
 
 /// Every step of a process, in order.
-pub async fn steps(pool: &PgPool, schema: &Schema, id: Uuid) -> Result<Vec<StepRow>, sqlx::Error> {
+pub async fn steps(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+) -> Result<Vec<StepRow>, sqlx::Error> {
     let rows = sqlx::query(schema.sql(&format!(
         "SELECT {STEP_COLUMNS} FROM {{{{schema}}}}.process_steps WHERE process_id = $1 ORDER BY seq"
     )))
     .bind(id)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
     rows.iter().map(step_row).collect()
 }
@@ -399,6 +476,132 @@ pub async fn change_step<'e, E: sqlx::PgExecutor<'e>>(
         return Err(Fenced.into());
     }
     Ok(())
+}
+
+/// A local step that succeeded inside the caller's transaction.
+#[derive(Debug, Clone)]
+pub struct LocalSuccess<'a> {
+    pub seq: i32,
+    pub reference: &'a str,
+    pub output: Option<&'a Value>,
+}
+
+/// The step updates of a checkpoint; `{{fence}}` is the condition that the token is current.
+const CHECKPOINT_STEPS: &str = "\
+    s AS (
+        UPDATE {{schema}}.process_steps s SET
+            status = 'succeeded',
+            attempts = s.attempts + 1,
+            first_attempt_at = coalesce(s.first_attempt_at, now()),
+            last_attempt_at = now(),
+            next_attempt_at = NULL,
+            finished_at = now(),
+            result_ref = u.reference,
+            output = coalesce(u.output::jsonb, s.output),
+            last_reason = 'succeeded',
+            last_actor = 'system',
+            lease_token = $2,
+            updated_at = now()
+        FROM unnest($3::int[], $4::text[], $5::text[]) AS u(seq, reference, output)
+        WHERE s.process_id = $1 AND s.seq = u.seq AND {{fence}}
+        RETURNING 1
+    )";
+
+/// Without the process's end: the fence locks the process row (to commit) if the token is current.
+const CHECKPOINT_ONLY: &str = "\
+WITH fence AS (
+    SELECT id FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE
+), {{steps}}
+SELECT (SELECT count(*) FROM s) AS steps, 1::bigint AS processes";
+
+/// With the process's end, which reads the step updates' count, so it runs after them (and its
+/// trigger, which checks the evidence, sees them). The process update is the fence: it locks the
+/// row and, under the lock, finds the token current or matches nothing (a concurrent takeover is
+/// re-checked on the row it committed). The steps' own check is only a read; if the process then
+/// matches nothing, the caller rolls the step updates back with everything else.
+const CHECKPOINT_FINISH: &str = "\
+WITH {{steps}},
+    p AS (
+        UPDATE {{schema}}.processes SET status = $6, lease_owner = NULL, lease_until = NULL,
+            next_run_at = now(), finished_at = now(), last_reason = $7, last_actor = 'system',
+            updated_at = now()
+        WHERE id = $1 AND lease_token = $2 AND (SELECT count(*) FROM s) = cardinality($3::int[])
+        RETURNING 1
+    )
+SELECT (SELECT count(*) FROM s) AS steps, (SELECT count(*) FROM p) AS processes";
+
+/// How a checkpoint ends the process, when its steps were the phase's last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// Every forward step succeeded.
+    Succeeded,
+    /// Every compensation succeeded.
+    Compensated,
+}
+
+impl Finish {
+    fn status(self) -> &'static str {
+        match self {
+            Finish::Succeeded => "succeeded",
+            Finish::Compensated => "compensated",
+        }
+    }
+}
+
+/// The checkpoint of local steps whose effects ran in `conn`'s transaction, in one statement:
+/// every step in `done` becomes succeeded (an attempt counted, its reference as the result) and,
+/// with `finish`, the process ends and its lease is released. The statement takes the fence
+/// itself (the process row, locked to commit, must carry `token`), so the effects commit with
+/// their checkpoints or, fenced, not at all: on [`Fenced`] the caller must roll back.
+pub async fn checkpoint_local(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    token: i64,
+    done: &[LocalSuccess<'_>],
+    finish: Option<(Finish, &str)>,
+) -> Result<(), WriteError> {
+    let seqs: Vec<i32> = done.iter().map(|d| d.seq).collect();
+    let references: Vec<String> = done
+        .iter()
+        .map(|d| crate::redact::truncate(d.reference, 500))
+        .collect();
+    let outputs: Vec<Option<String>> = done
+        .iter()
+        .map(|d| d.output.map(Value::to_string))
+        .collect();
+    let (template, fence) = if finish.is_some() {
+        (
+            CHECKPOINT_FINISH,
+            "EXISTS (SELECT 1 FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2)",
+        )
+    } else {
+        (CHECKPOINT_ONLY, "EXISTS (SELECT 1 FROM fence)")
+    };
+    let sql = template.replace("{{steps}}", &CHECKPOINT_STEPS.replace("{{fence}}", fence));
+    let mut q = sqlx::query(schema.sql(&sql))
+        .bind(id)
+        .bind(token)
+        .bind(&seqs)
+        .bind(&references)
+        .bind(&outputs);
+    if let Some((end, reason)) = finish {
+        q = q
+            .bind(end.status())
+            .bind(crate::redact::truncate(reason, 1000));
+    }
+    let r = q.fetch_one(&mut *conn).await?;
+    let steps: i64 = r.try_get("steps")?;
+    let processes: i64 = r.try_get("processes")?;
+    match (steps, processes) {
+        (0, _) | (_, 0) => Err(Fenced.into()),
+        (n, 1) if n == done.len() as i64 => Ok(()),
+        // The claim loaded these steps under the same token: a missing row is a bug, never data.
+        (n, p) => Err(WriteError::Database(sqlx::Error::Protocol(format!(
+            "checkpoint matched {n} of {} step rows and {p} process rows",
+            done.len()
+        )))),
+    }
 }
 
 /// How a process row changes at the end of a worker's turn.

@@ -9,7 +9,7 @@
 
 use crate::definition::Registry;
 use crate::internal_events as events;
-use crate::runner::{self, Shared, TurnEnd};
+use crate::runner::{self, Shared, Spare, TurnEnd};
 use crate::start::notify_channel;
 use crate::store;
 use shared::schema::Schema;
@@ -24,7 +24,10 @@ use tokio_util::sync::CancellationToken;
 /// How a worker runs.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// Needs about `concurrency + 3` connections (the listener, heartbeats, the claim).
+    /// Needs about `concurrency + 3` connections (the claim, heartbeats; the listener has its own).
+    /// While it has work, the worker hands connections from a finished process to the next one
+    /// instead of returning them to the pool (each return and acquire costs sqlx a ping); it
+    /// returns them all when a claim finds nothing due.
     pub pool: PgPool,
     pub schema: Schema,
     /// Unique per worker process (shown as the lease owner).
@@ -39,6 +42,11 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// Most processes claimed by one statement.
     pub claim_batch: i64,
+    /// Most consecutive local steps of one process run in one transaction (effects, then one
+    /// fenced checkpoint of them all, one commit). 1 commits every local step on its own. A crash
+    /// rolls back the whole group (none of its effects commit, the next owner runs it again), and
+    /// the group's row locks are held until its commit.
+    pub local_steps_per_transaction: usize,
     /// On shutdown, how long a call in flight may still finish before it is abandoned.
     pub shutdown_grace: Duration,
     /// How often the worker refreshes the status gauges and looks for unknown versions.
@@ -68,6 +76,7 @@ impl WorkerConfig {
             heartbeat: Duration::from_secs(5),
             poll_interval: Duration::from_millis(500),
             claim_batch: 32,
+            local_steps_per_transaction: 8,
             shutdown_grace: Duration::from_secs(10),
             stats_interval: Duration::from_secs(5),
             on_database: None,
@@ -97,9 +106,13 @@ impl Worker {
         if registry.is_empty() {
             return Err(WorkerError::EmptyRegistry);
         }
-        if config.heartbeat >= config.lease || config.concurrency == 0 || config.claim_batch < 1 {
+        if config.heartbeat >= config.lease
+            || config.concurrency == 0
+            || config.claim_batch < 1
+            || config.local_steps_per_transaction == 0
+        {
             return Err(WorkerError::Config(
-                "heartbeat must be shorter than the lease; concurrency and claim_batch at least 1"
+                "heartbeat must be shorter than the lease; concurrency, claim_batch and local_steps_per_transaction at least 1"
                     .into(),
             ));
         }
@@ -111,6 +124,8 @@ impl Worker {
             schema: config.schema.clone(),
             lease: config.lease,
             heartbeat: config.heartbeat,
+            local_group: config.local_steps_per_transaction,
+            spare: Spare::new(config.concurrency),
         };
         let wake = Arc::new(Notify::new());
         let background = CancellationToken::new();
@@ -130,23 +145,37 @@ impl Worker {
         let mut running: JoinSet<()> = JoinSet::new();
         let mut failures = 0u32;
         let mut first = true;
+        // A finished process frees one slot; claiming for each would cost a claim per process
+        // under load. Slots freed by finished processes are claimed for once a quarter of a batch
+        // is free (or nothing runs); a NOTIFY or the poll claims for any free slot.
+        let refill = (config.concurrency.min(config.claim_batch as usize) / 4).max(1);
+        let mut woke_by_finish = false;
         tracing::info!(worker = %config.worker_id, "process worker started");
         while !shutdown.is_cancelled() {
             let free = config.concurrency.saturating_sub(running.len());
             let mut full = false;
-            if free > 0 {
+            if free > 0 && (!woke_by_finish || free >= refill || running.is_empty()) {
                 let limit = (free as i64).min(config.claim_batch);
-                match store::claim(
-                    &config.pool,
-                    &config.schema,
-                    &kinds,
-                    &versions,
-                    limit,
-                    &config.worker_id,
-                    config.lease,
-                )
-                .await
-                {
+                let claimed = match shared.spare.take(&config.pool).await {
+                    Ok(mut conn) => {
+                        let claimed = store::claim(
+                            &mut conn,
+                            &config.schema,
+                            &kinds,
+                            &versions,
+                            limit,
+                            &config.worker_id,
+                            config.lease,
+                        )
+                        .await;
+                        if claimed.is_ok() {
+                            shared.spare.give(conn);
+                        }
+                        claimed
+                    }
+                    Err(e) => Err(e),
+                };
+                match claimed {
                     Ok(claimed) => {
                         if failures > 0 || first {
                             if let Some(hook) = &config.on_database {
@@ -156,6 +185,10 @@ impl Worker {
                         }
                         failures = 0;
                         full = claimed.len() as i64 == limit;
+                        if claimed.is_empty() {
+                            // Nothing due: an idle worker holds no connections.
+                            shared.spare.clear();
+                        }
                         for c in claimed {
                             events::claimed(&c.kind, c.previous_owner.is_some());
                             if let Some(prev) = &c.previous_owner {
@@ -186,6 +219,7 @@ impl Worker {
                         if let Some(hook) = &config.on_database {
                             (hook.0)(false);
                         }
+                        shared.spare.clear();
                         tracing::warn!(error = %e, "claim failed; retrying");
                     }
                 }
@@ -202,10 +236,14 @@ impl Worker {
             } else {
                 config.poll_interval
             };
+            woke_by_finish = false;
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(idle) => {}
-                Some(_) = running.join_next(), if !running.is_empty() => {}
+                Some(_) = running.join_next(), if !running.is_empty() => {
+                    while running.try_join_next().is_some() {}
+                    woke_by_finish = true;
+                }
                 _ = shutdown.cancelled() => {}
             }
         }
@@ -218,6 +256,7 @@ impl Worker {
                 _ = &mut grace, if !abandon.is_cancelled() => abandon.cancel(),
             }
         }
+        shared.spare.clear();
         background.cancel();
         let _ = listener.await;
         let _ = stats.await;

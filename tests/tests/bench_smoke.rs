@@ -31,6 +31,7 @@ fn every_bench_scenario_runs_at_tiny_scale() {
         "api",
         "soak-memory",
         "table-growth",
+        "processes",
     ] {
         let mine: Vec<&serde_json::Value> = lines
             .iter()

@@ -433,6 +433,65 @@ async fn an_unknown_outcome_with_neither_goes_to_manual_review() {
 }
 
 #[tokio::test]
+async fn an_operator_resolves_an_unknown_charge_with_the_providers_charge_id_and_the_capture_is_recorded()
+ {
+    let f = Flow::start(
+        &[
+            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
+            ("PROVIDER_TIMEOUT_DELAY", "3s"),
+            ("PROVIDER_IDEMPOTENCY", "off"),
+            ("PROVIDER_STATUS_QUERY", "off"),
+        ],
+        "none",
+    )
+    .await;
+    let _w = f.worker("w1", &[]);
+    let (_order, payment) = f.pay(1).await;
+    f.wait_status(payment, "manual_review").await;
+    f.admin.set_faults("").await.unwrap();
+    // The operator looks the payment up at the provider (by its reference, the payment id) ...
+    let charges = f.charges(payment).await;
+    assert_eq!(taken(&charges), 1, "{charges:?}");
+    let charge_id = charges[0].id.to_string();
+    // ... and resolves the charge as succeeded with the charge id as evidence.
+    let id: Uuid = sqlx::query_scalar("SELECT process_id FROM demo.payments WHERE id = $1")
+        .bind(payment)
+        .fetch_one(&f.db.pool)
+        .await
+        .unwrap();
+    let view = admin::get(&f.db.pool, &Schema::default(), id)
+        .await
+        .unwrap();
+    let action = view
+        .allowed
+        .iter()
+        .find(|a| a.name() == "resolve_succeeded")
+        .cloned()
+        .unwrap_or_else(|| panic!("resolve_succeeded not offered: {:?}", view.allowed));
+    admin::act(
+        &f.db.pool,
+        &Schema::default(),
+        id,
+        &admin::Request {
+            action,
+            reason: "charge found at the provider by reference".into(),
+            seen_version: view.process.row_version,
+            actor: "operator@example.com".into(),
+            evidence: Some(charge_id.clone()),
+        },
+    )
+    .await
+    .unwrap();
+    // A worker continues with record_capture, which takes the charge id from the evidence.
+    f.wait_status(payment, "succeeded").await;
+    assert_eq!(f.row(payment).await, ("succeeded".into(), "paid".into()));
+    assert_eq!(taken(&f.charges(payment).await), 1, "never charged again");
+    let captured = f.events(payment, "payment.captured").await;
+    assert_eq!(captured.len(), 1);
+    assert_eq!(captured[0].0["charge_id"], json!(charge_id));
+}
+
+#[tokio::test]
 async fn a_worker_killed_after_the_provider_charged_is_replaced_and_the_payment_charged_once() {
     // The answer is held far longer than the worker waits for it: the worker is mid-call when the
     // charge exists, and is SIGKILLed there, before it could store the result.

@@ -13,9 +13,12 @@
 //! 3. `record_capture` (local): payment `succeeded`, order `paid`, `payment.captured` (the
 //!    ledger's `account` and `amount`) in one transaction. An order that is no longer reserved for
 //!    this payment (cancelled meanwhile) fails the step permanently: the charge needs its refund.
+//!    The charge id comes from the charge's output, or from the evidence of an operator who
+//!    resolved the charge as succeeded (the provider's charge id).
 //!
 //! The API starts the process with [`start`] in the request's effect transaction; `producer
-//! worker` runs it with [`definition`] and a provider [`Client`].
+//! worker` runs it with [`definition`] and a provider [`Client`]. docs/payment-flow.md tells the
+//! whole flow, each provider failure and how an operator resolves a review.
 //!
 //! Trace context: the processes crate does not carry one, so the request's `traceparent` travels
 //! in the process input; each step runs in a span parented to it, and the events it writes carry
@@ -109,38 +112,16 @@ pub fn definition(flow: &PaymentFlow) -> Definition {
 }
 
 /// Starts the payment process for `input` in the caller's transaction (business key = the
-/// payment id: a second start returns the existing process).
-pub fn start<'a>(
-    tx: &'a mut PgConnection,
-    flow: &'a PaymentFlow,
-    input: &'a PaymentInput,
-) -> impl std::future::Future<Output = Result<Started, processes::Error>> + Send + 'a {
-    AssertSend(Box::pin(async move {
-        let definition = definition(flow);
-        let key = input.payment_id.to_string();
-        processes::start_in(tx, &flow.schema, &definition, &key, input).await
-    }))
-}
-
-/// `processes::start_in` is generic over `sqlx::Acquire`; rustc cannot prove its future `Send`
-/// for `&mut PgConnection` ("implementation of Acquire is not general enough", a known
-/// higher-ranked-lifetime limitation), although everything it holds is `Send`: the connection
-/// (`&mut PgConnection`), the definition (`Arc<dyn ... + Send + Sync>` steps), JSON values and
-/// `&PaymentInput`. TODO(processes): a `start_in` taking `&mut PgConnection` removes this.
-struct AssertSend<F>(std::pin::Pin<Box<F>>);
-
-// SAFETY: see the type's documentation: every value the wrapped future holds across an await is
-// Send; only the compiler's proof of it fails.
-unsafe impl<F> Send for AssertSend<F> {}
-
-impl<F: std::future::Future> std::future::Future for AssertSend<F> {
-    type Output = F::Output;
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<F::Output> {
-        self.0.as_mut().poll(cx)
-    }
+/// payment id: a second start returns the existing process). The future is `Send`
+/// ([`processes::start_in`] takes the connection itself), as the API's handler needs.
+pub async fn start(
+    tx: &mut PgConnection,
+    flow: &PaymentFlow,
+    input: &PaymentInput,
+) -> Result<Started, processes::Error> {
+    let definition = definition(flow);
+    let key = input.payment_id.to_string();
+    processes::start_in(tx, &flow.schema, &definition, &key, input).await
 }
 
 fn input(ctx: &StepContext) -> Result<PaymentInput, StepError> {
@@ -443,10 +424,13 @@ impl LocalStep for Record {
             let input = input(ctx)?;
             let span = step_span(ctx, &input);
             async move {
+                // The charge's output, or, for a charge an operator resolved as succeeded, the
+                // evidence they gave (the provider's charge id).
                 let charge_id = ctx
                     .outputs
                     .get("charge")
                     .and_then(|o| o["charge_id"].as_str())
+                    .or_else(|| ctx.references.get("charge").map(String::as_str))
                     .ok_or_else(|| StepError::permanent("the charge left no charge id"))?
                     .to_string();
                 let order: Option<(String, Option<Uuid>)> = sqlx::query_as(
