@@ -36,11 +36,15 @@ impl BenchEnv {
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
             .execute(&mut admin)
             .await?;
-        let (base, _) = args
-            .database_url
+        // The bench database next to the admin one, with the same parameters (sslmode, ...).
+        let (path, params) = match args.database_url.split_once('?') {
+            Some((path, params)) => (path, format!("?{params}")),
+            None => (args.database_url.as_str(), String::new()),
+        };
+        let (base, _) = path
             .rsplit_once('/')
             .context("database url has a database")?;
-        let db_url = format!("{base}/{db_name}");
+        let db_url = format!("{base}/{db_name}{params}");
         let pool = plumbing::db::connect(&db_url, 8, "bench").await?;
         demo::migrate::run(&pool, &shared::schema::Schema::default()).await?;
         let conn =
