@@ -144,7 +144,7 @@ impl Worker {
         let abandon = CancellationToken::new();
         let mut running: JoinSet<()> = JoinSet::new();
         let mut failures = 0u32;
-        let mut first = true;
+        let mut database_up = None;
         // A finished process frees one slot; claiming for each would cost a claim per process
         // under load. Slots freed by finished processes are claimed for once a quarter of a batch
         // is free (or nothing runs); a NOTIFY or the poll claims for any free slot.
@@ -177,12 +177,7 @@ impl Worker {
                 };
                 match claimed {
                     Ok(claimed) => {
-                        if failures > 0 || first {
-                            if let Some(hook) = &config.on_database {
-                                (hook.0)(true);
-                            }
-                            first = false;
-                        }
+                        report_database(&config, &mut database_up, true);
                         failures = 0;
                         full = claimed.len() as i64 == limit;
                         if claimed.is_empty() {
@@ -216,9 +211,7 @@ impl Worker {
                     }
                     Err(e) => {
                         failures += 1;
-                        if let Some(hook) = &config.on_database {
-                            (hook.0)(false);
-                        }
+                        report_database(&config, &mut database_up, false);
                         shared.spare.clear();
                         tracing::warn!(error = %e, "claim failed; retrying");
                     }
@@ -262,6 +255,16 @@ impl Worker {
         let _ = stats.await;
         tracing::info!(worker = %config.worker_id, "process worker stopped");
         Ok(())
+    }
+}
+
+/// Tells the hook when the database's answer to claims changed (not after every claim).
+fn report_database(config: &WorkerConfig, last: &mut Option<bool>, up: bool) {
+    if *last != Some(up) {
+        *last = Some(up);
+        if let Some(hook) = &config.on_database {
+            (hook.0)(up);
+        }
     }
 }
 
