@@ -48,36 +48,10 @@ async fn relay_and_consumer_survive_an_immediate_postgres_stop() {
     })
     .await;
 
-    tokio::task::block_in_place(|| pg.stop_immediate());
-    let (r, c) = (relay.metrics, consumer.metrics);
-    wait_until("relay and consumer /readyz 503", LONG, || async move {
-        (http_status(r, "/readyz").await == Some(503)
-            && http_status(c, "/readyz").await == Some(503))
-        .then_some(())
-    })
-    .await;
-    tokio::task::block_in_place(|| pg.start_again());
-    let back = Instant::now();
-    // A bounded poll that also records when each became ready.
-    let mut ready_after: [Option<Duration>; 2] = [None, None];
-    while ready_after.iter().any(Option::is_none) {
-        assert!(
-            back.elapsed() < LONG,
-            "not ready {LONG:?} after PostgreSQL came back: relay {:?}, consumer {:?}",
-            ready_after[0],
-            ready_after[1]
-        );
-        for (i, addr) in [r, c].into_iter().enumerate() {
-            if ready_after[i].is_none() && http_status(addr, "/readyz").await == Some(200) {
-                ready_after[i] = Some(back.elapsed());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let ready_after = crash_and_restart(&mut pg, &[relay.metrics, consumer.metrics]).await;
     println!(
         "back to ready after PostgreSQL accepted connections again: relay {:?}, consumer {:?}",
-        ready_after[0].unwrap_or_default(),
-        ready_after[1].unwrap_or_default()
+        ready_after[0], ready_after[1]
     );
 
     // More load after the restart, then drain.
@@ -186,29 +160,7 @@ async fn process_workers_survive_an_immediate_postgres_stop() {
     })
     .await;
 
-    tokio::task::block_in_place(|| pg.stop_immediate());
-    let addrs = [workers[0].metrics, workers[1].metrics];
-    wait_until("both workers /readyz 503", LONG, || async move {
-        (http_status(addrs[0], "/readyz").await == Some(503)
-            && http_status(addrs[1], "/readyz").await == Some(503))
-        .then_some(())
-    })
-    .await;
-    tokio::task::block_in_place(|| pg.start_again());
-    let back = Instant::now();
-    let mut ready_after: [Option<Duration>; 2] = [None, None];
-    while ready_after.iter().any(Option::is_none) {
-        assert!(
-            back.elapsed() < LONG,
-            "workers not ready {LONG:?} after PostgreSQL came back: {ready_after:?}"
-        );
-        for (i, addr) in addrs.into_iter().enumerate() {
-            if ready_after[i].is_none() && http_status(addr, "/readyz").await == Some(200) {
-                ready_after[i] = Some(back.elapsed());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let ready_after = crash_and_restart(&mut pg, &[workers[0].metrics, workers[1].metrics]).await;
     println!("process workers back to ready after PostgreSQL returned: {ready_after:?}");
 
     let before = committed.lock().unwrap().len();
@@ -280,4 +232,38 @@ async fn process_workers_survive_an_immediate_postgres_stop() {
         assert!(w.stop().await, "process worker exits cleanly");
     }
     pool.close().await;
+}
+
+/// Stops `pg` in immediate mode, waits until every one of `components` answers `/readyz` 503,
+/// starts it again and returns how long after that each answered 200 (asserting within [`LONG`]).
+async fn crash_and_restart(
+    pg: &mut PrivatePg,
+    components: &[std::net::SocketAddr],
+) -> Vec<Duration> {
+    tokio::task::block_in_place(|| pg.stop_immediate());
+    wait_until("every component /readyz 503", LONG, || async move {
+        for addr in components {
+            if http_status(*addr, "/readyz").await != Some(503) {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    tokio::task::block_in_place(|| pg.start_again());
+    let back = Instant::now();
+    let mut ready_after = vec![None; components.len()];
+    while ready_after.iter().any(Option::is_none) {
+        assert!(
+            back.elapsed() < LONG,
+            "not ready {LONG:?} after PostgreSQL came back: {ready_after:?}"
+        );
+        for (i, addr) in components.iter().enumerate() {
+            if ready_after[i].is_none() && http_status(*addr, "/readyz").await == Some(200) {
+                ready_after[i] = Some(back.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ready_after.into_iter().flatten().collect()
 }
