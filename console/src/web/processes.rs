@@ -390,13 +390,9 @@ fn explain(a: ProcessAction) -> &'static str {
     }
 }
 
-/// A form per action allowed now that the user may ask for; the others are named with the role
-/// they need.
-fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
-    let role = session.principal.role;
-    let offered = v["allowed_actions"].as_array().cloned().unwrap_or_default();
-    let version = txt(v, "version");
-    let names: HashMap<String, String> = steps
+/// "name (role)" of each step, by its seq.
+fn step_names(steps: &[Value]) -> HashMap<String, String> {
+    steps
         .iter()
         .map(|st| {
             (
@@ -404,7 +400,16 @@ fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
                 format!("{} ({})", txt(st, "name"), txt(st, "role")),
             )
         })
-        .collect();
+        .collect()
+}
+
+/// A form per action allowed now that the user may ask for; the others are named with the role
+/// they need.
+fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
+    let role = session.principal.role;
+    let offered = v["allowed_actions"].as_array().cloned().unwrap_or_default();
+    let version = txt(v, "version");
+    let names = step_names(steps);
     let mut h = String::from("<h2>Actions allowed now</h2><div id=\"actions\">");
     if offered.is_empty() {
         h.push_str(&format!(
@@ -472,15 +477,7 @@ fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
 
 /// Transitions (the processes crate's history) and console actions (the audit log), by time.
 fn timeline(v: &Value, steps: &[Value], entries: &[audit::Entry]) -> String {
-    let names: HashMap<String, String> = steps
-        .iter()
-        .map(|st| {
-            (
-                txt(st, "seq"),
-                format!("{} ({})", txt(st, "name"), txt(st, "role")),
-            )
-        })
-        .collect();
+    let names = step_names(steps);
     let mut rows: Vec<(DateTime<Utc>, u8, i64, String)> = Vec::new();
     for t in v["history"].as_array().into_iter().flatten() {
         let at = time_of(t, "at").unwrap_or(DateTime::<Utc>::MIN_UTC);
