@@ -87,6 +87,34 @@ impl Console {
         (r.status(), r.text().await.unwrap())
     }
 
+    /// Two approvers approve `path` (version 1) at the same moment, each `(token, reason, key)`:
+    /// exactly one wins (200), the other gets 409. Returns the winner's index and answer.
+    async fn approve_at_once(&self, path: &str, who: [(&str, &str, &str); 2]) -> (usize, Value) {
+        let [a, b] = who.map(|(token, reason, key)| {
+            self.post(
+                token,
+                path,
+                json!({"reason": reason, "version": 1}),
+                Some(key),
+            )
+        });
+        let (ra, rb) = tokio::join!(a, b);
+        let mut statuses = [ra.0, rb.0];
+        statuses.sort();
+        assert_eq!(
+            statuses,
+            [StatusCode::OK, StatusCode::CONFLICT],
+            "{:?} {:?}",
+            ra.1,
+            rb.1
+        );
+        if ra.0 == StatusCode::OK {
+            (0, ra.1)
+        } else {
+            (1, rb.1)
+        }
+    }
+
     async fn post(
         &self,
         token: &str,
@@ -370,34 +398,16 @@ async fn four_eyes_requester_cannot_approve_a_second_approver_can_and_the_effect
     }
 
     // Bob and Carol approve at the same moment: exactly one wins.
-    let (rb, rc) = tokio::join!(
-        c.post(
-            &bob,
+    let (won, winner_body) = c
+        .approve_at_once(
             &path,
-            json!({"reason": "checked", "version": 1}),
-            Some("bob-1")
-        ),
-        c.post(
-            &carol,
-            &path,
-            json!({"reason": "checked too", "version": 1}),
-            Some("carol-1")
-        ),
-    );
-    let mut statuses = [rb.0, rc.0];
-    statuses.sort();
-    assert_eq!(
-        statuses,
-        [StatusCode::OK, StatusCode::CONFLICT],
-        "{:?} {:?}",
-        rb.1,
-        rc.1
-    );
-    let (winner, winner_key, winner_body) = if rb.0 == StatusCode::OK {
-        (&bob, "bob-1", rb.1)
-    } else {
-        (&carol, "carol-1", rc.1)
-    };
+            [
+                (&bob, "checked", "bob-1"),
+                (&carol, "checked too", "carol-1"),
+            ],
+        )
+        .await;
+    let (winner, winner_key) = [(&bob, "bob-1"), (&carol, "carol-1")][won];
     for id in &ids {
         assert_eq!(c.state(*id).await, "pending");
     }
@@ -872,34 +882,10 @@ async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_t
     assert_eq!(s, StatusCode::FORBIDDEN);
     assert_eq!(c.process_state(id).await.0, "manual_review");
     // Two approvers at once: one wins, the refund runs once.
-    let (rb, rc) = tokio::join!(
-        c.post(
-            &bob,
-            &approve,
-            json!({"reason": "ok", "version": 1}),
-            Some("b")
-        ),
-        c.post(
-            &carol,
-            &approve,
-            json!({"reason": "ok too", "version": 1}),
-            Some("c")
-        ),
-    );
-    let mut statuses = [rb.0, rc.0];
-    statuses.sort();
-    assert_eq!(
-        statuses,
-        [StatusCode::OK, StatusCode::CONFLICT],
-        "{:?} {:?}",
-        rb.1,
-        rc.1
-    );
-    let (winner, key) = if rb.0 == StatusCode::OK {
-        (&bob, "b")
-    } else {
-        (&carol, "c")
-    };
+    let (won, _) = c
+        .approve_at_once(&approve, [(&bob, "ok", "b"), (&carol, "ok too", "c")])
+        .await;
+    let (winner, key) = [(&bob, "b"), (&carol, "c")][won];
     wait_process(&c.db.pool, id, "compensated").await;
     // Approving again, replayed or not, runs nothing more.
     let reason = if key == "b" { "ok" } else { "ok too" };
