@@ -255,6 +255,50 @@ impl Flow {
         .await
         .unwrap()
     }
+
+    /// The payment's process as operators see it.
+    async fn process_view(&self, payment: Uuid) -> admin::ProcessView {
+        let id: Uuid = sqlx::query_scalar("SELECT process_id FROM demo.payments WHERE id = $1")
+            .bind(payment)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap();
+        admin::get(&self.db.pool, &Schema::default(), id)
+            .await
+            .unwrap()
+    }
+
+    /// Performs the operator action `name` (it must be offered now) on the payment's process.
+    async fn act(
+        &self,
+        payment: Uuid,
+        name: &str,
+        reason: &str,
+        actor: &str,
+        evidence: Option<String>,
+    ) {
+        let view = self.process_view(payment).await;
+        let action = view
+            .allowed
+            .iter()
+            .find(|a| a.name() == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} not offered: {:?}", view.allowed));
+        admin::act(
+            &self.db.pool,
+            &Schema::default(),
+            view.process.id,
+            &admin::Request {
+                action,
+                reason: reason.into(),
+                seen_version: view.process.row_version,
+                actor: actor.into(),
+                evidence,
+            },
+        )
+        .await
+        .unwrap();
+    }
 }
 
 impl Drop for Flow {
@@ -417,14 +461,7 @@ async fn an_unknown_outcome_with_neither_goes_to_manual_review() {
     );
     assert_eq!(f.row(payment).await, ("pending".into(), "reserved".into()));
     // The operator's choices are visible.
-    let id: Uuid = sqlx::query_scalar("SELECT process_id FROM demo.payments WHERE id = $1")
-        .bind(payment)
-        .fetch_one(&f.db.pool)
-        .await
-        .unwrap();
-    let view = admin::get(&f.db.pool, &Schema::default(), id)
-        .await
-        .unwrap();
+    let view = f.process_view(payment).await;
     let names: Vec<&str> = view.allowed.iter().map(|a| a.name()).collect();
     assert!(
         names.contains(&"resolve_succeeded") && names.contains(&"resolve_failed"),
@@ -454,34 +491,14 @@ async fn an_operator_resolves_an_unknown_charge_with_the_providers_charge_id_and
     assert_eq!(taken(&charges), 1, "{charges:?}");
     let charge_id = charges[0].id.to_string();
     // ... and resolves the charge as succeeded with the charge id as evidence.
-    let id: Uuid = sqlx::query_scalar("SELECT process_id FROM demo.payments WHERE id = $1")
-        .bind(payment)
-        .fetch_one(&f.db.pool)
-        .await
-        .unwrap();
-    let view = admin::get(&f.db.pool, &Schema::default(), id)
-        .await
-        .unwrap();
-    let action = view
-        .allowed
-        .iter()
-        .find(|a| a.name() == "resolve_succeeded")
-        .cloned()
-        .unwrap_or_else(|| panic!("resolve_succeeded not offered: {:?}", view.allowed));
-    admin::act(
-        &f.db.pool,
-        &Schema::default(),
-        id,
-        &admin::Request {
-            action,
-            reason: "charge found at the provider by reference".into(),
-            seen_version: view.process.row_version,
-            actor: "operator@example.com".into(),
-            evidence: Some(charge_id.clone()),
-        },
+    f.act(
+        payment,
+        "resolve_succeeded",
+        "charge found at the provider by reference",
+        "operator@example.com",
+        Some(charge_id.clone()),
     )
-    .await
-    .unwrap();
+    .await;
     // A worker continues with record_capture, which takes the charge id from the evidence.
     f.wait_status(payment, "succeeded").await;
     assert_eq!(f.row(payment).await, ("succeeded".into(), "paid".into()));
@@ -559,34 +576,14 @@ async fn an_order_cancelled_before_the_capture_needs_an_approved_refund() {
     assert!(f.events(payment, "payment.captured").await.is_empty());
 
     // An approver runs the refund.
-    let id: Uuid = sqlx::query_scalar("SELECT process_id FROM demo.payments WHERE id = $1")
-        .bind(payment)
-        .fetch_one(&f.db.pool)
-        .await
-        .unwrap();
-    let view = admin::get(&f.db.pool, &Schema::default(), id)
-        .await
-        .unwrap();
-    let action = view
-        .allowed
-        .iter()
-        .find(|a| a.name() == "run_compensation")
-        .cloned()
-        .unwrap_or_else(|| panic!("run_compensation not offered: {:?}", view.allowed));
-    admin::act(
-        &f.db.pool,
-        &Schema::default(),
-        id,
-        &admin::Request {
-            action,
-            reason: "order cancelled by support; refund approved".into(),
-            seen_version: view.process.row_version,
-            actor: "approver@example.com".into(),
-            evidence: None,
-        },
+    f.act(
+        payment,
+        "run_compensation",
+        "order cancelled by support; refund approved",
+        "approver@example.com",
+        None,
     )
-    .await
-    .unwrap();
+    .await;
     f.wait_status(payment, "compensated").await;
     let charges = f.charges(payment).await;
     assert_eq!(
