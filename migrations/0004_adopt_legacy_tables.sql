@@ -6,7 +6,13 @@
 -- order (new seq in old seq order), state, attempts and last error; a pending row that breaks a
 -- publishability rule becomes dead with the reason (it could never have been published). Every
 -- processed_messages row and idempotency record is kept. The demo's tables (orders, payments, ...)
--- are left to the demo's own migrations. Stop the old binaries before running this.
+-- are left to the demo's own migrations. Stop the old relays before running this.
+--
+-- So that producers and consumers of the previous release keep working while their teams upgrade
+-- them (no lockstep deploy), public.outbox and public.processed_messages are left behind as
+-- simple views of the new tables: an old `INSERT INTO outbox (...)` lands in {{schema}}.messages
+-- (its defaults, its CHECK constraints, its NOTIFY), and an old consumer's dedup statements use
+-- the same {{schema}}.processed_messages as the new ones. Drop the views once nothing uses them.
 --
 -- On a database without those tables this does nothing.
 
@@ -51,6 +57,9 @@ BEGIN
         SELECT consumer, message_id, processed_at FROM public.processed_messages
         ON CONFLICT DO NOTHING;
         DROP TABLE public.processed_messages;
+        CREATE VIEW public.processed_messages AS
+            SELECT consumer, message_id, processed_at FROM {{schema}}.processed_messages;
+        COMMENT ON VIEW public.processed_messages IS 'Left by the upgrade to schema {{schema}}, for consumers of the previous release: their INSERT ... ON CONFLICT and DELETE statements act on {{schema}}.processed_messages. Drop it once every consumer runs the new release.';
     END IF;
 
     IF to_regclass('public.idempotency_keys') IS NOT NULL
@@ -71,6 +80,10 @@ BEGIN
 
     DROP TABLE public.outbox;
     DROP FUNCTION IF EXISTS public.outbox_notify();
+    CREATE VIEW public.outbox AS
+        SELECT id, aggregate_type, aggregate_id, event_type, payload, headers, created_at
+          FROM {{schema}}.messages;
+    COMMENT ON VIEW public.outbox IS 'Left by the upgrade to schema {{schema}}, for producers of the previous release: INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload[, id, headers]) lands in {{schema}}.messages with its defaults, constraints and NOTIFY. Drop it once every producer writes {{schema}}.messages.';
     -- Release migration 4 (outbox publishable): the functions behind its CHECK constraints.
     IF EXISTS (SELECT 1 FROM public._sqlx_migrations WHERE version = 4 AND description = 'outbox publishable'
                AND checksum = '\x84e9f3aa556d89b0db055ac203b3b0f9a448c358be446245a918d5b74826f2f4cf8f6648859f2a3e7145a593cbe56022'::bytea) THEN

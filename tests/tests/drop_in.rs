@@ -454,6 +454,54 @@ async fn a_database_of_the_previous_release_is_upgraded_without_losing_a_row() {
             .unwrap();
     assert_eq!(records, 1);
 
+    // Producers and consumers of the previous release keep working until their teams upgrade
+    // them: public.outbox and public.processed_messages are views of the new tables. An old-style
+    // INSERT is published (woken by the new table's NOTIFY, after the moved rows of its
+    // aggregate), and an old consumer's dedup statement sees the moved rows.
+    for view in ["public.outbox", "public.processed_messages"] {
+        let kind: Option<String> = sqlx::query_scalar(
+            "SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)",
+        )
+        .bind(view)
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(kind.as_deref(), Some("v"), "{view} is a view");
+    }
+    let late: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', 'o-0', 'order.placed', '{\"late\": true}') RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let got = receive_n(&mut rx, 1, LONG).await;
+    assert_eq!(got[0].message_id, late.to_string());
+    assert_eq!(got[0].body, json!({"late": true}));
+    let old_dedup = "INSERT INTO processed_messages (consumer, message_id) \
+         SELECT $1, id FROM unnest($2::uuid[]) AS t(id) \
+         ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id";
+    let fresh: Vec<uuid::Uuid> = sqlx::query_scalar(old_dedup)
+        .bind("ledger")
+        .bind(vec![processed[0], late])
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(fresh, vec![late], "a moved dedup row is a duplicate");
+    let in_new: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.processed_messages WHERE consumer = 'ledger' AND message_id = $1",
+    )
+    .bind(late)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(in_new, 1);
+    // Once every producer and consumer is upgraded, the views go without touching anything else.
+    sqlx::query("DROP VIEW public.outbox, public.processed_messages")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
     // The old tables and the old history are gone; nothing of ours is left in public.
     for gone in [
         "public.outbox",
