@@ -40,6 +40,7 @@ type FingerprintFn = Arc<dyn Fn(&mut Parts, &Bytes) -> Result<Value, Box<Respons
 type LocationFn = Arc<dyn Fn(Uuid) -> String + Send + Sync>;
 type BodyFn = Arc<dyn Fn(&str) -> String + Send + Sync>;
 
+#[derive(Clone)]
 pub(crate) struct Config {
     pub store: Idempotency,
     pub operation: Arc<str>,
@@ -69,6 +70,14 @@ pub fn stored_by_default(status: StatusCode) -> bool {
                 status.as_u16(),
                 401 | 403 | 407 | 408 | 409 | 423 | 425 | 429
             ))
+}
+
+impl Idempotency {
+    /// The layer that makes the routes it wraps idempotent as `operation` (e.g. `create_refund`):
+    /// with the scope, the key names one record per operation.
+    pub fn route(&self, operation: &str) -> IdempotencyLayer {
+        IdempotencyLayer::new(self.clone(), operation)
+    }
 }
 
 /// Makes the routes it wraps idempotent as one operation; build it with [`Idempotency::route`].
@@ -104,22 +113,7 @@ impl IdempotencyLayer {
 
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
         // Built before it is shared; a clone made earlier keeps its own settings.
-        match Arc::get_mut(&mut self.config) {
-            Some(config) => change(config),
-            None => {
-                let mut config = Config {
-                    store: self.config.store.clone(),
-                    operation: self.config.operation.clone(),
-                    scope: self.config.scope.clone(),
-                    fingerprint: self.config.fingerprint.clone(),
-                    location: self.config.location.clone(),
-                    replay_body: self.config.replay_body.clone(),
-                    stored: self.config.stored,
-                };
-                change(&mut config);
-                self.config = Arc::new(config);
-            }
-        }
+        change(Arc::make_mut(&mut self.config));
         self
     }
 
@@ -288,7 +282,11 @@ where
         Reservation::Replay(stored) => {
             guard.disarm();
             internal_events::idempotency_outcome(&operation, Outcome::Replayed);
-            return replay(&config, &stored);
+            return replay(
+                &stored,
+                config.replay_body.as_deref(),
+                config.location_of(stored.resource_id),
+            );
         }
         Reservation::InFlight => {
             guard.disarm();

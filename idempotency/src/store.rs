@@ -1,8 +1,7 @@
 //! [`Idempotency`]: where the records live (pool, product schema) and their timing (TTL, lease,
-//! clock). One per service, cheap to clone; [`Idempotency::route`] makes the layer for one
-//! operation.
+//! clock). One per service, cheap to clone; [`Idempotency::route`] (in [`crate::layer`]) makes the
+//! layer for one operation.
 
-use crate::layer::IdempotencyLayer;
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 use shared::schema::Schema;
 use sqlx::PgPool;
@@ -70,12 +69,6 @@ impl Idempotency {
     pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
-    }
-
-    /// The layer that makes the routes it wraps idempotent as `operation` (e.g. `create_refund`):
-    /// with the scope, the key names one record per operation.
-    pub fn route(&self, operation: &str) -> IdempotencyLayer {
-        IdempotencyLayer::new(self.clone(), operation)
     }
 
     pub fn pool(&self) -> &PgPool {
