@@ -1,4 +1,5 @@
-//! The batch transaction, and how each message of a batch ends (its [`Fate`]).
+//! The batch transaction, the batch's items (each delivery with its [`Work`]), and how each
+//! message of a batch ends (its [`Fate`]).
 //!
 //! Per batch (one worker, deliveries already buffered, up to `batch_size`):
 //!
@@ -16,11 +17,13 @@
 //! with backoff, keeping the deliveries unacknowledged, until it commits or shutdown; nothing is
 //! dead-lettered for it.
 
+use crate::context::Ctx;
 use crate::dedup;
 use crate::handler::{DynHandler, HandlerError};
+use crate::internal_events::Events;
 use crate::message::DeadLetterKind;
-use crate::worker::{Item, Work, Worker};
 use futures::FutureExt;
+use lapin::message::Delivery;
 use plumbing::telemetry::ErrorChain;
 use shared::Envelope;
 use sqlx::PgConnection;
@@ -30,6 +33,19 @@ use std::sync::Arc;
 use std::time::Instant;
 use tracing::Instrument;
 use uuid::Uuid;
+
+/// What to do with a delivery, decided before the transaction.
+pub(crate) enum Work {
+    Handle(Box<Envelope>, Arc<dyn DynHandler>),
+    Reject(DeadLetterKind, String),
+    Ignore,
+}
+
+pub(crate) struct Item {
+    pub(crate) delivery: Delivery,
+    pub(crate) attempt: u32,
+    pub(crate) work: Work,
+}
 
 /// How a delivery ends.
 #[derive(Debug, Clone)]
@@ -55,193 +71,195 @@ pub(crate) enum TxOutcome {
     NeedsSavepoints,
 }
 
-impl Worker {
-    /// Runs the batch's handlers in one transaction: optimistically first, with a savepoint per
-    /// message when a handler failed. Errors are infrastructure failures of the whole batch.
-    pub(crate) async fn transact(&self, items: &[Item]) -> Result<Vec<Option<Fate>>, sqlx::Error> {
-        if let TxOutcome::Committed(f) = self.try_transaction(items, false).await? {
-            return Ok(f);
-        }
-        match self.try_transaction(items, true).await? {
-            TxOutcome::Committed(f) => Ok(f),
-            TxOutcome::NeedsSavepoints => {
-                unreachable!("a run with savepoints settles every message")
-            }
+/// Runs the batch's handlers in one transaction: optimistically first, with a savepoint per
+/// message when a handler failed. Errors are infrastructure failures of the whole batch.
+pub(crate) async fn transact(
+    ctx: &Ctx,
+    events: &Events,
+    items: &[Item],
+) -> Result<Vec<Option<Fate>>, sqlx::Error> {
+    if let TxOutcome::Committed(f) = try_transaction(ctx, events, items, false).await? {
+        return Ok(f);
+    }
+    match try_transaction(ctx, events, items, true).await? {
+        TxOutcome::Committed(f) => Ok(f),
+        TxOutcome::NeedsSavepoints => {
+            unreachable!("a run with savepoints settles every message")
         }
     }
+}
 
-    async fn try_transaction(
-        &self,
-        items: &[Item],
-        savepoints: bool,
-    ) -> Result<TxOutcome, sqlx::Error> {
-        let name = self.ctx.config.name.as_str();
-        let mut fates: Vec<Option<Fate>> = vec![None; items.len()];
-        // Aggregate order: the handlers of concurrent batches lock rows in a consistent order,
-        // and events of one aggregate in a batch apply in delivery order.
-        let mut order: Vec<(usize, &Envelope, &Arc<dyn DynHandler>)> = items
-            .iter()
-            .enumerate()
-            .filter_map(|(i, item)| match &item.work {
-                Work::Handle(env, h) => Some((i, env.as_ref(), h)),
-                _ => None,
-            })
-            .collect();
-        order.sort_by(|a, b| a.1.aggregate_id.cmp(&b.1.aggregate_id));
-        let ids: Vec<Uuid> = order.iter().map(|(_, env, _)| env.message_id).collect();
+async fn try_transaction(
+    ctx: &Ctx,
+    events: &Events,
+    items: &[Item],
+    savepoints: bool,
+) -> Result<TxOutcome, sqlx::Error> {
+    let name = ctx.config.name.as_str();
+    let mut fates: Vec<Option<Fate>> = vec![None; items.len()];
+    // Aggregate order: the handlers of concurrent batches lock rows in a consistent order,
+    // and events of one aggregate in a batch apply in delivery order.
+    let mut order: Vec<(usize, &Envelope, &Arc<dyn DynHandler>)> = items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, item)| match &item.work {
+            Work::Handle(env, h) => Some((i, env.as_ref(), h)),
+            _ => None,
+        })
+        .collect();
+    order.sort_by(|a, b| a.1.aggregate_id.cmp(&b.1.aggregate_id));
+    let ids: Vec<Uuid> = order.iter().map(|(_, env, _)| env.message_id).collect();
 
-        let mut tx = self.ctx.pool.begin().await?;
-        let fresh = dedup::claim(&mut tx, &self.ctx.config.schema, name, &ids).await?;
-        let mut claimed: HashSet<Uuid> = HashSet::with_capacity(fresh.len());
-        // Not fresh: committed before (by us or another instance). Already claimed: an earlier
-        // copy in this batch runs it (if that copy fails, its retry or dead letter carries it on).
-        order.retain(|&(i, env, _)| {
-            let run = fresh.contains(&env.message_id) && claimed.insert(env.message_id);
-            if !run {
-                fates[i] = Some(Fate::Duplicate);
-            }
-            run
-        });
-
-        if !savepoints {
-            // One handler call per run of consecutive messages with the same handler.
-            for run in order.chunk_by(|a, b| Arc::ptr_eq(a.2, b.2)) {
-                let envs: Vec<&Envelope> = run.iter().map(|(_, env, _)| *env).collect();
-                let span = match envs.as_slice() {
-                    [one] => message_span(one, items[run[0].0].attempt),
-                    many => tracing::info_span!(
-                        "batch",
-                        messages = many.len(),
-                        message_ids = %MessageIds(many),
-                    ),
-                };
-                match self
-                    .run_handler(&mut tx, &envs, run[0].2)
-                    .instrument(span)
-                    .await
-                {
-                    Ok(()) => {
-                        for (i, _, _) in run {
-                            fates[*i] = Some(Fate::Processed);
-                        }
-                    }
-                    Err(Failure::Infrastructure(e)) => return Err(e),
-                    Err(Failure::Message { reason, .. }) => {
-                        tracing::debug!(%reason, messages = run.len(), "handler failed, re-running the batch with a savepoint per message");
-                        tx.rollback().await?;
-                        return Ok(TxOutcome::NeedsSavepoints);
-                    }
-                }
-            }
-            // A handler that swallowed a query error leaves the transaction aborted, and COMMIT
-            // would then silently roll back: check, and find the culprit with savepoints.
-            if let Err(e) = sqlx::query("SELECT 1").execute(&mut *tx).await {
-                if dedup::is_infrastructure(&e) {
-                    return Err(e);
-                }
-                tx.rollback().await?;
-                return Ok(TxOutcome::NeedsSavepoints);
-            }
-            tx.commit().await?;
-            return Ok(TxOutcome::Committed(fates));
+    let mut tx = ctx.pool.begin().await?;
+    let fresh = dedup::claim(&mut tx, &ctx.config.schema, name, &ids).await?;
+    let mut claimed: HashSet<Uuid> = HashSet::with_capacity(fresh.len());
+    // Not fresh: committed before (by us or another instance). Already claimed: an earlier
+    // copy in this batch runs it (if that copy fails, its retry or dead letter carries it on).
+    order.retain(|&(i, env, _)| {
+        let run = fresh.contains(&env.message_id) && claimed.insert(env.message_id);
+        if !run {
+            fates[i] = Some(Fate::Duplicate);
         }
+        run
+    });
 
-        let mut failed: Vec<Uuid> = Vec::new();
-        for (i, env, handler) in order {
-            let attempt = items[i].attempt;
-            let span = message_span(env, attempt);
-            sqlx::query("SAVEPOINT consumer_message")
-                .execute(&mut *tx)
-                .await?;
-            let mut result = self
-                .run_handler(&mut tx, &[env], handler)
-                .instrument(span.clone())
-                .await;
-            if result.is_ok() {
-                // Also catches a handler that swallowed a query error and left the transaction aborted.
-                if let Err(e) = sqlx::query("RELEASE SAVEPOINT consumer_message")
-                    .execute(&mut *tx)
-                    .await
-                {
-                    result = Err(classify_db(
-                        e,
-                        "the handler returned Ok but left its transaction unusable",
-                    ));
+    if !savepoints {
+        // One handler call per run of consecutive messages with the same handler.
+        for run in order.chunk_by(|a, b| Arc::ptr_eq(a.2, b.2)) {
+            let envs: Vec<&Envelope> = run.iter().map(|(_, env, _)| *env).collect();
+            let span = match envs.as_slice() {
+                [one] => message_span(one, items[run[0].0].attempt),
+                many => tracing::info_span!(
+                    "batch",
+                    messages = many.len(),
+                    message_ids = %MessageIds(many),
+                ),
+            };
+            match run_handler(ctx, events, &mut tx, &envs, run[0].2)
+                .instrument(span)
+                .await
+            {
+                Ok(()) => {
+                    for (i, _, _) in run {
+                        fates[*i] = Some(Fate::Processed);
+                    }
                 }
-            }
-            match result {
-                Ok(()) => fates[i] = Some(Fate::Processed),
                 Err(Failure::Infrastructure(e)) => return Err(e),
-                Err(Failure::Message { permanent, reason }) => {
-                    sqlx::query("ROLLBACK TO SAVEPOINT consumer_message")
-                        .execute(&mut *tx)
-                        .await?;
-                    sqlx::query("RELEASE SAVEPOINT consumer_message")
-                        .execute(&mut *tx)
-                        .await?;
-                    failed.push(env.message_id);
-                    let fate = self.fate_of_failure(permanent, reason, attempt);
-                    span.in_scope(|| match &fate {
-                        Fate::Retry(reason) => tracing::warn!(%reason, "handler failed, will retry"),
-                        Fate::DeadLetter(kind, reason) => {
-                            tracing::warn!(kind = kind.as_str(), %reason, "handler failed, dead-lettering")
-                        }
-                        _ => {}
-                    });
-                    fates[i] = Some(fate);
+                Err(Failure::Message { reason, .. }) => {
+                    tracing::debug!(%reason, messages = run.len(), "handler failed, re-running the batch with a savepoint per message");
+                    tx.rollback().await?;
+                    return Ok(TxOutcome::NeedsSavepoints);
                 }
             }
         }
-        dedup::unclaim(&mut tx, &self.ctx.config.schema, name, &failed).await?;
+        // A handler that swallowed a query error leaves the transaction aborted, and COMMIT
+        // would then silently roll back: check, and find the culprit with savepoints.
+        if let Err(e) = sqlx::query("SELECT 1").execute(&mut *tx).await {
+            if dedup::is_infrastructure(&e) {
+                return Err(e);
+            }
+            tx.rollback().await?;
+            return Ok(TxOutcome::NeedsSavepoints);
+        }
         tx.commit().await?;
-        Ok(TxOutcome::Committed(fates))
+        return Ok(TxOutcome::Committed(fates));
     }
 
-    /// One handler call: a single message (`handle`) or several (`handle_batch`), bounded by the
-    /// handler timeout, a panic caught and counted as a permanent failure.
-    async fn run_handler(
-        &self,
-        conn: &mut PgConnection,
-        envs: &[&Envelope],
-        handler: &Arc<dyn DynHandler>,
-    ) -> Result<(), Failure> {
-        let timeout = self.ctx.config.handler_timeout;
-        let start = Instant::now();
-        let call = match envs {
-            [one] => handler.call(conn, one),
-            many => handler.call_batch(conn, many),
-        };
-        let result = tokio::time::timeout(timeout, AssertUnwindSafe(call).catch_unwind()).await;
-        self.events.handler_finished(start.elapsed());
+    let mut failed: Vec<Uuid> = Vec::new();
+    for (i, env, handler) in order {
+        let attempt = items[i].attempt;
+        let span = message_span(env, attempt);
+        sqlx::query("SAVEPOINT consumer_message")
+            .execute(&mut *tx)
+            .await?;
+        let mut result = run_handler(ctx, events, &mut tx, &[env], handler)
+            .instrument(span.clone())
+            .await;
+        if result.is_ok() {
+            // Also catches a handler that swallowed a query error and left the transaction aborted.
+            if let Err(e) = sqlx::query("RELEASE SAVEPOINT consumer_message")
+                .execute(&mut *tx)
+                .await
+            {
+                result = Err(classify_db(
+                    e,
+                    "the handler returned Ok but left its transaction unusable",
+                ));
+            }
+        }
         match result {
-            Err(_) => Err(Failure::Message {
-                permanent: false,
-                reason: format!("handler timed out after {timeout:?}"),
-            }),
-            Ok(Err(panic)) => Err(Failure::Message {
-                permanent: true,
-                reason: format!("handler panicked: {}", panic_text(&panic)),
-            }),
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(HandlerError::Database(e)))) => Err(classify_db(e, "handler query failed")),
-            Ok(Ok(Err(e))) => Err(Failure::Message {
-                permanent: matches!(e, HandlerError::Permanent(_)),
-                reason: ErrorChain(&e).to_string(),
-            }),
+            Ok(()) => fates[i] = Some(Fate::Processed),
+            Err(Failure::Infrastructure(e)) => return Err(e),
+            Err(Failure::Message { permanent, reason }) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT consumer_message")
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query("RELEASE SAVEPOINT consumer_message")
+                    .execute(&mut *tx)
+                    .await?;
+                failed.push(env.message_id);
+                let fate = fate_of_failure(ctx, permanent, reason, attempt);
+                span.in_scope(|| match &fate {
+                    Fate::Retry(reason) => tracing::warn!(%reason, "handler failed, will retry"),
+                    Fate::DeadLetter(kind, reason) => {
+                        tracing::warn!(kind = kind.as_str(), %reason, "handler failed, dead-lettering")
+                    }
+                    _ => {}
+                });
+                fates[i] = Some(fate);
+            }
         }
     }
+    dedup::unclaim(&mut tx, &ctx.config.schema, name, &failed).await?;
+    tx.commit().await?;
+    Ok(TxOutcome::Committed(fates))
+}
 
-    fn fate_of_failure(&self, permanent: bool, reason: String, attempt: u32) -> Fate {
-        if permanent {
-            Fate::DeadLetter(DeadLetterKind::Permanent, reason)
-        } else if attempt >= self.ctx.config.max_attempts {
-            Fate::DeadLetter(
-                DeadLetterKind::Exhausted,
-                format!("gave up after {attempt} attempt(s): {reason}"),
-            )
-        } else {
-            Fate::Retry(reason)
-        }
+/// One handler call: a single message (`handle`) or several (`handle_batch`), bounded by the
+/// handler timeout, a panic caught and counted as a permanent failure.
+async fn run_handler(
+    ctx: &Ctx,
+    events: &Events,
+    conn: &mut PgConnection,
+    envs: &[&Envelope],
+    handler: &Arc<dyn DynHandler>,
+) -> Result<(), Failure> {
+    let timeout = ctx.config.handler_timeout;
+    let start = Instant::now();
+    let call = match envs {
+        [one] => handler.call(conn, one),
+        many => handler.call_batch(conn, many),
+    };
+    let result = tokio::time::timeout(timeout, AssertUnwindSafe(call).catch_unwind()).await;
+    events.handler_finished(start.elapsed());
+    match result {
+        Err(_) => Err(Failure::Message {
+            permanent: false,
+            reason: format!("handler timed out after {timeout:?}"),
+        }),
+        Ok(Err(panic)) => Err(Failure::Message {
+            permanent: true,
+            reason: format!("handler panicked: {}", panic_text(&panic)),
+        }),
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(HandlerError::Database(e)))) => Err(classify_db(e, "handler query failed")),
+        Ok(Ok(Err(e))) => Err(Failure::Message {
+            permanent: matches!(e, HandlerError::Permanent(_)),
+            reason: ErrorChain(&e).to_string(),
+        }),
+    }
+}
+
+fn fate_of_failure(ctx: &Ctx, permanent: bool, reason: String, attempt: u32) -> Fate {
+    if permanent {
+        Fate::DeadLetter(DeadLetterKind::Permanent, reason)
+    } else if attempt >= ctx.config.max_attempts {
+        Fate::DeadLetter(
+            DeadLetterKind::Exhausted,
+            format!("gave up after {attempt} attempt(s): {reason}"),
+        )
+    } else {
+        Fate::Retry(reason)
     }
 }
 

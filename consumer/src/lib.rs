@@ -10,12 +10,14 @@
 //!   [`Handlers`] registry (AMQP topic patterns, optional catch-all).
 //! - [`supervisor`]: [`Consumer`] / [`run`]: connect, declare, run the workers of a session,
 //!   reconnect with backoff; readiness and the database watch.
+//! - `context`: what the supervisor and its workers share, and the bound on broker round trips.
 //! - [`worker`]: one worker's consume loop: buffered deliveries into batches, each delivery's work
-//!   decided before the transaction, retries while the database fails, then one multi-ack.
-//! - [`batch`]: the batch transaction (dedup insert, handlers with savepoints on failure, commit)
-//!   and each message's fate.
-//! - [`copies`]: retry copies and dead letters, made to fit one frame (the largest original
-//!   headers cut, the reason kept), published with confirms before the ack.
+//!   decided before the transaction, retries while the database fails, the copies published with
+//!   confirms, then one multi-ack.
+//! - [`batch`]: a batch's items, the batch transaction (dedup insert, handlers with savepoints on
+//!   failure, commit) and each message's fate.
+//! - [`copies`]: what a retry copy or dead letter of a delivery is, made to fit one frame (the
+//!   largest original headers cut, the reason kept).
 //! - [`dedup`]: the `processed_messages` statements and which database errors are infrastructure.
 //! - [`topology`]: the queue, retry queues, dead-letter exchange and queue a consumer declares.
 //! - [`screen`]: what a delivery must be before it is decoded (UTF-8 text, parsed headers of
@@ -43,6 +45,7 @@
 
 pub mod batch;
 pub mod config;
+mod context;
 pub mod copies;
 pub mod dedup;
 pub mod dlq;

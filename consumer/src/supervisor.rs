@@ -7,6 +7,7 @@
 //! [`crate::copies`] (retry copies and dead letters).
 
 use crate::config::Config;
+use crate::context::{Ctx, bounded};
 use crate::error::{ConfigError, ConsumerError, SessionError};
 use crate::handler::Handlers;
 use crate::internal_events::{Events, Stats};
@@ -20,22 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Bound on every broker round trip the runtime waits for (declare, confirm, ack, close).
-pub(crate) const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// A configured consumer, ready to [`run`](Consumer::run).
 pub struct Consumer {
     ctx: Arc<Ctx>,
-}
-
-pub(crate) struct Ctx {
-    pub(crate) config: Config,
-    pub(crate) pool: PgPool,
-    pub(crate) handlers: Handlers,
-    pub(crate) topology: Topology,
-    pub(crate) bindings: Vec<String>,
-    pub(crate) stats: Arc<Stats>,
-    pub(crate) readiness: Arc<Readiness>,
 }
 
 impl Consumer {
@@ -194,17 +182,6 @@ async fn watch_database(pool: PgPool, readiness: Arc<Readiness>, stop: Cancellat
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
         readiness.set_postgres(ping(&pool).await);
-    }
-}
-
-pub(crate) async fn bounded<T, E>(
-    what: &'static str,
-    fut: impl Future<Output = Result<T, E>>,
-    wrap: impl FnOnce(E) -> SessionError,
-) -> Result<T, SessionError> {
-    match tokio::time::timeout(BROKER_TIMEOUT, fut).await {
-        Ok(r) => r.map_err(wrap),
-        Err(_) => Err(SessionError::Timeout(what, BROKER_TIMEOUT)),
     }
 }
 

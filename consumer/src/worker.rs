@@ -3,37 +3,26 @@
 //! the batch (see [`crate::batch`]) with retries while the database fails, publishes the copies
 //! (see [`crate::copies`]), then acknowledges the whole batch at once.
 
-use crate::batch::Fate;
+use crate::batch::{self, Fate, Item, Work};
+use crate::context::{BROKER_TIMEOUT, Ctx, bounded};
+use crate::copies;
 use crate::error::SessionError;
-use crate::handler::DynHandler;
 use crate::internal_events::{Events, Outcome};
 use crate::message::{self, DeadLetterKind};
-use crate::screen;
-use crate::supervisor::{Ctx, bounded};
+use crate::screen::{self, Reason};
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
+    ConfirmSelectOptions,
+};
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection};
+use lapin::{Channel, Connection, PublisherConfirm};
 use plumbing::telemetry::ErrorChain;
-use shared::Envelope;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-/// What to do with a delivery, decided before the transaction.
-pub(crate) enum Work {
-    Handle(Box<Envelope>, Arc<dyn DynHandler>),
-    Reject(DeadLetterKind, String),
-    Ignore,
-}
-
-pub(crate) struct Item {
-    pub(crate) delivery: Delivery,
-    pub(crate) attempt: u32,
-    pub(crate) work: Work,
-}
 
 pub(crate) enum BatchEnd {
     Settled,
@@ -183,7 +172,7 @@ impl Worker {
         if items.iter().any(|i| matches!(i.work, Work::Handle(..))) {
             let mut failures = 0u32;
             loop {
-                match self.transact(&items).await {
+                match batch::transact(&self.ctx, &self.events, &items).await {
                     Ok(f) => {
                         fates = f;
                         self.ctx.readiness.set_postgres(true);
@@ -298,5 +287,75 @@ impl Worker {
         }
         self.events.batch(size, started.elapsed());
         Ok(BatchEnd::Settled)
+    }
+
+    /// Publishes the retry copies and dead letters of this batch and waits for the broker's
+    /// confirms, so that the multi-ack that follows loses nothing. A copy that cannot be made to
+    /// fit one frame (see [`copies::fit`]) is not published: its delivery is rejected without
+    /// requeue, counted, and its fate becomes [`Fate::Discarded`].
+    async fn publish_copies(
+        &self,
+        items: &[Item],
+        fates: &mut [Option<Fate>],
+    ) -> Result<(), SessionError> {
+        let mut pending: Vec<(PublisherConfirm, String)> = Vec::new();
+        for (item, fate) in items.iter().zip(fates.iter_mut()) {
+            let Some(f) = fate.as_ref() else { continue };
+            let d = &item.delivery;
+            let copy = match copies::copy_of(&self.ctx, item, f, self.frame_max) {
+                Ok(Some(copy)) => copy,
+                Ok(None) => continue,
+                Err(e) => {
+                    let reason = e.to_string();
+                    tracing::error!(
+                        message_id = d.properties.message_id().as_ref().map_or("", |s| s.as_str()),
+                        %reason,
+                        "rejecting a delivery without requeue: its copy cannot be published"
+                    );
+                    bounded(
+                        "rejecting",
+                        self.consume_ch
+                            .basic_reject(d.delivery_tag, BasicRejectOptions { requeue: false }),
+                        SessionError::Ack,
+                    )
+                    .await?;
+                    self.events.rejected(Reason::CopyTooLarge);
+                    *fate = Some(Fate::Discarded);
+                    continue;
+                }
+            };
+            let confirm = self
+                .publish_ch
+                .basic_publish(
+                    copy.exchange.as_str().into(),
+                    copy.routing_key.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    &d.data,
+                    copy.properties,
+                )
+                .await
+                .map_err(SessionError::Publish)?;
+            pending.push((confirm, copy.what));
+        }
+        let deadline = tokio::time::Instant::now() + BROKER_TIMEOUT;
+        for (confirm, what) in pending {
+            let confirmation = tokio::time::timeout_at(deadline, confirm)
+                .await
+                .map_err(|_| SessionError::Timeout("publisher confirm", BROKER_TIMEOUT))?
+                .map_err(SessionError::Publish)?;
+            if !confirmation.is_ack() {
+                return Err(SessionError::NotConfirmed(format!("{what}: nacked")));
+            }
+            if let Some(returned) = confirmation.take_message() {
+                return Err(SessionError::NotConfirmed(format!(
+                    "{what}: returned ({})",
+                    returned.reply_text
+                )));
+            }
+        }
+        Ok(())
     }
 }
