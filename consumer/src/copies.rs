@@ -1,19 +1,14 @@
-//! Retry copies and dead letters: published with publisher confirms before the batch is
-//! acknowledged, each carrying the headers that say why (see [`crate::message::headers`]).
+//! Retry copies and dead letters: what a copy of a delivery is (where it goes, the headers that
+//! say why, see [`crate::message::headers`]) and how it is made to fit one frame. The worker
+//! publishes them with publisher confirms before it acknowledges the batch.
 
-use crate::batch::Fate;
-use crate::error::SessionError;
+use crate::batch::{Fate, Item};
+use crate::context::Ctx;
 use crate::message::{self, headers};
-use crate::screen::{self, MAX_HEADER_DEPTH, Reason};
-use crate::supervisor::{BROKER_TIMEOUT, bounded};
-use crate::worker::{Item, Worker};
-use lapin::options::{BasicPublishOptions, BasicRejectOptions};
+use crate::screen::{self, MAX_HEADER_DEPTH};
+use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString};
-use lapin::{BasicProperties, PublisherConfirm};
-
-/// Bytes of a content header frame besides the properties: frame type, channel and size (7),
-/// class id, weight and body size (12), frame end (1).
-pub const HEADER_FRAME_OVERHEAD: usize = 20;
+use plumbing::amqp::HEADER_FRAME_OVERHEAD;
 
 /// The headers the consumer sets on its copies: [`fit`] never removes them, so a copy keeps why.
 pub const OWN_HEADERS: [&str; 8] = [
@@ -37,14 +32,10 @@ pub struct DoesNotFit {
     pub limit: usize,
 }
 
-/// The exact size of `properties` on the wire, measured with the protocol's own serializer
-/// (`usize::MAX` if it could not serialize, so that it never fits).
-pub fn properties_len(properties: &BasicProperties) -> usize {
-    cookie_factory::gen_simple(
-        lapin::protocol::basic::gen_properties(properties),
-        Vec::new(),
-    )
-    .map_or(usize::MAX, |buf| buf.len())
+/// The exact size of `properties` on the wire (`usize::MAX` if it could not serialize, so that it
+/// never fits).
+fn properties_len(properties: &BasicProperties) -> usize {
+    plumbing::amqp::properties_len(properties).unwrap_or(usize::MAX)
 }
 
 /// Makes a copy's properties publishable on a connection with `frame_max`:
@@ -114,132 +105,84 @@ fn note_len(v: &AMQPValue) -> usize {
     }
 }
 
-impl Worker {
-    /// Publishes the retry copies and dead letters of this batch and waits for the broker's
-    /// confirms, so that the multi-ack that follows loses nothing. A copy that cannot be made to
-    /// fit one frame (see [`fit`]) is not published: its delivery is rejected without requeue,
-    /// counted, and its fate becomes [`Fate::Discarded`].
-    pub(crate) async fn publish_copies(
-        &self,
-        items: &[Item],
-        fates: &mut [Option<Fate>],
-    ) -> Result<(), SessionError> {
-        let mut pending: Vec<(PublisherConfirm, String)> = Vec::new();
-        for (item, fate) in items.iter().zip(fates.iter_mut()) {
-            let d = &item.delivery;
-            let original_key = message::original_routing_key(&d.properties, d.routing_key.as_str());
-            let mut table = d.properties.headers().clone().unwrap_or_default();
-            message::set_text(&mut table, headers::ORIGINAL_ROUTING_KEY, &original_key);
-            let (exchange, routing_key) = match fate {
-                Some(Fate::Retry(reason)) => {
-                    let delay = self.ctx.config.retry_delay(item.attempt);
-                    let queue = self
-                        .ctx
-                        .topology
-                        .retry_queue(delay)
-                        .unwrap_or(&self.ctx.topology.queue);
-                    message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt) + 1);
-                    message::set_text(
-                        &mut table,
-                        headers::LAST_ERROR,
-                        &message::truncate(reason, 1000),
-                    );
-                    (String::new(), queue.to_string())
-                }
-                Some(Fate::DeadLetter(kind, reason)) => {
-                    message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt));
-                    message::set_text(&mut table, headers::DEAD_LETTER_KIND, kind.as_str());
-                    message::set_text(
-                        &mut table,
-                        headers::DEAD_LETTER_REASON,
-                        &message::truncate(reason, 2000),
-                    );
-                    message::set_text(
-                        &mut table,
-                        headers::DEAD_LETTERED_AT,
-                        &chrono::Utc::now().to_rfc3339(),
-                    );
-                    message::set_text(
-                        &mut table,
-                        headers::DEAD_LETTER_CONSUMER,
-                        &self.ctx.config.name,
-                    );
-                    (self.ctx.topology.dead_letter_exchange.clone(), original_key)
-                }
-                _ => continue,
-            };
-            let props: BasicProperties = d
-                .properties
-                .clone()
-                .with_headers(table)
-                .with_delivery_mode(2);
-            let props = match fit(props, self.frame_max) {
-                Ok(props) => props,
-                Err(e) => {
-                    let reason = e.to_string();
-                    tracing::error!(
-                        message_id = d.properties.message_id().as_ref().map_or("", |s| s.as_str()),
-                        %reason,
-                        "rejecting a delivery without requeue: its copy cannot be published"
-                    );
-                    bounded(
-                        "rejecting",
-                        self.consume_ch
-                            .basic_reject(d.delivery_tag, BasicRejectOptions { requeue: false }),
-                        SessionError::Ack,
-                    )
-                    .await?;
-                    self.events.rejected(Reason::CopyTooLarge);
-                    *fate = Some(Fate::Discarded);
-                    continue;
-                }
-            };
-            let confirm = self
-                .publish_ch
-                .basic_publish(
-                    exchange.as_str().into(),
-                    routing_key.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    &d.data,
-                    props,
-                )
-                .await
-                .map_err(SessionError::Publish)?;
-            let what = format!(
-                "{} of {}",
-                if exchange.is_empty() {
-                    "retry"
-                } else {
-                    "dead letter"
-                },
-                d.properties
-                    .message_id()
-                    .as_ref()
-                    .map_or("(no message id)", |s| s.as_str())
+/// A retry copy or a dead letter of one delivery, ready to publish.
+pub(crate) struct Copy {
+    pub exchange: String,
+    pub routing_key: String,
+    pub properties: BasicProperties,
+    /// For errors: `retry of <message id>` or `dead letter of <message id>`.
+    pub what: String,
+}
+
+/// The copy `fate` asks for of `item`'s delivery: `Ok(None)` when the fate needs none (processed,
+/// duplicate, ignored); `Err` when it cannot be made to fit one frame of `frame_max` (see [`fit`]).
+pub(crate) fn copy_of(
+    ctx: &Ctx,
+    item: &Item,
+    fate: &Fate,
+    frame_max: u32,
+) -> Result<Option<Copy>, DoesNotFit> {
+    let d = &item.delivery;
+    let original_key = message::original_routing_key(&d.properties, d.routing_key.as_str());
+    let mut table = d.properties.headers().clone().unwrap_or_default();
+    message::set_text(&mut table, headers::ORIGINAL_ROUTING_KEY, &original_key);
+    let (exchange, routing_key, kind) = match fate {
+        Fate::Retry(reason) => {
+            let delay = ctx.config.retry_delay(item.attempt);
+            let queue = ctx
+                .topology
+                .retry_queue(delay)
+                .unwrap_or(&ctx.topology.queue);
+            message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt) + 1);
+            message::set_text(
+                &mut table,
+                headers::LAST_ERROR,
+                &message::truncate(reason, 1000),
             );
-            pending.push((confirm, what));
+            (String::new(), queue.to_string(), "retry")
         }
-        let deadline = tokio::time::Instant::now() + BROKER_TIMEOUT;
-        for (confirm, what) in pending {
-            let confirmation = tokio::time::timeout_at(deadline, confirm)
-                .await
-                .map_err(|_| SessionError::Timeout("publisher confirm", BROKER_TIMEOUT))?
-                .map_err(SessionError::Publish)?;
-            if !confirmation.is_ack() {
-                return Err(SessionError::NotConfirmed(format!("{what}: nacked")));
-            }
-            if let Some(returned) = confirmation.take_message() {
-                return Err(SessionError::NotConfirmed(format!(
-                    "{what}: returned ({})",
-                    returned.reply_text
-                )));
-            }
+        Fate::DeadLetter(kind, reason) => {
+            message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt));
+            message::set_text(&mut table, headers::DEAD_LETTER_KIND, kind.as_str());
+            message::set_text(
+                &mut table,
+                headers::DEAD_LETTER_REASON,
+                &message::truncate(reason, 2000),
+            );
+            message::set_text(
+                &mut table,
+                headers::DEAD_LETTERED_AT,
+                &chrono::Utc::now().to_rfc3339(),
+            );
+            message::set_text(&mut table, headers::DEAD_LETTER_CONSUMER, &ctx.config.name);
+            (
+                ctx.topology.dead_letter_exchange.clone(),
+                original_key,
+                "dead letter",
+            )
         }
-        Ok(())
-    }
+        Fate::Processed | Fate::Duplicate | Fate::Ignored | Fate::Discarded => return Ok(None),
+    };
+    let properties = fit(
+        d.properties
+            .clone()
+            .with_headers(table)
+            .with_delivery_mode(2),
+        frame_max,
+    )?;
+    let what = format!(
+        "{kind} of {}",
+        d.properties
+            .message_id()
+            .as_ref()
+            .map_or("(no message id)", |s| s.as_str())
+    );
+    Ok(Some(Copy {
+        exchange,
+        routing_key,
+        properties,
+        what,
+    }))
 }
 
 #[cfg(test)]

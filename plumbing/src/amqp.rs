@@ -10,6 +10,22 @@ use std::time::Duration;
 /// two intervals instead of the broker default of 60 s.
 pub const DEFAULT_HEARTBEAT_SECS: u16 = 10;
 
+/// Bytes of a content header frame besides the properties: frame type, channel and size (7),
+/// class id, weight and body size (12), frame end (1). A message's properties must fit one frame
+/// of the connection's `frame_max` less this.
+pub const HEADER_FRAME_OVERHEAD: usize = 20;
+
+/// The exact size of `properties` on the wire, measured with the protocol's own serializer
+/// (`None` if it cannot be serialized).
+pub fn properties_len(properties: &lapin::BasicProperties) -> Option<usize> {
+    cookie_factory::gen_simple(
+        lapin::protocol::basic::gen_properties(properties),
+        Vec::new(),
+    )
+    .ok()
+    .map(|buf| buf.len())
+}
+
 /// Errors from connecting to RabbitMQ.
 #[derive(Debug, thiserror::Error)]
 pub enum AmqpError {

@@ -8,12 +8,8 @@
 use crate::store::OutboxRow;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use plumbing::amqp::headers as h;
+use plumbing::amqp::{HEADER_FRAME_OVERHEAD, headers as h};
 use shared::publishable::{self, MessageError};
-
-/// Bytes of a content header frame besides the properties: frame type, channel and size (7),
-/// class id, weight and body size (12), frame end (1).
-const HEADER_FRAME_OVERHEAD: usize = 20;
 
 /// What bounds a row's encoded size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,12 +133,8 @@ fn upper_bound(row: &OutboxRow) -> usize {
 
 /// The exact size of `properties` on the wire, measured with the protocol's own serializer.
 pub fn properties_len(properties: &BasicProperties) -> Result<usize, EncodeError> {
-    cookie_factory::gen_simple(
-        lapin::protocol::basic::gen_properties(properties),
-        Vec::new(),
-    )
-    .map(|buf| buf.len())
-    .map_err(|e| EncodeError::Encoding(e.to_string()))
+    plumbing::amqp::properties_len(properties)
+        .ok_or_else(|| EncodeError::Encoding("the properties cannot be serialized".into()))
 }
 
 #[cfg(test)]

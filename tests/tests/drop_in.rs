@@ -459,13 +459,12 @@ async fn a_database_of_the_previous_release_is_upgraded_without_losing_a_row() {
     // INSERT is published (woken by the new table's NOTIFY, after the moved rows of its
     // aggregate), and an old consumer's dedup statement sees the moved rows.
     for view in ["public.outbox", "public.processed_messages"] {
-        let kind: Option<String> = sqlx::query_scalar(
-            "SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)",
-        )
-        .bind(view)
-        .fetch_optional(&db.pool)
-        .await
-        .unwrap();
+        let kind: Option<String> =
+            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+                .bind(view)
+                .fetch_optional(&db.pool)
+                .await
+                .unwrap();
         assert_eq!(kind.as_deref(), Some("v"), "{view} is a view");
     }
     let late: uuid::Uuid = sqlx::query_scalar(
