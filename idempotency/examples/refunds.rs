@@ -21,7 +21,7 @@ use shared::schema::Schema;
 #[derive(Clone, Deserialize, Serialize)]
 struct Refund {
     payment_id: String,
-    amount: i64,
+    amount: std::num::NonZeroU32, // 0, negative or not a number: 422 before the key is reserved
 }
 
 async fn create_refund(
@@ -34,7 +34,7 @@ async fn create_refund(
         .bind(id)
         .bind(effect.scope())
         .bind(&refund.payment_id)
-        .bind(refund.amount)
+        .bind(i64::from(refund.amount.get()))
         .execute(&mut *tx)
         .await?;
     let event = NewMessage::new(
@@ -53,7 +53,7 @@ fn refunds(pool: sqlx::PgPool) -> Router {
         .scope(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
         .json::<Refund>()
         .location(|id| format!("/refunds/{id}"));
-    Router::new().route("/refunds", post(create_refund).layer(idempotent))
+    Router::new().route("/refunds", post(create_refund).route_layer(idempotent))
 }
 
 /// What the service's own authentication puts into the request (here: trusts a header).

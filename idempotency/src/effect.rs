@@ -75,8 +75,15 @@ impl Effect {
     /// (`shared::outbox::enqueue(&mut *tx, ..)`) here, and do not commit it: the layer commits it
     /// with the completed record. Fails with [`IdempotencyError::Superseded`] (409) when a retry
     /// took this request's lease over; return that error, the layer rolls back.
+    ///
+    /// One [`EffectTx`] at a time: asking again while one is alive (e.g. in a helper that got
+    /// the `Effect` too) fails with a 500 instead of waiting for itself forever.
     pub async fn tx(&self) -> Result<EffectTx<'_>, IdempotencyError> {
-        let mut slot = self.shared.tx.lock().await;
+        let mut slot = self.shared.tx.try_lock().map_err(|_| {
+            IdempotencyError::Internal(
+                "Effect::tx called while an EffectTx of the same request is alive".into(),
+            )
+        })?;
         self.shared.begin(&mut slot).await?;
         MutexGuard::try_map(slot, Option::as_mut)
             .map(EffectTx)

@@ -1,12 +1,14 @@
 //! The fingerprint of a request: SHA-256 over the canonical JSON (object keys sorted bytewise, no
-//! whitespace) of the operation and the validated, normalized request. Key order, whitespace and
-//! whatever the service's normalization folds (e.g. `"250"` and `250`) do not change it.
+//! whitespace) of the operation, the request's method and target (path and query) and the
+//! validated, normalized request. Key order, whitespace and whatever the service's normalization
+//! folds (e.g. `"250"` and `250`) do not change it; the same body sent to another resource
+//! (`POST /orders/1/cancel` and `/orders/2/cancel`) or with another method does.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// Version of the fingerprint input; bump it when the canonical form changes.
-pub const FINGERPRINT_VERSION: u32 = 1;
+pub const FINGERPRINT_VERSION: u32 = 2;
 
 /// Canonical JSON: object keys sorted (bytewise), no whitespace, numbers and strings as
 /// serde_json writes them. Independent of serde_json's `preserve_order` feature.
@@ -46,11 +48,21 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
-/// The fingerprint of `normalized_request` for `operation`.
-pub fn fingerprint(operation: &str, normalized_request: &Value) -> [u8; 32] {
+/// The request line a fingerprint covers besides the body: its method and target.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub method: &'a str,
+    /// Path and query as sent (`/orders/1/cancel?notify=true`).
+    pub path_and_query: &'a str,
+}
+
+/// The fingerprint of `normalized_request` sent to `target` for `operation`.
+pub fn fingerprint(operation: &str, target: Target<'_>, normalized_request: &Value) -> [u8; 32] {
     let input = serde_json::json!({
         "v": FINGERPRINT_VERSION,
         "operation": operation,
+        "method": target.method,
+        "target": target.path_and_query,
         "request": normalized_request,
     });
     Sha256::digest(canonical_json(&input).as_bytes()).into()
@@ -66,13 +78,33 @@ mod tests {
             serde_json::from_str(r#"{ "b": [1, {"y": 2, "x": "é"}], "a": null }"#).unwrap();
         let b: Value = serde_json::from_str(r#"{"a":null,"b":[1,{"x":"é","y":2}]}"#).unwrap();
         assert_eq!(canonical_json(&a), r#"{"a":null,"b":[1,{"x":"é","y":2}]}"#);
+        let post = Target {
+            method: "POST",
+            path_and_query: "/orders",
+        };
         assert_eq!(
-            fingerprint("create_order", &a),
-            fingerprint("create_order", &b)
+            fingerprint("create_order", post, &a),
+            fingerprint("create_order", post, &b)
         );
         assert_ne!(
-            fingerprint("create_order", &a),
-            fingerprint("create_payment", &a)
+            fingerprint("create_order", post, &a),
+            fingerprint("create_payment", post, &a)
+        );
+        let other = Target {
+            method: "POST",
+            path_and_query: "/orders?dry_run=true",
+        };
+        assert_ne!(
+            fingerprint("create_order", post, &a),
+            fingerprint("create_order", other, &a)
+        );
+        let put = Target {
+            method: "PUT",
+            path_and_query: "/orders",
+        };
+        assert_ne!(
+            fingerprint("create_order", post, &a),
+            fingerprint("create_order", put, &a)
         );
     }
 }

@@ -12,7 +12,7 @@
 
 use crate::effect::{Effect, EffectShared, Pending, ResourceId};
 use crate::error::IdempotencyError;
-use crate::fingerprint::fingerprint;
+use crate::fingerprint::{Target, fingerprint};
 use crate::internal_events::{self, Outcome, ReleaseReason};
 use crate::key::key_from_headers;
 use crate::persistence::{self, Owned, RecordKey, RecordStatus, Reservation, StoredResponse};
@@ -61,21 +61,35 @@ impl Config {
 }
 
 /// Which responses are stored and replayed by default: every 2xx, and the 4xx that are definitive
-/// answers to the request. Not stored (the key is released, a retry runs anew): 5xx, 3xx, and the
-/// 4xx that depend on the moment rather than the request (401, 403, 407, 408, 409, 423, 425, 429).
+/// answers to the request. Not stored (the key is released, a retry runs anew): 5xx, 3xx, the 4xx
+/// that depend on the moment rather than the request (401, 403, 407, 408, 409, 423, 425, 429), and
+/// those about the request's form in headers the fingerprint does not cover, which a corrected
+/// retry with the same key must be able to fix (405 method, 406 `Accept`, 412 and 428
+/// preconditions, 415 `Content-Type`).
 pub fn stored_by_default(status: StatusCode) -> bool {
     status.is_success()
         || (status.is_client_error()
             && !matches!(
                 status.as_u16(),
-                401 | 403 | 407 | 408 | 409 | 423 | 425 | 429
+                401 | 403 | 405 | 406 | 407 | 408 | 409 | 412 | 415 | 423 | 425 | 428 | 429
             ))
 }
+
+/// Longest scope stored with a record: a longer one (or an empty one) is no usable principal.
+pub const MAX_SCOPE_LEN: usize = 512;
 
 impl Idempotency {
     /// The layer that makes the routes it wraps idempotent as `operation` (e.g. `create_refund`):
     /// with the scope, the key names one record per operation.
+    ///
+    /// # Panics
+    /// When `operation` is empty or over 200 bytes: a programming error, found at start-up rather
+    /// than as a 500 on every request.
     pub fn route(&self, operation: &str) -> IdempotencyLayer {
+        assert!(
+            (1..=200).contains(&operation.len()),
+            "an idempotent operation's name must be 1 to 200 bytes, got {operation:?}"
+        );
         IdempotencyLayer::new(self.clone(), operation)
     }
 }
@@ -173,7 +187,7 @@ impl IdempotencyLayer {
     }
 
     /// Which responses are stored and replayed (default [`stored_by_default`]); the others release
-    /// the key.
+    /// the key. Only 2xx and 4xx can be stored: 1xx, 3xx and 5xx always release it.
     pub fn stored(self, f: fn(StatusCode) -> bool) -> Self {
         self.with(|c| c.stored = f)
     }
@@ -234,6 +248,14 @@ where
     let Some(scope) = config.scope.as_ref().and_then(|f| f(&parts)) else {
         return IdempotencyError::Unauthenticated.into_response();
     };
+    if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
+        tracing::warn!(
+            operation = %operation,
+            scope_len = scope.len(),
+            "the scope function returned an empty or over-long scope; answering 401"
+        );
+        return IdempotencyError::Unauthenticated.into_response();
+    }
     // The body under the route's DefaultBodyLimit (it travels in the extensions).
     let mut body_request = Request::new(body);
     *body_request.extensions_mut() = parts.extensions.clone();
@@ -257,7 +279,14 @@ where
             Err(_) => return IdempotencyError::InvalidJson.into_response(),
         },
     };
-    let fingerprint = fingerprint(&operation, &normalized);
+    let target = Target {
+        method: parts.method.as_str(),
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path(), |p| p.as_str()),
+    };
+    let fingerprint = fingerprint(&operation, target, &normalized);
 
     let store = &config.store;
     let now = store.now();
@@ -268,14 +297,22 @@ where
         key,
     };
     // Armed before reserving: if this request is dropped while the reservation is in flight, the
-    // token-fenced delete removes whatever it reserved (and nothing else).
+    // token-fenced delete removes whatever it reserved (and nothing else), once it has settled.
     let token = Uuid::new_v4();
     let mut guard = ReleaseGuard::new(store.pool.clone(), record.clone(), token);
-    let reservation = match persistence::reserve(store, &record, &fingerprint, token, now).await {
-        Ok(reservation) => reservation,
-        Err(e) => {
+    let reserving = {
+        let (store, record) = (store.clone(), record.clone());
+        async move { persistence::reserve(&store, &record, &fingerprint, token, now).await }
+    };
+    let reservation = match guard.reserve(reserving).await {
+        Ok(Ok(reservation)) => reservation,
+        Ok(Err(e)) => {
             guard.release(ReleaseReason::Error).await;
             return IdempotencyError::from(e).into_response();
+        }
+        Err(e) => {
+            guard.release(ReleaseReason::Error).await;
+            return IdempotencyError::Internal(format!("reservation task: {e}")).into_response();
         }
     };
     let outcome = match reservation {
@@ -341,7 +378,8 @@ async fn finish(
         return superseded(config, shared, guard).await;
     }
     let status = response.status();
-    if !(config.stored)(status) {
+    let storable = status.is_success() || status.is_client_error();
+    if !(storable && (config.stored)(status)) {
         rollback(shared).await;
         guard.release(ReleaseReason::Error).await;
         return response;

@@ -6,7 +6,7 @@
 //! let layer = store.route("create_refund")
 //!     .scope(|parts| parts.extensions.get::<Account>().map(|a| a.0.clone()))
 //!     .location(|id| format!("/refunds/{id}"));
-//! Router::new().route("/refunds", post(create_refund).layer(layer))
+//! Router::new().route("/refunds", post(create_refund).route_layer(layer))
 //! // the handler: `effect: Effect`, writes into `effect.tx().await?`, returns `(StatusCode::CREATED, ResourceId(id), body)`
 //! ```
 //!
@@ -41,9 +41,9 @@ pub mod store;
 
 pub use effect::{Effect, EffectTx, Pending, ResourceId};
 pub use error::IdempotencyError;
-pub use fingerprint::{canonical_json, fingerprint};
+pub use fingerprint::{Target, canonical_json, fingerprint};
 pub use key::{KEY_HEADER, KeyHash, MAX_KEY_LEN, hash_key, validate_key};
-pub use layer::{IdempotencyLayer, IdempotencyService, stored_by_default};
+pub use layer::{IdempotencyLayer, IdempotencyService, MAX_SCOPE_LEN, stored_by_default};
 pub use persistence::{RecordStatus, StoredResponse};
 pub use purge::{PurgeSettings, purge_expired, purge_loop};
 pub use replay::REPLAYED_HEADER;

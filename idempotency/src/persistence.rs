@@ -6,7 +6,8 @@
 //!    request owns the key. Otherwise the existing record decides: expired → taken over as new;
 //!    other fingerprint → 422; processing with a live lease → 409; processing with an expired
 //!    lease (its holder died) → taken over; completed, failed or pending → replayed. Takeovers are
-//!    compare-and-set `UPDATE`s, so exactly one contender wins.
+//!    compare-and-set `UPDATE`s, so exactly one contender wins, and they skip a row locked by a
+//!    holder inside its effect transaction (that holder is alive: 409, never a wait).
 //! 2. [`lock`] opens the effect's transaction: the record row is locked `FOR UPDATE` if this
 //!    request's token still holds it, so a holder whose lease was taken over stops there.
 //! 3. [`complete`] writes the final state in that same transaction, fenced by the token again.
@@ -179,9 +180,12 @@ pub(crate) async fn reserve(
                         lease_token = $5, lease_expires_at = $6, response_status = NULL, \
                         response_body = NULL, resource_id = NULL, created_at = $7, updated_at = $7, \
                         expires_at = $8 \
-                 WHERE scope = $1 AND operation = $2 AND key_hash = $3 AND expires_at <= $7 \
-                   AND (status IN ('completed', 'failed') \
-                        OR (status = 'processing' AND lease_expires_at <= $7))",
+                 WHERE (scope, operation, key_hash) IN ( \
+                     SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
+                      WHERE scope = $1 AND operation = $2 AND key_hash = $3 AND expires_at <= $7 \
+                        AND (status IN ('completed', 'failed') \
+                             OR (status = 'processing' AND lease_expires_at <= $7)) \
+                        FOR UPDATE SKIP LOCKED)",
             ))
             .bind(&record.scope)
             .bind(&*record.operation)
@@ -211,12 +215,17 @@ pub(crate) async fn reserve(
                 if !lease_expired {
                     return Ok(Reservation::InFlight);
                 }
-                // The holder died (or hangs): compare-and-set on the token we saw.
+                // The holder died, or has not begun its effect: compare-and-set on the token we
+                // saw. A holder inside its effect transaction holds the row lock: it is alive, so
+                // the row is skipped (not waited for) and this request answers 409.
                 let taken = sqlx::query(record.schema.sql(
                     "UPDATE {{schema}}.idempotency_keys \
                      SET lease_token = $5, lease_expires_at = $6, updated_at = $7 \
-                     WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
-                       AND status = 'processing' AND lease_token = $4",
+                     WHERE (scope, operation, key_hash) IN ( \
+                         SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
+                          WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+                            AND status = 'processing' AND lease_token = $4 \
+                            FOR UPDATE SKIP LOCKED)",
                 ))
                 .bind(&record.scope)
                 .bind(&*record.operation)

@@ -53,14 +53,28 @@ impl Idempotency {
     }
 
     /// How long a key is kept; afterwards the same key counts as new and its record is purged.
+    ///
+    /// # Panics
+    /// When `ttl` is under a second (records could not be stored).
     pub fn ttl(mut self, ttl: Duration) -> Self {
+        assert!(
+            ttl >= Duration::from_secs(1),
+            "the idempotency TTL must be at least 1 s, got {ttl:?}"
+        );
         self.ttl = ttl;
         self
     }
 
     /// How long a processing record is held before a retry may take it over (its holder presumed
     /// dead). Longer than any request may take.
+    ///
+    /// # Panics
+    /// When `lease` is under a second.
     pub fn lease(mut self, lease: Duration) -> Self {
+        assert!(
+            lease >= Duration::from_secs(1),
+            "the idempotency lease must be at least 1 s, got {lease:?}"
+        );
         self.lease = lease;
         self
     }

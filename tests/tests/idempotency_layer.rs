@@ -35,7 +35,16 @@ struct Faults {
     panic_next: AtomicBool,
     /// (entered, gate): the next call notifies `entered` and waits for `gate`.
     hold_next: Mutex<Option<(Arc<Notify>, Arc<Notify>)>>,
+    /// The same, but after the next call wrote its effect (its transaction open, the record
+    /// locked).
+    hold_in_tx_next: Mutex<Option<(Arc<Notify>, Arc<Notify>)>>,
+    /// The next call answers this status (with an `error` body) after writing its effect.
+    respond_next: Mutex<Option<StatusCode>>,
     calls: AtomicUsize,
+}
+
+fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
+    slot.lock().unwrap_or_else(|p| p.into_inner()).take()
 }
 
 /// The route under test: one row in `fx.effects` and one outbox message per effect.
@@ -45,12 +54,7 @@ async fn create_note(
     Extension(note): Extension<Note>,
 ) -> Result<Response, IdempotencyError> {
     faults.calls.fetch_add(1, Ordering::SeqCst);
-    let hold = faults
-        .hold_next
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take();
-    if let Some((entered, gate)) = hold {
+    if let Some((entered, gate)) = take(&faults.hold_next) {
         entered.notify_one();
         gate.notified().await;
     }
@@ -67,7 +71,14 @@ async fn create_note(
     shared::outbox::enqueue(&mut *tx, &message)
         .await
         .map_err(sqlx::Error::from)?;
+    if let Some((entered, gate)) = take(&faults.hold_in_tx_next) {
+        entered.notify_one();
+        gate.notified().await;
+    }
     drop(tx);
+    if let Some(status) = take(&faults.respond_next) {
+        return Ok((status, Json(json!({"error": "not now"}))).into_response());
+    }
     if faults.fail_next.swap(false, Ordering::SeqCst) {
         return Ok((
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -115,6 +126,8 @@ impl Drop for Service {
 struct Resp {
     status: u16,
     headers: reqwest::header::HeaderMap,
+    /// The body as received, byte for byte.
+    bytes: Vec<u8>,
     body: String,
 }
 
@@ -160,7 +173,7 @@ async fn start() -> Service {
         .location(|id| format!("/notes/{id}"));
     let faults = Arc::new(Faults::default());
     let app = Router::new()
-        .route("/notes", post(create_note).layer(layer))
+        .route("/notes", post(create_note).route_layer(layer))
         .with_state(faults.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -190,9 +203,21 @@ async fn start() -> Service {
 
 impl Service {
     async fn post_as(&self, tenant: Option<&str>, key: Option<&str>, body: &str) -> Resp {
+        self.send(reqwest::Method::POST, "/notes", tenant, key, body)
+            .await
+    }
+
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        target: &str,
+        tenant: Option<&str>,
+        key: Option<&str>,
+        body: &str,
+    ) -> Resp {
         let mut req = self
             .client
-            .post(format!("{}/notes", self.base))
+            .request(method, format!("{}{target}", self.base))
             .header("content-type", "application/json")
             .body(body.to_owned());
         if let Some(t) = tenant {
@@ -204,10 +229,12 @@ impl Service {
         let r = req.send().await.expect("HTTP request");
         let status = r.status().as_u16();
         let headers = r.headers().clone();
-        let body = r.text().await.expect("read body");
+        let bytes = r.bytes().await.expect("read body").to_vec();
+        let body = String::from_utf8_lossy(&bytes).into_owned();
         Resp {
             status,
             headers,
+            bytes,
             body,
         }
     }
@@ -250,36 +277,37 @@ fn assert_error_only(r: &Resp) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_identical_requests_make_exactly_one_effect() {
-    let svc = start().await;
-    let results = join_all((0..20).map(|_| svc.post("same", NOTE))).await;
-    let fresh: Vec<&Resp> = results
-        .iter()
-        .filter(|r| r.status == 201 && !r.replayed())
-        .collect();
-    assert_eq!(fresh.len(), 1, "exactly one fresh response: {results:?}");
-    let fresh = fresh[0];
-    let (mut replays, mut conflicts) = (0, 0);
-    for r in &results {
-        if std::ptr::eq(r, fresh) {
-            continue;
-        }
-        match r.status {
-            201 => {
-                assert!(r.replayed(), "{r:?}");
-                assert_eq!(r.body, fresh.body);
-                assert_eq!(r.header("location"), fresh.header("location"));
-                replays += 1;
-            }
-            409 => {
-                assert_eq!(r.header("retry-after"), Some("1"));
-                assert_error_only(r);
-                conflicts += 1;
-            }
-            _ => panic!("unexpected response: {r:?}"),
-        }
+    let svc = Arc::new(start().await);
+    // The request that wins the reservation is held in its handler until the other 19 have
+    // their answer, so all 20 really overlap.
+    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    *svc.faults.hold_next.lock().unwrap() = Some((entered.clone(), gate.clone()));
+    let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..20 {
+        let (svc, done_tx) = (svc.clone(), done_tx.clone());
+        tokio::spawn(async move { done_tx.send(svc.post("same", NOTE).await) });
     }
-    assert_eq!(replays + conflicts, 19);
-    eprintln!("20 concurrent requests: 1 fresh, {replays} replays, {conflicts} conflicts");
+    entered.notified().await;
+    let mut conflicts = Vec::new();
+    for _ in 0..19 {
+        conflicts.push(done.recv().await.expect("a response"));
+    }
+    for r in &conflicts {
+        assert_eq!(r.status, 409, "while the first is in flight: {r:?}");
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert_error_only(r);
+    }
+    gate.notify_one();
+    let fresh = done.recv().await.expect("the held request's response");
+    assert_eq!((fresh.status, fresh.replayed()), (201, false), "{fresh:?}");
+
+    // Every retry now gets the first response again.
+    let retries = join_all((0..19).map(|_| svc.post("same", NOTE))).await;
+    for r in &retries {
+        assert_eq!((r.status, r.replayed()), (201, true), "{r:?}");
+        assert_eq!(r.bytes, fresh.bytes);
+        assert_eq!(r.header("location"), fresh.header("location"));
+    }
     assert_eq!(
         svc.faults.calls.load(Ordering::SeqCst),
         1,
@@ -308,7 +336,7 @@ async fn replay_is_byte_identical_and_another_payload_is_422() {
 
     let second = svc.post("k1", NOTE).await;
     assert_eq!(second.status, first.status);
-    assert_eq!(second.body, first.body, "byte-identical body");
+    assert_eq!(second.bytes, first.bytes, "byte-identical body");
     assert_eq!(second.header("idempotent-replayed"), Some("true"));
     assert_eq!(second.header("location"), first.header("location"));
     assert_eq!(second.header("content-type"), Some("application/json"));
@@ -334,6 +362,20 @@ async fn replay_is_byte_identical_and_another_payload_is_422() {
         (201, first.body.as_str())
     );
 
+    // Same key and body on another target (here a query string; a path parameter alike) or with
+    // another method: another request, 422, never the first one's response.
+    let elsewhere = svc
+        .send(
+            reqwest::Method::POST,
+            "/notes?draft=true",
+            Some("acme"),
+            Some("k1"),
+            NOTE,
+        )
+        .await;
+    assert_eq!(elsewhere.status, 422, "{}", elsewhere.body);
+    assert_error_only(&elsewhere);
+
     // Another scope is another key.
     let globex = svc.post_as(Some("globex"), Some("k1"), NOTE).await;
     assert_eq!((globex.status, globex.replayed()), (201, false));
@@ -347,6 +389,7 @@ async fn replay_is_byte_identical_and_another_payload_is_422() {
 async fn bad_requests_get_4xx_with_only_error_and_store_nothing() {
     let svc = start().await;
     let too_long = "k".repeat(256);
+    let long_scope = "t".repeat(idempotency::MAX_SCOPE_LEN + 1);
     for (what, tenant, key, body, status) in [
         ("missing key", Some("acme"), None, NOTE, 400),
         ("empty key", Some("acme"), Some(""), NOTE, 400),
@@ -358,6 +401,14 @@ async fn bad_requests_get_4xx_with_only_error_and_store_nothing() {
             400,
         ),
         ("no scope", None, Some("k"), NOTE, 401),
+        ("empty scope", Some(""), Some("k"), NOTE, 401),
+        (
+            "over-long scope",
+            Some(long_scope.as_str()),
+            Some("k"),
+            NOTE,
+            401,
+        ),
         ("not JSON", Some("acme"), Some("k"), "{not json", 400),
         ("wrong shape", Some("acme"), Some("k"), r#"{"text":1}"#, 422),
         (
@@ -371,6 +422,13 @@ async fn bad_requests_get_4xx_with_only_error_and_store_nothing() {
         let r = svc.post_as(tenant, key, body).await;
         assert_eq!(r.status, status, "{what}: {}", r.body);
         assert_error_only(&r);
+    }
+    // Another method: the route's 405, never a stored answer nor a demand for a key.
+    for key in [None, Some("k")] {
+        let r = svc
+            .send(reqwest::Method::PUT, "/notes", Some("acme"), key, NOTE)
+            .await;
+        assert_eq!(r.status, 405, "{key:?}: {}", r.body);
     }
     assert_eq!(svc.records().await, 0);
     assert_eq!(svc.faults.calls.load(Ordering::SeqCst), 0);
@@ -509,4 +567,106 @@ async fn expired_records_count_as_new_and_are_purged() {
     let done = held.await.unwrap();
     assert_eq!(done.status, 201, "{}", done.body);
     assert_eq!(svc.effects().await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_that_depend_on_the_moment_are_not_stored_and_the_retry_runs_anew() {
+    let svc = start().await;
+    for (n, status) in [409u16, 429, 401, 503].into_iter().enumerate() {
+        let key = format!("moment-{n}");
+        *svc.faults.respond_next.lock().unwrap() = Some(StatusCode::from_u16(status).unwrap());
+        let r = svc.post(&key, NOTE).await;
+        assert_eq!(r.status, status, "{}", r.body);
+        // Rolled back and released.
+        assert_eq!(svc.records().await, n as i64);
+        assert_eq!(svc.effects().await, n as i64);
+        let retry = svc.post(&key, NOTE).await;
+        assert_eq!(
+            (retry.status, retry.replayed()),
+            (201, false),
+            "{}",
+            retry.body
+        );
+        assert_eq!(svc.effects().await, n as i64 + 1);
+    }
+    assert_eq!(svc.messages().await, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_inside_its_effect_is_alive_past_its_lease_so_a_retry_gets_409_without_waiting() {
+    let svc = Arc::new(start().await);
+    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    *svc.faults.hold_in_tx_next.lock().unwrap() = Some((entered.clone(), gate.clone()));
+    let slow = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.post("long", NOTE).await }
+    });
+    entered.notified().await;
+
+    // Its lease ran out, but its transaction (and the record's row lock) is open: the retry does
+    // not queue behind that lock, holding a connection; it answers at once.
+    svc.clock.advance(LEASE.as_secs() as i64 + 1);
+    let busy = svc.post("long", NOTE).await;
+    assert_eq!(busy.status, 409, "{}", busy.body);
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    assert_error_only(&busy);
+
+    gate.notify_one();
+    let done = slow.await.unwrap();
+    assert_eq!(
+        (done.status, done.replayed()),
+        (201, false),
+        "{}",
+        done.body
+    );
+    let replay = svc.post("long", NOTE).await;
+    assert_eq!((replay.status, replay.replayed()), (201, true));
+    assert_eq!(replay.bytes, done.bytes);
+    assert_eq!(svc.effects().await, 1);
+    assert_eq!(svc.faults.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_mid_request_releases_its_key() {
+    let svc = Arc::new(start().await);
+    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    *svc.faults.hold_in_tx_next.lock().unwrap() = Some((entered.clone(), gate.clone()));
+    let gone = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.post("gone", NOTE).await }
+    });
+    entered.notified().await;
+    assert_eq!(svc.records().await, 1);
+    // The client closes its connection while the effect is open: the server drops the request,
+    // its transaction rolls back and its reservation is released.
+    gone.abort();
+    let _ = gone.await;
+    let pool = svc.db.pool.clone();
+    system_tests::wait_until(
+        "the reservation is released",
+        Duration::from_secs(30),
+        || {
+            let pool = pool.clone();
+            async move {
+                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.idempotency_keys")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                (n == 0).then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(svc.effects().await, 0, "the dropped effect rolled back");
+
+    let retry = svc.post("gone", NOTE).await;
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (201, false),
+        "{}",
+        retry.body
+    );
+    assert_eq!(svc.effects().await, 1);
+    assert_eq!(svc.messages().await, 1);
+    gate.notify_one();
 }

@@ -24,12 +24,12 @@ pub fn app(state: AppState) -> Router {
     let api = Router::new()
         .route(
             "/orders",
-            post(orders::create_order).layer(orders::idempotency(&state)),
+            post(orders::create_order).route_layer(orders::idempotency(&state)),
         )
         .route("/orders/{id}", get(orders::get_order))
         .route(
             "/payments",
-            post(payments::create_payment).layer(payments::idempotency(&state)),
+            post(payments::create_payment).route_layer(payments::idempotency(&state)),
         )
         .route("/payments/{id}", get(payments::get_payment))
         .route_layer(middleware::from_fn_with_state(
