@@ -2,7 +2,7 @@
 //!
 //! A short tour:
 //! - [`report`]: one line per scenario (`scenario`, `value`, `unit`, `ceiling`, `ratio`, `target`, `met`), as a table or JSON.
-//! - [`env`]: a fresh bench database and exchange per run, child processes of the release binaries.
+//! - [`env`](mod@env): a fresh bench database and exchange per run, child processes of the release binaries.
 //! - [`scenarios`]: the measurements.
 //! - [`process_scenario`]: recoverable processes (3-step no-op) against the commit ceiling.
 //! - [`wire_count`]: a proxy that counts PostgreSQL round trips on the wire.

@@ -15,7 +15,7 @@ use crate::processes::{ProcessAction, ProcessActionRequest, ProcessFilter};
 use crate::redact;
 use crate::roles::Action;
 use crate::state::AppState;
-use crate::users::{self, Principal};
+use crate::users::{self, Authenticated, Principal};
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
@@ -28,11 +28,6 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
-
-/// A principal the console authenticated: from a bearer token ([`authenticate`]), or the web
-/// session whose form [`forward`] passes on. Only the console puts it into a request.
-#[derive(Debug, Clone)]
-pub struct Authenticated(pub(crate) Principal);
 
 /// The authenticated caller of an API route.
 pub struct Bearer(pub Principal);

@@ -207,7 +207,7 @@ pub async fn decide(
             .map_err(|e: crate::roles::UnknownRole| ConsoleError::Internal(e.to_string()))?,
     };
     let (mut changes, result) = if approve {
-        let actor = crate::processes::actor(&requester, Some(&principal.name));
+        let actor = crate::processes::actor(&requester.name, Some(&principal.name));
         let (changes, result) = run(conn, state, &pending, &actor).await?;
         let changes = changes
             .into_iter()

@@ -251,7 +251,7 @@ pub async fn process_action(
                     changes: vec![change],
                 })
             } else {
-                let actor = processes::actor(&p, None);
+                let actor = processes::actor(&p.name, None);
                 let (before, after) = backend.perform(conn, id, action, &request, &actor).await?;
                 Ok(Effect {
                     status: StatusCode::OK,

@@ -15,8 +15,8 @@
 //! A request without a key runs once per request, in the console's own transaction: the web page
 //! and the CLI always send one.
 
-use crate::api::Authenticated;
 use crate::state::AppState;
+use crate::users::Authenticated;
 use axum::body::Bytes;
 use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;

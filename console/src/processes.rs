@@ -4,11 +4,10 @@
 //! The processes crate decides which actions are allowed now (`admin::allowed_actions`, from the
 //! process status, each step's status, error class and remote capability) and performs them
 //! (`admin::act_in`, in the console's transaction, so the audit entry commits with the effect).
-//! The console adds who may ask ([`ProcessAction::min_role`]), which need a second person
+//! The console adds who may ask ([`ProcessAction::min_role`], in [`crate::roles`]), which need a second person
 //! ([`ProcessAction::needs_approval`]) and the row version check's answer (409).
 
 use crate::error::ConsoleError;
-use crate::roles::Role;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use processes::admin::{self, Action as AdminAction};
@@ -96,21 +95,6 @@ impl ProcessAction {
 
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|a| a.name() == name)
-    }
-
-    /// Who may ask. Operator: the reversible actions, and requesting a compensation (a refund),
-    /// which runs only once an approver approves it. Approver: resolving a manual review (as
-    /// failed: now; as succeeded: once a second approver approves).
-    pub fn min_role(self) -> Role {
-        match self {
-            ProcessAction::RerunStep
-            | ProcessAction::QueryRemoteStatus
-            | ProcessAction::Escalate
-            | ProcessAction::Pause
-            | ProcessAction::Resume
-            | ProcessAction::RunCompensation => Role::Operator,
-            ProcessAction::ResolveSucceeded | ProcessAction::ResolveFailed => Role::Approver,
-        }
     }
 
     /// Sensitive: it creates an approval request, and a second person with the approver role
@@ -404,10 +388,10 @@ fn before(view: &admin::ProcessView, step: Option<i32>) -> Value {
 }
 
 /// The actor the process history records: the console user, and who approved.
-pub fn actor(requester: &crate::users::Principal, approver: Option<&str>) -> String {
+pub fn actor(requester: &str, approver: Option<&str>) -> String {
     match approver {
-        Some(a) => format!("console:{} (approved by {a})", requester.name),
-        None => format!("console:{}", requester.name),
+        Some(a) => format!("console:{requester} (approved by {a})"),
+        None => format!("console:{requester}"),
     }
 }
 

@@ -4,6 +4,7 @@
 //! Roles are ordered: `viewer < operator < approver < admin`, and each may do everything the roles
 //! before it may. Every action names the least role it needs.
 
+use crate::processes::ProcessAction;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -85,7 +86,7 @@ pub enum Action {
     /// Delete audit entries older than the retention.
     AuditPurge,
     /// An action on a process (see [`crate::processes::ProcessAction`]).
-    Process(crate::processes::ProcessAction),
+    Process(ProcessAction),
 }
 
 impl Action {
@@ -123,11 +124,7 @@ impl Action {
             Action::ApprovalReject,
             Action::AuditPurge,
         ];
-        v.extend(
-            crate::processes::ProcessAction::ALL
-                .iter()
-                .map(|p| Action::Process(*p)),
-        );
+        v.extend(ProcessAction::ALL.iter().map(|p| Action::Process(*p)));
         v
     }
 }
@@ -135,6 +132,23 @@ impl Action {
 /// May `role` perform `action`?
 pub fn allowed(role: Role, action: Action) -> bool {
     role >= action.min_role()
+}
+
+impl ProcessAction {
+    /// Who may ask. Operator: the reversible actions, and requesting a compensation (a refund),
+    /// which runs only once an approver approves it. Approver: resolving a manual review (as
+    /// failed: now; as succeeded: once a second approver approves).
+    pub fn min_role(self) -> Role {
+        match self {
+            ProcessAction::RerunStep
+            | ProcessAction::QueryRemoteStatus
+            | ProcessAction::Escalate
+            | ProcessAction::Pause
+            | ProcessAction::Resume
+            | ProcessAction::RunCompensation => Role::Operator,
+            ProcessAction::ResolveSucceeded | ProcessAction::ResolveFailed => Role::Approver,
+        }
+    }
 }
 
 #[cfg(test)]

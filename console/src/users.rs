@@ -21,6 +21,11 @@ pub struct Principal {
     pub role: Role,
 }
 
+/// A principal the console authenticated: from a bearer token (`api::authenticate`), or the web
+/// session whose form `api::forward` passes on. Only the console puts it into a request.
+#[derive(Debug, Clone)]
+pub struct Authenticated(pub(crate) Principal);
+
 /// A new random secret with the console prefix (tokens and session ids).
 pub fn new_secret() -> String {
     let mut bytes = [0u8; 32];

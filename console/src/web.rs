@@ -4,7 +4,7 @@
 //! to the API's action route as the session's user ([`crate::api::forward`]): the same path as an
 //! API request, idempotency layer included.
 //!
-//! [`processes`]: the process list and the process page.
+//! `processes`: the process list and the process page.
 
 mod processes;
 

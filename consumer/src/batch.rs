@@ -1,5 +1,5 @@
-//! The batch transaction, the batch's items (each delivery with its [`Work`]), and how each
-//! message of a batch ends (its [`Fate`]).
+//! The batch transaction, the batch's items (each delivery with its `Work`), and how each
+//! message of a batch ends (its `Fate`).
 //!
 //! Per batch (one worker, deliveries already buffered, up to `batch_size`):
 //!

@@ -18,10 +18,10 @@
 //! - [`effect`]: [`Effect`], the extractor that hands the handler its transaction;
 //!   [`ResourceId`] and [`Pending`], what the response tells the layer to store.
 //! - [`key`]: the `Idempotency-Key` rules and its hash.
-//! - [`fingerprint`]: canonical JSON and the request fingerprint.
+//! - [`fingerprint`](mod@fingerprint): canonical JSON and the request fingerprint.
 //! - [`persistence`]: the records in `{{schema}}.idempotency_keys` and every statement on them
 //!   (reserve, lock, complete, release), fenced by a per-request token.
-//! - [`release`]: giving a key back when its effect did not commit (error, panic, dropped request).
+//! - `release`: giving a key back when its effect did not commit (error, panic, dropped request).
 //! - [`replay`]: sending a stored response again with `Idempotent-Replayed: true`.
 //! - [`purge`]: expiry, the purge and its loop.
 //! - [`error`]: [`IdempotencyError`], what the layer answers itself (`{"error": ...}` only).

@@ -1,17 +1,17 @@
 //! The records in `{{schema}}.idempotency_keys` (primary key `(scope, operation, key_hash)`) and
 //! every statement on them:
 //!
-//! 1. [`reserve`] in its own statement, before any effect:
+//! 1. `reserve` in its own statement, before any effect:
 //!    `INSERT ... status 'processing', lease ... ON CONFLICT DO NOTHING`. One row inserted: this
 //!    request owns the key. Otherwise the existing record decides: expired → taken over as new;
 //!    other fingerprint → 422; processing with a live lease → 409; processing with an expired
 //!    lease (its holder died) → taken over; completed, failed or pending → replayed. Takeovers are
 //!    compare-and-set `UPDATE`s, so exactly one contender wins, and they skip a row locked by a
 //!    holder inside its effect transaction (that holder is alive: 409, never a wait).
-//! 2. [`lock`] opens the effect's transaction: the record row is locked `FOR UPDATE` if this
+//! 2. `lock` opens the effect's transaction: the record row is locked `FOR UPDATE` if this
 //!    request's token still holds it, so a holder whose lease was taken over stops there.
-//! 3. [`complete`] writes the final state in that same transaction, fenced by the token again.
-//! 4. [`release`] deletes a reservation whose effect did not commit (fenced by the token), so a
+//! 3. `complete` writes the final state in that same transaction, fenced by the token again.
+//! 4. `release` deletes a reservation whose effect did not commit (fenced by the token), so a
 //!    retry runs anew.
 
 use crate::key::KeyHash;

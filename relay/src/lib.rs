@@ -9,7 +9,7 @@
 //! - `stats`: the backlog and unrouted-queue gauges, on a timer of their own.
 //! - `retention`: purging published rows kept for `--retention-secs`.
 //! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead rows.
-//! - [`pipeline`]: claims, publishes and marks overlapping; per-aggregate chains keep the order.
+//! - `pipeline`: claims, publishes and marks overlapping; per-aggregate chains keep the order.
 //! - [`encoder`]: the AMQP form of a row, checked (AMQP limits, reserved headers, frame and payload
 //!   size) before anything is sent: a row that can never be published goes dead, never reaches lapin.
 //! - [`publisher`]: the RabbitMQ connection and confirm channel.

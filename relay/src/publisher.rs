@@ -1,5 +1,5 @@
 //! The broker side: one connection with one confirm-mode channel, the exchange topology, and the
-//! sending of encoded rows ([`crate::encoder`]). What is sent when is decided by [`crate::pipeline`].
+//! sending of encoded rows ([`crate::encoder`]). What is sent when is decided by `crate::pipeline`.
 //!
 //! A channel the broker closed over one message (406 on a body over `max_message_size`) is
 //! replaced on the same connection: one row's refusal never costs the connection.
