@@ -415,3 +415,236 @@ async fn relay_and_consumer_over_amqps_with_a_ca_file_and_a_wrong_ca_is_refused(
         .unwrap()
         .unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Every binary
+// ---------------------------------------------------------------------------------------------
+
+/// Runs a one-shot command and returns its standard output; panics with its output if it failed.
+async fn run_ok(bin: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = Command::new(bin_path(bin))
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run {bin}: {e}"));
+    assert!(out.status.success(), "{bin} {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A long-running binary with `env`, killed when dropped.
+fn daemon(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
+    Command::new(bin_path(bin))
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {bin}: {e}"))
+}
+
+async fn wait_ready(what: &str, addr: std::net::SocketAddr, path: &str) {
+    wait_until(what, LONG, || async move {
+        (http_status(addr, path).await == Some(200)).then_some(())
+    })
+    .await;
+}
+
+/// Every binary of the system with `sslmode=verify-full` against the test's CA, and every one
+/// that talks to RabbitMQ over `amqps://` with `AMQP_CA_FILE`: the migrations, the API, the
+/// payment provider, the payment worker, the relay, the ledger consumer, the console (its API and
+/// its dead-letter view) and `consumer dlq list`. A payment runs end to end, and every connection
+/// the server sees is encrypted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_binary_runs_over_verify_full_postgres_and_amqps() {
+    init_logging();
+    let pki = pki();
+    let pg = tls_pg(&pki);
+    let node = tls_node(&pki);
+    let files = Files::new();
+    let ca = files.write("ca.pem", &pki.ca);
+    let ca_file = ca.to_str().unwrap().to_string();
+    let mut admin = <PgConnection as sqlx::Connection>::connect(&pg.url("postgres"))
+        .await
+        .unwrap();
+    sqlx::query("CREATE DATABASE app")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let url = with_tls(&pg.url("app"), "verify-full", Some(&ca));
+    let amqps = format!("amqps://guest:guest@localhost:{}/%2f", node.tls_port());
+    let exchange = unique("outbox");
+    let db = [("DATABASE_URL", url.as_str())];
+
+    // One-shot commands: each binary's migrations, an API key, a console user.
+    for bin in ["relay", "producer", "console"] {
+        run_ok(bin, &["migrate"], &db).await;
+    }
+    let key = run_ok("producer", &["api-key", "create", "--tenant", "acme"], &db).await;
+    let key = key.lines().last().unwrap().trim().to_string();
+    let token = run_ok(
+        "console",
+        &["user", "create", "--name", "ops", "--role", "admin"],
+        &db,
+    )
+    .await;
+    let token = token.lines().last().unwrap().trim().to_string();
+
+    // The services.
+    let ledger_metrics = free_addr().to_string();
+    let _ledger = daemon(
+        "producer",
+        &["ledger", "--name", "ledger", "--bind", "payment.captured"],
+        &[
+            ("DATABASE_URL", &url),
+            ("AMQP_URL", &amqps),
+            ("AMQP_CA_FILE", &ca_file),
+            ("OUTBOX_EXCHANGE", &exchange),
+            ("METRICS_ADDR", &ledger_metrics),
+        ],
+    );
+    let relay_metrics = free_addr().to_string();
+    let _relay = daemon(
+        "relay",
+        &[],
+        &[
+            ("DATABASE_URL", &url),
+            ("AMQP_URL", &amqps),
+            ("AMQP_CA_FILE", &ca_file),
+            ("OUTBOX_EXCHANGE", &exchange),
+            ("METRICS_ADDR", &relay_metrics),
+        ],
+    );
+    let provider_addr = free_addr();
+    let _provider = daemon(
+        "payment-provider",
+        &[],
+        &[
+            ("DATABASE_URL", &url),
+            ("PROVIDER_ADDR", &provider_addr.to_string()),
+        ],
+    );
+    let worker_metrics = free_addr().to_string();
+    let _worker = daemon(
+        "producer",
+        &["worker"],
+        &[
+            ("DATABASE_URL", &url),
+            ("PROVIDER_URL", &format!("http://{provider_addr}")),
+            ("METRICS_ADDR", &worker_metrics),
+            ("WORKER_POLL_MS", "200"),
+        ],
+    );
+    let api_addr = free_addr();
+    let _api = daemon(
+        "producer",
+        &[],
+        &[
+            ("DATABASE_URL", &url),
+            ("LISTEN_ADDR", &api_addr.to_string()),
+        ],
+    );
+    let console_addr = free_addr();
+    let _console = daemon(
+        "console",
+        &["serve"],
+        &[
+            ("DATABASE_URL", &url),
+            ("AMQP_URL", &amqps),
+            ("AMQP_CA_FILE", &ca_file),
+            ("CONSOLE_ADDR", &console_addr.to_string()),
+        ],
+    );
+    wait_ready("ledger", ledger_metrics.parse().unwrap(), "/readyz").await;
+    wait_ready("relay", relay_metrics.parse().unwrap(), "/readyz").await;
+    wait_ready("payment provider", provider_addr, "/readyz").await;
+    wait_ready("worker", worker_metrics.parse().unwrap(), "/readyz").await;
+    wait_ready("API", api_addr, "/readyz").await;
+    wait_ready("console", console_addr, "/readyz").await;
+
+    // A payment end to end: API -> process worker -> provider -> outbox -> relay -> ledger.
+    let http = reqwest::Client::new();
+    let post = |path: &str, idem: &str, body: serde_json::Value| {
+        http.post(format!("http://{api_addr}{path}"))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", idem)
+            .json(&body)
+            .send()
+    };
+    let order = post(
+        "/orders",
+        "order-1",
+        json!({"customer_id": "c-1", "currency": "EUR",
+               "items": [{"sku": "sku-1", "quantity": 1, "unit_price": 700}]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(order.status(), 201);
+    let order: serde_json::Value = order.json().await.unwrap();
+    let payment = post(
+        "/payments",
+        "pay-1",
+        json!({"order_id": order["id"], "amount": 700, "currency": "EUR"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(payment.status(), 202);
+    let pool = plumbing::db::connect(&url, 2, "tls-test").await.unwrap();
+    let updates: i64 = wait_until("the ledger applied the capture", LONG, || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT coalesce(sum(updates), 0)::bigint FROM demo.ledger_balances",
+        )
+        .fetch_one(&pool)
+        .await
+        .ok()
+        .filter(|n| *n > 0)
+    })
+    .await;
+    assert_eq!(updates, 1);
+
+    // The console's API (PostgreSQL) and its dead-letter view (RabbitMQ), and the consumer CLI.
+    for path in ["/api/processes", "/api/dead-letters?consumer=ledger"] {
+        let r = http
+            .get(format!("http://{console_addr}{path}"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}: {:?}", r.text().await);
+    }
+    run_ok(
+        "consumer",
+        &["--name", "ledger", "dlq", "list"],
+        &[
+            ("DATABASE_URL", &url),
+            ("AMQP_URL", &amqps),
+            ("AMQP_CA_FILE", &ca_file),
+        ],
+    )
+    .await;
+
+    // Every client connection the server has is encrypted, and every service is among them.
+    let conns: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT a.application_name, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+         WHERE a.backend_type = 'client backend' AND a.datname = 'app'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let unencrypted: Vec<&(String, bool)> = conns.iter().filter(|(_, ssl)| !ssl).collect();
+    assert!(unencrypted.is_empty(), "unencrypted: {unencrypted:?}");
+    let names: std::collections::BTreeSet<&str> = conns.iter().map(|(n, _)| n.as_str()).collect();
+    for service in [
+        "outbox-relay",
+        "consumer ledger",
+        "payment-provider",
+        "producer worker",
+        "producer",
+        "console",
+    ] {
+        assert!(names.contains(service), "{service} is connected: {names:?}");
+    }
+}
