@@ -154,7 +154,7 @@ async fn try_transaction(
         }
         // A handler that swallowed a query error leaves the transaction aborted, and COMMIT
         // would then silently roll back: check, and find the culprit with savepoints.
-        if let Err(e) = sqlx::query("SELECT 1").execute(&mut *tx).await {
+        if let Err(e) = sqlx::raw_sql("SELECT 1").execute(&mut *tx).await {
             if dedup::is_infrastructure(&e) {
                 return Err(e);
             }
@@ -169,7 +169,7 @@ async fn try_transaction(
     for (i, env, handler) in order {
         let attempt = items[i].attempt;
         let span = message_span(env, attempt);
-        sqlx::query("SAVEPOINT consumer_message")
+        sqlx::raw_sql("SAVEPOINT consumer_message")
             .execute(&mut *tx)
             .await?;
         let mut result = run_handler(ctx, events, &mut tx, &[env], handler)
@@ -177,7 +177,7 @@ async fn try_transaction(
             .await;
         if result.is_ok() {
             // Also catches a handler that swallowed a query error and left the transaction aborted.
-            if let Err(e) = sqlx::query("RELEASE SAVEPOINT consumer_message")
+            if let Err(e) = sqlx::raw_sql("RELEASE SAVEPOINT consumer_message")
                 .execute(&mut *tx)
                 .await
             {
@@ -191,10 +191,10 @@ async fn try_transaction(
             Ok(()) => fates[i] = Some(Fate::Processed),
             Err(Failure::Infrastructure(e)) => return Err(e),
             Err(Failure::Message { permanent, reason }) => {
-                sqlx::query("ROLLBACK TO SAVEPOINT consumer_message")
+                sqlx::raw_sql("ROLLBACK TO SAVEPOINT consumer_message")
                     .execute(&mut *tx)
                     .await?;
-                sqlx::query("RELEASE SAVEPOINT consumer_message")
+                sqlx::raw_sql("RELEASE SAVEPOINT consumer_message")
                     .execute(&mut *tx)
                     .await?;
                 failed.push(env.message_id);

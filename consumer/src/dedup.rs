@@ -1,5 +1,9 @@
 //! The deduplication record: `processed_messages (consumer, message_id)`, written in the
 //! transaction of the effect.
+//!
+//! Like every statement the consumer runs itself, these are unnamed (`persistent(false)`): a named
+//! prepared statement outlives the transaction on the client's side, which a transaction pooler
+//! (PgBouncer before 1.21) does not keep, so the consumer runs behind one (docs/operations.md).
 
 use shared::schema::Schema;
 use sqlx::PgConnection;
@@ -29,6 +33,7 @@ pub async fn claim(
     ))
     .bind(consumer)
     .bind(&sorted)
+    .persistent(false)
     .fetch_all(&mut *conn)
     .await?;
     Ok(fresh.into_iter().collect())
@@ -50,6 +55,7 @@ pub async fn unclaim(
     )
     .bind(consumer)
     .bind(ids)
+    .persistent(false)
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -33,6 +33,7 @@ pub async fn sweep(
         let locked: bool =
             sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))")
                 .bind(&key)
+                .persistent(false)
                 .fetch_one(&mut *tx)
                 .await?;
         if !locked {
@@ -53,6 +54,7 @@ pub async fn sweep(
         .bind(consumer)
         .bind(retention.as_secs_f64())
         .bind(batch)
+        .persistent(false)
         .execute(&mut *tx)
         .await?
         .rows_affected();

@@ -168,7 +168,7 @@ async fn ping(pool: &PgPool) -> bool {
     matches!(
         tokio::time::timeout(
             Duration::from_secs(5),
-            sqlx::query("SELECT 1").execute(pool)
+            sqlx::raw_sql("SELECT 1").execute(pool)
         )
         .await,
         Ok(Ok(_))

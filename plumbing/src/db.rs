@@ -126,6 +126,31 @@ pub async fn connect_and_migrate_to(
     schema: &Schema,
     deadline: Duration,
 ) -> Result<PgPool, DbError> {
+    let schema = schema.clone();
+    connect_and_migrate_with(target, max_connections, app_name, deadline, move |pool| {
+        let schema = schema.clone();
+        Box::pin(async move { shared::migrate::run(&pool, &schema).await })
+    })
+    .await
+}
+
+/// Migrations run at start, given a session connection's pool.
+pub type MigrationFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<(), sqlx::migrate::MigrateError>> + Send>>;
+
+/// [`connect_and_migrate_to`] with `migrate` instead of the product's migrations alone (an
+/// application that embeds the product runs its own after them), on the same session rules.
+pub async fn connect_and_migrate_with(
+    target: Target<'_>,
+    max_connections: u32,
+    app_name: &str,
+    deadline: Duration,
+    migrate: impl Fn(PgPool) -> MigrationFuture,
+) -> Result<PgPool, DbError> {
+    let migrate = |pool: &PgPool| {
+        let fut = migrate(pool.clone());
+        async move { fut.await.map_err(DbError::Migrate) }
+    };
     let start = tokio::time::Instant::now();
     let mut attempt = 0u32;
     if target.session_url().is_none() {
@@ -137,10 +162,10 @@ pub async fn connect_and_migrate_to(
         let result = async {
             let pool = connect_via(target.url, target.pooler, max_connections, app_name).await?;
             match target.session_url() {
-                Some(url) if url == target.url => migrate(&pool, schema).await?,
+                Some(url) if url == target.url => migrate(&pool).await?,
                 Some(direct) => {
                     let session = connect(direct, 1, app_name).await?;
-                    let migrated = migrate(&session, schema).await;
+                    let migrated = migrate(&session).await;
                     session.close().await;
                     migrated?;
                 }

@@ -40,14 +40,34 @@ impl From<EnqueueError> for sqlx::Error {
 /// The outbox of one installation: where [`Outbox::enqueue`] writes. [`Outbox::default`] (and the
 /// free functions [`enqueue`], [`enqueue_many`]) use the default schema `outbox`; a service that
 /// configures another schema keeps one `Outbox` built from its configuration.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outbox {
     schema: Schema,
+    named_statements: bool,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Self::new(Schema::default())
+    }
 }
 
 impl Outbox {
     pub fn new(schema: Schema) -> Self {
-        Self { schema }
+        Self {
+            schema,
+            named_statements: true,
+        }
+    }
+
+    /// Whether statements are named prepared statements, cached per connection (the default,
+    /// one round trip each). Set `false` for a connection through a transaction pooler that does
+    /// not track them (PgBouncer before 1.21 in `pool_mode = transaction`, where a named
+    /// statement fails with `prepared statement "sqlx_s_1" does not exist`): each statement is
+    /// then parsed anew, one round trip more.
+    pub fn named_statements(mut self, named: bool) -> Self {
+        self.named_statements = named;
+        self
     }
 
     pub fn schema(&self) -> &Schema {
@@ -71,6 +91,7 @@ impl Outbox {
         .bind(&msg.event_type)
         .bind(sqlx::types::Json(&msg.payload))
         .bind(sqlx::types::Json(&msg.headers))
+        .persistent(self.named_statements)
         .execute(executor)
         .await?;
         Ok(msg.id)
@@ -117,9 +138,30 @@ impl Outbox {
         .bind(&event_types)
         .bind(&payloads)
         .bind(&headers)
+        .persistent(self.named_statements)
         .execute(executor)
         .await?;
         Ok(ids)
+    }
+
+    /// Serializes this transaction with every other transaction that locks the same aggregate,
+    /// until commit. Call it before [`Outbox::enqueue`] when writers of one aggregate are not
+    /// already serialized by the business change itself (a row lock or a version check): then
+    /// outbox order equals commit order.
+    pub async fn lock_aggregate<'e, E>(
+        &self,
+        executor: E,
+        aggregate_id: &str,
+    ) -> Result<(), sqlx::Error>
+    where
+        E: sqlx::PgExecutor<'e>,
+    {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))")
+            .bind(aggregate_id)
+            .persistent(self.named_statements)
+            .execute(executor)
+            .await?;
+        Ok(())
     }
 }
 
@@ -142,16 +184,12 @@ where
     Outbox::default().enqueue_many(executor, msgs).await
 }
 
-/// Serializes this transaction with every other transaction that locks the same aggregate, until
-/// commit. Call it before [`enqueue`] when writers of one aggregate are not already serialized by
-/// the business change itself (a row lock or a version check): then outbox order equals commit order.
+/// [`Outbox::lock_aggregate`] with named statements.
 pub async fn lock_aggregate<'e, E>(executor: E, aggregate_id: &str) -> Result<(), sqlx::Error>
 where
     E: sqlx::PgExecutor<'e>,
 {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 7))")
-        .bind(aggregate_id)
-        .execute(executor)
-        .await?;
-    Ok(())
+    Outbox::default()
+        .lock_aggregate(executor, aggregate_id)
+        .await
 }

@@ -160,3 +160,114 @@ async fn enqueue(pool: &sqlx::PgPool, msgs: &[NewMessage]) {
         shared::outbox::enqueue_many(pool, chunk).await.unwrap();
     }
 }
+
+/// Producers, two relays and the ledger consumer, all on PgBouncer's two server connections in
+/// transaction mode: producers enqueue with unnamed statements
+/// (`Outbox::named_statements(false)`), the consumer runs its own statements and the ledger's
+/// unnamed in one transaction per batch, migrations and LISTEN go over the direct URL. Every
+/// event is applied exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producers_relays_and_a_consumer_all_through_transaction_pooling() {
+    let s = setup().await;
+    let bouncer_url = s.bouncer.url(&s.db.name);
+    // The ledger's queue on the test's exchange, tracked for deletion with the rest.
+    let name = unique("ledger");
+    let topology = consumer::topology::Topology::new(
+        &name,
+        &[Duration::from_millis(100), Duration::from_millis(200)],
+    );
+    for q in topology.queues() {
+        s._broker.track_queue(&q);
+    }
+    for e in topology.exchanges() {
+        s._broker.track_exchange(&e);
+    }
+    let metrics = free_addr();
+    let _ledger = Command::new(bin_path("producer"))
+        .args(["ledger", "--name", &name, "--bind", "payment.captured"])
+        .args(["--retry-delays", "100ms,200ms", "--workers", "2"])
+        .env("DATABASE_URL", &bouncer_url)
+        .env("DATABASE_POOLER", "transaction")
+        .env("DATABASE_DIRECT_URL", &s.db.url)
+        .env("AMQP_URL", amqp_url())
+        .env("OUTBOX_EXCHANGE", &s.exchange)
+        .env("METRICS_ADDR", metrics.to_string())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the ledger consumer");
+    wait_until("the ledger consumer is ready", LONG, || async move {
+        (http_status(metrics, "/readyz").await == Some(200)).then_some(())
+    })
+    .await;
+    let _a = spawn_relay(&bouncer_url, Some(&s.db.url), &s.exchange);
+    let _b = spawn_relay(&bouncer_url, Some(&s.db.url), &s.exchange);
+
+    // Producers through PgBouncer: 8 writers, 25 transactions each, one event per transaction.
+    let producers = plumbing::db::connect_via(
+        &bouncer_url,
+        plumbing::db::Pooler::Transaction,
+        8,
+        "producer",
+    )
+    .await
+    .unwrap();
+    let outbox = shared::outbox::Outbox::default().named_statements(false);
+    let writers = (0..8).map(|w| {
+        let (pool, outbox) = (producers.clone(), outbox.clone());
+        tokio::spawn(async move {
+            for i in 0..25i64 {
+                let n = w * 25 + i;
+                let account = format!("acct-{}", n % 5);
+                let mut tx = pool.begin().await.unwrap();
+                outbox.lock_aggregate(&mut *tx, &account).await.unwrap();
+                let event = NewMessage::new(
+                    "payment",
+                    account.clone(),
+                    "payment.captured",
+                    json!({"account": account, "amount": n + 1}),
+                );
+                outbox.enqueue(&mut *tx, &event).await.unwrap();
+                tx.commit().await.unwrap();
+            }
+        })
+    });
+    for w in futures::future::join_all(writers).await {
+        w.unwrap();
+    }
+
+    // Each account's balance is the sum of its amounts, each event applied once.
+    let mut want = std::collections::BTreeMap::new();
+    for n in 0..200i64 {
+        let e = want.entry(format!("acct-{}", n % 5)).or_insert((0i64, 0i64));
+        e.0 += n + 1;
+        e.1 += 1;
+    }
+    let pool = s.db.pool.clone();
+    let got = wait_until("the ledger applied all 200 events", LONG, || {
+        let pool = pool.clone();
+        async move {
+            let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+                "SELECT account, balance, updates FROM demo.ledger_balances ORDER BY account",
+            )
+            .fetch_all(&pool)
+            .await
+            .ok()?;
+            let total: i64 = rows.iter().map(|r| r.2).sum();
+            (total >= 200).then_some(rows)
+        }
+    })
+    .await;
+    let got: std::collections::BTreeMap<String, (i64, i64)> =
+        got.into_iter().map(|(a, b, u)| (a, (b, u))).collect();
+    assert_eq!(got, want);
+    let processed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1",
+    )
+    .bind(&name)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(processed, 200);
+}

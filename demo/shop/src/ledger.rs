@@ -35,6 +35,7 @@ impl Handler for Ledger {
         )
         .bind(&p.account)
         .bind(p.amount)
+        .persistent(false) // unnamed: works behind a transaction pooler too
         .execute(&mut *tx)
         .await?;
         Ok(())
@@ -75,6 +76,7 @@ impl Handler for Ledger {
         .bind(&accounts)
         .bind(&amounts)
         .bind(&counts)
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
         Ok(())

@@ -48,6 +48,7 @@ pub use fault::{FaultHook, InjectedFault, Operation, Stage};
 pub use http::{Server, app, start};
 pub use state::{AppState, Clock, ManualClock};
 
+use shared::schema::Schema;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -76,19 +77,38 @@ pub async fn connect_and_migrate(
     max_connections: u32,
     app_name: &str,
 ) -> Result<sqlx::PgPool, plumbing::db::DbError> {
-    let pool = plumbing::db::connect_and_migrate(
-        &config.database_url,
+    connect_and_migrate_to(
+        plumbing::db::Target::direct(&config.database_url),
+        &config.schema,
         max_connections,
         app_name,
-        &config.schema,
         Duration::from_secs(config.db_connect_deadline_secs),
     )
-    .await?;
-    migrate::migrator(&config.schema)
-        .run(&pool)
-        .await
-        .map_err(plumbing::db::DbError::Migrate)?;
-    Ok(pool)
+    .await
+}
+
+/// [`connect_and_migrate`] for a [`plumbing::db::Target`]: the pool goes through its pooler, the
+/// migrations run over its session URL (not at all behind a transaction pooler without a direct
+/// URL).
+pub async fn connect_and_migrate_to(
+    target: plumbing::db::Target<'_>,
+    schema: &Schema,
+    max_connections: u32,
+    app_name: &str,
+    deadline: Duration,
+) -> Result<sqlx::PgPool, plumbing::db::DbError> {
+    let schema = schema.clone();
+    plumbing::db::connect_and_migrate_with(
+        target,
+        max_connections,
+        app_name,
+        deadline,
+        move |pool| {
+            let schema = schema.clone();
+            Box::pin(async move { migrate::run(&pool, &schema).await })
+        },
+    )
+    .await
 }
 
 /// Connects (retrying until the deadline), applies the migrations, and serves until `shutdown`.

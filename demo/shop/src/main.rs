@@ -95,15 +95,21 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Ledger { settings } => {
             let shutdown = plumbing::shutdown::on_signal();
-            let mut db = cli.config.clone();
-            db.database_url = settings.connections.database_url.clone();
-            db.schema = settings.connections.schema.clone();
+            // DATABASE_URL may go through a transaction pooler (DATABASE_POOLER, with
+            // DATABASE_DIRECT_URL for the migrations): the consumer and the ledger run unnamed
+            // statements in per-batch transactions, which works there.
+            let connections = settings.connections.clone();
             let config = (*settings).into_config().context("invalid settings")?;
             let app_name = format!("consumer {}", config.name);
+            let connect = demo::connect_and_migrate_to(
+                connections.database(),
+                &connections.schema,
+                config.pool_size(),
+                &app_name,
+                std::time::Duration::from_secs(cli.config.db_connect_deadline_secs),
+            );
             let pool = tokio::select! {
-                pool = demo::connect_and_migrate(&db, config.pool_size(), &app_name) => {
-                    pool.context("connecting to PostgreSQL")?
-                }
+                pool = connect => pool.context("connecting to PostgreSQL")?,
                 _ = shutdown.cancelled() => return Ok(()),
             };
             let result = consumer::run(config, pool, demo::ledger::handlers(), shutdown).await;
