@@ -1,6 +1,7 @@
-//! The producer: an HTTP API that places orders and requests payments. Each successful POST
-//! writes its business rows, its outbox event and the final state of its idempotency record in one
-//! PostgreSQL transaction; the relay publishes the events.
+//! The example application beside the product (not part of it): `producer`, an HTTP API that
+//! places orders and requests payments. Each successful POST writes its business rows, its outbox
+//! event and the final state of its idempotency record in one PostgreSQL transaction; the relay
+//! publishes the events. Its tables live in schema `demo`, the product's in its own.
 //!
 //! A short tour:
 //! - [`http`]: the router ([`app`]), middleware, fallbacks and the server ([`start`], [`run`]).
@@ -23,6 +24,9 @@
 //! - [`config`], [`state`]: configuration, settings, the shared state with its idempotency store
 //!   and injectable clock.
 //! - [`fault`]: the fault-injection hook tests use and the operations it is called for.
+//! - [`migrate`]: the example's migrations (schema `demo`, history `demo._migrations`), applied
+//!   after the product's by [`connect_and_migrate`] / [`connect_and_migrate_to`] (directly, or
+//!   through a transaction pooler with a direct URL for the migrations).
 
 pub mod auth;
 pub mod config;
