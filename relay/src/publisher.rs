@@ -118,9 +118,11 @@ impl Publisher {
         }
     }
 
-    /// Closes the connection (bounded); the next batch reconnects.
+    /// Closes the channel, then the connection (each bounded); the next batch reconnects. The
+    /// channel first: closing the connection under a channel that is still closing makes lapin
+    /// log an error for what is an orderly stop.
     pub async fn disconnect(&mut self) {
-        self.channel = None;
+        self.drop_channel().await;
         if let Some(conn) = self.conn.take() {
             let _ = tokio::time::timeout(
                 Duration::from_secs(2),

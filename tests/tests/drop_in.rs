@@ -540,3 +540,41 @@ async fn a_database_of_the_previous_release_is_upgraded_without_losing_a_row() {
             .unwrap();
     assert_eq!(in_public, 0);
 }
+
+/// A service that embeds the product runs its own sqlx migrations and the product's from its own
+/// start-up code, here three instances at once on a fresh database: each history lands in its
+/// own table, complete and once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_runs_the_products_migrations_next_to_its_own_in_parallel_instances() {
+    let db = TestDb::new_unmigrated().await;
+    let schema = Schema::new("billing_outbox").unwrap();
+    let instance = |pool: PgPool, schema: Schema| async move {
+        service_migrator().run(&pool).await?;
+        shared::migrate::run(&pool, &schema).await
+    };
+    let results = futures::future::join_all(
+        (0..3).map(|_| tokio::spawn(instance(db.pool.clone(), schema.clone()))),
+    )
+    .await;
+    for r in results {
+        r.unwrap().unwrap();
+    }
+    let theirs: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM public._sqlx_migrations ORDER BY version")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(theirs, vec![20240101000000]);
+    let ours: Vec<i64> = sqlx::query_scalar(
+        "SELECT version FROM billing_outbox._migrations WHERE success ORDER BY version",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let want: Vec<i64> = shared::migrate::migrator(&schema)
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(ours, want);
+    assert_eq!(schemas(&db.pool).await, set(&["public", "billing_outbox"]));
+}

@@ -240,7 +240,9 @@ async fn producers_relays_and_a_consumer_all_through_transaction_pooling() {
     // Each account's balance is the sum of its amounts, each event applied once.
     let mut want = std::collections::BTreeMap::new();
     for n in 0..200i64 {
-        let e = want.entry(format!("acct-{}", n % 5)).or_insert((0i64, 0i64));
+        let e = want
+            .entry(format!("acct-{}", n % 5))
+            .or_insert((0i64, 0i64));
         e.0 += n + 1;
         e.1 += 1;
     }
@@ -262,12 +264,11 @@ async fn producers_relays_and_a_consumer_all_through_transaction_pooling() {
     let got: std::collections::BTreeMap<String, (i64, i64)> =
         got.into_iter().map(|(a, b, u)| (a, (b, u))).collect();
     assert_eq!(got, want);
-    let processed: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1",
-    )
-    .bind(&name)
-    .fetch_one(&s.db.pool)
-    .await
-    .unwrap();
+    let processed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1")
+            .bind(&name)
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
     assert_eq!(processed, 200);
 }
