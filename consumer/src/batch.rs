@@ -30,7 +30,7 @@ use sqlx::PgConnection;
 use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -110,8 +110,18 @@ async fn try_transaction(
     order.sort_by(|a, b| a.1.aggregate_id.cmp(&b.1.aggregate_id));
     let ids: Vec<Uuid> = order.iter().map(|(_, env, _)| env.message_id).collect();
 
-    let mut tx = ctx.pool.begin().await?;
-    let fresh = dedup::claim(&mut tx, &ctx.config.schema, name, &ids).await?;
+    let mut tx = bounded("BEGIN", ctx.pool.begin()).await?;
+    let fresh = bounded(
+        "the dedup claim",
+        dedup::claim(
+            &mut tx,
+            &ctx.config.schema,
+            name,
+            &ids,
+            ctx.config.named_statements,
+        ),
+    )
+    .await?;
     let mut claimed: HashSet<Uuid> = HashSet::with_capacity(fresh.len());
     // Not fresh: committed before (by us or another instance). Already claimed: an earlier
     // copy in this batch runs it (if that copy fails, its retry or dead letter carries it on).
@@ -147,21 +157,21 @@ async fn try_transaction(
                 Err(Failure::Infrastructure(e)) => return Err(e),
                 Err(Failure::Message { reason, .. }) => {
                     tracing::debug!(%reason, messages = run.len(), "handler failed, re-running the batch with a savepoint per message");
-                    tx.rollback().await?;
+                    bounded("ROLLBACK", tx.rollback()).await?;
                     return Ok(TxOutcome::NeedsSavepoints);
                 }
             }
         }
         // A handler that swallowed a query error leaves the transaction aborted, and COMMIT
         // would then silently roll back: check, and find the culprit with savepoints.
-        if let Err(e) = sqlx::raw_sql("SELECT 1").execute(&mut *tx).await {
+        if let Err(e) = bounded("the check", sqlx::raw_sql("SELECT 1").execute(&mut *tx)).await {
             if dedup::is_infrastructure(&e) {
                 return Err(e);
             }
-            tx.rollback().await?;
+            bounded("ROLLBACK", tx.rollback()).await?;
             return Ok(TxOutcome::NeedsSavepoints);
         }
-        tx.commit().await?;
+        bounded("COMMIT", tx.commit()).await?;
         return Ok(TxOutcome::Committed(fates));
     }
 
@@ -169,17 +179,21 @@ async fn try_transaction(
     for (i, env, handler) in order {
         let attempt = items[i].attempt;
         let span = message_span(env, attempt);
-        sqlx::raw_sql("SAVEPOINT consumer_message")
-            .execute(&mut *tx)
-            .await?;
+        bounded(
+            "SAVEPOINT",
+            sqlx::raw_sql("SAVEPOINT consumer_message").execute(&mut *tx),
+        )
+        .await?;
         let mut result = run_handler(ctx, events, &mut tx, &[env], handler)
             .instrument(span.clone())
             .await;
         if result.is_ok() {
             // Also catches a handler that swallowed a query error and left the transaction aborted.
-            if let Err(e) = sqlx::raw_sql("RELEASE SAVEPOINT consumer_message")
-                .execute(&mut *tx)
-                .await
+            if let Err(e) = bounded(
+                "RELEASE SAVEPOINT",
+                sqlx::raw_sql("RELEASE SAVEPOINT consumer_message").execute(&mut *tx),
+            )
+            .await
             {
                 result = Err(classify_db(
                     e,
@@ -191,12 +205,16 @@ async fn try_transaction(
             Ok(()) => fates[i] = Some(Fate::Processed),
             Err(Failure::Infrastructure(e)) => return Err(e),
             Err(Failure::Message { permanent, reason }) => {
-                sqlx::raw_sql("ROLLBACK TO SAVEPOINT consumer_message")
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::raw_sql("RELEASE SAVEPOINT consumer_message")
-                    .execute(&mut *tx)
-                    .await?;
+                bounded(
+                    "ROLLBACK TO SAVEPOINT",
+                    sqlx::raw_sql("ROLLBACK TO SAVEPOINT consumer_message").execute(&mut *tx),
+                )
+                .await?;
+                bounded(
+                    "RELEASE SAVEPOINT",
+                    sqlx::raw_sql("RELEASE SAVEPOINT consumer_message").execute(&mut *tx),
+                )
+                .await?;
                 failed.push(env.message_id);
                 let fate = fate_of_failure(ctx, permanent, reason, attempt);
                 span.in_scope(|| match &fate {
@@ -210,8 +228,18 @@ async fn try_transaction(
             }
         }
     }
-    dedup::unclaim(&mut tx, &ctx.config.schema, name, &failed).await?;
-    tx.commit().await?;
+    bounded(
+        "the dedup unclaim",
+        dedup::unclaim(
+            &mut tx,
+            &ctx.config.schema,
+            name,
+            &failed,
+            ctx.config.named_statements,
+        ),
+    )
+    .await?;
+    bounded("COMMIT", tx.commit()).await?;
     Ok(TxOutcome::Committed(fates))
 }
 
@@ -261,6 +289,27 @@ fn fate_of_failure(ctx: &Ctx, permanent: bool, reason: String, attempt: u32) -> 
     } else {
         Fate::Retry(reason)
     }
+}
+
+/// Bound on each statement the runtime itself sends in a batch transaction (BEGIN, the dedup
+/// claim, savepoints, the check, COMMIT). Above the server's 30 s `statement_timeout`, so it
+/// fires only when the server cannot answer at all (a black-holed link), where that timeout
+/// cannot: the batch then fails as an infrastructure error and is retried, never hangs a worker.
+/// (The handlers' own statements are bounded by `handler_timeout`.)
+pub(crate) const STATEMENT_BOUND: Duration = Duration::from_secs(35);
+
+async fn bounded<T>(
+    what: &'static str,
+    statement: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(STATEMENT_BOUND, statement)
+        .await
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("{what}: no answer from PostgreSQL within {STATEMENT_BOUND:?}"),
+            )))
+        })
 }
 
 /// The span every log line about one message carries.

@@ -55,6 +55,11 @@ pub struct Config {
     pub ack_delay: Duration,
     /// The product schema that holds `processed_messages` (`outbox` by default).
     pub schema: Schema,
+    /// Whether the runtime's deduplication statements are named prepared statements, cached per
+    /// connection (the default). `false` behind a transaction pooler that does not keep them
+    /// (PgBouncer before 1.21): unnamed, one round trip more per batch. The binaries set it from
+    /// `DATABASE_POOLER`.
+    pub named_statements: bool,
 }
 
 impl Config {
@@ -88,6 +93,7 @@ impl Config {
             metrics_addr: None,
             ack_delay: Duration::ZERO,
             schema: Schema::default(),
+            named_statements: true,
         }
     }
 
@@ -246,6 +252,7 @@ impl Settings {
         c.metrics_addr = Some(self.connections.metrics_addr);
         c.ack_delay = self.debug_ack_delay;
         c.schema = self.connections.schema;
+        c.named_statements = self.connections.database_pooler == plumbing::db::Pooler::None;
         c.validate()?;
         Ok(c)
     }

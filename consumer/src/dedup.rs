@@ -1,9 +1,9 @@
 //! The deduplication record: `processed_messages (consumer, message_id)`, written in the
 //! transaction of the effect.
 //!
-//! Like every statement the consumer runs itself, these are unnamed (`persistent(false)`): a named
-//! prepared statement outlives the transaction on the client's side, which a transaction pooler
-//! (PgBouncer before 1.21) does not keep, so the consumer runs behind one (docs/operations.md).
+//! Behind a transaction pooler (PgBouncer before 1.21), which does not keep named prepared
+//! statements across transactions, they run unnamed ([`crate::Config::named_statements`]); the
+//! runtime's other statements are simple-protocol or unnamed always (docs/operations.md).
 
 use shared::schema::Schema;
 use sqlx::PgConnection;
@@ -21,6 +21,7 @@ pub async fn claim(
     schema: &Schema,
     consumer: &str,
     ids: &[Uuid],
+    named: bool,
 ) -> Result<HashSet<Uuid>, sqlx::Error> {
     let mut sorted = ids.to_vec();
     sorted.sort_unstable();
@@ -33,7 +34,7 @@ pub async fn claim(
     ))
     .bind(consumer)
     .bind(&sorted)
-    .persistent(false)
+    .persistent(named)
     .fetch_all(&mut *conn)
     .await?;
     Ok(fresh.into_iter().collect())
@@ -46,6 +47,7 @@ pub async fn unclaim(
     schema: &Schema,
     consumer: &str,
     ids: &[Uuid],
+    named: bool,
 ) -> Result<(), sqlx::Error> {
     if ids.is_empty() {
         return Ok(());
@@ -55,7 +57,7 @@ pub async fn unclaim(
     )
     .bind(consumer)
     .bind(ids)
-    .persistent(false)
+    .persistent(named)
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -24,6 +24,17 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// How long a stopping worker waits for the batch transaction it is in (its handlers, its
+/// COMMIT) before it leaves the batch unacknowledged. With a working database a batch finishes
+/// well within it; without one (a black-holed link) the stop does not wait for the statement bound.
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Resolves [`SHUTDOWN_GRACE`] after `stop` is cancelled.
+async fn grace_after(stop: &CancellationToken) {
+    stop.cancelled().await;
+    tokio::time::sleep(SHUTDOWN_GRACE).await;
+}
+
 pub(crate) enum BatchEnd {
     Settled,
     /// Shutdown while the database was unavailable: left unacknowledged, the broker redelivers.
@@ -172,7 +183,20 @@ impl Worker {
         if items.iter().any(|i| matches!(i.work, Work::Handle(..))) {
             let mut failures = 0u32;
             loop {
-                match batch::transact(&self.ctx, &self.events, &items).await {
+                let attempt = tokio::select! {
+                    biased;
+                    result = batch::transact(&self.ctx, &self.events, &items) => result,
+                    () = grace_after(stop) => {
+                        tracing::warn!(
+                            worker = self.index,
+                            batch = size,
+                            grace = ?SHUTDOWN_GRACE,
+                            "stopping while the batch's transaction has no answer from PostgreSQL: leaving it to redelivery (rolled back, or deduplicated if its commit landed)"
+                        );
+                        return Ok(BatchEnd::Abandoned);
+                    }
+                };
+                match attempt {
                     Ok(f) => {
                         fates = f;
                         self.ctx.readiness.set_postgres(true);

@@ -770,7 +770,7 @@ impl Handler for Picky {
             Some("down") => return Err(HandlerError::transient("dependency is down")),
             _ => {}
         }
-        demo::ledger::Ledger.handle(tx, msg).await
+        demo::ledger::Ledger::default().handle(tx, msg).await
     }
 }
 
@@ -1266,4 +1266,45 @@ async fn end_to_end_with_a_relay_killed_mid_stream_balances_are_exact() {
     assert!(status.success());
     let _ = tokio::time::timeout(LONG, survivor.wait()).await;
     running.stop().await;
+}
+
+/// The database stops answering (connections open, nothing comes back) while the consumer is in
+/// a batch transaction, and the consumer is told to stop: it leaves the batch unacknowledged
+/// after its shutdown grace and exits 0 instead of waiting on PostgreSQL forever. A new instance
+/// on a working link applies every message exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_the_database_black_holed_exits_in_bounded_time_and_loses_nothing() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let mut consumer = ConsumerProcess::spawn(&db.url_via(proxy.addr), &exchange, &name, &[]);
+    consumer.wait_ready().await;
+    let publisher = Publisher::new(&broker, &exchange).await;
+    let (msgs, expected) = payments(200, 7);
+    publisher.publish_all(&msgs[..100]).await;
+    wait_for_updates(&db.pool, 100, LONG).await;
+
+    proxy.set_mode(ProxyMode::Blackhole);
+    publisher.publish_all(&msgs[100..]).await;
+    wait_until("the consumer took deliveries into a batch", LONG, || {
+        let (broker, name) = (&broker, &name);
+        async move { (queue_depth(broker, name).await < 100).then_some(()) }
+    })
+    .await;
+    consumer.sigterm();
+    let status = tokio::time::timeout(Duration::from_secs(30), consumer.child.wait())
+        .await
+        .expect("the consumer exits although PostgreSQL never answers")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+
+    let again = ConsumerProcess::spawn(&db.url, &exchange, &name, &[]);
+    wait_for_updates(&db.pool, 200, LONG).await;
+    assert_eq!(
+        ledger(&db.pool).await,
+        expected,
+        "each message applied once"
+    );
+    again.stop().await;
 }

@@ -21,8 +21,20 @@ pub struct PaymentCaptured {
 }
 
 /// Adds captured payments to `ledger_balances`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Ledger;
+#[derive(Debug, Clone, Copy)]
+pub struct Ledger {
+    /// Named prepared statements (the default); unnamed behind a transaction pooler that does
+    /// not keep them (the consumer's `named_statements`).
+    pub named_statements: bool,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self {
+            named_statements: true,
+        }
+    }
+}
 
 impl Handler for Ledger {
     async fn handle(&self, tx: &mut PgConnection, msg: &Envelope) -> Result<(), HandlerError> {
@@ -35,7 +47,7 @@ impl Handler for Ledger {
         )
         .bind(&p.account)
         .bind(p.amount)
-        .persistent(false) // unnamed: works behind a transaction pooler too
+        .persistent(self.named_statements)
         .execute(&mut *tx)
         .await?;
         Ok(())
@@ -76,14 +88,19 @@ impl Handler for Ledger {
         .bind(&accounts)
         .bind(&amounts)
         .bind(&counts)
-        .persistent(false)
+        .persistent(self.named_statements)
         .execute(&mut *tx)
         .await?;
         Ok(())
     }
 }
 
-/// The handlers of the `consumer` binary: the ledger for `payment.captured`.
+/// The handlers of `producer ledger`: the ledger for `payment.captured`.
 pub fn handlers() -> Handlers {
-    Handlers::new().on(EVENT_TYPE, Ledger)
+    handlers_with(true)
+}
+
+/// [`handlers`] with named or unnamed statements (see [`consumer::Config::named_statements`]).
+pub fn handlers_with(named_statements: bool) -> Handlers {
+    Handlers::new().on(EVENT_TYPE, Ledger { named_statements })
 }

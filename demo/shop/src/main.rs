@@ -96,8 +96,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Ledger { settings } => {
             let shutdown = plumbing::shutdown::on_signal();
             // DATABASE_URL may go through a transaction pooler (DATABASE_POOLER, with
-            // DATABASE_DIRECT_URL for the migrations): the consumer and the ledger run unnamed
-            // statements in per-batch transactions, which works there.
+            // DATABASE_DIRECT_URL for the migrations): then the consumer and the ledger run
+            // unnamed statements in per-batch transactions, which works there.
             let connections = settings.connections.clone();
             let config = (*settings).into_config().context("invalid settings")?;
             let app_name = format!("consumer {}", config.name);
@@ -112,7 +112,8 @@ async fn main() -> anyhow::Result<()> {
                 pool = connect => pool.context("connecting to PostgreSQL")?,
                 _ = shutdown.cancelled() => return Ok(()),
             };
-            let result = consumer::run(config, pool, demo::ledger::handlers(), shutdown).await;
+            let handlers = demo::ledger::handlers_with(config.named_statements);
+            let result = consumer::run(config, pool, handlers, shutdown).await;
             plumbing::telemetry::shutdown_tracing();
             result.context("ledger consumer failed")
         }
