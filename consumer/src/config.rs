@@ -258,29 +258,8 @@ impl Settings {
     }
 }
 
-/// Parses `250ms`, `5s`, `2m`, `1h`, `7d` (whole numbers with a unit).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 250ms, 5s, 2m, 1h, 7d"))?;
-    let ms = match unit {
-        "ms" => Some(n),
-        "s" => n.checked_mul(1000),
-        "m" => n.checked_mul(60_000),
-        "h" => n.checked_mul(3_600_000),
-        "d" => n.checked_mul(86_400_000),
-        _ => {
-            return Err(format!(
-                "invalid duration {s:?}: the unit must be ms, s, m, h or d"
-            ));
-        }
-    };
-    ms.map(Duration::from_millis)
-        .ok_or_else(|| format!("duration {s:?} is too large"))
-}
+/// Parses a duration as `humantime` does: `250ms`, `5s`, `2m`, `1h`, `7d`, `1h 30m`.
+pub use humantime::parse_duration;
 
 /// The shortest of `250ms`, `5s`, `2m`, `1h`, `7d` that is exact (used in retry queue names).
 pub fn format_duration(d: Duration) -> String {
@@ -311,7 +290,7 @@ mod tests {
         assert_eq!(format_duration(Duration::from_secs(60)), "1m");
         assert!(parse_duration("5").is_err());
         assert!(parse_duration("ms").is_err());
-        assert!(parse_duration("5 weeks").is_err());
+        assert!(parse_duration("5 fortnights").is_err());
     }
 
     #[test]

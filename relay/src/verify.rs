@@ -328,21 +328,9 @@ pub fn write_prometheus(r: &VerifyReport, out: &mut impl Write) -> std::io::Resu
 #[error("{0:?} is neither an RFC 3339 time nor a duration like 90s, 15m, 2h, 1d")]
 pub struct BadTime(pub String);
 
-/// A duration like `90s`, `15m`, `2h`, `1d` (or `500ms`).
+/// A duration like `90s`, `15m`, `2h`, `1d`, `500ms` or `1h 30m` (humantime's forms).
 pub fn parse_duration(s: &str) -> Result<Duration, BadTime> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (n, unit) = s.split_at(split);
-    let n: u64 = n.parse().map_err(|_| BadTime(s.to_string()))?;
-    let mult = match unit {
-        "ms" => return Ok(Duration::from_millis(n)),
-        "s" | "" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(BadTime(s.to_string())),
-    };
-    Ok(Duration::from_secs(n.saturating_mul(mult)))
+    humantime::parse_duration(s.trim()).map_err(|_| BadTime(s.to_string()))
 }
 
 /// An RFC 3339 time, or a duration meaning that long before `now`.
@@ -371,7 +359,8 @@ mod tests {
         assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
         assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86_400));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert!(parse_duration("1w").is_err());
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert!(parse_duration("1 fortnight").is_err());
         assert!(parse_duration("m").is_err());
         let now = chrono::Utc::now();
         assert_eq!(
