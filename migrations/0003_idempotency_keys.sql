@@ -29,9 +29,9 @@ CREATE TABLE {{schema}}.idempotency_keys (
 );
 COMMENT ON TABLE {{schema}}.idempotency_keys IS 'One record per (scope, operation, Idempotency-Key): reserved through the primary key before any effect, completed in the effect''s own transaction, replayed to retries, purged after expiry.';
 COMMENT ON COLUMN {{schema}}.idempotency_keys.scope IS 'Whose key it is, as the service''s own authentication decides (a tenant, an account, a principal): the same key in two scopes never collides.';
-COMMENT ON COLUMN {{schema}}.idempotency_keys.operation IS 'The operation the key was used for, as named by the service (Idempotency::route, e.g. create_refund): the same key on two operations never collides.';
+COMMENT ON COLUMN {{schema}}.idempotency_keys.operation IS 'The operation the key was used for (by default the method and route, e.g. POST /refunds): the same key on two operations never collides.';
 COMMENT ON COLUMN {{schema}}.idempotency_keys.key_hash IS 'SHA-256 of the Idempotency-Key header value; the key itself is not stored.';
-COMMENT ON COLUMN {{schema}}.idempotency_keys.fingerprint IS 'SHA-256 of the canonical JSON (sorted keys, no whitespace) of the operation, the request''s method and target (path and query) and the validated request; a reuse with another fingerprint is rejected with 422.';
+COMMENT ON COLUMN {{schema}}.idempotency_keys.fingerprint IS 'SHA-256 of the canonical JSON (sorted keys, no whitespace) of the validated request and the operation; a reuse with another fingerprint is rejected with 422.';
 COMMENT ON COLUMN {{schema}}.idempotency_keys.status IS 'processing: reserved, effect not committed (holds a lease); completed: final response stored; failed: definitive business error stored; pending: accepted, downstream outcome not known yet (202).';
 COMMENT ON COLUMN {{schema}}.idempotency_keys.response_status IS 'HTTP status of the stored response, replayed to retries; NULL while processing.';
 COMMENT ON COLUMN {{schema}}.idempotency_keys.response_body IS 'Exact JSON body of the stored response (text, not jsonb, so replays are byte-identical); NULL while processing.';

@@ -12,13 +12,39 @@
 -- them (no lockstep deploy), public.outbox and public.processed_messages are left behind as
 -- simple views of the new tables: an old `INSERT INTO outbox (...)` lands in {{schema}}.messages
 -- (its defaults, its CHECK constraints, its NOTIFY), and an old consumer's dedup statements use
--- the same {{schema}}.processed_messages as the new ones. Drop the views once nothing uses them.
+-- the same {{schema}}.processed_messages as the new ones. The views get the old tables' grants
+-- (SELECT, INSERT, UPDATE, DELETE), so least-privilege roles keep theirs. Drop the views once
+-- nothing uses them.
 --
 -- On a database without those tables this does nothing.
+
+-- Gives a compatibility view the SELECT, INSERT, UPDATE and DELETE grants the table it replaces
+-- had (other privileges mean nothing on a simple view); used below, then dropped.
+CREATE FUNCTION {{schema}}.legacy_grant(target regclass, acl aclitem[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN
+        SELECT a.privilege_type,
+               CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END AS grantee
+          FROM aclexplode(coalesce(acl, '{}'::aclitem[])) AS a
+          LEFT JOIN pg_roles r ON r.oid = a.grantee
+         WHERE a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE')
+           AND (a.grantee = 0 OR r.oid IS NOT NULL)
+    LOOP
+        EXECUTE format('GRANT %s ON %s TO %s', g.privilege_type, target, g.grantee);
+    END LOOP;
+END
+$$;
 
 DO $$
 DECLARE
     legacy boolean;
+    ours_processed boolean;
+    ours_keys boolean;
+    outbox_acl aclitem[];
+    processed_acl aclitem[];
 BEGIN
     legacy := to_regclass('public._sqlx_migrations') IS NOT NULL
           AND to_regclass('public.outbox') IS NOT NULL;
@@ -33,9 +59,20 @@ BEGIN
         RETURN;
     END IF;
     RAISE NOTICE 'moving the outbox tables of the previous release from public into {{schema}}';
+    ours_processed := to_regclass('public.processed_messages') IS NOT NULL
+        AND EXISTS (SELECT 1 FROM public._sqlx_migrations WHERE version = 2 AND description = 'consumer'
+                    AND checksum = '\xc72da5b5373351a44de8ba18e84b7b913d947c25f81c93a0fec46d257eb27be4abdb12834fc629009dfa900b3947d875'::bytea);
+    ours_keys := to_regclass('public.idempotency_keys') IS NOT NULL
+        AND EXISTS (SELECT 1 FROM public._sqlx_migrations WHERE version = 3 AND description = 'producer'
+                    AND checksum = '\x18479959f4dd5009f08f912f6afb7c1d045014806b8713809050aa09bfa93ff352ac1709c83f45352ec3194c68521eed'::bytea);
 
-    -- Nothing may write to them while they move.
-    LOCK TABLE public.outbox IN ACCESS EXCLUSIVE MODE;
+    -- Nothing may write to them while they move: all at once, in one statement (no row a running
+    -- producer or consumer commits between the copy and the drop; no lock-order deadlock with it).
+    EXECUTE 'LOCK TABLE public.outbox'
+        || CASE WHEN ours_processed THEN ', public.processed_messages' ELSE '' END
+        || CASE WHEN ours_keys THEN ', public.idempotency_keys' ELSE '' END
+        || ' IN ACCESS EXCLUSIVE MODE';
+    outbox_acl := (SELECT relacl FROM pg_class WHERE oid = 'public.outbox'::regclass);
 
     INSERT INTO {{schema}}.messages
         (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at,
@@ -50,9 +87,8 @@ BEGIN
           o.event_type, o.aggregate_type, o.aggregate_id, o.created_at, o.headers) AS reason) r
      ORDER BY o.seq;
 
-    IF to_regclass('public.processed_messages') IS NOT NULL
-       AND EXISTS (SELECT 1 FROM public._sqlx_migrations WHERE version = 2 AND description = 'consumer'
-                   AND checksum = '\xc72da5b5373351a44de8ba18e84b7b913d947c25f81c93a0fec46d257eb27be4abdb12834fc629009dfa900b3947d875'::bytea) THEN
+    IF ours_processed THEN
+        processed_acl := (SELECT relacl FROM pg_class WHERE oid = 'public.processed_messages'::regclass);
         INSERT INTO {{schema}}.processed_messages (consumer, message_id, processed_at)
         SELECT consumer, message_id, processed_at FROM public.processed_messages
         ON CONFLICT DO NOTHING;
@@ -60,11 +96,10 @@ BEGIN
         CREATE VIEW public.processed_messages AS
             SELECT consumer, message_id, processed_at FROM {{schema}}.processed_messages;
         COMMENT ON VIEW public.processed_messages IS 'Left by the upgrade to schema {{schema}}, for consumers of the previous release: their INSERT ... ON CONFLICT and DELETE statements act on {{schema}}.processed_messages. Drop it once every consumer runs the new release.';
+        PERFORM {{schema}}.legacy_grant('public.processed_messages', processed_acl);
     END IF;
 
-    IF to_regclass('public.idempotency_keys') IS NOT NULL
-       AND EXISTS (SELECT 1 FROM public._sqlx_migrations WHERE version = 3 AND description = 'producer'
-                   AND checksum = '\x18479959f4dd5009f08f912f6afb7c1d045014806b8713809050aa09bfa93ff352ac1709c83f45352ec3194c68521eed'::bytea) THEN
+    IF ours_keys THEN
         INSERT INTO {{schema}}.idempotency_keys
             (scope, operation, key_hash, fingerprint, status, response_status, response_body,
              resource_id, lease_token, lease_expires_at, created_at, updated_at, expires_at)
@@ -84,6 +119,7 @@ BEGIN
         SELECT id, aggregate_type, aggregate_id, event_type, payload, headers, created_at
           FROM {{schema}}.messages;
     COMMENT ON VIEW public.outbox IS 'Left by the upgrade to schema {{schema}}, for producers of the previous release: INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload[, id, headers]) lands in {{schema}}.messages with its defaults, constraints and NOTIFY. Drop it once every producer writes {{schema}}.messages.';
+    PERFORM {{schema}}.legacy_grant('public.outbox', outbox_acl);
     -- Release migration 4 (outbox publishable): the functions behind its CHECK constraints.
     IF EXISTS (SELECT 1 FROM public._sqlx_migrations WHERE version = 4 AND description = 'outbox publishable'
                AND checksum = '\x84e9f3aa556d89b0db055ac203b3b0f9a448c358be446245a918d5b74826f2f4cf8f6648859f2a3e7145a593cbe56022'::bytea) THEN
@@ -106,3 +142,5 @@ BEGIN
     END IF;
 END
 $$;
+
+DROP FUNCTION {{schema}}.legacy_grant(regclass, aclitem[]);

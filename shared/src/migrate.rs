@@ -46,6 +46,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "console",
         include_str!("../../migrations/0006_console.sql"),
     ),
+    (
+        7,
+        "idempotency key comments",
+        include_str!("../../migrations/0007_idempotency_key_comments.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

@@ -355,10 +355,48 @@ fn legacy_migrator() -> Migrator {
     Migrator::with_migrations(migrations)
 }
 
+/// A login-less role of the cluster, dropped when the guard is (declare it before the `TestDb`,
+/// so the database and its grants go first).
+struct Role(String);
+
+impl Role {
+    async fn create(name: &str) -> Self {
+        let admin = PgPool::connect(&admin_url()).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE ROLE {name} NOLOGIN")))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        Self(name.to_string())
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .args([
+                admin_url().as_str(),
+                "-qc",
+                &format!("DROP ROLE IF EXISTS {}", self.0),
+            ])
+            .output();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_of_the_previous_release_is_upgraded_without_losing_a_row() {
+    let role = Role::create(&unique("legacy_app")).await;
     let db = TestDb::new_unmigrated().await;
     legacy_migrator().run(&db.pool).await.unwrap();
+    // The old release's producers and consumers ran as a role of their own, granted what they use.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "GRANT INSERT ON public.outbox TO {r}; \
+         GRANT SELECT, INSERT, DELETE ON public.processed_messages TO {r}",
+        r = role.0
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
 
     // What the old release left: pending rows (the old SQL contract), a dead row, dedup records,
     // an idempotency record, a demo order.
@@ -467,11 +505,20 @@ async fn a_database_of_the_previous_release_is_upgraded_without_losing_a_row() {
                 .unwrap();
         assert_eq!(kind.as_deref(), Some("v"), "{view} is a view");
     }
-    let late: uuid::Uuid = sqlx::query_scalar(
-        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
-         VALUES ('order', 'o-0', 'order.placed', '{\"late\": true}') RETURNING id",
+    // As the old producers' and consumers' own least-privilege role, with only the grants it had
+    // on the old tables (the views carry them over).
+    let mut legacy = db.pool.acquire().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET ROLE {}", role.0)))
+        .execute(&mut *legacy)
+        .await
+        .unwrap();
+    let late = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) \
+         VALUES ($1, 'order', 'o-0', 'order.placed', '{\"late\": true}', '{}')",
     )
-    .fetch_one(&db.pool)
+    .bind(late)
+    .execute(&mut *legacy)
     .await
     .unwrap();
     let got = receive_n(&mut rx, 1, LONG).await;
@@ -483,10 +530,24 @@ async fn a_database_of_the_previous_release_is_upgraded_without_losing_a_row() {
     let fresh: Vec<uuid::Uuid> = sqlx::query_scalar(old_dedup)
         .bind("ledger")
         .bind(vec![processed[0], late])
-        .fetch_all(&db.pool)
+        .fetch_all(&mut *legacy)
         .await
         .unwrap();
     assert_eq!(fresh, vec![late], "a moved dedup row is a duplicate");
+    // What it was not granted, it still may not do.
+    let refused = sqlx::query("DELETE FROM outbox")
+        .execute(&mut *legacy)
+        .await
+        .expect_err("the old role had no DELETE on the outbox");
+    assert!(
+        refused.to_string().contains("permission denied"),
+        "{refused}"
+    );
+    sqlx::raw_sql("RESET ROLE")
+        .execute(&mut *legacy)
+        .await
+        .unwrap();
+    drop(legacy);
     let in_new: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM outbox.processed_messages WHERE consumer = 'ledger' AND message_id = $1",
     )
