@@ -56,6 +56,39 @@ pub struct Target<'a> {
     pub path_and_query: &'a str,
 }
 
+/// The fingerprints a stored record may hold for one request: this version's, and version 1's
+/// (operation and request only), which records written before version 2 hold. A retry of such a
+/// record still matches it, so a deploy never turns a replay into a 422.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprints {
+    pub current: [u8; 32],
+    pub v1: [u8; 32],
+}
+
+impl Fingerprints {
+    pub fn of(operation: &str, target: Target<'_>, normalized_request: &Value) -> Self {
+        Self {
+            current: fingerprint(operation, target, normalized_request),
+            v1: fingerprint_v1(operation, normalized_request),
+        }
+    }
+
+    /// Whether `stored` is the fingerprint of this request, in either version.
+    pub fn matches(&self, stored: &[u8]) -> bool {
+        stored == self.current.as_slice() || stored == self.v1.as_slice()
+    }
+}
+
+/// Version 1: the operation and the request, without method and target.
+fn fingerprint_v1(operation: &str, normalized_request: &Value) -> [u8; 32] {
+    let input = serde_json::json!({
+        "v": 1,
+        "operation": operation,
+        "request": normalized_request,
+    });
+    Sha256::digest(canonical_json(&input).as_bytes()).into()
+}
+
 /// The fingerprint of `normalized_request` sent to `target` for `operation`.
 pub fn fingerprint(operation: &str, target: Target<'_>, normalized_request: &Value) -> [u8; 32] {
     let input = serde_json::json!({
@@ -106,5 +139,9 @@ mod tests {
             fingerprint("create_order", post, &a),
             fingerprint("create_order", put, &a)
         );
+        // A record written by version 1 still matches the same request, and only it.
+        let v1 = fingerprint_v1("create_order", &a);
+        assert!(Fingerprints::of("create_order", post, &b).matches(&v1));
+        assert!(!Fingerprints::of("create_payment", post, &b).matches(&v1));
     }
 }

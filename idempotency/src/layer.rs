@@ -12,7 +12,7 @@
 
 use crate::effect::{Effect, EffectShared, Pending, ResourceId};
 use crate::error::IdempotencyError;
-use crate::fingerprint::{Target, fingerprint};
+use crate::fingerprint::{Fingerprints, Target};
 use crate::internal_events::{self, Outcome, ReleaseReason};
 use crate::key::key_from_headers;
 use crate::persistence::{self, Owned, RecordKey, RecordStatus, Reservation, StoredResponse};
@@ -286,7 +286,7 @@ where
             .path_and_query()
             .map_or_else(|| parts.uri.path(), |p| p.as_str()),
     };
-    let fingerprint = fingerprint(&operation, target, &normalized);
+    let fingerprints = Fingerprints::of(&operation, target, &normalized);
 
     let store = &config.store;
     let now = store.now();
@@ -302,7 +302,7 @@ where
     let mut guard = ReleaseGuard::new(store.pool.clone(), record.clone(), token);
     let reserving = {
         let (store, record) = (store.clone(), record.clone());
-        async move { persistence::reserve(&store, &record, &fingerprint, token, now).await }
+        async move { persistence::reserve(&store, &record, &fingerprints, token, now).await }
     };
     let reservation = match guard.reserve(reserving).await {
         Ok(Ok(reservation)) => reservation,

@@ -41,7 +41,7 @@ pub mod store;
 
 pub use effect::{Effect, EffectTx, Pending, ResourceId};
 pub use error::IdempotencyError;
-pub use fingerprint::{Target, canonical_json, fingerprint};
+pub use fingerprint::{Fingerprints, Target, canonical_json, fingerprint};
 pub use key::{KEY_HEADER, KeyHash, MAX_KEY_LEN, hash_key, validate_key};
 pub use layer::{IdempotencyLayer, IdempotencyService, MAX_SCOPE_LEN, stored_by_default};
 pub use persistence::{RecordStatus, StoredResponse};

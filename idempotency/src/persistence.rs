@@ -14,6 +14,7 @@
 //! 4. `release` deletes a reservation whose effect did not commit (fenced by the token), so a
 //!    retry runs anew.
 
+use crate::fingerprint::Fingerprints;
 use crate::key::KeyHash;
 use crate::store::{Idempotency, add};
 use chrono::{DateTime, Utc};
@@ -125,15 +126,16 @@ impl RecordRow {
     }
 }
 
-/// Reserves `record` for a request with `fingerprint` under the fencing `token` (fresh per
+/// Reserves `record` for a request with `fingerprints` under the fencing `token` (fresh per
 /// request), or tells what the existing record says.
 pub(crate) async fn reserve(
     store: &Idempotency,
     record: &RecordKey,
-    fingerprint: &[u8; 32],
+    fingerprints: &Fingerprints,
     token: Uuid,
     now: DateTime<Utc>,
 ) -> Result<Reservation, sqlx::Error> {
+    let fingerprint = &fingerprints.current;
     let pool = &store.pool;
     let lease_until = add(now, store.lease);
     let expires_at = add(now, store.ttl);
@@ -205,7 +207,7 @@ pub(crate) async fn reserve(
             continue;
         }
 
-        if row.fingerprint.as_slice() != fingerprint.as_slice() {
+        if !fingerprints.matches(&row.fingerprint) {
             return Ok(Reservation::Mismatch);
         }
 

@@ -670,3 +670,45 @@ async fn a_client_that_goes_away_mid_request_releases_its_key() {
     assert_eq!(svc.messages().await, 1);
     gate.notify_one();
 }
+
+/// A record stored before fingerprint version 2 (operation and request only) is still replayed to
+/// a retry of the same request after the upgrade, and still refuses another one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_stored_with_the_version_1_fingerprint_still_replays() {
+    use sha2::Digest;
+    let svc = start().await;
+    let v1 = idempotency::canonical_json(&json!({
+        "v": 1,
+        "operation": "create_note",
+        "request": {"text": "hello", "priority": 2},
+    }));
+    let fingerprint: [u8; 32] = sha2::Sha256::digest(v1.as_bytes()).into();
+    let stored = r#"{"id":"from-before","text":"hello"}"#;
+    let now = svc.clock.now();
+    sqlx::query(
+        "INSERT INTO outbox.idempotency_keys (scope, operation, key_hash, fingerprint, status, \
+           response_status, response_body, created_at, updated_at, expires_at) \
+         VALUES ('acme', 'create_note', $1, $2, 'completed', 201, $3, $4, $4, $4 + interval '1 hour')",
+    )
+    .bind(&idempotency::hash_key("before-upgrade").0[..])
+    .bind(&fingerprint[..])
+    .bind(stored)
+    .bind(now)
+    .execute(&svc.db.pool)
+    .await
+    .unwrap();
+
+    let retry = svc.post("before-upgrade", NOTE).await;
+    assert_eq!(
+        (retry.status, retry.replayed()),
+        (201, true),
+        "{}",
+        retry.body
+    );
+    assert_eq!(retry.body, stored);
+    let other = svc
+        .post("before-upgrade", r#"{"text":"hello","priority":3}"#)
+        .await;
+    assert_eq!(other.status, 422, "{}", other.body);
+    assert_eq!(svc.faults.calls.load(Ordering::SeqCst), 0);
+}
