@@ -177,6 +177,9 @@ pub async fn connect_and_migrate_with(
         match result {
             Ok(pool) => return Ok(pool),
             Err(e @ DbError::InvalidUrl(_)) => return Err(e),
+            // A migration history that disagrees with this binary, or a migration's own SQL
+            // error, is not cured by waiting: say so at once instead of "not ready, retrying".
+            Err(DbError::Migrate(m)) if !may_succeed_later(&m) => return Err(DbError::Migrate(m)),
             Err(e) if start.elapsed() >= deadline => return Err(e),
             Err(e) => {
                 attempt += 1;
@@ -189,5 +192,47 @@ pub async fn connect_and_migrate_with(
                 tokio::time::sleep(delay).await;
             }
         }
+    }
+}
+
+/// Whether a failed migration run may succeed when retried: only when PostgreSQL could not be
+/// reached or is starting or shutting down.
+fn may_succeed_later(e: &sqlx::migrate::MigrateError) -> bool {
+    use sqlx::migrate::MigrateError;
+    let (MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _)) = e else {
+        return false;
+    };
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "53300"),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::migrate::MigrateError;
+
+    #[test]
+    fn a_mismatched_history_is_not_retried_but_a_lost_connection_is() {
+        assert!(!may_succeed_later(&MigrateError::VersionMismatch(4)));
+        assert!(!may_succeed_later(&MigrateError::VersionMissing(
+            20240101000000
+        )));
+        assert!(!may_succeed_later(&MigrateError::Dirty(3)));
+        assert!(may_succeed_later(&MigrateError::Execute(sqlx::Error::Io(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused)
+        ))));
+        assert!(may_succeed_later(&MigrateError::Execute(
+            sqlx::Error::PoolTimedOut
+        )));
     }
 }
