@@ -110,8 +110,8 @@ async fn try_transaction(
     order.sort_by(|a, b| a.1.aggregate_id.cmp(&b.1.aggregate_id));
     let ids: Vec<Uuid> = order.iter().map(|(_, env, _)| env.message_id).collect();
 
-    let mut tx = bounded("BEGIN", ctx.pool.begin()).await?;
-    let fresh = bounded(
+    let mut tx = statement_bounded("BEGIN", ctx.pool.begin()).await?;
+    let fresh = statement_bounded(
         "the dedup claim",
         dedup::claim(
             &mut tx,
@@ -157,21 +157,23 @@ async fn try_transaction(
                 Err(Failure::Infrastructure(e)) => return Err(e),
                 Err(Failure::Message { reason, .. }) => {
                     tracing::debug!(%reason, messages = run.len(), "handler failed, re-running the batch with a savepoint per message");
-                    bounded("ROLLBACK", tx.rollback()).await?;
+                    statement_bounded("ROLLBACK", tx.rollback()).await?;
                     return Ok(TxOutcome::NeedsSavepoints);
                 }
             }
         }
         // A handler that swallowed a query error leaves the transaction aborted, and COMMIT
         // would then silently roll back: check, and find the culprit with savepoints.
-        if let Err(e) = bounded("the check", sqlx::raw_sql("SELECT 1").execute(&mut *tx)).await {
+        if let Err(e) =
+            statement_bounded("the check", sqlx::raw_sql("SELECT 1").execute(&mut *tx)).await
+        {
             if dedup::is_infrastructure(&e) {
                 return Err(e);
             }
-            bounded("ROLLBACK", tx.rollback()).await?;
+            statement_bounded("ROLLBACK", tx.rollback()).await?;
             return Ok(TxOutcome::NeedsSavepoints);
         }
-        bounded("COMMIT", tx.commit()).await?;
+        statement_bounded("COMMIT", tx.commit()).await?;
         return Ok(TxOutcome::Committed(fates));
     }
 
@@ -179,7 +181,7 @@ async fn try_transaction(
     for (i, env, handler) in order {
         let attempt = items[i].attempt;
         let span = message_span(env, attempt);
-        bounded(
+        statement_bounded(
             "SAVEPOINT",
             sqlx::raw_sql("SAVEPOINT consumer_message").execute(&mut *tx),
         )
@@ -189,7 +191,7 @@ async fn try_transaction(
             .await;
         if result.is_ok() {
             // Also catches a handler that swallowed a query error and left the transaction aborted.
-            if let Err(e) = bounded(
+            if let Err(e) = statement_bounded(
                 "RELEASE SAVEPOINT",
                 sqlx::raw_sql("RELEASE SAVEPOINT consumer_message").execute(&mut *tx),
             )
@@ -205,12 +207,12 @@ async fn try_transaction(
             Ok(()) => fates[i] = Some(Fate::Processed),
             Err(Failure::Infrastructure(e)) => return Err(e),
             Err(Failure::Message { permanent, reason }) => {
-                bounded(
+                statement_bounded(
                     "ROLLBACK TO SAVEPOINT",
                     sqlx::raw_sql("ROLLBACK TO SAVEPOINT consumer_message").execute(&mut *tx),
                 )
                 .await?;
-                bounded(
+                statement_bounded(
                     "RELEASE SAVEPOINT",
                     sqlx::raw_sql("RELEASE SAVEPOINT consumer_message").execute(&mut *tx),
                 )
@@ -228,7 +230,7 @@ async fn try_transaction(
             }
         }
     }
-    bounded(
+    statement_bounded(
         "the dedup unclaim",
         dedup::unclaim(
             &mut tx,
@@ -239,7 +241,7 @@ async fn try_transaction(
         ),
     )
     .await?;
-    bounded("COMMIT", tx.commit()).await?;
+    statement_bounded("COMMIT", tx.commit()).await?;
     Ok(TxOutcome::Committed(fates))
 }
 
@@ -298,7 +300,7 @@ fn fate_of_failure(ctx: &Ctx, permanent: bool, reason: String, attempt: u32) -> 
 /// (The handlers' own statements are bounded by `handler_timeout`.)
 pub(crate) const STATEMENT_BOUND: Duration = Duration::from_secs(35);
 
-async fn bounded<T>(
+async fn statement_bounded<T>(
     what: &'static str,
     statement: impl Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, sqlx::Error> {

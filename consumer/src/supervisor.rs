@@ -73,7 +73,9 @@ impl Consumer {
     }
 
     /// Consumes until `shutdown` is cancelled, then finishes in-flight batches (commit, then ack)
-    /// and returns `Ok`. Lost connections to RabbitMQ or PostgreSQL are retried with backoff.
+    /// and returns `Ok`; a batch whose database stopped answering is left unacknowledged instead
+    /// (redelivered, deduplicated). Lost connections to RabbitMQ or PostgreSQL are retried with
+    /// backoff.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ConsumerError> {
         let ctx = self.ctx;
         let cfg = &ctx.config;

@@ -18,26 +18,28 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, PublisherConfirm};
-use plumbing::telemetry::ErrorChain;
+use plumbing::telemetry::{ErrorChain, Readiness};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// How long a stopping worker waits for the batch transaction it is in (its handlers, its
-/// COMMIT) before it leaves the batch unacknowledged. With a working database a batch finishes
-/// well within it; without one (a black-holed link) the stop does not wait for the statement bound.
-pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// Resolves [`SHUTDOWN_GRACE`] after `stop` is cancelled.
-async fn grace_after(stop: &CancellationToken) {
+/// Resolves once `stop` is cancelled while PostgreSQL does not answer (the consumer's readiness
+/// says so: its watch pings every 5 s with a 5 s bound). A stopping worker whose database works
+/// finishes its batch (commit, then ack), however slow its handlers; one whose database stopped
+/// answering (a black-holed link) leaves the batch unacknowledged instead of waiting for the
+/// statement bound.
+async fn stopped_without_database(stop: &CancellationToken, readiness: &Readiness) {
     stop.cancelled().await;
-    tokio::time::sleep(SHUTDOWN_GRACE).await;
+    while readiness.postgres() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 pub(crate) enum BatchEnd {
     Settled,
-    /// Shutdown while the database was unavailable: left unacknowledged, the broker redelivers.
+    /// Shutdown while the database was unavailable (failing, or not answering the batch's
+    /// transaction): left unacknowledged, the broker redelivers.
     Abandoned,
 }
 
@@ -186,12 +188,11 @@ impl Worker {
                 let attempt = tokio::select! {
                     biased;
                     result = batch::transact(&self.ctx, &self.events, &items) => result,
-                    () = grace_after(stop) => {
+                    () = stopped_without_database(stop, &self.ctx.readiness) => {
                         tracing::warn!(
                             worker = self.index,
                             batch = size,
-                            grace = ?SHUTDOWN_GRACE,
-                            "stopping while the batch's transaction has no answer from PostgreSQL: leaving it to redelivery (rolled back, or deduplicated if its commit landed)"
+                            "stopping while PostgreSQL does not answer the batch's transaction: leaving it to redelivery (rolled back, or deduplicated if its commit landed)"
                         );
                         return Ok(BatchEnd::Abandoned);
                     }

@@ -95,8 +95,9 @@ impl Idempotency {
 }
 
 /// Makes the routes it wraps idempotent as one operation; build it with [`Idempotency::route`].
-/// Put it on a route (`post(handler).layer(..)`) or a router (`route_layer(..)`) behind the
-/// service's authentication.
+/// Put it on a route (`post(handler).route_layer(..)`) or a router (`Router::route_layer(..)`)
+/// behind the service's authentication: `route_layer`, so that a request with another method
+/// gets the route's 405, not the layer's demand for a key.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     config: Arc<Config>,

@@ -59,6 +59,18 @@ impl<'a> Target<'a> {
     }
 }
 
+/// Session settings sent at connect (as the startup `options`): every statement and lock wait is
+/// bounded on the server, and a session left idle inside a transaction (its client gone silent,
+/// a black-holed link, a process frozen mid-batch) is ended after a minute, releasing its locks.
+/// Without the last, such an orphaned transaction would hold, for instance, the deduplication
+/// rows of a consumer's batch until TCP gave up (hours), and every redelivery of those messages
+/// would wait for it. No transaction of ours is idle that long: handlers are bounded at 30 s.
+pub const SESSION_SETTINGS: [(&str, &str); 3] = [
+    ("statement_timeout", "30s"),
+    ("lock_timeout", "10s"),
+    ("idle_in_transaction_session_timeout", "60s"),
+];
+
 /// A pool whose every wait is bounded: connecting, acquiring, and (through `statement_timeout`) queries.
 pub async fn connect(url: &str, max_connections: u32, app_name: &str) -> Result<PgPool, DbError> {
     connect_via(url, Pooler::None, max_connections, app_name).await
@@ -78,7 +90,7 @@ pub async fn connect_via(
         .application_name(app_name)
         .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(2));
     options = match pooler {
-        Pooler::None => options.options([("statement_timeout", "30s"), ("lock_timeout", "10s")]),
+        Pooler::None => options.options(SESSION_SETTINGS),
         Pooler::Transaction => options.extra_float_digits(None),
     };
     PgPoolOptions::new()

@@ -328,9 +328,14 @@ pub fn write_prometheus(r: &VerifyReport, out: &mut impl Write) -> std::io::Resu
 #[error("{0:?} is neither an RFC 3339 time nor a duration like 90s, 15m, 2h, 1d")]
 pub struct BadTime(pub String);
 
-/// A duration like `90s`, `15m`, `2h`, `1d`, `500ms` or `1h 30m` (humantime's forms).
+/// A duration like `90s`, `15m`, `2h`, `1d`, `500ms` or `1h 30m` (humantime's forms), or a bare
+/// number of seconds (`3600`).
 pub fn parse_duration(s: &str) -> Result<Duration, BadTime> {
-    humantime::parse_duration(s.trim()).map_err(|_| BadTime(s.to_string()))
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    humantime::parse_duration(s).map_err(|_| BadTime(s.to_string()))
 }
 
 /// An RFC 3339 time, or a duration meaning that long before `now`.
@@ -360,6 +365,7 @@ mod tests {
         assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86_400));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("3600").unwrap(), Duration::from_secs(3600));
         assert!(parse_duration("1 fortnight").is_err());
         assert!(parse_duration("m").is_err());
         let now = chrono::Utc::now();

@@ -264,6 +264,18 @@ async fn producers_relays_and_a_consumer_all_through_transaction_pooling() {
     let got: std::collections::BTreeMap<String, (i64, i64)> =
         got.into_iter().map(|(a, b, u)| (a, (b, u))).collect();
     assert_eq!(got, want);
+    // Once every row is confirmed and gone from the outbox (a row published twice included), the
+    // ledger still holds each event once.
+    wait_until("outbox drained", LONG, || async {
+        (outbox_count(&s.db.pool, "pending").await == 0).then_some(())
+    })
+    .await;
+    let updates: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(updates), 0)::bigint FROM demo.ledger_balances")
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(updates, 200);
     let processed: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1")
             .bind(&name)

@@ -83,9 +83,9 @@ pub async fn connect_and_migrate(
 ) -> Result<sqlx::PgPool, plumbing::db::DbError> {
     connect_and_migrate_to(
         plumbing::db::Target::direct(&config.database_url),
-        &config.schema,
         max_connections,
         app_name,
+        &config.schema,
         Duration::from_secs(config.db_connect_deadline_secs),
     )
     .await
@@ -96,9 +96,9 @@ pub async fn connect_and_migrate(
 /// URL).
 pub async fn connect_and_migrate_to(
     target: plumbing::db::Target<'_>,
-    schema: &Schema,
     max_connections: u32,
     app_name: &str,
+    schema: &Schema,
     deadline: Duration,
 ) -> Result<sqlx::PgPool, plumbing::db::DbError> {
     let schema = schema.clone();

@@ -103,9 +103,9 @@ async fn main() -> anyhow::Result<()> {
             let app_name = format!("consumer {}", config.name);
             let connect = demo::connect_and_migrate_to(
                 connections.database(),
-                &connections.schema,
                 config.pool_size(),
                 &app_name,
+                &connections.schema,
                 std::time::Duration::from_secs(cli.config.db_connect_deadline_secs),
             );
             let pool = tokio::select! {
