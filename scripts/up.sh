@@ -6,6 +6,7 @@
 #   scripts/up.sh            # runs until Ctrl-C
 #   UP_SECONDS=30 scripts/up.sh   # runs 30 s, prints what happened, stops
 #   PROVIDER_FAULTS=timeout_after_charge:10,decline:5 scripts/up.sh   # a misbehaving provider
+#   UP_KEEP_DB=1 scripts/up.sh   # keep the demo database of the last run (default: a fresh one)
 #
 # Every PROVIDER_* variable of the environment (PROVIDER_FAULTS, PROVIDER_IDEMPOTENCY,
 # PROVIDER_STATUS_QUERY, PROVIDER_SEED, PROVIDER_TIMEOUT_DELAY, ...) reaches the payment provider
@@ -27,7 +28,12 @@ cargo build --release --bins -q
 BIN=target/release
 mkdir -p "$LOG_DIR"
 
+# A fresh demo database every run (UP_KEEP_DB=1 keeps the last run's): the example's state is
+# disposable, and a database left by an older checkout may hold migrations this one has changed.
 db_name="${DATABASE_URL##*/}"
+if [[ -z "${UP_KEEP_DB:-}" ]]; then
+    psql -h 127.0.0.1 -U postgres -d postgres -qc "DROP DATABASE IF EXISTS $db_name WITH (FORCE)"
+fi
 psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$db_name'" | grep -q 1 \
     || psql -h 127.0.0.1 -U postgres -d postgres -qc "CREATE DATABASE $db_name"
 "$BIN/producer" migrate   # the product schema (outbox) and the example application's (demo)
