@@ -67,25 +67,10 @@ pub async fn unclaim(
 /// serialization, administrator action) rather than something this message caused. Those roll the
 /// whole batch back and retry it with backoff; nothing is dead-lettered for them.
 pub fn is_infrastructure(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            let c = c.as_ref();
-            // 08 connection, 40 rollback (deadlock, serialization), 53 resources, 58 system,
-            // 55P03 lock timeout, 57P0x shutdown / cannot connect now. 57014 (statement timeout)
-            // is left to the message: a query that always times out must not stall the queue.
-            c.starts_with("08")
-                || c.starts_with("40")
-                || c.starts_with("53")
-                || c.starts_with("58")
-                || c == "55P03"
-                || c.starts_with("57P")
-        }),
-        _ => false,
-    }
+    // PostgreSQL unavailable (plumbing's rule), or a transaction PostgreSQL rolled back for its
+    // own reasons: 40 (deadlock, serialization), 55P03 (lock timeout). 57014 (statement timeout)
+    // is left to the message: a query that always times out must not stall the queue.
+    plumbing::db::is_unavailable(e)
+        || matches!(e, sqlx::Error::Database(db)
+            if db.code().is_some_and(|c| c.starts_with("40") || c == "55P03"))
 }

@@ -207,13 +207,10 @@ pub async fn connect_and_migrate_with(
     }
 }
 
-/// Whether a failed migration run may succeed when retried: only when PostgreSQL could not be
-/// reached or is starting or shutting down.
-fn may_succeed_later(e: &sqlx::migrate::MigrateError) -> bool {
-    use sqlx::migrate::MigrateError;
-    let (MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _)) = e else {
-        return false;
-    };
+/// Whether `e` says PostgreSQL is unavailable rather than that the statement was wrong: the
+/// connection failed or was lost (08, I/O, TLS, protocol, pool), the server is short of resources
+/// or failing (53, 58), or it is shutting down or starting (57P). Retrying later may succeed.
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
@@ -221,9 +218,23 @@ fn may_succeed_later(e: &sqlx::migrate::MigrateError) -> bool {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "53300"),
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            c.starts_with("08")
+                || c.starts_with("53")
+                || c.starts_with("58")
+                || c.starts_with("57P")
+        }),
+        _ => false,
+    }
+}
+
+/// Whether a failed migration run may succeed when retried: only when PostgreSQL was
+/// unavailable ([`is_unavailable`]), never for a history that disagrees with the binary or a
+/// migration's own SQL error.
+fn may_succeed_later(e: &sqlx::migrate::MigrateError) -> bool {
+    use sqlx::migrate::MigrateError;
+    match e {
+        MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _) => is_unavailable(e),
         _ => false,
     }
 }

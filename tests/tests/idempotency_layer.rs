@@ -265,6 +265,34 @@ impl Service {
     }
 }
 
+/// Where a held request waits: before its effect transaction, or inside it.
+#[derive(Clone, Copy)]
+enum Hold {
+    BeforeEffect,
+    InEffect,
+}
+
+/// Starts `POST /notes` with `key` in the background, held where `at` says; returns once it is
+/// held, with its response to come and the gate that lets it go on.
+async fn post_held(
+    svc: &Arc<Service>,
+    at: Hold,
+    key: &'static str,
+) -> (tokio::task::JoinHandle<Resp>, Arc<Notify>) {
+    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let slot = match at {
+        Hold::BeforeEffect => &svc.faults.hold_next,
+        Hold::InEffect => &svc.faults.hold_in_tx_next,
+    };
+    *slot.lock().unwrap() = Some((entered.clone(), gate.clone()));
+    let response = tokio::spawn({
+        let svc = svc.clone();
+        async move { svc.post(key, NOTE).await }
+    });
+    entered.notified().await;
+    (response, gate)
+}
+
 /// A 4xx body holds exactly one field, `error`, a string.
 fn assert_error_only(r: &Resp) {
     assert!((400..500).contains(&r.status), "{r:?}");
@@ -484,13 +512,7 @@ async fn a_panicking_handler_releases_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_lease_is_taken_over_and_the_old_holder_is_fenced_out() {
     let svc = Arc::new(start().await);
-    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    *svc.faults.hold_next.lock().unwrap() = Some((entered.clone(), gate.clone()));
-    let slow = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.post("held", NOTE).await }
-    });
-    entered.notified().await;
+    let (slow, gate) = post_held(&svc, Hold::BeforeEffect, "held").await;
 
     // In flight with a live lease: 409 + Retry-After.
     let busy = svc.post("held", NOTE).await;
@@ -528,13 +550,7 @@ async fn expired_records_count_as_new_and_are_purged() {
     assert_eq!(first.status, 201);
 
     // A live reservation (held in flight) is never purged.
-    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    *svc.faults.hold_next.lock().unwrap() = Some((entered.clone(), gate.clone()));
-    let held = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.post("in-flight", NOTE).await }
-    });
-    entered.notified().await;
+    let (held, gate) = post_held(&svc, Hold::BeforeEffect, "in-flight").await;
 
     assert_eq!(
         svc.store.purge(100, 10).await.unwrap(),
@@ -595,13 +611,7 @@ async fn answers_that_depend_on_the_moment_are_not_stored_and_the_retry_runs_ane
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_inside_its_effect_is_alive_past_its_lease_so_a_retry_gets_409_without_waiting() {
     let svc = Arc::new(start().await);
-    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    *svc.faults.hold_in_tx_next.lock().unwrap() = Some((entered.clone(), gate.clone()));
-    let slow = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.post("long", NOTE).await }
-    });
-    entered.notified().await;
+    let (slow, gate) = post_held(&svc, Hold::InEffect, "long").await;
 
     // Its lease ran out, but its transaction (and the record's row lock) is open: the retry does
     // not queue behind that lock, holding a connection; it answers at once.
@@ -629,13 +639,7 @@ async fn a_holder_inside_its_effect_is_alive_past_its_lease_so_a_retry_gets_409_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_mid_request_releases_its_key() {
     let svc = Arc::new(start().await);
-    let (entered, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    *svc.faults.hold_in_tx_next.lock().unwrap() = Some((entered.clone(), gate.clone()));
-    let gone = tokio::spawn({
-        let svc = svc.clone();
-        async move { svc.post("gone", NOTE).await }
-    });
-    entered.notified().await;
+    let (gone, gate) = post_held(&svc, Hold::InEffect, "gone").await;
     assert_eq!(svc.records().await, 1);
     // The client closes its connection while the effect is open: the server drops the request,
     // its transaction rolls back and its reservation is released.

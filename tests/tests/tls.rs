@@ -114,6 +114,17 @@ fn with_tls(url: &str, mode: &str, root: Option<&Path>) -> String {
     }
 }
 
+/// Creates database `app` on the private server (over its plain admin connection).
+async fn create_app_database(pg: &PrivatePg) {
+    let mut admin = <PgConnection as sqlx::Connection>::connect(&pg.url("postgres"))
+        .await
+        .unwrap();
+    sqlx::query("CREATE DATABASE app")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+}
+
 /// Whether the pool's connection is encrypted, as the server sees it.
 async fn is_ssl(pool: &PgPool) -> bool {
     sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
@@ -230,13 +241,7 @@ async fn relay_binary_publishes_over_verify_full_with_every_connection_encrypted
     let pg = tls_pg(&pki);
     let files = Files::new();
     let ca = files.write("ca.pem", &pki.ca);
-    let mut admin = <PgConnection as sqlx::Connection>::connect(&pg.url("postgres"))
-        .await
-        .unwrap();
-    sqlx::query("CREATE DATABASE app")
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    create_app_database(&pg).await;
     let url = with_tls(&pg.url("app"), "verify-full", Some(&ca));
     let pool = plumbing::db::connect_and_migrate(
         &url,
@@ -467,13 +472,7 @@ async fn every_binary_runs_over_verify_full_postgres_and_amqps() {
     let files = Files::new();
     let ca = files.write("ca.pem", &pki.ca);
     let ca_file = ca.to_str().unwrap().to_string();
-    let mut admin = <PgConnection as sqlx::Connection>::connect(&pg.url("postgres"))
-        .await
-        .unwrap();
-    sqlx::query("CREATE DATABASE app")
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    create_app_database(&pg).await;
     let url = with_tls(&pg.url("app"), "verify-full", Some(&ca));
     let amqps = format!("amqps://guest:guest@localhost:{}/%2f", node.tls_port());
     let exchange = unique("outbox");
