@@ -138,6 +138,16 @@ impl Resp {
     fn replayed(&self) -> bool {
         self.header("idempotent-replayed") == Some("true")
     }
+    /// A first answer: 201, not a replay.
+    fn assert_fresh(&self) {
+        assert_eq!(
+            (self.status, self.replayed()),
+            (201, false),
+            "{}",
+            self.body
+        );
+    }
+
     fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
@@ -293,6 +303,12 @@ async fn post_held(
     (response, gate)
 }
 
+/// `r` replays `first`: its status and body bytes, marked `Idempotent-Replayed: true`.
+fn assert_replays(r: &Resp, first: &Resp) {
+    assert_eq!((r.status, r.replayed()), (first.status, true), "{}", r.body);
+    assert_eq!(r.bytes, first.bytes);
+}
+
 /// A 4xx body holds exactly one field, `error`, a string.
 fn assert_error_only(r: &Resp) {
     assert!((400..500).contains(&r.status), "{r:?}");
@@ -327,13 +343,12 @@ async fn twenty_concurrent_identical_requests_make_exactly_one_effect() {
     }
     gate.notify_one();
     let fresh = done.recv().await.expect("the held request's response");
-    assert_eq!((fresh.status, fresh.replayed()), (201, false), "{fresh:?}");
+    fresh.assert_fresh();
 
     // Every retry now gets the first response again.
     let retries = join_all((0..19).map(|_| svc.post("same", NOTE))).await;
     for r in &retries {
-        assert_eq!((r.status, r.replayed()), (201, true), "{r:?}");
-        assert_eq!(r.bytes, fresh.bytes);
+        assert_replays(r, &fresh);
         assert_eq!(r.header("location"), fresh.header("location"));
     }
     assert_eq!(
@@ -372,13 +387,7 @@ async fn replay_is_byte_identical_and_another_payload_is_422() {
     // Key order and whitespace do not change the request.
     let reordered = r#"{ "priority" : 2 , "text" : "hello" }"#;
     let third = svc.post("k1", reordered).await;
-    assert_eq!(
-        (third.status, third.replayed()),
-        (201, true),
-        "{}",
-        third.body
-    );
-    assert_eq!(third.body, first.body);
+    assert_replays(&third, &first);
 
     // Same key, another payload: 422, the original untouched and still replayed.
     let other = svc.post("k1", r#"{"text":"hello","priority":3}"#).await;
@@ -406,7 +415,7 @@ async fn replay_is_byte_identical_and_another_payload_is_422() {
 
     // Another scope is another key.
     let globex = svc.post_as(Some("globex"), Some("k1"), NOTE).await;
-    assert_eq!((globex.status, globex.replayed()), (201, false));
+    globex.assert_fresh();
 
     assert_eq!(svc.faults.calls.load(Ordering::SeqCst), 2);
     assert_eq!(svc.effects().await, 2);
@@ -474,15 +483,9 @@ async fn a_handler_error_releases_the_key_and_the_retry_runs_the_effect_once() {
     assert_eq!(svc.messages().await, 0);
 
     let retry = svc.post("retry-me", NOTE).await;
-    assert_eq!(
-        (retry.status, retry.replayed()),
-        (201, false),
-        "{}",
-        retry.body
-    );
+    retry.assert_fresh();
     let replay = svc.post("retry-me", NOTE).await;
-    assert_eq!((replay.status, replay.replayed()), (201, true));
-    assert_eq!(replay.body, retry.body);
+    assert_replays(&replay, &retry);
     assert_eq!(svc.effects().await, 1);
     assert_eq!(svc.messages().await, 1);
 }
@@ -499,12 +502,7 @@ async fn a_panicking_handler_releases_the_key() {
     assert_eq!(svc.messages().await, 0);
 
     let retry = svc.post("panics", NOTE).await;
-    assert_eq!(
-        (retry.status, retry.replayed()),
-        (201, false),
-        "{}",
-        retry.body
-    );
+    retry.assert_fresh();
     assert_eq!(svc.effects().await, 1);
     assert_eq!(svc.messages().await, 1);
 }
@@ -523,12 +521,7 @@ async fn an_expired_lease_is_taken_over_and_the_old_holder_is_fenced_out() {
     // The holder hangs past its lease: a retry takes the record over and runs the effect.
     svc.clock.advance(LEASE.as_secs() as i64 + 1);
     let takeover = svc.post("held", NOTE).await;
-    assert_eq!(
-        (takeover.status, takeover.replayed()),
-        (201, false),
-        "{}",
-        takeover.body
-    );
+    takeover.assert_fresh();
 
     // The old holder wakes: its transaction is fenced out before it writes anything.
     gate.notify_one();
@@ -539,8 +532,7 @@ async fn an_expired_lease_is_taken_over_and_the_old_holder_is_fenced_out() {
     assert_eq!(svc.effects().await, 1);
     assert_eq!(svc.messages().await, 1);
     let replay = svc.post("held", NOTE).await;
-    assert_eq!((replay.status, replay.replayed()), (201, true));
-    assert_eq!(replay.body, takeover.body);
+    assert_replays(&replay, &takeover);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -571,12 +563,7 @@ async fn expired_records_count_as_new_and_are_purged() {
 
     // The purged key counts as new.
     let anew = svc.post("daily", NOTE).await;
-    assert_eq!(
-        (anew.status, anew.replayed()),
-        (201, false),
-        "{}",
-        anew.body
-    );
+    anew.assert_fresh();
     assert_ne!(anew.json()["id"], first.json()["id"]);
 
     gate.notify_one();
@@ -597,12 +584,7 @@ async fn answers_that_depend_on_the_moment_are_not_stored_and_the_retry_runs_ane
         assert_eq!(svc.records().await, n as i64);
         assert_eq!(svc.effects().await, n as i64);
         let retry = svc.post(&key, NOTE).await;
-        assert_eq!(
-            (retry.status, retry.replayed()),
-            (201, false),
-            "{}",
-            retry.body
-        );
+        retry.assert_fresh();
         assert_eq!(svc.effects().await, n as i64 + 1);
     }
     assert_eq!(svc.messages().await, 4);
@@ -623,15 +605,9 @@ async fn a_holder_inside_its_effect_is_alive_past_its_lease_so_a_retry_gets_409_
 
     gate.notify_one();
     let done = slow.await.unwrap();
-    assert_eq!(
-        (done.status, done.replayed()),
-        (201, false),
-        "{}",
-        done.body
-    );
+    done.assert_fresh();
     let replay = svc.post("long", NOTE).await;
-    assert_eq!((replay.status, replay.replayed()), (201, true));
-    assert_eq!(replay.bytes, done.bytes);
+    assert_replays(&replay, &done);
     assert_eq!(svc.effects().await, 1);
     assert_eq!(svc.faults.calls.load(Ordering::SeqCst), 1);
 }
@@ -664,12 +640,7 @@ async fn a_client_that_goes_away_mid_request_releases_its_key() {
     assert_eq!(svc.effects().await, 0, "the dropped effect rolled back");
 
     let retry = svc.post("gone", NOTE).await;
-    assert_eq!(
-        (retry.status, retry.replayed()),
-        (201, false),
-        "{}",
-        retry.body
-    );
+    retry.assert_fresh();
     assert_eq!(svc.effects().await, 1);
     assert_eq!(svc.messages().await, 1);
     gate.notify_one();
