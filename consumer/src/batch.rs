@@ -65,12 +65,6 @@ pub(crate) enum Failure {
     Infrastructure(sqlx::Error),
 }
 
-pub(crate) enum TxOutcome {
-    Committed(Vec<Option<Fate>>),
-    /// A handler failed in an optimistic (savepoint-free) run: re-run with savepoints.
-    NeedsSavepoints,
-}
-
 /// Runs the batch's handlers in one transaction: optimistically first, with a savepoint per
 /// message when a handler failed. Errors are infrastructure failures of the whole batch.
 pub(crate) async fn transact(
@@ -78,23 +72,22 @@ pub(crate) async fn transact(
     events: &Events,
     items: &[Item],
 ) -> Result<Vec<Option<Fate>>, sqlx::Error> {
-    if let TxOutcome::Committed(f) = try_transaction(ctx, events, items, false).await? {
-        return Ok(f);
-    }
-    match try_transaction(ctx, events, items, true).await? {
-        TxOutcome::Committed(f) => Ok(f),
-        TxOutcome::NeedsSavepoints => {
-            unreachable!("a run with savepoints settles every message")
-        }
+    match optimistic(ctx, events, items).await? {
+        Some(fates) => Ok(fates),
+        None => with_savepoints(ctx, events, items).await,
     }
 }
 
-async fn try_transaction(
-    ctx: &Ctx,
-    events: &Events,
-    items: &[Item],
-    savepoints: bool,
-) -> Result<TxOutcome, sqlx::Error> {
+/// A batch's transaction, begun: the messages to run (not duplicates) in aggregate order, and the
+/// fates decided so far (the duplicates').
+struct Begun<'a> {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    order: Vec<(usize, &'a Envelope, &'a Arc<dyn DynHandler>)>,
+    fates: Vec<Option<Fate>>,
+}
+
+/// BEGIN and the dedup claim: which messages of the batch run now.
+async fn begin<'a>(ctx: &Ctx, items: &'a [Item]) -> Result<Begun<'a>, sqlx::Error> {
     let name = ctx.config.name.as_str();
     let mut fates: Vec<Option<Fate>> = vec![None; items.len()];
     // Aggregate order: the handlers of concurrent batches lock rows in a consistent order,
@@ -133,50 +126,76 @@ async fn try_transaction(
         run
     });
 
-    if !savepoints {
-        // One handler call per run of consecutive messages with the same handler.
-        for run in order.chunk_by(|a, b| Arc::ptr_eq(a.2, b.2)) {
-            let envs: Vec<&Envelope> = run.iter().map(|(_, env, _)| *env).collect();
-            let span = match envs.as_slice() {
-                [one] => message_span(one, items[run[0].0].attempt),
-                many => tracing::info_span!(
-                    "batch",
-                    messages = many.len(),
-                    message_ids = %MessageIds(many),
-                ),
-            };
-            match run_handler(ctx, events, &mut tx, &envs, run[0].2)
-                .instrument(span)
-                .await
-            {
-                Ok(()) => {
-                    for (i, _, _) in run {
-                        fates[*i] = Some(Fate::Processed);
-                    }
-                }
-                Err(Failure::Infrastructure(e)) => return Err(e),
-                Err(Failure::Message { reason, .. }) => {
-                    tracing::debug!(%reason, messages = run.len(), "handler failed, re-running the batch with a savepoint per message");
-                    statement_bounded("ROLLBACK", tx.rollback()).await?;
-                    return Ok(TxOutcome::NeedsSavepoints);
-                }
-            }
-        }
-        // A handler that swallowed a query error leaves the transaction aborted, and COMMIT
-        // would then silently roll back: check, and find the culprit with savepoints.
-        if let Err(e) =
-            statement_bounded("the check", sqlx::raw_sql("SELECT 1").execute(&mut *tx)).await
-        {
-            if dedup::is_infrastructure(&e) {
-                return Err(e);
-            }
-            statement_bounded("ROLLBACK", tx.rollback()).await?;
-            return Ok(TxOutcome::NeedsSavepoints);
-        }
-        statement_bounded("COMMIT", tx.commit()).await?;
-        return Ok(TxOutcome::Committed(fates));
-    }
+    Ok(Begun { tx, order, fates })
+}
 
+/// The batch without savepoints, one handler call per run of messages with the same handler:
+/// `None` (rolled back) when a handler failed, so the batch is re-run with savepoints.
+async fn optimistic(
+    ctx: &Ctx,
+    events: &Events,
+    items: &[Item],
+) -> Result<Option<Vec<Option<Fate>>>, sqlx::Error> {
+    let Begun {
+        mut tx,
+        order,
+        mut fates,
+    } = begin(ctx, items).await?;
+    for run in order.chunk_by(|a, b| Arc::ptr_eq(a.2, b.2)) {
+        let envs: Vec<&Envelope> = run.iter().map(|(_, env, _)| *env).collect();
+        let span = match envs.as_slice() {
+            [one] => message_span(one, items[run[0].0].attempt),
+            many => tracing::info_span!(
+                "batch",
+                messages = many.len(),
+                message_ids = %MessageIds(many),
+            ),
+        };
+        match run_handler(ctx, events, &mut tx, &envs, run[0].2)
+            .instrument(span)
+            .await
+        {
+            Ok(()) => {
+                for (i, _, _) in run {
+                    fates[*i] = Some(Fate::Processed);
+                }
+            }
+            Err(Failure::Infrastructure(e)) => return Err(e),
+            Err(Failure::Message { reason, .. }) => {
+                tracing::debug!(%reason, messages = run.len(), "handler failed, re-running the batch with a savepoint per message");
+                statement_bounded("ROLLBACK", tx.rollback()).await?;
+                return Ok(None);
+            }
+        }
+    }
+    // A handler that swallowed a query error leaves the transaction aborted, and COMMIT
+    // would then silently roll back: check, and find the culprit with savepoints.
+    if let Err(e) =
+        statement_bounded("the check", sqlx::raw_sql("SELECT 1").execute(&mut *tx)).await
+    {
+        if dedup::is_infrastructure(&e) {
+            return Err(e);
+        }
+        statement_bounded("ROLLBACK", tx.rollback()).await?;
+        return Ok(None);
+    }
+    statement_bounded("COMMIT", tx.commit()).await?;
+    Ok(Some(fates))
+}
+
+/// The batch with a savepoint per message: a failing message is rolled back alone (its dedup row
+/// removed) and gets its retry or dead-letter fate; the others commit.
+async fn with_savepoints(
+    ctx: &Ctx,
+    events: &Events,
+    items: &[Item],
+) -> Result<Vec<Option<Fate>>, sqlx::Error> {
+    let name = ctx.config.name.as_str();
+    let Begun {
+        mut tx,
+        order,
+        mut fates,
+    } = begin(ctx, items).await?;
     let mut failed: Vec<Uuid> = Vec::new();
     for (i, env, handler) in order {
         let attempt = items[i].attempt;
@@ -242,7 +261,7 @@ async fn try_transaction(
     )
     .await?;
     statement_bounded("COMMIT", tx.commit()).await?;
-    Ok(TxOutcome::Committed(fates))
+    Ok(fates)
 }
 
 /// One handler call: a single message (`handle`) or several (`handle_batch`), bounded by the
