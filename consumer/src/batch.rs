@@ -30,7 +30,7 @@ use sqlx::PgConnection;
 use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -103,17 +103,14 @@ async fn begin<'a>(ctx: &Ctx, items: &'a [Item]) -> Result<Begun<'a>, sqlx::Erro
     order.sort_by(|a, b| a.1.aggregate_id.cmp(&b.1.aggregate_id));
     let ids: Vec<Uuid> = order.iter().map(|(_, env, _)| env.message_id).collect();
 
-    let mut tx = statement_bounded("BEGIN", ctx.pool.begin()).await?;
-    let fresh = statement_bounded(
-        "the dedup claim",
-        dedup::claim(
-            &mut tx,
-            &ctx.config.schema,
-            name,
-            &ids,
-            ctx.config.named_statements,
-        ),
-    )
+    let mut tx = plumbing::db::bounded(ctx.pool.begin()).await?;
+    let fresh = plumbing::db::bounded(dedup::claim(
+        &mut tx,
+        &ctx.config.schema,
+        name,
+        &ids,
+        ctx.config.named_statements,
+    ))
     .await?;
     let mut claimed: HashSet<Uuid> = HashSet::with_capacity(fresh.len());
     // Not fresh: committed before (by us or another instance). Already claimed: an earlier
@@ -163,23 +160,21 @@ async fn optimistic(
             Err(Failure::Infrastructure(e)) => return Err(e),
             Err(Failure::Message { reason, .. }) => {
                 tracing::debug!(%reason, messages = run.len(), "handler failed, re-running the batch with a savepoint per message");
-                statement_bounded("ROLLBACK", tx.rollback()).await?;
+                plumbing::db::bounded(tx.rollback()).await?;
                 return Ok(None);
             }
         }
     }
     // A handler that swallowed a query error leaves the transaction aborted, and COMMIT
     // would then silently roll back: check, and find the culprit with savepoints.
-    if let Err(e) =
-        statement_bounded("the check", sqlx::raw_sql("SELECT 1").execute(&mut *tx)).await
-    {
+    if let Err(e) = plumbing::db::bounded(sqlx::raw_sql("SELECT 1").execute(&mut *tx)).await {
         if dedup::is_infrastructure(&e) {
             return Err(e);
         }
-        statement_bounded("ROLLBACK", tx.rollback()).await?;
+        plumbing::db::bounded(tx.rollback()).await?;
         return Ok(None);
     }
-    statement_bounded("COMMIT", tx.commit()).await?;
+    plumbing::db::bounded(tx.commit()).await?;
     Ok(Some(fates))
 }
 
@@ -200,18 +195,14 @@ async fn with_savepoints(
     for (i, env, handler) in order {
         let attempt = items[i].attempt;
         let span = message_span(env, attempt);
-        statement_bounded(
-            "SAVEPOINT",
-            sqlx::raw_sql("SAVEPOINT consumer_message").execute(&mut *tx),
-        )
-        .await?;
+        plumbing::db::bounded(sqlx::raw_sql("SAVEPOINT consumer_message").execute(&mut *tx))
+            .await?;
         let mut result = run_handler(ctx, events, &mut tx, &[env], handler)
             .instrument(span.clone())
             .await;
         if result.is_ok() {
             // Also catches a handler that swallowed a query error and left the transaction aborted.
-            if let Err(e) = statement_bounded(
-                "RELEASE SAVEPOINT",
+            if let Err(e) = plumbing::db::bounded(
                 sqlx::raw_sql("RELEASE SAVEPOINT consumer_message").execute(&mut *tx),
             )
             .await
@@ -226,13 +217,11 @@ async fn with_savepoints(
             Ok(()) => fates[i] = Some(Fate::Processed),
             Err(Failure::Infrastructure(e)) => return Err(e),
             Err(Failure::Message { permanent, reason }) => {
-                statement_bounded(
-                    "ROLLBACK TO SAVEPOINT",
+                plumbing::db::bounded(
                     sqlx::raw_sql("ROLLBACK TO SAVEPOINT consumer_message").execute(&mut *tx),
                 )
                 .await?;
-                statement_bounded(
-                    "RELEASE SAVEPOINT",
+                plumbing::db::bounded(
                     sqlx::raw_sql("RELEASE SAVEPOINT consumer_message").execute(&mut *tx),
                 )
                 .await?;
@@ -249,18 +238,15 @@ async fn with_savepoints(
             }
         }
     }
-    statement_bounded(
-        "the dedup unclaim",
-        dedup::unclaim(
-            &mut tx,
-            &ctx.config.schema,
-            name,
-            &failed,
-            ctx.config.named_statements,
-        ),
-    )
+    plumbing::db::bounded(dedup::unclaim(
+        &mut tx,
+        &ctx.config.schema,
+        name,
+        &failed,
+        ctx.config.named_statements,
+    ))
     .await?;
-    statement_bounded("COMMIT", tx.commit()).await?;
+    plumbing::db::bounded(tx.commit()).await?;
     Ok(fates)
 }
 
@@ -310,27 +296,6 @@ fn fate_of_failure(ctx: &Ctx, permanent: bool, reason: String, attempt: u32) -> 
     } else {
         Fate::Retry(reason)
     }
-}
-
-/// Bound on each statement the runtime itself sends in a batch transaction (BEGIN, the dedup
-/// claim, savepoints, the check, COMMIT). Above the server's 30 s `statement_timeout`, so it
-/// fires only when the server cannot answer at all (a black-holed link), where that timeout
-/// cannot: the batch then fails as an infrastructure error and is retried, never hangs a worker.
-/// (The handlers' own statements are bounded by `handler_timeout`.)
-pub(crate) const STATEMENT_BOUND: Duration = Duration::from_secs(35);
-
-async fn statement_bounded<T>(
-    what: &'static str,
-    statement: impl Future<Output = Result<T, sqlx::Error>>,
-) -> Result<T, sqlx::Error> {
-    tokio::time::timeout(STATEMENT_BOUND, statement)
-        .await
-        .unwrap_or_else(|_| {
-            Err(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("{what}: no answer from PostgreSQL within {STATEMENT_BOUND:?}"),
-            )))
-        })
 }
 
 /// The span every log line about one message carries.

@@ -71,6 +71,25 @@ pub const SESSION_SETTINGS: [(&str, &str); 3] = [
     ("idle_in_transaction_session_timeout", "60s"),
 ];
 
+/// The longest a component waits for any statement of its own. PostgreSQL's `statement_timeout`
+/// (30 s, [`SESSION_SETTINGS`]) ends a slow statement; this bound ends a wait on a link that
+/// answers nothing at all (black-holed), where no server-side timeout can fire.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(35);
+
+/// Runs a statement (or a few) under [`CLIENT_TIMEOUT`]; running out is an I/O error like a cut
+/// link (so [`is_unavailable`]).
+pub async fn bounded<T>(
+    op: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    match tokio::time::timeout(CLIENT_TIMEOUT, op).await {
+        Ok(result) => result,
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer from PostgreSQL within {CLIENT_TIMEOUT:?}"),
+        ))),
+    }
+}
+
 /// A pool whose every wait is bounded: connecting, acquiring, and (through `statement_timeout`) queries.
 pub async fn connect(url: &str, max_connections: u32, app_name: &str) -> Result<PgPool, DbError> {
     connect_via(url, Pooler::None, max_connections, app_name).await

@@ -9,7 +9,7 @@
 //! confirm timeout left, and that view ends before the database's `lease_until`: two relays never
 //! publish one partition at the same time unless the clocks lie or a pause outlasts the lease.
 
-use crate::{set_ready, store};
+use crate::set_ready;
 use plumbing::telemetry::{ErrorChain, Readiness};
 use shared::schema::Schema;
 use sqlx::PgPool;
@@ -237,7 +237,7 @@ pub(crate) async fn renew_loop(
     let period = lease / 4;
     loop {
         let before = leases.held_count();
-        match store::bounded(leases.tick(&pool)).await {
+        match plumbing::db::bounded(leases.tick(&pool)).await {
             Ok(()) => {
                 set_ready(&readiness, Some(true), None);
                 if leases.held_count() > before {

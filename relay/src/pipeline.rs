@@ -368,8 +368,10 @@ impl<'a> Pipeline<'a> {
             self.marking = Some((
                 tokio::spawn(async move {
                     let started = Instant::now();
-                    let done =
-                        store::bounded(store::mark_published(&pool, &schema, &batch, retain)).await;
+                    let done = plumbing::db::bounded(store::mark_published(
+                        &pool, &schema, &batch, retain,
+                    ))
+                    .await;
                     internal_events::db_duration(DbOp::Mark, started.elapsed());
                     done
                 }),
@@ -407,7 +409,7 @@ impl<'a> Pipeline<'a> {
         self.more = false;
         let task = tokio::spawn(async move {
             let started = Instant::now();
-            let rows = store::bounded(store::claim(
+            let rows = plumbing::db::bounded(store::claim(
                 &pool,
                 &schema,
                 &owner,
@@ -496,7 +498,7 @@ impl<'a> Pipeline<'a> {
     async fn bury(&mut self, seq: i64, partition: i16, id: Option<uuid::Uuid>, reason: &str) {
         internal_events::publish_failed(FailureReason::Unpublishable, 1);
         self.claimed.remove(&seq);
-        let recorded = store::bounded(store::record_failure(
+        let recorded = plumbing::db::bounded(store::record_failure(
             self.pool,
             self.leases.schema(),
             seq,
@@ -748,7 +750,7 @@ impl<'a> Pipeline<'a> {
         let trace_id =
             shared::trace::trace_id(row.headers.get("traceparent").and_then(|v| v.as_str()))
                 .unwrap_or("");
-        match store::bounded(store::record_failure(
+        match plumbing::db::bounded(store::record_failure(
             self.pool,
             self.leases.schema(),
             row.seq,
@@ -861,7 +863,7 @@ impl<'a> Pipeline<'a> {
                         self.retried.iter().partition(|s| done.contains(s));
                     self.retried = later;
                     if !now.is_empty()
-                        && let Err(e) = store::bounded(store::unblock_published(
+                        && let Err(e) = plumbing::db::bounded(store::unblock_published(
                             self.pool,
                             self.leases.schema(),
                             &now,
@@ -898,7 +900,7 @@ impl<'a> Pipeline<'a> {
         if free.is_empty() {
             return;
         }
-        match store::bounded(self.leases.release(self.pool, &free)).await {
+        match plumbing::db::bounded(self.leases.release(self.pool, &free)).await {
             Ok(()) => {
                 tracing::info!(partitions = ?free, "gave partitions back for rebalancing");
                 for p in &free {

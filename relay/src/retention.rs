@@ -18,7 +18,9 @@ pub(crate) async fn retention_loop(
     const BATCH: i64 = 5000;
     loop {
         loop {
-            match store::bounded(store::purge_published(&pool, &schema, retention, BATCH)).await {
+            match plumbing::db::bounded(store::purge_published(&pool, &schema, retention, BATCH))
+                .await
+            {
                 Ok(n) if n as i64 >= BATCH && !stop.is_cancelled() => continue,
                 Ok(_) => break,
                 Err(e) => {

@@ -20,7 +20,7 @@ pub(crate) async fn stats_loop(
 ) {
     let mut conn: Option<lapin::Connection> = None;
     loop {
-        match store::bounded(store::backlog(&pool, &schema)).await {
+        match plumbing::db::bounded(store::backlog(&pool, &schema)).await {
             Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
             Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
         }

@@ -15,24 +15,6 @@ use sqlx::{PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
 
-/// The longest the relay waits for any statement. PostgreSQL's own `statement_timeout` (30 s, set
-/// on the pool) ends a slow statement; this bound ends a wait on a link that answers nothing at
-/// all (black-holed), where no server-side timeout can fire.
-pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(35);
-
-/// Runs a statement (or a few) under [`CLIENT_TIMEOUT`]; running out is an I/O error like a cut link.
-pub async fn bounded<T>(
-    op: impl std::future::Future<Output = Result<T, sqlx::Error>>,
-) -> Result<T, sqlx::Error> {
-    match tokio::time::timeout(CLIENT_TIMEOUT, op).await {
-        Ok(result) => result,
-        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer from PostgreSQL within {CLIENT_TIMEOUT:?}"),
-        ))),
-    }
-}
-
 /// A claimed outbox row, ready to publish.
 #[derive(Debug, Clone)]
 pub struct OutboxRow {
