@@ -87,9 +87,6 @@ pub(crate) struct Pipeline<'a> {
     in_flight: HashSet<i64>,
     /// Set after the broker refused a message while several were in flight.
     isolation: Option<Isolation>,
-    /// Bumped whenever the link is dropped. Confirms taken in one batch that settle after their
-    /// link was dropped belong to rows already given back: they are not this row's answer.
-    link: u64,
     /// Confirmed rows waiting for their mark.
     to_mark: Vec<i64>,
     /// Confirmed rows that had failed before: their partition may be unblocked once marked.
@@ -146,7 +143,6 @@ impl<'a> Pipeline<'a> {
             confirms: FuturesUnordered::new(),
             in_flight: HashSet::new(),
             isolation: None,
-            link: 0,
             to_mark: Vec::new(),
             retried: Vec::new(),
             marking: None,
@@ -261,17 +257,14 @@ impl<'a> Pipeline<'a> {
                     }
                     // Acks first: a failure in the batch drops the link and gives back everything
                     // unconfirmed, and rows the broker did confirm need not be published again.
-                    // Once the link is dropped, the rest of the batch are answers of that link
-                    // (its closing error, seen by every publish in flight), not of their rows:
-                    // those rows went back to the outbox with it.
+                    // Once the link is dropped (which empties `in_flight`), the rest of the batch
+                    // are answers of that link (its closing error, seen by every publish in
+                    // flight), not of their rows: those rows went back to the outbox with it.
                     batch.sort_by_key(|(_, r)| !matches!(r, Ok(Ok(Confirmation::Ack(_)))));
-                    let link = self.link;
                     for (row, result) in batch {
-                        if self.link != link {
-                            self.in_flight.remove(&row.seq);
-                            continue;
+                        if self.in_flight.contains(&row.seq) {
+                            self.on_confirm(row, result).await;
                         }
-                        self.on_confirm(row, result).await;
                     }
                     if self.confirms.is_empty() {
                         // Every return belongs to a publish that was in flight.
@@ -332,9 +325,8 @@ impl<'a> Pipeline<'a> {
         match self.publisher.ensure_connected().await {
             Ok(()) => {
                 self.amqp_failures = 0;
-                self.broker_blocked = false;
-                internal_events::broker_blocked(false);
-                self.set_ready(None, Some(true));
+                // Whether the (possibly same) connection is blocked is watch_blocked's to say.
+                self.set_ready(None, Some(!self.broker_blocked));
                 self.more = true;
             }
             Err(e) => {
@@ -704,7 +696,6 @@ impl<'a> Pipeline<'a> {
                     // It was alone on the wire: the refusal is this row's.
                     self.refused(row, FailureReason::BrokerRefused, why).await;
                     // The broker closed the channel; the next turn opens another.
-                    self.link += 1;
                     self.publisher.drop_channel().await;
                 }
                 Some(why) => {
@@ -827,7 +818,6 @@ impl<'a> Pipeline<'a> {
 
     fn give_back_unconfirmed(&mut self, reason: FailureReason, error: &str) {
         self.generation += 1;
-        self.link += 1;
         let unconfirmed = self.confirms.len();
         self.confirms = FuturesUnordered::new();
         self.in_flight.clear();

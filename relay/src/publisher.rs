@@ -58,7 +58,11 @@ impl Publisher {
     }
 
     fn connection_alive(&self) -> bool {
-        self.conn.as_ref().is_some_and(|c| c.status().connected())
+        self.live_connection().is_some()
+    }
+
+    fn live_connection(&self) -> Option<&Connection> {
+        self.conn.as_ref().filter(|c| c.status().connected())
     }
 
     /// Whether RabbitMQ has blocked the connection (`connection.blocked`: a memory or disk alarm).
@@ -77,14 +81,17 @@ impl Publisher {
         if self.is_connected() {
             return Ok(());
         }
-        if let Some(conn) = self.conn.as_ref().filter(|c| c.status().connected()) {
+        if let Some(conn) = self.live_connection() {
             // Only the channel is gone: a new one on the same connection.
-            let opened = tokio::time::timeout(Duration::from_secs(10), confirm_channel(conn)).await;
-            if let Ok(Ok(ch)) = opened {
-                crate::internal_events::amqp_opened("channel");
-                tracing::info!("opened a new confirm channel on the same connection");
-                self.channel = Some(ch);
-                return Ok(());
+            match tokio::time::timeout(Duration::from_secs(10), confirm_channel(conn)).await {
+                Ok(Ok(ch)) => {
+                    crate::internal_events::amqp_opened("channel");
+                    tracing::info!("opened a new confirm channel on the same connection");
+                    self.channel = Some(ch);
+                    return Ok(());
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "no new channel on the connection; reconnecting"),
+                Err(_) => tracing::debug!("opening a channel timed out; reconnecting"),
             }
         }
         self.disconnect().await;
@@ -118,18 +125,20 @@ impl Publisher {
         }
     }
 
-    /// Closes the channel, then the connection (each bounded); the next batch reconnects. The
-    /// channel first: closing the connection under a channel that is still closing makes lapin
-    /// log an error for what is an orderly stop.
+    /// Closes the channel, then the connection, both within 2 s (a black-holed broker answers
+    /// neither); the next batch reconnects. The channel first: closing the connection under a
+    /// channel that is still closing makes lapin log an error for what is an orderly stop.
     pub async fn disconnect(&mut self) {
-        self.drop_channel().await;
-        if let Some(conn) = self.conn.take() {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(2),
-                conn.close(200, "relay closing".into()),
-            )
-            .await;
-        }
+        let (channel, conn) = (self.channel.take(), self.conn.take());
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            if let Some(ch) = channel {
+                let _ = ch.close(200, "relay closing".into()).await;
+            }
+            if let Some(conn) = conn {
+                let _ = conn.close(200, "relay closing".into()).await;
+            }
+        })
+        .await;
     }
 
     /// The connection's negotiated `frame_max` (properties and headers of one message must fit a
