@@ -204,6 +204,9 @@ fn summary(r: &PgRow) -> Result<ProcessSummary, sqlx::Error> {
     })
 }
 
+/// The oldest age a list filters by (a century).
+const MAX_AGE_SECONDS: i64 = 100 * 365 * 86_400;
+
 /// Processes, manual_review first, then most recently changed.
 pub async fn list(
     pool: &PgPool,
@@ -219,7 +222,8 @@ pub async fn list(
     .bind(&filter.kind)
     .bind(&filter.status)
     .bind(filter.limit.unwrap_or(100).clamp(1, 1000))
-    .bind(filter.older_than_seconds.map(|s| s.max(0)))
+    // Clamped to a century: a larger age is every process, and PostgreSQL's interval would overflow.
+    .bind(filter.older_than_seconds.map(|s| s.clamp(0, MAX_AGE_SECONDS)))
     .fetch_all(pool)
     .await?;
     Ok(rows.iter().map(summary).collect::<Result<_, _>>()?)
@@ -388,6 +392,22 @@ pub(crate) fn check_reason_actor(reason: &str, actor: &str) -> Result<(), Error>
     Ok(())
 }
 
+/// The evidence `action` needs: resolving as succeeded takes 1 to 500 bytes of it (a remote
+/// reference, a ticket), trimmed; other actions none. A caller that asks for the action before it
+/// runs (the console, before an approval) checks with this, so the run cannot fail on it later.
+pub fn check_evidence(action: &Action, evidence: Option<&str>) -> Result<Option<String>, Error> {
+    match (action, evidence.map(str::trim)) {
+        (Action::ResolveSucceeded { .. }, Some(e)) if !e.is_empty() && e.len() <= 500 => {
+            Ok(Some(e.to_string()))
+        }
+        (Action::ResolveSucceeded { .. }, _) => Err(Error::Invalid(
+            "resolving as succeeded needs evidence (1 to 500 bytes): a remote reference, a ticket"
+                .into(),
+        )),
+        _ => Ok(None),
+    }
+}
+
 /// Performs `req` on process `id` if it is allowed now and the operator saw the current version,
 /// in a transaction of its own.
 pub async fn act(
@@ -403,8 +423,8 @@ pub async fn act(
 }
 
 /// [`act`] inside the caller's transaction, which it does not commit: a caller that records the
-/// action elsewhere (the console's audit log) commits both together or neither. On an error
-/// nothing was written; the caller rolls back anyway.
+/// action elsewhere (the console's audit log) commits both together or neither. On an error the
+/// caller must roll back: a database error can come after some of the action's writes.
 pub async fn act_in(
     tx: &mut PgConnection,
     schema: &Schema,
@@ -412,15 +432,7 @@ pub async fn act_in(
     req: &Request,
 ) -> Result<Outcome, Error> {
     check_reason_actor(&req.reason, &req.actor)?;
-    let evidence = match (&req.action, req.evidence.as_deref().map(str::trim)) {
-        (Action::ResolveSucceeded { .. }, Some(e)) if !e.is_empty() && e.len() <= 500 => {
-            Some(e.to_string())
-        }
-        (Action::ResolveSucceeded { .. }, _) => {
-            return Err(Error::Invalid("resolving as succeeded needs evidence (1 to 500 bytes): a remote reference, a ticket".into()));
-        }
-        _ => None,
-    };
+    let evidence = check_evidence(&req.action, req.evidence.as_deref())?;
     let current: i64 = sqlx::query_scalar(
         schema.sql("SELECT row_version FROM {{schema}}.processes WHERE id = $1 FOR UPDATE"),
     )

@@ -593,9 +593,12 @@ pub async fn checkpoint_local(
     let r = q.fetch_one(&mut *conn).await?;
     let steps: i64 = r.try_get("steps")?;
     let processes: i64 = r.try_get("processes")?;
+    let all = done.len() as i64;
     match (steps, processes) {
-        (0, _) | (_, 0) => Err(Fenced.into()),
-        (n, 1) if n == done.len() as i64 => Ok(()),
+        // No step row under our token, or every one but the process row taken over meanwhile.
+        (0, _) => Err(Fenced.into()),
+        (n, 0) if n == all => Err(Fenced.into()),
+        (n, 1) if n == all => Ok(()),
         // The claim loaded these steps under the same token: a missing row is a bug, never data.
         (n, p) => Err(WriteError::Database(sqlx::Error::Protocol(format!(
             "checkpoint matched {n} of {} step rows and {p} process rows",
