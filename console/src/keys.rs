@@ -69,11 +69,13 @@ pub async fn optional(State(state): State<AppState>, request: Request, next: Nex
     if !request.headers().contains_key(KEY_HEADER) {
         return next.run(request).await;
     }
+    // The route's template (`/api/processes/{id}/actions/{action}`), never the request's own
+    // path: the operation name is bounded and the same for every request of one route.
     let route = request
         .extensions()
         .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| request.uri().path().to_string());
+        .map_or("(unmatched)", |m| m.as_str())
+        .to_string();
     let mut service = tower_layer::Layer::layer(&layer(&state.idempotency, &route), next);
     match tower_service::Service::call(&mut service, request).await {
         Ok(response) => response,
