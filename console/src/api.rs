@@ -93,6 +93,47 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/api/whoami", get(whoami))
         .route("/api/openapi.json", get(crate::openapi::serve))
         .merge(actions(state))
+        .layer(axum::middleware::from_fn(json_errors))
+}
+
+/// Every error the API answers has the one shape `{"error": "..."}`. The console's own errors
+/// have it already; axum's rejections do not (a path id that is no UUID, a query that does not
+/// parse: plain text; a method the route does not take: an empty 405). This gives them that shape,
+/// with their text as the message (for a 5xx, only "internal server error"), keeping their status
+/// and headers (`Allow`, `Retry-After`).
+async fn json_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let error = if status.is_server_error() {
+        "internal server error".to_string()
+    } else if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("bad request")
+            .to_lowercase()
+    } else {
+        text
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let body = serde_json::json!({ "error": error }).to_string();
+    Response::from_parts(parts, Body::from(body))
 }
 
 /// The action routes: authentication, then the Idempotency-Key ([`keys::optional`]), then the

@@ -223,7 +223,11 @@ pub async fn list(
     .bind(&filter.status)
     .bind(filter.limit.unwrap_or(100).clamp(1, 1000))
     // Clamped to a century: a larger age is every process, and PostgreSQL's interval would overflow.
-    .bind(filter.older_than_seconds.map(|s| s.clamp(0, MAX_AGE_SECONDS)))
+    .bind(
+        filter
+            .older_than_seconds
+            .map(|s| s.clamp(0, MAX_AGE_SECONDS)),
+    )
     .fetch_all(pool)
     .await?;
     Ok(rows.iter().map(summary).collect::<Result<_, _>>()?)

@@ -90,7 +90,9 @@ impl Publisher {
                     self.channel = Some(ch);
                     return Ok(());
                 }
-                Ok(Err(e)) => tracing::debug!(error = %e, "no new channel on the connection; reconnecting"),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "no new channel on the connection; reconnecting")
+                }
                 Err(_) => tracing::debug!("opening a channel timed out; reconnecting"),
             }
         }

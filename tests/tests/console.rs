@@ -854,6 +854,19 @@ async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_t
         )
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+    // Nor evidence longer than the process history keeps (it would fail only at approval time,
+    // leaving the approval pending for good).
+    let (s, err, _) = c
+        .post(
+            &alice,
+            &format!("/api/processes/{id}/actions/resolve_succeeded"),
+            json!({"reason": "refunded by phone", "version": view["version"], "step": step,
+                   "evidence": "ticket ".repeat(100)}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+    assert_eq!(c.approvals().await, 0);
 
     // The request (the step left out: only one offers it).
     let (s, body, _) = c
@@ -2239,4 +2252,213 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         path.display()
     );
     b.close().await.unwrap();
+}
+
+/// Every error the API answers, whoever produced it (the console, the idempotency layer, axum's
+/// own extractors and method routing), is a JSON object whose only field is `error`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_api_error_is_a_json_object_with_only_error() {
+    let c = Console::start().await;
+    let op = c.user("otto", Role::Operator).await;
+    let viewer = c.user("vic", Role::Viewer).await;
+    let id = c.process("errors-1").await;
+    let version = c.process_view(&op, id).await["version"].as_i64().unwrap();
+    let action = |a: &str| format!("/api/processes/{id}/actions/{a}");
+    let pause = json!({"reason": "hold", "version": version});
+    // A key used once, then reused with another body below.
+    let (s, _, _) = c
+        .post(&op, &action("pause"), pause.clone(), Some("k-1"))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+
+    /// (what, method, path, token, body, Idempotency-Key, expected status)
+    type Case<'a> = (
+        &'a str,
+        reqwest::Method,
+        String,
+        Option<&'a str>,
+        Option<Value>,
+        Option<&'a str>,
+        u16,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "no token",
+            reqwest::Method::GET,
+            "/api/processes".into(),
+            None,
+            None,
+            None,
+            401,
+        ),
+        (
+            "viewer acting",
+            reqwest::Method::POST,
+            action("resume"),
+            Some(&viewer),
+            Some(pause.clone()),
+            None,
+            403,
+        ),
+        (
+            "path id not a uuid",
+            reqwest::Method::GET,
+            "/api/processes/not-a-uuid".into(),
+            Some(&op),
+            None,
+            None,
+            400,
+        ),
+        (
+            "query not parsing",
+            reqwest::Method::GET,
+            "/api/processes?limit=abc".into(),
+            Some(&op),
+            None,
+            None,
+            400,
+        ),
+        (
+            "audit query not parsing",
+            reqwest::Method::GET,
+            "/api/audit?limit=-x".into(),
+            Some(&op),
+            None,
+            None,
+            400,
+        ),
+        (
+            "method not taken",
+            reqwest::Method::PUT,
+            "/api/processes".into(),
+            Some(&op),
+            None,
+            None,
+            405,
+        ),
+        (
+            "unknown route",
+            reqwest::Method::GET,
+            "/api/nothing-here".into(),
+            Some(&op),
+            None,
+            None,
+            404,
+        ),
+        (
+            "unknown action",
+            reqwest::Method::POST,
+            action("fly"),
+            Some(&op),
+            Some(pause.clone()),
+            None,
+            404,
+        ),
+        (
+            "body not the request",
+            reqwest::Method::POST,
+            action("resume"),
+            Some(&op),
+            Some(json!({"reason": 1})),
+            None,
+            400,
+        ),
+        (
+            "key reused with another body",
+            reqwest::Method::POST,
+            action("pause"),
+            Some(&op),
+            Some(json!({"reason": "other", "version": version})),
+            Some("k-1"),
+            422,
+        ),
+    ];
+    for (what, method, path, token, body, key, want) in cases {
+        let mut req = c.http.request(method, format!("{}{path}", c.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let content_type = r
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, want, "{what}: {text}");
+        assert!(
+            content_type.starts_with("application/json"),
+            "{what}: {content_type} {text}"
+        );
+        let v: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: {e}: {text}"));
+        let obj = v.as_object().unwrap_or_else(|| panic!("{what}: {text}"));
+        assert!(
+            obj.len() == 1 && obj["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{what}: {text}"
+        );
+    }
+}
+
+/// An action's audit entry commits with its effect or not at all: when the audit insert fails,
+/// the action answers 500 and the process is as it was, and a key sent with it is released (the
+/// same key then runs the action afresh). A 409 (stale version) also releases its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_whose_audit_entry_fails_changes_nothing_and_releases_its_key() {
+    let c = Console::start().await;
+    let op = c.user("olga", Role::Operator).await;
+    let id = c.process("audit-fails").await;
+    let version = c.process_view(&op, id).await["version"].as_i64().unwrap();
+    let before = c.process_state(id).await;
+    let pause = format!("/api/processes/{id}/actions/pause");
+    sqlx::raw_sql(
+        "CREATE FUNCTION public.refuse_pause_audit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.action = 'process.pause' THEN RAISE EXCEPTION 'audit store refuses'; END IF; \
+         RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_pause_audit BEFORE INSERT ON outbox.console_audit \
+         FOR EACH ROW EXECUTE FUNCTION public.refuse_pause_audit()",
+    )
+    .execute(&c.db.pool)
+    .await
+    .unwrap();
+    let body = json!({"reason": "hold", "version": version});
+    for key in [None, Some("audit-k")] {
+        let (s, err, _) = c.post(&op, &pause, body.clone(), key).await;
+        assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "{key:?}: {err}");
+        assert_eq!(
+            c.process_state(id).await,
+            before,
+            "{key:?}: nothing changed"
+        );
+    }
+    sqlx::raw_sql("DROP TRIGGER refuse_pause_audit ON outbox.console_audit")
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+
+    // A stale version with another key: 409, and that key is not kept either.
+    let stale = json!({"reason": "hold", "version": version - 1});
+    let (s, _, _) = c.post(&op, &pause, stale, Some("stale-k")).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    for key in ["audit-k", "stale-k"] {
+        let keyed = json!({"reason": format!("hold ({key})"), "version": c.process_view(&op, id).await["version"]});
+        let (s, done, replayed) = c.post(&op, &pause, keyed, Some(key)).await;
+        if key == "audit-k" {
+            assert_eq!((s, replayed), (StatusCode::OK, false), "{done}");
+        } else {
+            // Paused by the first: not allowed now. Answered afresh, not replayed from the 409.
+            assert_eq!((s, replayed), (StatusCode::CONFLICT, false), "{done}");
+        }
+    }
+    let after = c.process_state(id).await;
+    assert_eq!((after.1, after.2), (true, version + 1), "paused once");
+    assert_eq!(c.audit_count("olga", "process.pause", "succeeded").await, 1);
 }
