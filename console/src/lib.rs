@@ -107,7 +107,7 @@ pub async fn start(
             cookie_secure: config.cookie_secure,
             audit_retention_days: config.audit_retention_days,
         }),
-        processes: Arc::new(processes::Admin::new(config.db.schema.clone())),
+        processes: processes::Admin::new(config.db.schema.clone()),
         idempotency: keys::store(pool.clone(), config.db.schema.clone()),
         limiter: Arc::new(sessions::LoginLimiter::new(
             config.login_attempts_per_minute.max(1),

@@ -1,5 +1,5 @@
 //! Processes: what the console shows of them and the actions it offers, on the processes crate's
-//! `admin` module ([`Admin`], the [`ProcessBackend`] every console runs with).
+//! `admin` module ([`Admin`]).
 //!
 //! The processes crate decides which actions are allowed now (`admin::allowed_actions`, from the
 //! process status, each step's status, error class and remote capability) and performs them
@@ -9,7 +9,6 @@
 
 use crate::error::ConsoleError;
 use chrono::{DateTime, Utc};
-use futures::future::BoxFuture;
 use processes::admin::{self, Action as AdminAction};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -184,47 +183,6 @@ pub struct Checked {
     pub before: Value,
 }
 
-/// What the console needs of processes. [`Admin`] implements it on the processes crate.
-pub trait ProcessBackend: Send + Sync {
-    /// Processes matching `filter`, manual_review first (JSON objects; redacted by the console).
-    fn list<'a>(
-        &'a self,
-        pool: &'a PgPool,
-        filter: &'a ProcessFilter,
-    ) -> BoxFuture<'a, Result<Vec<Value>, ConsoleError>>;
-
-    /// One process: overall and per-step status, last classified error, attempts, operation ids,
-    /// external references, history, its `version` and `allowed_actions` (the actions allowed
-    /// now for its state, error class and remote capability, with their steps).
-    fn get<'a>(
-        &'a self,
-        pool: &'a PgPool,
-        id: Uuid,
-    ) -> BoxFuture<'a, Result<Option<Value>, ConsoleError>>;
-
-    /// Checks on `conn`, changing nothing, that `action` is allowed now on the version the
-    /// request names (stale or not allowed: `Conflict`), and fills in its step.
-    fn check<'a>(
-        &'a self,
-        conn: &'a mut PgConnection,
-        id: Uuid,
-        action: ProcessAction,
-        request: &'a ProcessActionRequest,
-    ) -> BoxFuture<'a, Result<Checked, ConsoleError>>;
-
-    /// Performs `action` as `actor` on `conn` (the console's transaction, which also writes the
-    /// audit entry, and commits both or neither). A stale version or an action not allowed now is
-    /// `Conflict`, with nothing changed. Returns (before, after).
-    fn perform<'a>(
-        &'a self,
-        conn: &'a mut PgConnection,
-        id: Uuid,
-        action: ProcessAction,
-        request: &'a ProcessActionRequest,
-        actor: &'a str,
-    ) -> BoxFuture<'a, Result<(Value, Value), ConsoleError>>;
-}
-
 /// The processes crate's `admin` module, on the product schema.
 #[derive(Debug, Clone)]
 pub struct Admin {
@@ -388,14 +346,12 @@ fn before(view: &admin::ProcessView, step: Option<i32>) -> Value {
 }
 
 /// The actor the process history records: the console user, and who approved.
-/// At most 200 bytes (what the process history takes): two long user names are cut, never a
-/// reason for an approved action to fail.
+/// (Cut to the 200 bytes the process history takes where it is recorded, in [`Admin::perform`].)
 pub fn actor(requester: &str, approver: Option<&str>) -> String {
-    let actor = match approver {
+    match approver {
         Some(a) => format!("console:{requester} (approved by {a})"),
         None => format!("console:{requester}"),
-    };
-    truncate(&actor, 200)
+    }
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.
@@ -403,13 +359,14 @@ fn truncate(s: &str, max: usize) -> String {
     processes::redact::truncate(s, max)
 }
 
-impl ProcessBackend for Admin {
-    fn list<'a>(
-        &'a self,
-        pool: &'a PgPool,
-        filter: &'a ProcessFilter,
-    ) -> BoxFuture<'a, Result<Vec<Value>, ConsoleError>> {
-        Box::pin(async move {
+impl Admin {
+    /// Processes matching `filter`, manual_review first (JSON objects; redacted by the console).
+    pub async fn list(
+        &self,
+        pool: &PgPool,
+        filter: &ProcessFilter,
+    ) -> Result<Vec<Value>, ConsoleError> {
+        {
             let f = admin::Filter {
                 kind: filter.kind.clone().filter(|k| !k.is_empty()),
                 status: filter.status.clone().filter(|s| !s.is_empty()),
@@ -422,31 +379,39 @@ impl ProcessBackend for Admin {
                 .iter()
                 .map(summary)
                 .collect()
-        })
+        }
     }
 
-    fn get<'a>(
-        &'a self,
-        pool: &'a PgPool,
-        id: Uuid,
-    ) -> BoxFuture<'a, Result<Option<Value>, ConsoleError>> {
-        Box::pin(async move {
+    /// How many processes wait in manual review (the overview's count).
+    pub async fn in_manual_review(&self, pool: &PgPool) -> Result<i64, ConsoleError> {
+        admin::count(pool, &self.schema, "manual_review")
+            .await
+            .map_err(error)
+    }
+
+    /// One process: overall and per-step status, last classified error, attempts, operation ids,
+    /// external references, history, its `version` and `allowed_actions` (the actions allowed
+    /// now for its state, error class and remote capability, with their steps).
+    pub async fn get(&self, pool: &PgPool, id: Uuid) -> Result<Option<Value>, ConsoleError> {
+        {
             match admin::get(pool, &self.schema, id).await {
                 Ok(v) => view_json(&v).map(Some),
                 Err(processes::Error::NotFound(_)) => Ok(None),
                 Err(e) => Err(error(e)),
             }
-        })
+        }
     }
 
-    fn check<'a>(
-        &'a self,
-        conn: &'a mut PgConnection,
+    /// Checks on `conn`, changing nothing, that `action` is allowed now on the version the
+    /// request names (stale or not allowed: `Conflict`), and fills in its step.
+    pub async fn check(
+        &self,
+        conn: &mut PgConnection,
         id: Uuid,
         action: ProcessAction,
-        request: &'a ProcessActionRequest,
-    ) -> BoxFuture<'a, Result<Checked, ConsoleError>> {
-        Box::pin(async move {
+        request: &ProcessActionRequest,
+    ) -> Result<Checked, ConsoleError> {
+        {
             let view = admin::view(conn, &self.schema, id).await.map_err(error)?;
             let a = resolve_step(&view, action, request)?;
             // The processes crate's own rule, now: an approved request must not fail on it later.
@@ -457,18 +422,21 @@ impl ProcessBackend for Admin {
                 before: before(&view, request.step),
                 request,
             })
-        })
+        }
     }
 
-    fn perform<'a>(
-        &'a self,
-        conn: &'a mut PgConnection,
+    /// Performs `action` as `actor` on `conn` (the console's transaction, which also writes the
+    /// audit entry, and commits both or neither). A stale version or an action not allowed now is
+    /// `Conflict`, with nothing changed. Returns (before, after).
+    pub async fn perform(
+        &self,
+        conn: &mut PgConnection,
         id: Uuid,
         action: ProcessAction,
-        request: &'a ProcessActionRequest,
-        actor: &'a str,
-    ) -> BoxFuture<'a, Result<(Value, Value), ConsoleError>> {
-        Box::pin(async move {
+        request: &ProcessActionRequest,
+        actor: &str,
+    ) -> Result<(Value, Value), ConsoleError> {
+        {
             // Lock first, so `before` is what the action changes.
             sqlx::query(
                 self.schema
@@ -506,6 +474,6 @@ impl ProcessBackend for Admin {
                 "history_ref": done.audit_ref,
             });
             Ok((before, after))
-        })
+        }
     }
 }

@@ -1,6 +1,5 @@
 //! What every request handler shares.
 
-use crate::processes::ProcessBackend;
 use crate::sessions::LoginLimiter;
 use shared::schema::Schema;
 use sqlx::PgPool;
@@ -30,7 +29,7 @@ pub struct AppState {
     pub schema: Schema,
     pub settings: Arc<Settings>,
     /// Processes: the processes crate's admin module ([`crate::processes::Admin`]).
-    pub processes: Arc<dyn ProcessBackend>,
+    pub processes: crate::processes::Admin,
     /// Where the actions' Idempotency-Keys are kept ([`crate::keys`]).
     pub idempotency: idempotency::Idempotency,
     pub limiter: Arc<LoginLimiter>,

@@ -354,22 +354,10 @@ async fn render_overview(
     if let Some(n) = notice {
         h.push_str(&format!("<p class=\"notice\" id=\"notice\">{}</p>", esc(n)));
     }
-    let in_review = s
-        .processes
-        .list(
-            &s.pool,
-            &crate::processes::ProcessFilter {
-                status: Some("manual_review".into()),
-                limit: Some(1000),
-                ..Default::default()
-            },
-        )
-        .await?
-        .len();
+    let in_review = s.processes.in_manual_review(&s.pool).await?;
     h.push_str(&format!(
-        "<h2>Processes</h2><p id=\"manual-review\"><a href=\"/processes?status=manual_review\">{in_review}{} in manual review</a> · \
-         <a href=\"/processes\">all processes</a></p>",
-        if in_review >= 1000 { "+" } else { "" }
+        "<h2>Processes</h2><p id=\"manual-review\"><a href=\"/processes?status=manual_review\">{in_review} in manual review</a> · \
+         <a href=\"/processes\">all processes</a></p>"
     ));
     h.push_str(&format!(
         "<h2>Outbox</h2><p id=\"backlog\">pending <b>{}</b> (oldest {:.0} s) · dead <b id=\"dead-count\">{}</b></p>",

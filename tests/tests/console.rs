@@ -821,6 +821,19 @@ async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_t
     .await;
     wait_process(&c.db.pool, id, "manual_review").await;
     assert_eq!(fx::effects(&c.db.pool, id).await, (1, 0));
+    // The overview counts it.
+    let cookie = login(&c, &alice).await;
+    let overview = c
+        .http
+        .get(format!("{}/", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(overview.contains("1 in manual review"), "{overview}");
     let view = c.process_view(&alice, id).await;
     let refund = view["allowed_actions"]
         .as_array()
