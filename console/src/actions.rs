@@ -37,6 +37,18 @@ pub struct Change {
     pub reason: Option<String>,
 }
 
+impl Change {
+    /// The audit entry of an action on process `id`: its state before and after.
+    pub fn process(id: Uuid, before: Value, after: Value) -> Self {
+        Self {
+            target: format!("process:{id}"),
+            before: Some(before),
+            after: Some(after),
+            ..Default::default()
+        }
+    }
+}
+
 /// What an effect did.
 #[derive(Debug)]
 pub struct Effect {

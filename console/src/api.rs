@@ -75,7 +75,10 @@ async fn authenticate(State(state): State<AppState>, request: Request, next: Nex
 /// idempotency layer), the pending-approvals gauge.
 async fn settle(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
-    crate::approvals::refresh_pending_gauge(&state).await;
+    // Only an action that was done (or requested for approval) can change the count.
+    if response.status().is_success() {
+        crate::approvals::refresh_pending_gauge(&state).await;
+    }
     response
 }
 
@@ -195,9 +198,22 @@ pub fn outcome_response(o: Outcome) -> Response {
     r
 }
 
-fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ConsoleError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ConsoleError::BadRequest(format!("invalid JSON body: {e}")))
+/// The body of an action request as `T`. A body that is not one is a 400, but only for a caller
+/// who may do `action` on `target`: anyone else gets (and the audit log records) the 403 first.
+async fn parse_for<T: DeserializeOwned>(
+    state: &AppState,
+    p: &Principal,
+    action: Action,
+    target: &str,
+    body: &Bytes,
+) -> Result<T, ConsoleError> {
+    match serde_json::from_slice(body) {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            actions::authorize(state, p, action, target, "").await?;
+            Err(ConsoleError::BadRequest(format!("invalid JSON body: {e}")))
+        }
+    }
 }
 
 async fn read(state: &AppState, p: &Principal, what: &str) -> Result<(), ConsoleError> {
@@ -262,13 +278,14 @@ pub async fn requeue_one(
     Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let b: RequeueOne = match parse(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            actions::authorize(&s, &p, Action::OutboxRequeue, &format!("outbox:{id}"), "").await?;
-            return Err(e);
-        }
-    };
+    let b: RequeueOne = parse_for(
+        &s,
+        &p,
+        Action::OutboxRequeue,
+        &format!("outbox:{id}"),
+        &body,
+    )
+    .await?;
     let items = vec![outbox_dead::Item {
         id,
         version: b.version,
@@ -288,13 +305,7 @@ pub async fn requeue_many(
     Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let b: RequeueMany = match parse(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            actions::authorize(&s, &p, Action::OutboxRequeue, "outbox:", "").await?;
-            return Err(e);
-        }
-    };
+    let b: RequeueMany = parse_for(&s, &p, Action::OutboxRequeue, "outbox:", &body).await?;
     Ok(outcome_response(
         commands::requeue_outbox(&s, &p, b.items, &b.reason, b.dry_run, keyed).await?,
     ))
@@ -347,13 +358,7 @@ pub async fn replay(
     Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let b: Replay = match parse(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            actions::authorize(&s, &p, Action::DlqReplay, &format!("dlq:{consumer}"), "").await?;
-            return Err(e);
-        }
-    };
+    let b: Replay = parse_for(&s, &p, Action::DlqReplay, &format!("dlq:{consumer}"), &body).await?;
     Ok(outcome_response(
         commands::replay_dead_letters(&s, &p, consumer, b.items, &b.reason, b.dry_run, keyed)
             .await?,
@@ -449,13 +454,7 @@ pub async fn audit_purge(
     Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let b: ReasonOnly = match parse(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            actions::authorize(&s, &p, Action::AuditPurge, "audit", "").await?;
-            return Err(e);
-        }
-    };
+    let b: ReasonOnly = parse_for(&s, &p, Action::AuditPurge, "audit", &body).await?;
     Ok(outcome_response(
         commands::purge_audit(&s, &p, &b.reason, keyed).await?,
     ))
@@ -491,13 +490,7 @@ async fn decide(
     } else {
         Action::ApprovalReject
     };
-    let d: Decision = match parse(&body) {
-        Ok(d) => d,
-        Err(e) => {
-            actions::authorize(&s, &p, action, &format!("approval:{id}"), "").await?;
-            return Err(e);
-        }
-    };
+    let d: Decision = parse_for(&s, &p, action, &format!("approval:{id}"), &body).await?;
     Ok(outcome_response(
         commands::decide(&s, &p, id, d, approve, keyed).await?,
     ))
@@ -573,20 +566,14 @@ pub async fn process_action(
 ) -> Result<Response, ConsoleError> {
     let action = ProcessAction::parse(&action)
         .ok_or_else(|| ConsoleError::NotFound(format!("process action {action:?}")))?;
-    let r: ProcessActionRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            actions::authorize(
-                &s,
-                &p,
-                Action::Process(action),
-                &format!("process:{id}"),
-                "",
-            )
-            .await?;
-            return Err(e);
-        }
-    };
+    let r: ProcessActionRequest = parse_for(
+        &s,
+        &p,
+        Action::Process(action),
+        &format!("process:{id}"),
+        &body,
+    )
+    .await?;
     Ok(outcome_response(
         commands::process_action(&s, &p, id, action, r, keyed).await?,
     ))

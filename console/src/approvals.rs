@@ -284,15 +284,7 @@ async fn run(
                 .processes
                 .perform(conn, *id, *action, request, actor)
                 .await?;
-            Ok((
-                vec![Change {
-                    target: format!("process:{id}"),
-                    before: Some(before),
-                    after: Some(after.clone()),
-                    ..Default::default()
-                }],
-                after,
-            ))
+            Ok((vec![Change::process(*id, before, after.clone())], after))
         }
     }
 }

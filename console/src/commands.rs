@@ -256,12 +256,7 @@ pub async fn process_action(
                 Ok(Effect {
                     status: StatusCode::OK,
                     body: after.clone(),
-                    changes: vec![actions::Change {
-                        target: format!("process:{id}"),
-                        before: Some(before),
-                        after: Some(after),
-                        ..Default::default()
-                    }],
+                    changes: vec![actions::Change::process(id, before, after)],
                 })
             }
         })

@@ -301,7 +301,10 @@ async fn main() -> anyhow::Result<()> {
             let api = Client::new(&c.url, &c.token);
             match command {
                 DlqCommand::List { consumer } => {
-                    let q = format!("/api/dead-letters?consumer={}", urlencode(&consumer));
+                    let q = format!(
+                        "/api/dead-letters?consumer={}",
+                        console::web::url_encode(&consumer)
+                    );
                     client::print_dead_letters(&api.get(&q).await?, &mut out)?;
                 }
                 DlqCommand::Replay {
@@ -316,7 +319,10 @@ async fn main() -> anyhow::Result<()> {
                         parsed.push(json!({"message_id": id, "version": version}));
                     }
                     let body = json!({"reason": reason, "dry_run": dry_run, "items": parsed});
-                    let path = format!("/api/dead-letters/{}/actions/replay", urlencode(&consumer));
+                    let path = format!(
+                        "/api/dead-letters/{}/actions/replay",
+                        console::web::url_encode(&consumer)
+                    );
                     let (status, body) = api.post(&path, &body, &key()).await?;
                     client::print_outcome(status, &body, &mut out)?;
                 }
@@ -327,7 +333,9 @@ async fn main() -> anyhow::Result<()> {
             match command {
                 ApprovalCommand::List { status } => {
                     let q = match status {
-                        Some(s) => format!("/api/approvals?status={}", urlencode(&s)),
+                        Some(s) => {
+                            format!("/api/approvals?status={}", console::web::url_encode(&s))
+                        }
                         None => "/api/approvals".to_string(),
                     };
                     client::print_approvals(&api.get(&q).await?, &mut out)?;
@@ -368,10 +376,10 @@ async fn main() -> anyhow::Result<()> {
                 } => {
                     let mut q = Vec::new();
                     if let Some(k) = kind {
-                        q.push(format!("kind={}", urlencode(&k)));
+                        q.push(format!("kind={}", console::web::url_encode(&k)));
                     }
                     if let Some(s) = status {
-                        q.push(format!("status={}", urlencode(&s)));
+                        q.push(format!("status={}", console::web::url_encode(&s)));
                     }
                     if let Some(o) = older_than_seconds {
                         q.push(format!("older_than_seconds={o}"));
@@ -394,7 +402,10 @@ async fn main() -> anyhow::Result<()> {
                     evidence,
                 } => {
                     let body = json!({"reason": reason, "version": version, "step": step, "evidence": evidence});
-                    let path = format!("/api/processes/{id}/actions/{}", urlencode(&action));
+                    let path = format!(
+                        "/api/processes/{id}/actions/{}",
+                        console::web::url_encode(&action)
+                    );
                     let (status, body) = api.post(&path, &body, &key()).await?;
                     client::print_outcome(status, &body, &mut out)?;
                 }
@@ -406,7 +417,7 @@ async fn main() -> anyhow::Result<()> {
                 AuditCommand::Export { since } => {
                     let mut q = "/api/audit?format=jsonl".to_string();
                     if let Some(s) = since {
-                        q.push_str(&format!("&since={}", urlencode(&s)));
+                        q.push_str(&format!("&since={}", console::web::url_encode(&s)));
                     }
                     // JSON lines escape control characters themselves: printed as received.
                     out.write_all(api.get_text(&q).await?.as_bytes())?;
@@ -415,16 +426,4 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
