@@ -1607,14 +1607,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
     let (_driver, b) = chromedriver().await;
 
     // The operator logs in and finds the dead rows.
-    b.goto(&format!("{}/", c.base)).await.unwrap();
-    wait_for(&b, "token").await.send_keys(&op).await.unwrap();
-    b.find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    log_in(&b, &c.base, &op).await;
     wait_for(&b, "dead-rows").await;
     let source = b.source().await.unwrap();
     for id in &ids {
@@ -1623,25 +1616,10 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
     assert!(!source.contains(CARD));
     // Selects two, gives a reason, requests the requeue.
     for id in &ids[..2] {
-        b.find(Locator::Id(&format!("item-{id}")))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(&b, &format!("item-{id}")).await;
     }
-    b.find(Locator::Id("requeue-reason"))
-        .await
-        .unwrap()
-        .send_keys("gateway outage over, INC-42")
-        .await
-        .unwrap();
-    b.find(Locator::Id("requeue-submit"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&b, "requeue-reason", "gateway outage over, INC-42").await;
+    click(&b, "requeue-submit").await;
     let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approval request"), "{notice}");
     let source = b.source().await.unwrap();
@@ -1652,45 +1630,24 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
     for id in &ids[..2] {
         assert_eq!(c.state(*id).await, "dead");
     }
-    b.find(Locator::Id("logout"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_for(&b, "token").await;
+    log_out(&b).await;
 
     // The approver logs in and approves.
-    b.find(Locator::Id("token"))
-        .await
-        .unwrap()
-        .send_keys(&ap)
-        .await
-        .unwrap();
-    b.find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&b, "token", &ap).await;
+    click(&b, "login").await;
     wait_for(&b, "approvals").await;
     let approval: Uuid =
         sqlx::query_scalar("SELECT id FROM outbox.console_approvals WHERE status = 'pending'")
             .fetch_one(&c.db.pool)
             .await
             .unwrap();
-    b.find(Locator::Id(&format!("approval-reason-{approval}")))
-        .await
-        .unwrap()
-        .send_keys("checked the gateway")
-        .await
-        .unwrap();
-    b.find(Locator::Id(&format!("approve-{approval}")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(
+        &b,
+        &format!("approval-reason-{approval}"),
+        "checked the gateway",
+    )
+    .await;
+    click(&b, &format!("approve-{approval}")).await;
     let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approved"), "{notice}");
 
@@ -1737,16 +1694,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
     for id in &ids[..2] {
         assert_eq!(c.state(*id).await, "pending");
     }
-    let png = b.screenshot().await.unwrap();
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/console-browser.png");
-    std::fs::write(&path, &png).unwrap();
-    assert!(
-        png.starts_with(b"\x89PNG"),
-        "a PNG screenshot at {}",
-        path.display()
-    );
-    b.close().await.unwrap();
+    screenshot_and_close(b, "console-browser.png").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2016,13 +1964,46 @@ async fn text_of(b: &fantoccini::Client, id: &str) -> String {
 async fn log_in(b: &fantoccini::Client, base: &str, token: &str) {
     b.goto(&format!("{base}/login")).await.unwrap();
     wait_for(b, "token").await.send_keys(token).await.unwrap();
-    b.find(fantoccini::Locator::Id("login"))
+    click(b, "login").await;
+    wait_for(b, "whoami").await;
+}
+
+async fn log_out(b: &fantoccini::Client) {
+    click(b, "logout").await;
+    wait_for(b, "token").await;
+}
+
+async fn click(b: &fantoccini::Client, id: &str) {
+    b.find(fantoccini::Locator::Id(id))
         .await
         .unwrap()
         .click()
         .await
         .unwrap();
-    wait_for(b, "whoami").await;
+}
+
+async fn type_into(b: &fantoccini::Client, id: &str, text: &str) {
+    b.find(fantoccini::Locator::Id(id))
+        .await
+        .unwrap()
+        .send_keys(text)
+        .await
+        .unwrap();
+}
+
+/// Saves the page as `target/<file>` and checks it is a PNG; closes the browser.
+async fn screenshot_and_close(b: fantoccini::Client, file: &str) {
+    let png = b.screenshot().await.unwrap();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target")
+        .join(file);
+    std::fs::write(&path, &png).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG"),
+        "a PNG screenshot at {}",
+        path.display()
+    );
+    b.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2101,12 +2082,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         first.contains(&pid.to_string()) && first.contains("manual_review"),
         "{first}"
     );
-    b.find(Locator::Id(&format!("process-{pid}")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&b, &format!("process-{pid}")).await;
     wait_for(&b, "steps").await;
     assert_eq!(text_of(&b, "process-status").await, "manual_review");
     assert_eq!(
@@ -2126,18 +2102,13 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
     );
     assert!(!source.contains("action-escalate") && !source.contains("action-resume"));
     // Requests the refund with a reason.
-    b.find(Locator::Id(&format!("reason-{slug}")))
-        .await
-        .unwrap()
-        .send_keys("order cancelled by support, INC-77: refund the customer")
-        .await
-        .unwrap();
-    b.find(Locator::Id(&format!("action-{slug}")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(
+        &b,
+        &format!("reason-{slug}"),
+        "order cancelled by support, INC-77: refund the customer",
+    )
+    .await;
+    click(&b, &format!("action-{slug}")).await;
     let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approval request"), "{notice}");
     assert!(
@@ -2152,13 +2123,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         (1, ChargeStatus::Succeeded),
         "no refund before the approval"
     );
-    b.find(Locator::Id("logout"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_for(&b, "token").await;
+    log_out(&b).await;
 
     // The approver logs in, opens the process and approves.
     log_in(&b, &c.base, &ap).await;
@@ -2175,12 +2140,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         .send_keys("checked the order: cancelled, refund due")
         .await
         .unwrap();
-    b.find(Locator::Id(&format!("approve-{approval}")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&b, &format!("approve-{approval}")).await;
     let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approved"), "{notice}");
 
@@ -2255,16 +2215,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
     );
     // The whole page, timeline included.
     b.set_window_size(1400, 2600).await.unwrap();
-    let png = b.screenshot().await.unwrap();
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/console-process.png");
-    std::fs::write(&path, &png).unwrap();
-    assert!(
-        png.starts_with(b"\x89PNG"),
-        "a PNG screenshot at {}",
-        path.display()
-    );
-    b.close().await.unwrap();
+    screenshot_and_close(b, "console-process.png").await;
 }
 
 /// Every error the API answers, whoever produced it (the console, the idempotency layer, axum's
