@@ -13,6 +13,7 @@
 //! - [`raw_amqp`]: a hand-written AMQP publisher for deliveries no client library would encode.
 //! - [`fleet`]: relays and ledger consumers as child processes, payment load, the exact ledger.
 
+pub mod demo_stack;
 pub mod fleet;
 pub mod pgbouncer;
 pub mod private_pg;

@@ -1840,7 +1840,7 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
 /// The demo's payment flow on the console's database: the payment-provider simulator (a child
 /// process), the demo API and a payment worker (both in this process).
 struct Payments {
-    provider: std::process::Child,
+    _provider: tokio::process::Child,
     admin: payment_provider::client::Client,
     api: String,
     key: String,
@@ -1851,8 +1851,6 @@ struct Payments {
 impl Drop for Payments {
     fn drop(&mut self) {
         self.shutdown.cancel();
-        let _ = self.provider.kill();
-        let _ = self.provider.wait();
     }
 }
 
@@ -1861,45 +1859,21 @@ impl Payments {
     /// 1 s limit, so the charge's outcome stays unknown (retried with the same key) until the test
     /// clears the fault.
     async fn start(db: &TestDb) -> Self {
-        let addr = system_tests::free_addr();
-        let mut cmd = std::process::Command::new(bin_path("payment-provider"));
-        for var in [
-            "PROVIDER_IDEMPOTENCY",
-            "PROVIDER_STATUS_QUERY",
-            "PROVIDER_SEED",
-            "PROVIDER_SLOW_DELAY",
-        ] {
-            cmd.env_remove(var);
-        }
-        let provider = cmd
-            .env("DATABASE_URL", &db.url)
-            .env("PROVIDER_ADDR", addr.to_string())
-            .env("PROVIDER_DB_MAX_CONNECTIONS", "4")
-            .env("PROVIDER_FAULTS", "timeout_after_charge:100")
-            .env("PROVIDER_TIMEOUT_DELAY", "3s")
-            .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("spawn payment-provider (cargo build -p payment-provider --bins)");
-        wait_until("the provider answers", Duration::from_secs(60), || async {
-            (system_tests::http_status(addr, "/healthz").await == Some(200)).then_some(())
-        })
+        let (provider, url) = system_tests::demo_stack::spawn_provider(
+            db,
+            &[
+                ("PROVIDER_FAULTS", "timeout_after_charge:100"),
+                ("PROVIDER_TIMEOUT_DELAY", "3s"),
+            ],
+        )
         .await;
-        let url = format!("http://{addr}");
         let shutdown = CancellationToken::new();
-        let settings = demo::Settings {
-            purge_interval: None,
-            payment_remote: processes::Remote::HonoursKey,
-            ..demo::Settings::default()
-        };
-        let server = demo::start(
-            demo::AppState::new(db.pool.clone(), settings),
-            "127.0.0.1:0".parse().unwrap(),
+        let (api, key) = system_tests::demo_stack::start_api(
+            db,
+            processes::Remote::HonoursKey,
             shutdown.clone(),
         )
-        .await
-        .expect("the demo API starts");
+        .await;
         let call_timeout = Duration::from_secs(1);
         let flow = demo::payment_process::PaymentFlow {
             schema: Schema::default(),
@@ -1916,10 +1890,10 @@ impl Payments {
             .unwrap();
         spawn_worker(&db.url, "payment-worker", registry, shutdown.clone()).await;
         Self {
-            provider,
+            _provider: provider,
             admin: payment_provider::client::Client::new(&url, Duration::from_secs(30)).unwrap(),
-            api: format!("http://{}", server.local_addr()),
-            key: demo::auth::create_api_key(&db.pool, "acme").await.unwrap(),
+            api,
+            key,
             http: reqwest::Client::new(),
             shutdown,
         }

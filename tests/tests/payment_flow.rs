@@ -5,7 +5,6 @@
 //! cancelled before the capture was recorded, and 200 payments under seeded random faults and
 //! worker kills. The provider's `/admin/charges` is the evidence of what was charged.
 
-use demo::{AppState, Settings};
 use payment_provider::api::{Charge, ChargeStatus};
 use payment_provider::client::Client;
 use processes::admin;
@@ -15,7 +14,7 @@ use shared::schema::Schema;
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
-use system_tests::{TestDb, bin_path, free_addr, http_status, wait_until};
+use system_tests::{TestDb, bin_path, demo_stack, free_addr, wait_until};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -41,55 +40,13 @@ impl Flow {
     /// `provider_env`: PROVIDER_* of the simulator; `remote`: PAYMENT_REMOTE of API and workers.
     async fn start(provider_env: &[(&str, &str)], remote: &'static str) -> Self {
         let db = TestDb::new().await;
-        let addr = free_addr();
-        let mut cmd = Command::new(bin_path("payment-provider"));
-        for var in [
-            "PROVIDER_FAULTS",
-            "PROVIDER_IDEMPOTENCY",
-            "PROVIDER_STATUS_QUERY",
-            "PROVIDER_SEED",
-            "PROVIDER_TIMEOUT_DELAY",
-            "PROVIDER_SLOW_DELAY",
-        ] {
-            cmd.env_remove(var);
-        }
-        cmd.env("DATABASE_URL", &db.url)
-            .env("PROVIDER_ADDR", addr.to_string())
-            .env("PROVIDER_DB_MAX_CONNECTIONS", "6")
-            .env("RUST_LOG", "warn");
-        for (k, v) in provider_env {
-            cmd.env(k, v);
-        }
-        let provider = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn payment-provider");
-        wait_until("the provider answers /healthz", WAIT, || async move {
-            (http_status(addr, "/healthz").await == Some(200)).then_some(())
-        })
-        .await;
-        let provider_url = format!("http://{addr}");
-        let key = demo::auth::create_api_key(&db.pool, "acme")
-            .await
-            .expect("create key");
-        let settings = Settings {
-            purge_interval: None,
-            payment_remote: processes::Remote::parse(remote).expect("remote"),
-            ..Settings::default()
-        };
+        let (provider, provider_url) = demo_stack::spawn_provider(&db, provider_env).await;
         let shutdown = CancellationToken::new();
-        let server = demo::start(
-            AppState::new(db.pool.clone(), settings),
-            "127.0.0.1:0".parse().unwrap(),
-            shutdown.clone(),
-        )
-        .await
-        .expect("start the API");
+        let remote_kind = processes::Remote::parse(remote).expect("remote");
+        let (api, key) = demo_stack::start_api(&db, remote_kind, shutdown.clone()).await;
         Self {
             admin: Client::new(&provider_url, Duration::from_secs(30)).unwrap(),
-            api: format!("http://{}", server.local_addr()),
+            api,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .build()

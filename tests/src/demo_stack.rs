@@ -1,0 +1,71 @@
+//! The example application's payment stack for the tests that pay: the payment provider simulator
+//! as a child process and the demo API in the test process, on one test database.
+
+use crate::{TestDb, bin_path, free_addr, http_status, wait_until};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+/// The `PROVIDER_*` settings a test may give; none of them is inherited from the environment.
+const PROVIDER_SETTINGS: [&str; 6] = [
+    "PROVIDER_FAULTS",
+    "PROVIDER_IDEMPOTENCY",
+    "PROVIDER_STATUS_QUERY",
+    "PROVIDER_SEED",
+    "PROVIDER_TIMEOUT_DELAY",
+    "PROVIDER_SLOW_DELAY",
+];
+
+/// Starts `payment-provider` on `db` with `env` (`PROVIDER_*`, nothing else inherited) and waits
+/// until it answers; returns the child (killed when dropped) and its base URL.
+pub async fn spawn_provider(db: &TestDb, env: &[(&str, &str)]) -> (Child, String) {
+    let addr = free_addr();
+    let mut cmd = Command::new(bin_path("payment-provider"));
+    for var in PROVIDER_SETTINGS {
+        cmd.env_remove(var);
+    }
+    let child = cmd
+        .env("DATABASE_URL", &db.url)
+        .env("PROVIDER_ADDR", addr.to_string())
+        .env("PROVIDER_DB_MAX_CONNECTIONS", "6")
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn payment-provider (cargo build --bins)");
+    wait_until(
+        "the provider answers /healthz",
+        Duration::from_secs(90),
+        || async move { (http_status(addr, "/healthz").await == Some(200)).then_some(()) },
+    )
+    .await;
+    (child, format!("http://{addr}"))
+}
+
+/// The demo API in this process on `db`, its payments against `remote`, until `shutdown`;
+/// returns its base URL and an API key of tenant `acme`.
+pub async fn start_api(
+    db: &TestDb,
+    remote: processes::Remote,
+    shutdown: CancellationToken,
+) -> (String, String) {
+    let settings = demo::Settings {
+        purge_interval: None,
+        payment_remote: remote,
+        ..demo::Settings::default()
+    };
+    let server = demo::start(
+        demo::AppState::new(db.pool.clone(), settings),
+        "127.0.0.1:0".parse().unwrap(),
+        shutdown,
+    )
+    .await
+    .expect("the demo API starts");
+    let key = demo::auth::create_api_key(&db.pool, "acme")
+        .await
+        .expect("create an API key");
+    (format!("http://{}", server.local_addr()), key)
+}
