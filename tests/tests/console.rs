@@ -791,21 +791,24 @@ async fn wait_process(pool: &sqlx::PgPool, id: Uuid, want: &str) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_twice() {
-    let c = Console::start().await;
+/// An order whose confirmation is refused after the charge, run by a worker in this process: the
+/// charge's refund is sensitive and waits in manual review. Returns the process, the worker's
+/// shutdown and its task.
+async fn refund_in_review(
+    c: &Console,
+    key: &str,
+) -> (
+    Uuid,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), processes::WorkerError>>,
+) {
     fx::setup(&c.db.pool).await.unwrap();
-    let alice = c.user("alice", Role::Approver).await;
-    let bob = c.user("bob", Role::Approver).await;
-    let carol = c.user("carol", Role::Approver).await;
-    // An order whose confirmation is refused after the charge: the charge's refund is sensitive
-    // and waits in manual review.
     let fp = fx::Failpoint::default();
     let d = fx::order_sensitive_refund("order_sensitive", &c.db.pool, &fp);
     let id = processes::start(
         &c.db.pool,
         &d,
-        "refund-once",
+        key,
         &json!({"amount": 5, "charge": "ok", "reject_confirm": true}),
     )
     .await
@@ -821,6 +824,88 @@ async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_t
     .await;
     wait_process(&c.db.pool, id, "manual_review").await;
     assert_eq!(fx::effects(&c.db.pool, id).await, (1, 0));
+    (id, shutdown, worker)
+}
+
+/// A refund approved after the process changed (an operator paused it meanwhile) is refused as
+/// stale: 409, the approval still pending, no refund, the conflict audited. The database itself
+/// refuses an approval decided by its requester (four eyes below the application).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_of_a_process_that_changed_meanwhile_is_refused_and_changes_nothing() {
+    let c = Console::start().await;
+    let alice = c.user("alice", Role::Approver).await;
+    let bob = c.user("bob", Role::Approver).await;
+    let (id, shutdown, worker) = refund_in_review(&c, "refund-stale").await;
+    let view = c.process_view(&alice, id).await;
+    let (s, body, _) = c
+        .post(
+            &alice,
+            &format!("/api/processes/{id}/actions/run_compensation"),
+            json!({"reason": "refund it", "version": view["version"]}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    let approval = body["approval"].as_str().unwrap().to_string();
+    // Meanwhile the process changes: paused.
+    let (s, _, _) = c
+        .post(
+            &bob,
+            &format!("/api/processes/{id}/actions/pause"),
+            json!({"reason": "hold while we check", "version": view["version"]}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let changed = c.process_state(id).await;
+
+    let (s, err, _) = c
+        .post(
+            &bob,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "ok", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{err}");
+    assert_eq!(c.process_state(id).await, changed, "nothing changed");
+    assert_eq!(fx::effects(&c.db.pool, id).await, (1, 0), "no refund");
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM outbox.console_approvals WHERE id = $1::uuid")
+            .bind(&approval)
+            .fetch_one(&c.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "pending");
+    assert!(
+        c.audit_count("bob", "approval.approve", "conflict").await >= 1,
+        "the refused approval is audited"
+    );
+    let self_approved = sqlx::query(
+        "UPDATE outbox.console_approvals SET status = 'approved', decided_by = requested_by, \
+           decided_at = now() WHERE id = $1::uuid",
+    )
+    .bind(&approval)
+    .execute(&c.db.pool)
+    .await
+    .expect_err("the four-eyes CHECK refuses it");
+    assert!(
+        self_approved
+            .to_string()
+            .contains("console_approvals_four_eyes"),
+        "{self_approved}"
+    );
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_twice() {
+    let c = Console::start().await;
+    let alice = c.user("alice", Role::Approver).await;
+    let bob = c.user("bob", Role::Approver).await;
+    let carol = c.user("carol", Role::Approver).await;
+    let (id, shutdown, worker) = refund_in_review(&c, "refund-once").await;
     // The overview counts it.
     let cookie = login(&c, &alice).await;
     let overview = c
