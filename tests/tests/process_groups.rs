@@ -371,6 +371,79 @@ async fn a_group_whose_lease_was_taken_over_meanwhile_commits_nothing() {
     db.pool.close().await;
 }
 
+/// The race the finishing checkpoint's own fence is for: the takeover is not committed yet when
+/// the group's checkpoint reads the token (still ours), and commits while the checkpoint waits for
+/// the process row. The process update re-checks the token on the row the takeover committed and
+/// matches nothing, so the whole group rolls back.
+#[tokio::test]
+async fn a_takeover_committed_while_the_finishing_checkpoint_waits_for_the_row_commits_nothing() {
+    let db = setup().await;
+    let probe = Probe::default();
+    let id = start(&db.pool, &probe, "raced", json!({"hold": true})).await;
+    let (stop, handle) = worker(&db.pool, &probe);
+    tokio::time::timeout(WAIT, probe.held.notified())
+        .await
+        .expect("step b reached");
+    // Another owner takes the process over, in a transaction still open: it holds the row.
+    let mut takeover = db.pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE outbox.processes SET lease_owner = 'other', lease_token = nextval('outbox.process_lease_tokens'), \
+         last_reason = 'taken over by other' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *takeover)
+    .await
+    .unwrap();
+    probe.release.notify_one();
+    let pool = db.pool.clone();
+    wait_until(
+        "the group's checkpoint waits for the process row",
+        WAIT,
+        || {
+            let pool = pool.clone();
+            async move {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                (waiting > 0).then_some(())
+            }
+        },
+    )
+    .await;
+    takeover.commit().await.unwrap();
+    stop.cancel();
+    handle.await.unwrap();
+
+    assert_eq!(probe.runs.load(Ordering::SeqCst), 3, "a, b and c ran");
+    assert!(
+        effects(&db.pool, id).await.is_empty(),
+        "no effect of the fenced group committed"
+    );
+    assert_eq!(
+        steps(&db.pool, id).await,
+        [
+            row("a", "forward", "pending", 0),
+            row("b", "forward", "pending", 0),
+            row("c", "forward", "pending", 0),
+        ]
+    );
+    let (status, owner): (String, Option<String>) =
+        sqlx::query_as("SELECT status, lease_owner FROM outbox.processes WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), owner.as_deref()),
+        ("running", Some("other"))
+    );
+    db.pool.close().await;
+}
+
 #[tokio::test]
 async fn a_claimed_process_whose_steps_cannot_be_read_holds_up_no_other() {
     let db = setup().await;
