@@ -170,6 +170,7 @@ async fn ceiling_amqp(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Li
                             id: uuid::Uuid::now_v7(),
                             aggregate_type: "bench".into(),
                             aggregate_id: format!("agg-{}", k % 1000),
+                            aggregate_seq: (k / 1000 + 1) as i64,
                             event_type: format!("ceiling.{}", k % 10),
                             payload: payload(k).to_string(),
                             headers: Default::default(),
@@ -1136,12 +1137,18 @@ async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
         .await?;
     env.settle().await?;
     let partitions: Vec<i16> = (0..64).collect();
+    let per_partition = vec![32i64; partitions.len()];
     let schema = shared::schema::Schema::default();
     let started = Instant::now();
     let mut done = 0u64;
     loop {
-        let rows =
-            relay::store::claim(&env.pool, &schema, "bench", &partitions, 32, 1000, &[]).await?;
+        let args = relay::store::ClaimArgs {
+            partitions: &partitions,
+            per_partition: &per_partition,
+            limit: 1000,
+            held: &[],
+        };
+        let rows = relay::store::claim(&env.pool, &schema, "bench", &args).await?;
         let seqs: Vec<i64> = rows
             .iter()
             .map(|c| match c {

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use plumbing::amqp::{header_str, headers as relay_headers, headers_to_json};
+use plumbing::amqp::{header_i64, header_str, headers as relay_headers, headers_to_json};
 use shared::Envelope;
 use uuid::Uuid;
 
@@ -99,10 +99,12 @@ pub fn decode_screened(
     let aggregate_id = header_str(table, relay_headers::AGGREGATE_ID)
         .map(|s| s.into_owned())
         .unwrap_or_default();
+    let aggregate_seq = header_i64(table, relay_headers::AGGREGATE_SEQ);
     let mut headers = headers_to_json(table);
     for promoted in [
         relay_headers::AGGREGATE_TYPE,
         relay_headers::AGGREGATE_ID,
+        relay_headers::AGGREGATE_SEQ,
         relay_headers::CREATED_AT,
     ] {
         headers.remove(promoted);
@@ -112,6 +114,7 @@ pub fn decode_screened(
         event_type,
         aggregate_type,
         aggregate_id,
+        aggregate_seq,
         created_at,
         headers,
         payload,

@@ -157,9 +157,43 @@ pub fn header_str<'a>(table: &'a FieldTable, name: &str) -> Option<std::borrow::
     }
 }
 
+/// Reads an integer header of any AMQP integer width (or a decimal string, as some clients
+/// re-publish headers); `None` when absent or not an integer that fits an `i64`.
+pub fn header_i64(table: &FieldTable, name: &str) -> Option<i64> {
+    match table.inner().get(name)? {
+        AMQPValue::LongLongInt(v) => Some(*v),
+        AMQPValue::LongInt(v) => Some(i64::from(*v)),
+        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortUInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
+        AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
+        AMQPValue::Timestamp(v) => i64::try_from(*v).ok(),
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.parse().ok(),
+        AMQPValue::ShortString(s) => s.as_str().parse().ok(),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integer_headers_of_any_width_are_read() {
+        let mut t = FieldTable::default();
+        t.insert("a".into(), AMQPValue::LongLongInt(7));
+        t.insert("b".into(), AMQPValue::ShortShortUInt(3));
+        t.insert("c".into(), AMQPValue::LongString("42".into()));
+        t.insert("d".into(), AMQPValue::LongString("x".into()));
+        t.insert("e".into(), AMQPValue::Boolean(true));
+        assert_eq!(header_i64(&t, "a"), Some(7));
+        assert_eq!(header_i64(&t, "b"), Some(3));
+        assert_eq!(header_i64(&t, "c"), Some(42));
+        assert_eq!(header_i64(&t, "d"), None);
+        assert_eq!(header_i64(&t, "e"), None);
+        assert_eq!(header_i64(&t, "missing"), None);
+    }
 
     #[test]
     fn headers_round_trip() {
@@ -250,6 +284,9 @@ mod tests {
 pub mod headers {
     pub const AGGREGATE_TYPE: &str = "aggregate_type";
     pub const AGGREGATE_ID: &str = "aggregate_id";
+    /// The message's position within its aggregate (1, 2, 3, ... dense, in commit order), a signed
+    /// 64-bit integer: a consumer detects a missing or out-of-order message from it alone.
+    pub const AGGREGATE_SEQ: &str = "aggregate_seq";
     /// RFC 3339 with microseconds: the outbox row's created_at (the AMQP timestamp has seconds only).
     pub const CREATED_AT: &str = "created_at";
 }

@@ -50,7 +50,7 @@ pub enum EncodeError {
 
 /// Encodes `row`: routing key = event type; properties `message_id`, `type`, `content_type`,
 /// persistent delivery, `timestamp`; headers = the row's headers plus `aggregate_type`,
-/// `aggregate_id` and `created_at` (RFC 3339, microseconds).
+/// `aggregate_id`, `aggregate_seq` (signed 64-bit) and `created_at` (RFC 3339, microseconds).
 pub fn encode(row: &OutboxRow, limits: &Limits) -> Result<Encoded, EncodeError> {
     publishable::check(
         &row.aggregate_type,
@@ -83,6 +83,10 @@ pub fn encode(row: &OutboxRow, limits: &Limits) -> Result<Encoded, EncodeError> 
     ] {
         headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
     }
+    headers.insert(
+        h::AGGREGATE_SEQ.into(),
+        AMQPValue::LongLongInt(row.aggregate_seq),
+    );
     let properties = BasicProperties::default()
         .with_message_id(ShortString::from(row.id.hyphenated().to_string()))
         .with_type(routing_key.clone())
@@ -155,6 +159,7 @@ mod tests {
             id: uuid::Uuid::nil(),
             aggregate_type: "order".into(),
             aggregate_id: aggregate_id.into(),
+            aggregate_seq: 41,
             event_type: event_type.into(),
             payload: "{}".into(),
             headers: headers.as_object().cloned().unwrap_or_default(),
@@ -184,6 +189,7 @@ mod tests {
             plumbing::amqp::header_str(headers, "created_at").as_deref(),
             Some("2026-12-01T10:00:00.000000Z")
         );
+        assert_eq!(plumbing::amqp::header_i64(headers, "aggregate_seq"), Some(41));
     }
 
     #[test]

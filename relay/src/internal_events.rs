@@ -177,6 +177,21 @@ pub fn ready(ready: bool) {
     gauge!("relay_ready").set(if ready { 1.0 } else { 0.0 });
 }
 
+/// PostgreSQL or RabbitMQ (`None`: unchanged) became usable or not: updates `/readyz` and the gauge.
+pub fn readiness(
+    readiness: &plumbing::telemetry::Readiness,
+    postgres: Option<bool>,
+    rabbitmq: Option<bool>,
+) {
+    if let Some(p) = postgres {
+        readiness.set_postgres(p);
+    }
+    if let Some(r) = rabbitmq {
+        readiness.set_rabbitmq(r);
+    }
+    ready(readiness.ready());
+}
+
 /// RabbitMQ blocked (`connection.blocked`) or unblocked the publishing connection.
 pub fn broker_blocked(blocked: bool) {
     gauge!("relay_broker_blocked").set(if blocked { 1.0 } else { 0.0 });

@@ -9,7 +9,7 @@
 //! confirm timeout left, and that view ends before the database's `lease_until`: two relays never
 //! publish one partition at the same time unless the clocks lie or a pause outlasts the lease.
 
-use crate::set_ready;
+use crate::internal_events::readiness as set_ready;
 use plumbing::telemetry::{ErrorChain, Readiness};
 use shared::schema::Schema;
 use sqlx::PgPool;

@@ -203,13 +203,3 @@ fn validate(opts: &RelayOptions) -> Result<(), RelayError> {
     }
     Ok(())
 }
-
-pub(crate) fn set_ready(readiness: &Readiness, postgres: Option<bool>, rabbitmq: Option<bool>) {
-    if let Some(p) = postgres {
-        readiness.set_postgres(p);
-    }
-    if let Some(r) = rabbitmq {
-        readiness.set_rabbitmq(r);
-    }
-    internal_events::ready(readiness.ready());
-}

@@ -22,6 +22,8 @@ pub struct OutboxRow {
     pub id: Uuid,
     pub aggregate_type: String,
     pub aggregate_id: String,
+    /// Position within the aggregate (1, 2, 3, ...), set by the outbox's trigger.
+    pub aggregate_seq: i64,
     pub event_type: String,
     /// The payload as JSON text, sent as is.
     pub payload: String,
@@ -31,55 +33,58 @@ pub struct OutboxRow {
     pub partition: i16,
 }
 
-/// The head of each owned, unblocked partition in seq order: at most `per_partition` rows of each,
-/// at most `limit` in all (the lowest seqs, so every partition keeps a prefix), leaving out the
-/// rows this relay already holds (`held`: seq and partition). Each partition is checked only
-/// against its own held rows, so the exclusion stays cheap with thousands of rows in flight.
+/// What one claim asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimArgs<'a> {
+    /// Owned, unblocked partitions to claim from.
+    pub partitions: &'a [i16],
+    /// Rows at most from each partition (same order as `partitions`): a partition with one hot
+    /// aggregate is asked for more.
+    pub per_partition: &'a [i64],
+    /// Rows at most in all (the lowest seqs, so every partition keeps a prefix).
+    pub limit: i64,
+    /// Rows this relay already holds (claimed, unsettled).
+    pub held: &'a [i64],
+}
+
+/// The head of each owned, unblocked partition in seq order, leaving out the rows this relay
+/// already holds.
 ///
-/// `held` is grouped once (`MATERIALIZED`; inlined, PostgreSQL regrouped it for every partition,
-/// which doubled the statement's time), and payloads are turned into text only for the rows
+/// The held rows are one array, turned into a hashed set once per statement (`NOT IN` over an
+/// uncorrelated subquery), so the exclusion costs one probe per row looked at, also when thousands
+/// of rows of one hot aggregate are in flight. Payloads are turned into text only for the rows
 /// returned, not for every partition head looked at.
 pub async fn claim(
     pool: &PgPool,
     schema: &Schema,
     owner: &str,
-    partitions: &[i16],
-    per_partition: i64,
-    limit: i64,
-    held: &[(i64, i16)],
+    args: &ClaimArgs<'_>,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
-    let held_seqs: Vec<i64> = held.iter().map(|(s, _)| *s).collect();
-    let held_partitions: Vec<i16> = held.iter().map(|(_, p)| *p).collect();
     let mut tx = pool.begin().await?;
     let rows = sqlx::query(
-        schema.sql("WITH held AS MATERIALIZED ( \
-             SELECT h.p, array_agg(h.s) AS seqs \
-             FROM unnest($5::bigint[], $6::smallint[]) AS h(s, p) GROUP BY h.p \
-         ) \
-         SELECT c.seq, c.id, c.aggregate_type, c.aggregate_id, c.event_type, c.payload::text AS payload, \
-                c.headers::text AS headers, \
+        schema.sql("SELECT c.seq, c.id, c.aggregate_type, c.aggregate_id, c.aggregate_seq, c.event_type, \
+                c.payload::text AS payload, c.headers::text AS headers, \
                 CASE WHEN isfinite(c.created_at) THEN c.created_at END AS created_at, \
                 c.attempts, c.partition \
          FROM ( \
-             SELECT o.* FROM {{schema}}.relay_partitions rp \
-             LEFT JOIN held ON held.p = rp.partition \
+             SELECT o.* FROM unnest($1::smallint[], $3::bigint[]) AS l(p, n) \
+             JOIN {{schema}}.relay_partitions rp ON rp.partition = l.p \
              CROSS JOIN LATERAL ( \
                  SELECT * FROM {{schema}}.messages o \
-                 WHERE o.partition = rp.partition AND o.state = 'pending' \
-                   AND (held.seqs IS NULL OR o.seq <> ALL(held.seqs)) \
-                 ORDER BY o.seq LIMIT $3 \
+                 WHERE o.partition = l.p AND o.state = 'pending' \
+                   AND o.seq NOT IN (SELECT h.s FROM unnest($5::bigint[]) AS h(s)) \
+                 ORDER BY o.seq LIMIT l.n \
              ) o \
-             WHERE rp.partition = ANY($1) AND rp.owner = $2 \
+             WHERE rp.owner = $2 \
                AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \
              ORDER BY o.seq LIMIT $4 \
          ) c"),
     )
-    .bind(partitions)
+    .bind(args.partitions)
     .bind(owner)
-    .bind(per_partition)
-    .bind(limit)
-    .bind(&held_seqs)
-    .bind(&held_partitions)
+    .bind(args.per_partition)
+    .bind(args.limit)
+    .bind(args.held)
     .persistent(false)
     .fetch_all(&mut *tx)
     .await?;
@@ -97,6 +102,15 @@ pub enum Claimed {
         partition: i16,
         reason: String,
     },
+}
+
+impl Claimed {
+    pub fn partition(&self) -> i16 {
+        match self {
+            Claimed::Row(row) => row.partition,
+            Claimed::Undecodable { partition, .. } => *partition,
+        }
+    }
 }
 
 /// Decodes one claimed row. `seq` and `partition` are non-null integers (they always decode);
@@ -122,6 +136,9 @@ fn decode_row(r: &sqlx::postgres::PgRow) -> Result<Claimed, sqlx::Error> {
             id: r.try_get("id").map_err(|e| format!("id: {e}"))?,
             aggregate_type: text("aggregate_type")?,
             aggregate_id: text("aggregate_id")?,
+            aggregate_seq: r
+                .try_get("aggregate_seq")
+                .map_err(|e| format!("aggregate_seq: {e}"))?,
             event_type: text("event_type")?,
             payload: text("payload")?,
             headers,

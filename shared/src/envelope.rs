@@ -85,6 +85,10 @@ pub struct Envelope {
     pub aggregate_type: String,
     /// Header `aggregate_id`.
     pub aggregate_id: String,
+    /// Header `aggregate_seq`: the message's position within its aggregate (1, 2, 3, ... in commit
+    /// order, no gaps). `None` for a message published before the relay set it.
+    #[serde(default)]
+    pub aggregate_seq: Option<i64>,
     /// When the producer inserted the row (header `created_at`, microsecond precision).
     pub created_at: Option<DateTime<Utc>>,
     /// All other headers, as JSON.

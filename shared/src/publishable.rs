@@ -46,7 +46,8 @@ pub enum MessageError {
     HeaderNameLength { name: String },
     #[error(
         "header name {name:?} is reserved: CC and BCC route copies and x-* headers steer RabbitMQ and \
-         the consumer runtime; aggregate_type, aggregate_id and created_at are set by the relay"
+         the consumer runtime, cloudEvents_* and cloudEvents:* are CloudEvents attributes; aggregate_type, \
+         aggregate_id, aggregate_seq and created_at are set by the relay"
     )]
     HeaderNameReserved { name: String },
     #[error("at most {MAX_HEADERS} headers, not {0}")]
@@ -139,16 +140,19 @@ pub fn check_header_name(name: &str) -> Result<(), MessageError> {
 }
 
 /// `CC`, `BCC` (sender-selected distribution: copies to other queues), any `x-` name (RabbitMQ's
-/// `x-death`, `x-delay`, federation's `x-received-from`, the consumer's `x-attempt`...), and the
-/// headers the relay sets itself.
+/// `x-death`, `x-delay`, federation's `x-received-from`, the consumer's `x-attempt`...),
+/// `cloudEvents_*` and `cloudEvents:*` (CloudEvents attributes, the relay's to set), and the
+/// headers the relay sets itself. Compared without regard to case.
 pub fn is_reserved_header(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     lower == "cc"
         || lower == "bcc"
         || lower.starts_with("x-")
+        || lower.starts_with("cloudevents_")
+        || lower.starts_with("cloudevents:")
         || matches!(
             lower.as_str(),
-            "aggregate_type" | "aggregate_id" | "created_at"
+            "aggregate_type" | "aggregate_id" | "aggregate_seq" | "created_at"
         )
 }
 

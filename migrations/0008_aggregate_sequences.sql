@@ -1,0 +1,103 @@
+-- A dense position for every message within its aggregate: 1, 2, 3, ... per (aggregate_type,
+-- aggregate_id), in commit order, assigned inside the producer's transaction with no call from the
+-- producer. The plain-SQL contract does not change: the same INSERT gets its number from a trigger.
+--
+-- How: one counter row per aggregate. The BEFORE INSERT trigger increments it (an upsert), which
+-- takes that row's lock until the producer's transaction ends. A second transaction writing the
+-- same aggregate waits for the first, so their commits follow their numbers; a rollback undoes the
+-- increment, so no number is lost. Producers on different aggregates touch different counter rows
+-- and never wait for each other. The trigger then takes the message's outbox position (seq) too,
+-- after the lock: within an aggregate, seq order is then the number's order, which is what the
+-- relay's claim (partition heads in seq order) relies on.
+CREATE TABLE {{schema}}.aggregate_sequences (
+    aggregate_type text   NOT NULL,
+    aggregate_id   text   NOT NULL,
+    last_seq       bigint NOT NULL CHECK (last_seq >= 1),
+    PRIMARY KEY (aggregate_type, aggregate_id)
+);
+COMMENT ON TABLE {{schema}}.aggregate_sequences IS 'The last per-aggregate sequence number handed out, one row per aggregate that ever had a message. Its row lock, held to the producer''s commit, orders the commits of one aggregate. Rows are never deleted: a restarted count would look like old messages to ordered consumers.';
+COMMENT ON COLUMN {{schema}}.aggregate_sequences.last_seq IS 'The aggregate_seq of the aggregate''s latest message (committed, or held by the transaction that holds this row''s lock).';
+
+ALTER TABLE {{schema}}.messages ADD COLUMN aggregate_seq bigint;
+COMMENT ON COLUMN {{schema}}.messages.aggregate_seq IS 'Position within the aggregate (aggregate_type, aggregate_id): 1, 2, 3, ... dense, in commit order; set by a trigger at INSERT (a value given by the producer is replaced). AMQP header aggregate_seq. Rows present when migration 8 ran were numbered in seq order.';
+
+-- Rows already present (pending, retained or dead) are numbered in outbox order.
+UPDATE {{schema}}.messages m SET aggregate_seq = n.rn
+FROM (
+    SELECT seq, row_number() OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY seq) AS rn
+    FROM {{schema}}.messages
+) n
+WHERE m.seq = n.seq;
+INSERT INTO {{schema}}.aggregate_sequences (aggregate_type, aggregate_id, last_seq)
+SELECT aggregate_type, aggregate_id, max(aggregate_seq) FROM {{schema}}.messages
+GROUP BY aggregate_type, aggregate_id;
+
+ALTER TABLE {{schema}}.messages ALTER COLUMN aggregate_seq SET NOT NULL;
+
+ALTER TABLE {{schema}}.messages ADD CONSTRAINT messages_aggregate_seq_positive CHECK (aggregate_seq >= 1);
+
+-- Written with the identity sequence's name resolved now (tables adopted from the legacy layout keep
+-- their old sequence name), so each row pays one nextval and no catalog lookup. The UPDATE comes
+-- first because most messages belong to aggregates that already have a counter row.
+DO $migration$
+BEGIN
+EXECUTE format($function$
+CREATE FUNCTION {{schema}}.messages_assign_aggregate_seq() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+    UPDATE {{schema}}.aggregate_sequences SET last_seq = last_seq + 1
+    WHERE aggregate_type = NEW.aggregate_type AND aggregate_id = NEW.aggregate_id
+    RETURNING last_seq INTO NEW.aggregate_seq;
+    IF NOT FOUND THEN
+        INSERT INTO {{schema}}.aggregate_sequences AS s (aggregate_type, aggregate_id, last_seq)
+        VALUES (NEW.aggregate_type, NEW.aggregate_id, 1)
+        ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq + 1
+        RETURNING s.last_seq INTO NEW.aggregate_seq;
+    END IF;
+    NEW.seq := nextval(%L::regclass);
+    RETURN NEW;
+END;
+$body$
+$function$, pg_get_serial_sequence('{{schema}}.messages', 'seq'));
+END
+$migration$;
+COMMENT ON FUNCTION {{schema}}.messages_assign_aggregate_seq() IS 'BEFORE INSERT row trigger: takes the aggregate''s next number (locking its counter row to commit), then the outbox position, so seq order within an aggregate is commit order.';
+
+CREATE TRIGGER messages_assign_aggregate_seq
+    BEFORE INSERT ON {{schema}}.messages
+    FOR EACH ROW EXECUTE FUNCTION {{schema}}.messages_assign_aggregate_seq();
+
+-- aggregate_seq is set by the relay, and CloudEvents attributes (cloudEvents_* in the AMQP binding,
+-- cloudEvents:* in the AMQP 1.0 form) are the relay's to set when an exchange publishes CloudEvents.
+CREATE OR REPLACE FUNCTION {{schema}}.header_names_not_reserved(h jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN jsonb_typeof(h) <> 'object' THEN true ELSE NOT EXISTS (
+        SELECT 1 FROM jsonb_object_keys(h) AS k(name)
+        WHERE lower(k.name) IN ('cc', 'bcc', 'aggregate_type', 'aggregate_id', 'aggregate_seq', 'created_at')
+           OR lower(k.name) LIKE 'x-%'
+           OR lower(k.name) LIKE 'cloudevents\_%'
+           OR lower(k.name) LIKE 'cloudevents:%'
+    ) END
+$$;
+-- A pending row that already uses one of the newly reserved names could not be published as it is
+-- (and would break its CHECK on its next update): it goes dead with the reason, to be fixed and
+-- requeued (relay dead requeue) like any other row refused at the door.
+UPDATE {{schema}}.messages
+SET state = 'dead', last_error = 'unpublishable: header names aggregate_seq, cloudEvents_* and cloudEvents:* are reserved since migration 8', last_attempt_at = now()
+WHERE state = 'pending' AND NOT {{schema}}.header_names_not_reserved(headers);
+
+COMMENT ON FUNCTION {{schema}}.header_names_not_reserved(jsonb) IS 'True when no header name is reserved: CC and BCC (RabbitMQ routes copies by them), x-* (RabbitMQ, its plugins and the consumer runtime give them meaning), cloudEvents_* and cloudEvents:* (CloudEvents attributes the relay sets), and the headers the relay sets itself. Compared without regard to case.';
+
+CREATE OR REPLACE FUNCTION {{schema}}.unpublishable_reason(
+    event_type text, aggregate_type text, aggregate_id text, created_at timestamptz, headers jsonb
+) RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN octet_length(event_type) NOT BETWEEN 1 AND 255 THEN 'event_type must be 1 to 255 bytes (the AMQP routing key)'
+        WHEN octet_length(aggregate_type) NOT BETWEEN 1 AND 255 THEN 'aggregate_type must be 1 to 255 bytes'
+        WHEN octet_length(aggregate_id) > 1024 THEN 'aggregate_id must be at most 1024 bytes'
+        WHEN NOT isfinite(created_at) THEN 'created_at must be a finite time'
+        WHEN NOT {{schema}}.headers_flat_scalars(headers) THEN 'headers must be a flat object of strings, numbers and booleans'
+        WHEN NOT {{schema}}.header_names_fit(headers) THEN 'header names must be 1 to 255 bytes'
+        WHEN NOT {{schema}}.header_names_not_reserved(headers) THEN 'header names CC, BCC, x-*, cloudEvents_*, cloudEvents:*, aggregate_type, aggregate_id, aggregate_seq and created_at are reserved'
+        WHEN NOT {{schema}}.headers_fit(headers) THEN 'headers must have at most 256 entries and 64 KiB of names and values'
+    END
+$$;
