@@ -36,23 +36,49 @@ ALTER TABLE {{schema}}.messages ALTER COLUMN aggregate_seq SET NOT NULL;
 
 ALTER TABLE {{schema}}.messages ADD CONSTRAINT messages_aggregate_seq_positive CHECK (aggregate_seq >= 1);
 
+-- The counter row is written once per run of consecutive rows of one aggregate in a transaction,
+-- not once per row: PostgreSQL keeps every version a transaction writes of a row, and finding the
+-- current one gets slower with each, so 20,000 updates of one counter in one transaction took
+-- 52 s. The transaction's last aggregate and its number are kept in a transaction-local setting
+-- (outbox.aggregate_seq_cache, reverted with the transaction or savepoint that set it):
+--   'c' or 'd' (the counter row is current / behind) || number || ':' || schema || '/' ||
+--   length(aggregate_type) || '/' || aggregate_type || aggregate_id.
+-- A row of the cached aggregate takes the next number from there; a row of another aggregate first
+-- brings a 'd' counter up to date, then increments its own counter row (locking it to commit). A
+-- deferred trigger brings the last one up to date at commit.
+--
 -- Written with the identity sequence's name resolved now (tables adopted from the legacy layout keep
--- their old sequence name), so each row pays one nextval and no catalog lookup. The UPDATE comes
--- first because most messages belong to aggregates that already have a counter row.
+-- their old sequence name), so each row pays one nextval and no catalog lookup.
 DO $migration$
 BEGIN
 EXECUTE format($function$
 CREATE FUNCTION {{schema}}.messages_assign_aggregate_seq() RETURNS trigger LANGUAGE plpgsql AS $body$
+DECLARE
+    key text := TG_TABLE_SCHEMA || '/' || octet_length(NEW.aggregate_type) || '/' || NEW.aggregate_type || NEW.aggregate_id;
+    cache text := coalesce(current_setting('outbox.aggregate_seq_cache', true), '');
+    colon int := strpos(cache, ':');
+    n bigint;
+    ignored text;
 BEGIN
-    UPDATE {{schema}}.aggregate_sequences SET last_seq = last_seq + 1
-    WHERE aggregate_type = NEW.aggregate_type AND aggregate_id = NEW.aggregate_id
-    RETURNING last_seq INTO NEW.aggregate_seq;
-    IF NOT FOUND THEN
-        INSERT INTO {{schema}}.aggregate_sequences AS s (aggregate_type, aggregate_id, last_seq)
-        VALUES (NEW.aggregate_type, NEW.aggregate_id, 1)
-        ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq + 1
-        RETURNING s.last_seq INTO NEW.aggregate_seq;
+    IF colon > 0 AND substr(cache, colon + 1) = key THEN
+        n := substr(cache, 2, colon - 2)::bigint + 1;
+        ignored := set_config('outbox.aggregate_seq_cache', 'd' || n || ':' || key, true);
+    ELSE
+        IF left(cache, 1) = 'd' THEN
+            PERFORM {{schema}}.aggregate_seq_cache_flush(cache, TG_TABLE_SCHEMA);
+        END IF;
+        UPDATE {{schema}}.aggregate_sequences SET last_seq = last_seq + 1
+        WHERE aggregate_type = NEW.aggregate_type AND aggregate_id = NEW.aggregate_id
+        RETURNING last_seq INTO n;
+        IF NOT FOUND THEN
+            INSERT INTO {{schema}}.aggregate_sequences AS s (aggregate_type, aggregate_id, last_seq)
+            VALUES (NEW.aggregate_type, NEW.aggregate_id, 1)
+            ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = s.last_seq + 1
+            RETURNING s.last_seq INTO n;
+        END IF;
+        ignored := set_config('outbox.aggregate_seq_cache', 'c' || n || ':' || key, true);
     END IF;
+    NEW.aggregate_seq := n;
     NEW.seq := nextval(%L::regclass);
     RETURN NEW;
 END;
@@ -62,9 +88,53 @@ END
 $migration$;
 COMMENT ON FUNCTION {{schema}}.messages_assign_aggregate_seq() IS 'BEFORE INSERT row trigger: takes the aggregate''s next number (locking its counter row to commit), then the outbox position, so seq order within an aggregate is commit order.';
 
+-- Brings the cached aggregate's counter row up to the number the cache holds (see above). The caller
+-- passes its table's schema: a cache entry of another installation's schema is left to that one.
+CREATE FUNCTION {{schema}}.aggregate_seq_cache_flush(cache text, own_schema text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    colon int := strpos(cache, ':');
+    rest text := substr(cache, colon + 1);
+    schema_end int := strpos(rest, '/');
+    after_schema text := substr(rest, schema_end + 1);
+    len_end int := strpos(after_schema, '/');
+    type_len int := substr(after_schema, 1, len_end - 1)::int;
+    type_and_id text := substr(after_schema, len_end + 1);
+    type_text text;
+    ignored text;
+BEGIN
+    IF left(cache, 1) <> 'd' OR left(rest, schema_end - 1) <> own_schema THEN
+        RETURN;
+    END IF;
+    -- type_len counts bytes: cut by bytes, then take the rest as the id.
+    type_text := convert_from(substring(convert_to(type_and_id, 'UTF8') FROM 1 FOR type_len), 'UTF8');
+    UPDATE {{schema}}.aggregate_sequences
+    SET last_seq = substr(cache, 2, colon - 2)::bigint
+    WHERE aggregate_type = type_text
+      AND aggregate_id = substr(type_and_id, char_length(type_text) + 1);
+    ignored := set_config('outbox.aggregate_seq_cache', 'c' || substr(cache, 2), true);
+END;
+$$;
+COMMENT ON FUNCTION {{schema}}.aggregate_seq_cache_flush(text, text) IS 'Writes the number held in the transaction''s aggregate_seq cache to the aggregate''s counter row (see messages_assign_aggregate_seq).';
+
+CREATE FUNCTION {{schema}}.messages_flush_aggregate_seq() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    cache text := coalesce(current_setting('outbox.aggregate_seq_cache', true), '');
+BEGIN
+    IF left(cache, 1) = 'd' THEN
+        PERFORM {{schema}}.aggregate_seq_cache_flush(cache, TG_TABLE_SCHEMA);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+COMMENT ON FUNCTION {{schema}}.messages_flush_aggregate_seq() IS 'Deferred row trigger (fires at commit): writes the transaction''s last cached aggregate number to its counter row.';
+
 CREATE TRIGGER messages_assign_aggregate_seq
     BEFORE INSERT ON {{schema}}.messages
     FOR EACH ROW EXECUTE FUNCTION {{schema}}.messages_assign_aggregate_seq();
+CREATE CONSTRAINT TRIGGER messages_flush_aggregate_seq
+    AFTER INSERT ON {{schema}}.messages
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION {{schema}}.messages_flush_aggregate_seq();
 
 -- aggregate_seq is set by the relay, and CloudEvents attributes (cloudEvents_* in the AMQP binding,
 -- cloudEvents:* in the AMQP 1.0 form) are the relay's to set when an exchange publishes CloudEvents.

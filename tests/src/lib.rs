@@ -15,11 +15,13 @@
 
 pub mod demo_stack;
 pub mod fleet;
+pub mod ordering;
 pub mod pgbouncer;
 pub mod private_pg;
 pub mod private_rabbit;
 pub mod process_fixtures;
 pub mod raw_amqp;
+pub mod relays;
 pub mod tls_pg;
 pub mod tls_rabbit;
 

@@ -518,6 +518,16 @@ async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
         vec![1, 2, 3],
         "behind the refused row, in order"
     );
+    // The README's table, "channel closed by the broker": the rows in flight are sent again one
+    // at a time (copies of a suffix), the refused row goes dead (a gap: 2 3 4 without 1).
+    let observed = system_tests::ordering::Observed::new(&received);
+    eprintln!("channel closed: huge: {}", observed.pattern("huge"));
+    observed.assert_only_resends();
+    observed.assert_last_copies_in_order();
+    let mut expected: std::collections::BTreeMap<String, i64> =
+        (0..20).map(|a| (format!("other-{a}"), 3)).collect();
+    expected.insert("huge".into(), 4);
+    observed.assert_complete(&expected, &HashSet::from([("huge".to_string(), 1)]));
     wait_until(
         "the refused row is dead",
         Duration::from_secs(30),

@@ -1,0 +1,73 @@
+//! A relay in the test's own process, with settings that make failures show quickly.
+
+use crate::free_addr;
+use plumbing::config::Connections;
+use plumbing::telemetry::Readiness;
+use relay::{RelayConfig, RelayOptions};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Short lease, poll, confirm timeout and retry backoff.
+pub fn test_options() -> RelayOptions {
+    RelayOptions {
+        lease_ms: 2000,
+        poll_interval_ms: 100,
+        confirm_timeout_ms: 800,
+        retry_base_ms: 50,
+        retry_max_ms: 200,
+        stats_interval_ms: 200,
+        ..RelayOptions::default()
+    }
+}
+
+pub fn config(db_url: &str, amqp_url: &str, exchange: &str, options: RelayOptions) -> RelayConfig {
+    RelayConfig {
+        connections: Connections {
+            database_url: db_url.to_string(),
+            schema: Default::default(),
+            amqp_url: amqp_url.to_string(),
+            amqp_tls: Default::default(),
+            database_direct_url: None,
+            database_pooler: Default::default(),
+            exchange: exchange.to_string(),
+            metrics_addr: free_addr(),
+            otlp_endpoint: None,
+        },
+        options,
+    }
+}
+
+/// A relay running in this process.
+pub struct InProcess {
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<Result<(), relay::RelayError>>,
+    pub readiness: Arc<Readiness>,
+}
+
+impl InProcess {
+    pub async fn start(pool: sqlx::PgPool, config: RelayConfig) -> Self {
+        let stop = CancellationToken::new();
+        let readiness = Readiness::new();
+        let handle = tokio::spawn(relay::run_with_pool(
+            pool,
+            config,
+            readiness.clone(),
+            stop.clone(),
+        ));
+        Self {
+            stop,
+            handle,
+            readiness,
+        }
+    }
+    pub async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.handle)
+            .await
+            .expect("relay stops in time")
+            .unwrap()
+            .unwrap();
+    }
+}
+

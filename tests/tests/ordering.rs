@@ -1,0 +1,381 @@
+//! Per-aggregate sequence numbers (assigned in the producer's transaction) and what a queue sees
+//! of them when the relay pipelines many rows of one aggregate: in order without failures, and as
+//! the README's table "What a consumer can observe" says when the broker nacks in the middle of a
+//! pipeline. (Returns, link cuts and a killed relay are checked in relay.rs, a channel closed by
+//! the broker in hostile_rows.rs.)
+
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use relay::RelayOptions;
+use serde_json::json;
+use shared::NewMessage;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+use system_tests::ordering::{Observed, aggregate_seq};
+use system_tests::relays::{InProcess, config, test_options};
+use system_tests::*;
+
+fn msg(aggregate: &str, n: i64) -> NewMessage {
+    NewMessage::new(
+        "test",
+        aggregate,
+        "thing.happened",
+        json!({ "aggregate": aggregate, "n": n }),
+    )
+}
+
+async fn seqs_of(pool: &sqlx::PgPool, aggregate: &str) -> Vec<i64> {
+    sqlx::query_scalar(
+        "SELECT aggregate_seq FROM outbox.messages WHERE aggregate_id = $1 ORDER BY seq",
+    )
+    .bind(aggregate)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_gets_a_dense_number_per_aggregate_and_a_rollback_leaves_no_gap() {
+    let db = TestDb::new().await;
+    // Plain SQL, as any language writes it: no number given, one assigned.
+    for aggregate in ["a", "b", "a"] {
+        sqlx::query(
+            "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('test', $1, 'thing.happened', '{}')",
+        )
+        .bind(aggregate)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    // A rolled-back transaction takes no number for good.
+    let mut tx = db.pool.begin().await.unwrap();
+    shared::outbox::enqueue(&mut *tx, &msg("a", 9))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    // A number given by the producer is replaced; a batch numbers its rows in order.
+    sqlx::query(
+        "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, aggregate_seq) \
+         VALUES ('test', 'a', 'thing.happened', '{}', 1000)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let batch: Vec<NewMessage> = (0..5).map(|n| msg(if n % 2 == 0 { "a" } else { "b" }, n)).collect();
+    let mut tx = db.pool.begin().await.unwrap();
+    shared::outbox::enqueue_many(&mut *tx, &batch).await.unwrap();
+    tx.commit().await.unwrap();
+
+    assert_eq!(seqs_of(&db.pool, "a").await, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(seqs_of(&db.pool, "b").await, vec![1, 2, 3]);
+    // The same id under another aggregate type is another aggregate.
+    sqlx::query(
+        "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('other', 'a', 'thing.happened', '{}')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let other: i64 = sqlx::query_scalar(
+        "SELECT aggregate_seq FROM outbox.messages WHERE aggregate_type = 'other'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(other, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_transaction_on_one_aggregate_waits_and_commits_after_the_first() {
+    let db = TestDb::new().await;
+    let mut first = db.pool.begin().await.unwrap();
+    shared::outbox::enqueue(&mut *first, &msg("hot", 1))
+        .await
+        .unwrap();
+
+    // Another aggregate does not wait.
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        shared::outbox::enqueue(&db.pool, &msg("cold", 1)),
+    )
+    .await
+    .expect("a producer on another aggregate never waits")
+    .unwrap();
+
+    // The same aggregate waits for the first transaction's end, with no call from the producer.
+    let pool = db.pool.clone();
+    let second = tokio::spawn(async move {
+        let mut tx = pool.begin().await.unwrap();
+        shared::outbox::enqueue(&mut *tx, &msg("hot", 2))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!second.is_finished(), "the second writer of 'hot' must wait");
+    first.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second writer goes on after the first commit")
+        .unwrap();
+
+    // Numbers follow commit order, and so does the outbox position the relay claims by.
+    let rows: Vec<(i64, i64, serde_json::Value)> = sqlx::query_as(
+        "SELECT seq, aggregate_seq, payload FROM outbox.messages WHERE aggregate_id = 'hot' ORDER BY seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let numbers: Vec<(i64, i64)> = rows
+        .iter()
+        .map(|(_, a, p)| (*a, p["n"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(numbers, vec![(1, 1), (2, 2)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upgrade_numbers_pending_rows_and_refuses_the_names_it_reserves() {
+    let db = TestDb::new_unmigrated().await;
+    let schema = shared::schema::Schema::default();
+    shared::migrate::migrator(&schema)
+        .run_to(7, &db.pool)
+        .await
+        .unwrap();
+    for (aggregate, headers) in [
+        ("a", json!({})),
+        ("b", json!({})),
+        ("a", json!({})),
+        ("a", json!({"cloudEvents_type": "x"})),
+    ] {
+        sqlx::query(
+            "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ('test', $1, 'thing.happened', '{}', $2)",
+        )
+        .bind(aggregate)
+        .bind(headers)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    shared::migrate::run(&db.pool, &schema).await.unwrap();
+    assert_eq!(seqs_of(&db.pool, "a").await, vec![1, 2, 3]);
+    assert_eq!(seqs_of(&db.pool, "b").await, vec![1]);
+    let dead: Vec<String> = sqlx::query_scalar(
+        "SELECT last_error FROM outbox.messages WHERE state = 'dead'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(dead.len(), 1, "the row using a newly reserved name");
+    assert!(dead[0].contains("reserved"), "{}", dead[0]);
+    // The next message continues each aggregate's count.
+    shared::outbox::enqueue(&db.pool, &msg("a", 4))
+        .await
+        .unwrap();
+    assert_eq!(seqs_of(&db.pool, "a").await, vec![1, 2, 3, 4]);
+    // The door refuses the reserved names, in any case.
+    for name in ["aggregate_seq", "CLOUDEVENTS_ID", "cloudEvents:type"] {
+        let refused = sqlx::query(
+            "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ('test', 'a', 'e', '{}', jsonb_build_object($1::text, 'x'))",
+        )
+        .bind(name)
+        .execute(&db.pool)
+        .await;
+        assert!(refused.is_err(), "{name} must be refused");
+        let rust = msg("a", 5).with_header(name, "x").check();
+        assert!(rust.is_err(), "{name} must be refused by the Rust API too");
+    }
+}
+
+/// A queue bound to everything, declared with `arguments`; deliveries acked as they arrive, after
+/// `delay` each (a slow consumer).
+async fn consume(
+    conn: &lapin::Connection,
+    exchange: &str,
+    queue: &str,
+    arguments: FieldTable,
+    delay: Duration,
+) -> tokio::sync::mpsc::UnboundedReceiver<Received> {
+    use futures::StreamExt;
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            exclusive: true,
+            ..Default::default()
+        },
+        arguments,
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        queue.into(),
+        exchange.into(),
+        "#".into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.basic_qos(1, BasicQosOptions::default()).await.unwrap();
+    let mut consumer = ch
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let _keep = ch;
+        while let Some(Ok(d)) = consumer.next().await {
+            tokio::time::sleep(delay).await;
+            let r = Received {
+                message_id: d
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|m| m.as_str().to_string())
+                    .unwrap_or_default(),
+                routing_key: d.routing_key.as_str().to_string(),
+                body: serde_json::from_slice(&d.data).unwrap_or(serde_json::Value::Null),
+                properties: d.properties.clone(),
+            };
+            if d.acker.ack(Default::default()).await.is_err() || tx.send(r).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+async fn receive_all(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>,
+    want: &HashSet<String>,
+    timeout: Duration,
+) -> Vec<Received> {
+    let mut received = Vec::new();
+    let mut got = HashSet::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !want.is_subset(&got) {
+        let r = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {} arrived", got.len(), want.len()))
+            .expect("consumer running");
+        got.insert(r.message_id.clone());
+        received.push(r);
+    }
+    received
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let exchange = broker.exchange("outbox");
+    let conn = broker.connect().await;
+    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
+        .await
+        .unwrap();
+    let queue = unique("q"); // exclusive: gone with its connection
+    let mut rx = consume(&conn, &exchange, &queue, FieldTable::default(), Duration::ZERO).await;
+    let all: Vec<NewMessage> = (0..3000).map(|n| msg("hot", n)).collect();
+    for chunk in all.chunks(500) {
+        let mut tx = db.pool.begin().await.unwrap();
+        shared::outbox::enqueue_many(&mut *tx, chunk).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let relay = InProcess::start(
+        db.pool.clone(),
+        config(&db.url, &amqp_url(), &exchange, test_options()),
+    )
+    .await;
+    let want: HashSet<String> = all.iter().map(|m| m.id.to_string()).collect();
+    let received = receive_all(&mut rx, &want, Duration::from_secs(60)).await;
+    relay.stop().await;
+    let seqs: Vec<i64> = received.iter().filter_map(aggregate_seq).collect();
+    assert_eq!(seqs, (1..=3000).collect::<Vec<i64>>(), "once each, in order");
+}
+
+/// The README's table, "nacked": a queue with `x-max-length` and `x-overflow: reject-publish`
+/// nacks publishes while it is full, in the middle of a pipeline of one aggregate. A row arrives
+/// behind a later one only if it was nacked, every row's last copy is in order, and nothing is
+/// lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacks_in_the_middle_of_a_pipeline_keep_every_last_copy_in_order() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let exchange = broker.exchange("outbox");
+    let conn = broker.connect().await;
+    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
+        .await
+        .unwrap();
+    let queue = unique("full"); // exclusive: gone with its connection
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongInt(20));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    let mut rx = consume(&conn, &exchange, &queue, args, Duration::from_millis(2)).await;
+
+    let mut all = Vec::new();
+    for n in 0..400 {
+        all.push(msg("hot", n));
+        if n % 10 == 0 {
+            all.push(msg(&format!("cold-{n}"), 0));
+        }
+    }
+    for chunk in all.chunks(100) {
+        let mut tx = db.pool.begin().await.unwrap();
+        shared::outbox::enqueue_many(&mut *tx, chunk).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let opts = RelayOptions {
+        max_attempts: 1_000,
+        retention_secs: 3600, // keep published rows, so their attempts show which were nacked
+        ..test_options()
+    };
+    let relay = InProcess::start(
+        db.pool.clone(),
+        config(&db.url, &amqp_url(), &exchange, opts),
+    )
+    .await;
+    let want: HashSet<String> = all.iter().map(|m| m.id.to_string()).collect();
+    let mut received = receive_all(&mut rx, &want, Duration::from_secs(120)).await;
+    // Copies sent again after a refusal may still be on their way: wait until every row is
+    // marked, then for the queue to go quiet.
+    wait_until("every row published", Duration::from_secs(60), || async {
+        (outbox_count(&db.pool, "pending").await == 0).then_some(())
+    })
+    .await;
+    received.extend(drain(&mut rx, Duration::from_millis(1500)).await);
+    relay.stop().await;
+
+    let refused: HashSet<(String, i64)> = sqlx::query_as::<_, (String, i64)>(
+        "SELECT aggregate_id, aggregate_seq FROM outbox.messages WHERE attempts > 0",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert!(!refused.is_empty(), "the full queue nacked some publishes");
+    let observed = Observed::new(&received);
+    eprintln!(
+        "nacked: {} rows charged, {} copies; hot: {}",
+        refused.len(),
+        observed.copies(),
+        observed.pattern("hot")
+    );
+    observed.assert_overtaken_only_by_refusals(&refused);
+    let mut expected: BTreeMap<String, i64> = BTreeMap::from([("hot".to_string(), 400)]);
+    for n in (0..400).step_by(10) {
+        expected.insert(format!("cold-{n}"), 1);
+    }
+    observed.assert_complete(&expected, &HashSet::new());
+}
