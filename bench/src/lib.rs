@@ -5,6 +5,8 @@
 //! - [`env`](mod@env): a fresh bench database and exchange per run, child processes of the release binaries.
 //! - [`scenarios`]: the measurements.
 //! - [`process_scenario`]: recoverable processes (3-step no-op) against the commit ceiling.
+//! - [`skew_scenario`]: the relay over 1 to 10,000 aggregates and Zipf-skewed keys; the producer's
+//!   insert cost of per-aggregate sequence numbers.
 //! - [`wire_count`]: a proxy that counts PostgreSQL round trips on the wire.
 //!
 //! Ratios compare with ceilings measured in the same run, because absolute numbers drift on a shared machine.
@@ -13,6 +15,7 @@ pub mod env;
 pub mod process_scenario;
 pub mod report;
 pub mod scenarios;
+pub mod skew_scenario;
 pub mod wire_count;
 
 use clap::Parser;
@@ -23,7 +26,9 @@ pub const SCENARIOS: &[&str] = &[
     "ceiling-amqp",
     "ceiling-pg",
     "relay-drain",
+    "relay-skew",
     "relay-latency",
+    "producer-insert",
     "consumer",
     "end-to-end",
     "api",
@@ -36,8 +41,9 @@ pub const SCENARIOS: &[&str] = &[
 #[derive(Debug, Clone, Parser)]
 #[command(name = "bench", version, about)]
 pub struct Args {
-    /// Scenarios to run (default: all): ceiling-amqp, ceiling-pg, relay-drain, relay-latency,
-    /// consumer, end-to-end, api, soak-memory, table-growth, processes.
+    /// Scenarios to run (default: all): ceiling-amqp, ceiling-pg, relay-drain, relay-skew,
+    /// relay-latency, producer-insert, consumer, end-to-end, api, soak-memory, table-growth,
+    /// processes.
     pub scenarios: Vec<String>,
     /// Print one JSON object per scenario line instead of a table.
     #[arg(long)]

@@ -29,6 +29,8 @@ pub async fn run(name: &str, env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result
         "ceiling-amqp" => ceiling_amqp(env, c).await,
         "ceiling-pg" => ceiling_pg(env, c).await,
         "relay-drain" => relay_drain(env, c).await,
+        "relay-skew" => crate::skew_scenario::relay_skew(env, c).await,
+        "producer-insert" => crate::skew_scenario::producer_insert(env).await,
         "relay-latency" => relay_latency(env).await,
         "consumer" => consumer(env, c).await,
         "end-to-end" => end_to_end(env).await,
@@ -104,7 +106,7 @@ async fn fill_outbox(
 }
 
 /// 1 while any row is pending, else 0: an index probe, so polling it does not load PostgreSQL.
-async fn pending(env: &BenchEnv) -> anyhow::Result<i64> {
+pub(crate) async fn pending(env: &BenchEnv) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT 1 FROM outbox.messages WHERE state = 'pending' LIMIT 1) t",
     )

@@ -9,7 +9,11 @@
 //! - `stats`: the backlog and unrouted-queue gauges, on a timer of their own.
 //! - `retention`: purging published rows kept for `--retention-secs`.
 //! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead rows.
-//! - `pipeline`: claims, publishes and marks overlapping; per-aggregate chains keep the order.
+//! - `pipeline`: claims, publishes and marks overlapping. Its parts are plain types with their own
+//!   tests: `claims` (what this relay holds, how much of each partition to ask for), `chains`
+//!   (per-aggregate order with many rows of one aggregate in flight, and what a refusal in the
+//!   middle of a chain gives back), `window` (confirms and what they mean), `marks`, `gate`
+//!   (blocked and released partitions), `health` (readiness and backoff).
 //! - [`encoder`]: the AMQP form of a row, checked (AMQP limits, reserved headers, frame and payload
 //!   size) before anything is sent: a row that can never be published goes dead, never reaches lapin.
 //! - [`publisher`]: the RabbitMQ connection and confirm channel.
@@ -19,7 +23,8 @@
 //! - [`run`] / [`run_with_pool`]: the loop tying them together; the binary and embedding services call these.
 //!
 //! The flow: claim up to `batch_size` pending rows of the owned, unblocked partitions (a plain
-//! read, no transaction held) -> publish them with up to `window` confirms outstanding -> delete
+//! read, no transaction held) -> publish them with up to `window` confirms outstanding, many of
+//! one aggregate back to back in `aggregate_seq` order on one channel -> delete
 //! (or mark) confirmed rows in one statement per batch -> record refusals, which block their
 //! partition for the retry backoff. Claims and marks run while publishes are in flight, so the
 //! broker never waits for the database; when a claim comes back empty the relay waits for a

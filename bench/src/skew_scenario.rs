@@ -1,0 +1,204 @@
+//! Key skew: the relay draining backlogs spread over 1 to 10,000 aggregates and over Zipf-skewed
+//! keys, and the producer's insert cost of per-aggregate sequence numbers.
+
+use crate::env::{self, BenchEnv};
+use crate::report::Line;
+use crate::scenarios::{Ceilings, payload, pending};
+use rand::{Rng, SeedableRng};
+use shared::NewMessage;
+use std::time::{Duration, Instant};
+
+/// How a backlog's rows are spread over aggregates.
+#[derive(Debug, Clone, Copy)]
+enum Keys {
+    /// Round robin over this many aggregates.
+    Uniform(u64),
+    /// Zipf over this many aggregates with exponent `s` (rank k has weight 1/k^s).
+    Zipf(u64, f64),
+}
+
+impl Keys {
+    fn label(self) -> String {
+        match self {
+            Keys::Uniform(n) => format!("{n} aggregate{}", if n == 1 { "" } else { "s" }),
+            Keys::Zipf(n, s) => format!("{n} aggregates, Zipf s={s}"),
+        }
+    }
+
+    /// The aggregate of each of `n` rows (deterministic).
+    fn draw(self, n: u64) -> Vec<u64> {
+        match self {
+            Keys::Uniform(k) => (0..n).map(|i| i % k).collect(),
+            Keys::Zipf(k, s) => {
+                let weights: Vec<f64> = (1..=k).map(|r| 1.0 / (r as f64).powf(s)).collect();
+                let total: f64 = weights.iter().sum();
+                let mut cdf = Vec::with_capacity(weights.len());
+                let mut acc = 0.0;
+                for w in weights {
+                    acc += w / total;
+                    cdf.push(acc);
+                }
+                let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+                (0..n)
+                    .map(|_| {
+                        let u: f64 = rng.random();
+                        cdf.partition_point(|c| *c < u).min(cdf.len() - 1) as u64
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// The share of rows on the hottest aggregate and on the 10 hottest, and how many aggregates.
+fn distribution(keys: &[u64]) -> String {
+    let mut counts = std::collections::HashMap::<u64, u64>::new();
+    for k in keys {
+        *counts.entry(*k).or_default() += 1;
+    }
+    let mut sorted: Vec<u64> = counts.values().copied().collect();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    let n = keys.len().max(1) as f64;
+    let top10: u64 = sorted.iter().take(10).sum();
+    format!(
+        "{} aggregates with rows; hottest {:.1}% of rows, 10 hottest {:.1}%",
+        sorted.len(),
+        sorted.first().copied().unwrap_or(0) as f64 * 100.0 / n,
+        top10 as f64 * 100.0 / n
+    )
+}
+
+/// One relay drains a committed backlog for each key distribution; each rate against the
+/// relay-shaped ceiling measured earlier in the run (`ceiling-amqp`).
+pub async fn relay_skew(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line>> {
+    let n = env.n(100_000, 2000);
+    let mut lines = Vec::new();
+    for keys in [
+        Keys::Uniform(1),
+        Keys::Uniform(10),
+        Keys::Uniform(100),
+        Keys::Uniform(10_000),
+        Keys::Zipf(10_000, 1.1),
+    ] {
+        env.reset_outbox().await?;
+        let q = env.queue("skew", "bench.skew").await?;
+        let drawn = keys.draw(n);
+        let mut tx = env.pool.begin().await?;
+        for (i, chunk) in drawn.chunks(1000).enumerate() {
+            let rows: Vec<NewMessage> = chunk
+                .iter()
+                .enumerate()
+                .map(|(j, k)| {
+                    let at = (i * 1000 + j) as u64;
+                    NewMessage::new("bench", format!("agg-{k}"), "bench.skew", payload(at))
+                })
+                .collect();
+            shared::outbox::enqueue_many(&mut *tx, &rows).await?;
+        }
+        tx.commit().await?;
+        env.settle().await?;
+        let relay = env.spawn_relay(&[])?;
+        let cpu = env::CpuSnapshot::take();
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(300);
+        while pending(env).await? > 0 {
+            anyhow::ensure!(Instant::now() < deadline, "backlog not drained in 300 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        let cpu_note = env::CpuSnapshot::take().report_since(&cpu, n);
+        env::stop(relay).await;
+        env.delete_queue(&q).await;
+        let mut line = Line::new(
+            &format!("relay-skew ({})", keys.label()),
+            rate,
+            "msg/s",
+        );
+        if let Some(ceiling) = c.amqp {
+            line = line.vs_ceiling(ceiling, Some(0.85));
+        }
+        lines.push(line.note(format!(
+            "{n} committed rows, 1 relay (includes its start and lease claim); {}; ceiling = relay-shaped ceiling-amqp; {cpu_note}",
+            distribution(&drawn)
+        )));
+    }
+    Ok(lines)
+}
+
+/// Producer inserts with sequence numbers against the same inserts into a table without them (the
+/// layout before migration 8, in a schema of its own): single-row and 100-row transactions, each
+/// on different aggregates and on one aggregate.
+pub async fn producer_insert(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
+    let before = shared::schema::Schema::new("bench_before_seq")?;
+    shared::migrate::migrator(&before)
+        .run_to(7, &env.pool)
+        .await?;
+    let after = shared::schema::Schema::default();
+    let duration = env.secs(5.0, 1.0);
+    let mut lines = Vec::new();
+    for rows in [1usize, 100] {
+        for one_aggregate in [false, true] {
+            let mut rates = Vec::new();
+            // Alternating rounds, so drift on a shared machine hits both alike.
+            for round in 0..4 {
+                let schema = if round % 2 == 0 { &before } else { &after };
+                let rate = insert_rate(env, schema, rows, one_aggregate, duration / 2).await?;
+                rates.push((round % 2 == 1, rate));
+            }
+            let mean = |with: bool| {
+                let v: Vec<f64> = rates.iter().filter(|(w, _)| *w == with).map(|(_, r)| *r).collect();
+                v.iter().sum::<f64>() / v.len().max(1) as f64
+            };
+            let (without, with) = (mean(false), mean(true));
+            let what = format!(
+                "producer-insert ({rows}-row transactions, {})",
+                if one_aggregate { "one aggregate" } else { "different aggregates" }
+            );
+            lines.push(
+                Line::new(&what, with, "rows/s")
+                    .vs_ceiling(without, Some(0.85))
+                    .note(format!(
+                        "1 connection; ceiling = the same inserts without sequence numbers (schema at migration 7): {without:.0} rows/s"
+                    )),
+            );
+        }
+    }
+    sqlx::query("DROP SCHEMA bench_before_seq CASCADE")
+        .execute(&env.pool)
+        .await?;
+    Ok(lines)
+}
+
+async fn insert_rate(
+    env: &BenchEnv,
+    schema: &shared::schema::Schema,
+    rows: usize,
+    one_aggregate: bool,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    let outbox = shared::outbox::Outbox::new(schema.clone());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let started = Instant::now();
+    let mut done = 0u64;
+    while started.elapsed() < duration {
+        let batch: Vec<NewMessage> = (0..rows)
+            .map(|_| {
+                let key = if one_aggregate {
+                    "hot".to_string()
+                } else {
+                    format!("agg-{}", rng.random_range(0..10_000_000u64))
+                };
+                NewMessage::new("bench", key, "bench.insert", payload(done))
+            })
+            .collect();
+        let mut tx = env.pool.begin().await?;
+        outbox.enqueue_many(&mut *tx, &batch).await?;
+        tx.commit().await?;
+        done += rows as u64;
+    }
+    let rate = done as f64 / started.elapsed().as_secs_f64();
+    sqlx::query(schema.sql("TRUNCATE {{schema}}.messages"))
+        .execute(&env.pool)
+        .await?;
+    Ok(rate)
+}
