@@ -51,6 +51,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "idempotency key comments",
         include_str!("../../migrations/0007_idempotency_key_comments.sql"),
     ),
+    (
+        8,
+        "webhook inbox",
+        include_str!("../../migrations/0008_webhook_inbox.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.
