@@ -10,6 +10,9 @@ use serde_json::Value;
 /// Longest event id, object id and event type stored.
 pub const MAX_ID_LEN: usize = 255;
 
+/// The latest `created` accepted: 9999-12-31T23:59:59Z (PostgreSQL and chrono agree up to there).
+const MAX_CREATED: i64 = 253_402_300_799;
+
 /// A verified, parsed webhook event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WebhookEvent {
@@ -50,8 +53,11 @@ impl WebhookEvent {
             None | Some(Value::Null) => None,
             Some(v) => Some(
                 v.as_i64()
+                    .filter(|s| (0..=MAX_CREATED).contains(s))
                     .and_then(|s| DateTime::from_timestamp(s, 0))
-                    .ok_or_else(|| PayloadError("created must be Unix seconds".into()))?,
+                    .ok_or_else(|| {
+                        PayloadError("created must be Unix seconds (up to year 9999)".into())
+                    })?,
             ),
         };
         Ok(Self {
@@ -121,6 +127,7 @@ mod tests {
             br#"{"id":"a\u0000b","type":"x"}"#,
             br#"{"id":7,"type":"x"}"#,
             br#"{"id":"e","type":"x","created":"yesterday"}"#,
+            br#"{"id":"e","type":"x","created":-8000000000000}"#,
             br#"{"id":"e","type":"x","data":{"object":{"id":["x"]}}}"#,
         ] {
             assert!(WebhookEvent::parse(bad, t0()).is_err(), "{bad:?}");

@@ -41,16 +41,17 @@ pub async fn record(
         },
     })
     .map_err(|e| ApiError::Corrupt(format!("cannot encode event {id}: {e}")))?;
-    let faults: Vec<&'static str> = WEBHOOK_MODES
-        .into_iter()
-        .filter(|m| strikes.has(*m))
-        .map(FaultMode::as_str)
-        .collect();
-    for m in WEBHOOK_MODES.into_iter().filter(|m| strikes.has(*m)) {
-        internal_events::fault_injected(m, &charge.reference);
-    }
     let lost = strikes.has(FaultMode::WebhookLost);
-    let held = strikes.has(FaultMode::WebhookReorder);
+    // The later event that overtakes a held one is never held itself: it goes first, then
+    // releases the earlier one (see delivery).
+    let overtakes: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM provider.events
+                         WHERE charge_id = $1 AND held AND status = 'scheduled')",
+    )
+    .bind(charge.id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let held = strikes.has(FaultMode::WebhookReorder) && !overtakes;
     let mut wait = Duration::ZERO;
     if strikes.has(FaultMode::WebhookDelay) {
         wait += settings.delay;
@@ -59,6 +60,15 @@ pub async fn record(
         wait += settings.reorder_window;
     }
     let next_attempt_at = (!lost).then(|| later(now, wait));
+    let struck = |m: &FaultMode| strikes.has(*m) && (*m != FaultMode::WebhookReorder || held);
+    let faults: Vec<&'static str> = WEBHOOK_MODES
+        .into_iter()
+        .filter(struck)
+        .map(FaultMode::as_str)
+        .collect();
+    for m in WEBHOOK_MODES.into_iter().filter(struck) {
+        internal_events::fault_injected(m, &charge.reference);
+    }
     sqlx::query(
         "INSERT INTO provider.events (id, charge_id, type, body, faults, status, held, next_attempt_at, created_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
