@@ -668,6 +668,32 @@ async fn concurrent_deliveries_of_one_event_apply_it_once() {
     assert_eq!(r.controls.calls.load(Ordering::SeqCst), 1);
 }
 
+#[tokio::test]
+async fn the_purge_forgets_old_events_but_their_objects_keep_them_from_moving_back() {
+    let db = TestDb::new().await;
+    let r = Receiver::start(&db).await;
+    let charge = Uuid::new_v4();
+    let body = event_body("evt_purged", charge, "charge.succeeded", "succeeded");
+    let signed = sign(SECRET.as_bytes(), Utc::now().timestamp(), body.as_bytes());
+    assert_eq!(r.post(&body, Some(&signed)).await.1["outcome"], "applied");
+    let purged = idempotency::webhooks::inbox::purge(
+        &db.pool,
+        &shared::schema::Schema::default(),
+        Utc::now() + TimeDelta::seconds(1),
+        1,
+    )
+    .await
+    .unwrap();
+    assert!(purged >= 1, "{purged}");
+    assert!(r.inbox(&db).await.is_empty());
+    // Redelivered after the purge: recorded again, but not applied again.
+    assert_eq!(
+        r.post(&body, Some(&signed)).await.1["outcome"],
+        "superseded"
+    );
+    assert_eq!(local(&db, charge).await, Some(("succeeded".into(), 1)));
+}
+
 /// Headers a hostile sender might try.
 fn signature_header() -> impl Strategy<Value = Option<Vec<u8>>> {
     prop_oneof![

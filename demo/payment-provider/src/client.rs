@@ -277,8 +277,9 @@ impl Client {
         Self::read(response).await
     }
 
-    /// The charge that settles `reference`: the first that took money (succeeded or refunded),
-    /// else the latest declined one; `None` if the provider never charged it.
+    /// The charge that settles `reference`: the first that took money (succeeded or refunded) or
+    /// may still take it (`pending`, async mode: not decided yet), else the latest declined one;
+    /// `None` if the provider never charged it.
     pub async fn find_by_reference(&self, reference: &str) -> Result<Option<Charge>, QueryError> {
         let charges = self.charges_by_reference(reference).await?;
         let taken = charges

@@ -4,8 +4,9 @@
 
 use crate::webhooks::event::WebhookEvent;
 use crate::webhooks::handler::ObjectVersion;
+use chrono::{DateTime, Utc};
 use shared::schema::Schema;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
 /// What became of an event that was not refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -102,4 +103,32 @@ pub async fn mark_superseded(
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// Deletes inbox rows received before `before`, `batch` rows per statement, until none is left;
+/// returns how many. Run it with a horizon well beyond the providers' retry period (Stripe
+/// retries for 3 days): a redelivery older than the horizon would be applied again. The rows of
+/// `webhook_objects` stay (one per object): they keep ordering old events out.
+pub async fn purge(
+    pool: &PgPool,
+    schema: &Schema,
+    before: DateTime<Utc>,
+    batch: i64,
+) -> Result<u64, sqlx::Error> {
+    let mut total = 0;
+    loop {
+        let n = sqlx::query(schema.sql(
+            "DELETE FROM {{schema}}.webhook_inbox WHERE ctid IN (
+                 SELECT ctid FROM {{schema}}.webhook_inbox WHERE received_at < $1 LIMIT $2)",
+        ))
+        .bind(before)
+        .bind(batch.max(1))
+        .execute(pool)
+        .await?
+        .rows_affected();
+        total += n;
+        if n == 0 {
+            return Ok(total);
+        }
+    }
 }

@@ -46,6 +46,7 @@ pub struct WebhookReceiver<H> {
     source: String,
     secrets: Vec<Vec<u8>>,
     header: &'static str,
+    header_name: HeaderName,
     tolerance: Duration,
     max_body: usize,
     clock: Clock,
@@ -92,6 +93,7 @@ impl<H: WebhookHandler> WebhookReceiver<H> {
             source: source.to_owned(),
             secrets: vec![secret],
             header: DEFAULT_SIGNATURE_HEADER,
+            header_name: HeaderName::from_static(DEFAULT_SIGNATURE_HEADER),
             tolerance: DEFAULT_TOLERANCE,
             max_body: DEFAULT_MAX_BODY,
             clock: Arc::new(Utc::now),
@@ -115,8 +117,13 @@ impl<H: WebhookHandler> WebhookReceiver<H> {
         self
     }
 
-    /// The header carrying the signature (`Stripe-Signature` for Stripe).
+    /// The header carrying the signature (`Stripe-Signature` for Stripe; any case).
+    ///
+    /// # Panics
+    /// When `header` is no valid header name: a programming error, found at start-up.
     pub fn signature_header(mut self, header: &'static str) -> Self {
+        self.header_name = HeaderName::from_bytes(header.as_bytes())
+            .unwrap_or_else(|_| panic!("{header:?} is no valid header name"));
         self.header = header;
         self
     }
@@ -212,8 +219,7 @@ impl<H: WebhookHandler> WebhookReceiver<H> {
 
     /// Steps 2 and 3: the signature over the raw bytes, then the envelope.
     fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<WebhookEvent, WebhookError> {
-        let name = HeaderName::from_static(self.header);
-        let mut values = headers.get_all(&name).iter();
+        let mut values = headers.get_all(&self.header_name).iter();
         let value = values.next().ok_or(SignatureError::Unsigned(self.header))?;
         if values.next().is_some() {
             return Err(SignatureError::Malformed {
