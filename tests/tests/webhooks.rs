@@ -694,6 +694,132 @@ async fn the_purge_forgets_old_events_but_their_objects_keep_them_from_moving_ba
     assert_eq!(local(&db, charge).await, Some(("succeeded".into(), 1)));
 }
 
+/// POSTs `body` to the demo API with its key and an Idempotency-Key.
+async fn api_post(api: &str, key: &str, path: &str, idempotency_key: &str, body: &Value) -> Value {
+    let response = reqwest::Client::new()
+        .post(format!("{api}{path}"))
+        .bearer_auth(key)
+        .header("idempotency-key", idempotency_key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response.status().is_success(),
+        "{path}: {}",
+        response.status()
+    );
+    response.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn the_demo_api_records_the_providers_events_for_its_payments() {
+    let db = TestDb::new().await;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let settings = demo::Settings {
+        purge_interval: None,
+        provider_webhook_secret: Some(demo::provider_webhooks::WebhookSecret(SECRET.into())),
+        ..demo::Settings::default()
+    };
+    let server = demo::start(
+        demo::AppState::new(db.pool.clone(), settings),
+        "127.0.0.1:0".parse().unwrap(),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let api = format!("http://{}", server.local_addr());
+    let key = demo::auth::create_api_key(&db.pool, "acme").await.unwrap();
+    let order = api_post(
+        &api,
+        &key,
+        "/orders",
+        "o-1",
+        &json!({"customer_id": "c", "currency": "EUR",
+                "items": [{"sku": "s", "quantity": 1, "unit_price": 500}]}),
+    )
+    .await;
+    let payment = api_post(
+        &api,
+        &key,
+        "/payments",
+        "p-1",
+        &json!({"order_id": order["id"], "amount": 500, "currency": "EUR"}),
+    )
+    .await;
+    let payment_id: Uuid = payment["id"].as_str().unwrap().parse().unwrap();
+
+    let webhook_url = format!("{api}/webhooks/provider");
+    let (_child, base) = demo_stack::spawn_provider(
+        &db,
+        &[
+            ("PROVIDER_MODE", "async"),
+            ("PROVIDER_WEBHOOK_URL", &webhook_url),
+            ("PROVIDER_WEBHOOK_SECRET", SECRET),
+            ("PROVIDER_CONFIRM_DELAY", "200ms"),
+            ("PROVIDER_FAULTS", "webhook_duplicate:100"),
+        ],
+    )
+    .await;
+    let admin = Client::new(&base, Duration::from_secs(30)).unwrap();
+    // The payment's own charge (its reference is the payment id), and a stranger's.
+    let ours = admin
+        .charge(&payment_id.to_string(), 500, "EUR", None)
+        .await
+        .unwrap();
+    let theirs = admin
+        .charge("not-a-payment", 700, "EUR", None)
+        .await
+        .unwrap();
+    for c in [&ours, &theirs] {
+        let events = settled_events(&admin, c.id, 1).await;
+        assert_eq!(
+            (events[0].status, events[0].sends),
+            (DeliveryStatus::Delivered, 2)
+        );
+    }
+    let recorded: Vec<(Option<Uuid>, Uuid, String, String)> = sqlx::query_as(
+        "SELECT payment_id, charge_id, type, charge_status FROM demo.payment_events
+          ORDER BY amount",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        recorded,
+        vec![
+            (
+                Some(payment_id),
+                ours.id,
+                "charge.succeeded".into(),
+                "succeeded".into()
+            ),
+            (
+                None,
+                theirs.id,
+                "charge.succeeded".into(),
+                "succeeded".into()
+            ),
+        ]
+    );
+    let inbox: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.webhook_inbox WHERE source = 'payment-provider'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(inbox, 2, "each event once, although sent twice");
+    // Unsigned posts are refused, without the API key middleware in the way.
+    let r = reqwest::Client::new()
+        .post(&webhook_url)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+}
+
 /// Headers a hostile sender might try.
 fn signature_header() -> impl Strategy<Value = Option<Vec<u8>>> {
     prop_oneof![
