@@ -102,7 +102,8 @@ async fn deliver(
         ok = false;
         response = format!("{response}, counted as 503 (webhook_5xx_retry)");
     }
-    if ok && has(&event, "webhook_duplicate") && event.attempts == 0 {
+    // After the first 2xx (whichever attempt it was) the event is never sent again: once more.
+    if ok && has(&event, "webhook_duplicate") {
         let (_, second) = send(client, url, &settings.secret, &event.body).await;
         sends += 1;
         response = format!("{response}; duplicate: {second}");
