@@ -498,6 +498,47 @@ async fn webhook_5xx_retry_sends_again_and_the_receiver_applies_once() {
 }
 
 #[tokio::test]
+async fn webhook_5xx_retry_and_webhook_duplicate_combine() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start(&db).await;
+    let (_child, admin) = provider(
+        &db,
+        &receiver,
+        &[(
+            "PROVIDER_FAULTS",
+            "webhook_5xx_retry:100,webhook_duplicate:100",
+        )],
+    )
+    .await;
+    let c = admin.charge("wh-5xx-dup", 500, "EUR", None).await.unwrap();
+    let events = settled_events(&admin, c.id, 1).await;
+    // Attempt 1 (counted as failed), attempt 2 (2xx), then its duplicate.
+    assert_eq!(
+        (events[0].status, events[0].attempts, events[0].sends),
+        (DeliveryStatus::Delivered, 2, 3)
+    );
+    assert_eq!(local(&db, c.id).await, Some(("succeeded".into(), 1)));
+    assert_eq!(
+        receiver.counter("webhook_received_total", "outcome", "duplicate"),
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_provider_still_decides_and_delivers_what_was_pending() {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start(&db).await;
+    let (mut child, admin) = provider(&db, &receiver, &[("PROVIDER_CONFIRM_DELAY", "3s")]).await;
+    let c = admin.charge("wh-restart", 500, "EUR", None).await.unwrap();
+    assert_eq!(c.status, ChargeStatus::Pending);
+    child.kill().await.unwrap();
+    let (_child, admin) = provider(&db, &receiver, &[("PROVIDER_CONFIRM_DELAY", "3s")]).await;
+    let events = settled_events(&admin, c.id, 1).await;
+    assert_eq!(events[0].status, DeliveryStatus::Delivered);
+    assert_eq!(local(&db, c.id).await, Some(("succeeded".into(), 1)));
+}
+
+#[tokio::test]
 async fn a_failing_or_panicking_handler_rolls_back_and_the_retry_applies_once() {
     let db = TestDb::new().await;
     let receiver = Receiver::start(&db).await;
