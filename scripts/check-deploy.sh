@@ -249,7 +249,7 @@ tmp = sys.argv[1]
 compose = yaml.safe_load(open(f"{tmp}/compose.yml"))
 prom = yaml.safe_load(open("deploy/prometheus/prometheus.yml"))
 bins = ("relay", "consumer", "producer", "payment-provider", "console")
-accepted = {b: set(re.findall(r"\[env: ([A-Z0-9_]+)=", open(f"{tmp}/{b}.help").read())) for b in bins}
+accepted = {b: set(re.findall(r"\[env: ([A-Z0-9_]+)[=\]]", open(f"{tmp}/{b}.help").read())) for b in bins}
 # Read by shared::telemetry (logging), not clap flags.
 everywhere = {"RUST_LOG", "LOG_FORMAT"}
 errors, checked = [], 0
@@ -275,7 +275,7 @@ for name, svc in ours.items():
             if not sub_help:
                 errors.append(f"{name}: `{binary} {cmd[1]}` is not a subcommand of {binary}")
             # A subcommand takes its own flags besides the binary's (`producer ledger`).
-            allowed |= set(re.findall(r"\[env: ([A-Z0-9_]+)=", sub_help))
+            allowed |= set(re.findall(r"\[env: ([A-Z0-9_]+)[=\]]", sub_help))
             source = f"`{binary} --help` or `{binary} {cmd[1]} --help`"
         for var in ("METRICS_ADDR", "LISTEN_ADDR", "PROVIDER_ADDR"):
             if var in env and var in accepted[binary]:

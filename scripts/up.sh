@@ -8,9 +8,12 @@
 #   PROVIDER_FAULTS=timeout_after_charge:10,decline:5 scripts/up.sh   # a misbehaving provider
 #   UP_KEEP_DB=1 scripts/up.sh   # keep the demo database of the last run (default: a fresh one)
 #
+#   PROVIDER_MODE=async scripts/up.sh   # charges confirmed later, by signed webhook
+#
 # Every PROVIDER_* variable of the environment (PROVIDER_FAULTS, PROVIDER_IDEMPOTENCY,
-# PROVIDER_STATUS_QUERY, PROVIDER_SEED, PROVIDER_TIMEOUT_DELAY, ...) reaches the payment provider
-# simulator; see docs/payment-provider.md.
+# PROVIDER_STATUS_QUERY, PROVIDER_SEED, PROVIDER_TIMEOUT_DELAY, PROVIDER_MODE, ...) reaches the
+# payment provider simulator; see docs/payment-provider.md. Its webhooks go to the producer API's
+# POST /webhooks/provider, both sides sharing PROVIDER_WEBHOOK_SECRET (random per run unless set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +22,8 @@ export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 export OUTBOX_EXCHANGE="${OUTBOX_EXCHANGE:-outbox.events}"
 API_ADDR="${API_ADDR:-127.0.0.1:8080}"
 export PROVIDER_ADDR="${PROVIDER_ADDR:-127.0.0.1:8090}"
+export PROVIDER_WEBHOOK_URL="${PROVIDER_WEBHOOK_URL:-http://$API_ADDR/webhooks/provider}"
+export PROVIDER_WEBHOOK_SECRET="${PROVIDER_WEBHOOK_SECRET:-$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')}"
 CONSOLE_ADDR="${CONSOLE_ADDR:-127.0.0.1:8070}"
 LOG_DIR="${LOG_DIR:-target/up-logs}"
 
@@ -65,7 +70,7 @@ running:
   producer API   http://$API_ADDR  (API key: $API_KEY)
   relay metrics  http://127.0.0.1:9101/metrics  http://127.0.0.1:9102/metrics
   ledger         http://127.0.0.1:9103/metrics (producer ledger, the example consumer: applies payment.captured, acks the other events)
-  provider       http://$PROVIDER_ADDR  payment provider simulator (faults: ${PROVIDER_FAULTS:-none}; charges: /admin/charges)
+  provider       http://$PROVIDER_ADDR  payment provider simulator (mode: ${PROVIDER_MODE:-sync}; faults: ${PROVIDER_FAULTS:-none}; charges: /admin/charges; webhooks: /admin/events -> $PROVIDER_WEBHOOK_URL)
   console        http://$CONSOLE_ADDR  (log in with the admin token: $CONSOLE_TOKEN; docs/console.md)
   worker         http://127.0.0.1:9104/metrics (producer worker: the payment processes)
   logs           $LOG_DIR/

@@ -26,6 +26,9 @@
 //! - [`purge`]: expiry, the purge and its loop.
 //! - [`error`]: [`IdempotencyError`], what the layer answers itself (`{"error": ...}` only).
 //! - [`internal_events`]: every metric in one place.
+//!
+//! [`webhooks`] is the same once-only idea for the other direction: signed webhooks received
+//! into an inbox, deduplicated by event id, their effect committed with the inbox row.
 
 pub mod effect;
 pub mod error;
@@ -38,6 +41,7 @@ pub mod purge;
 mod release;
 pub mod replay;
 pub mod store;
+pub mod webhooks;
 
 pub use effect::{Effect, EffectTx, Pending, ResourceId};
 pub use error::IdempotencyError;

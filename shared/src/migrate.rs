@@ -56,6 +56,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "aggregate sequences",
         include_str!("../../migrations/0008_aggregate_sequences.sql"),
     ),
+    (
+        9,
+        "webhook inbox",
+        include_str!("../../migrations/0009_webhook_inbox.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

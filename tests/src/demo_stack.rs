@@ -8,8 +8,18 @@ use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 /// The `PROVIDER_*` settings a test may give; none of them is inherited from the environment.
-const PROVIDER_SETTINGS: [&str; 6] = [
+const PROVIDER_SETTINGS: [&str; 16] = [
     "PROVIDER_FAULTS",
+    "PROVIDER_MODE",
+    "PROVIDER_WEBHOOK_URL",
+    "PROVIDER_WEBHOOK_SECRET",
+    "PROVIDER_CONFIRM_DELAY",
+    "PROVIDER_WEBHOOK_MAX_ATTEMPTS",
+    "PROVIDER_WEBHOOK_BACKOFF",
+    "PROVIDER_WEBHOOK_BACKOFF_MAX",
+    "PROVIDER_WEBHOOK_DELAY",
+    "PROVIDER_WEBHOOK_REORDER_WINDOW",
+    "PROVIDER_WEBHOOK_TIMEOUT",
     "PROVIDER_IDEMPOTENCY",
     "PROVIDER_STATUS_QUERY",
     "PROVIDER_SEED",

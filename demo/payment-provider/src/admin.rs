@@ -1,14 +1,18 @@
-//! The operator's side of the simulator: `GET /admin/charges` (every charge, for verification)
-//! and `GET`/`POST /admin/faults` (the fault set, changed at run time).
+//! The operator's side of the simulator: `GET /admin/charges` (every charge, for verification),
+//! `GET`/`POST /admin/faults` (the fault set, changed at run time), `GET`/`POST /admin/mode`
+//! (sync or async confirmation) and `GET /admin/events` (the webhook events and their delivery).
 
-use crate::api::{Charge, FaultsBody};
+use crate::api::{Charge, DeliveryStatus, EventRecord, EventType, FaultsBody, ModeBody};
 use crate::charges::ChargeRow;
 use crate::error::{ApiError, Body};
 use crate::faults::FaultSet;
 use crate::internal_events;
 use crate::state::AppState;
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Query, State};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use uuid::Uuid;
 
 /// `GET /admin/charges`: every charge, oldest first.
 pub async fn charges(State(state): State<AppState>) -> Result<Json<Vec<Charge>>, ApiError> {
@@ -46,4 +50,91 @@ pub async fn set_faults(
     Ok(Json(FaultsBody {
         faults: set.to_string(),
     }))
+}
+
+/// `GET /admin/mode`: the confirmation mode in force.
+pub async fn mode(State(state): State<AppState>) -> Json<ModeBody> {
+    Json(ModeBody {
+        mode: state.mode.get(),
+    })
+}
+
+/// `POST /admin/mode` with `{"mode": "sync" | "async"}`: charges made from now on are confirmed
+/// that way (charges already pending are still decided and reported).
+pub async fn set_mode(State(state): State<AppState>, Body(body): Body<ModeBody>) -> Json<ModeBody> {
+    state.mode.set(body.mode);
+    internal_events::mode_changed(body.mode);
+    Json(body)
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct EventRow {
+    id: String,
+    charge_id: Uuid,
+    #[sqlx(rename = "type")]
+    kind: String,
+    body: String,
+    faults: Vec<String>,
+    status: String,
+    held: bool,
+    attempts: i32,
+    sends: i32,
+    next_attempt_at: Option<DateTime<Utc>>,
+    last_response: Option<String>,
+    created_at: DateTime<Utc>,
+    delivered_at: Option<DateTime<Utc>>,
+}
+
+impl EventRow {
+    fn into_record(self) -> Result<EventRecord, ApiError> {
+        let corrupt = |what: &str| ApiError::Corrupt(format!("event {} has {what}", self.id));
+        let kind = EventType::parse(&self.kind).ok_or_else(|| corrupt("an unknown type"))?;
+        let status =
+            DeliveryStatus::parse(&self.status).ok_or_else(|| corrupt("an unknown status"))?;
+        let body =
+            serde_json::from_str(&self.body).map_err(|_| corrupt("a body that is no JSON"))?;
+        Ok(EventRecord {
+            id: self.id,
+            charge_id: self.charge_id,
+            kind,
+            faults: self.faults,
+            status,
+            held: self.held,
+            attempts: self.attempts,
+            sends: self.sends,
+            next_attempt_at: self.next_attempt_at,
+            last_response: self.last_response,
+            created_at: self.created_at,
+            delivered_at: self.delivered_at,
+            body,
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct EventsQuery {
+    charge_id: Option<Uuid>,
+}
+
+/// `GET /admin/events[?charge_id=]`: every webhook event (of one charge), oldest first, with its
+/// faults and where its delivery stands.
+pub async fn events(
+    State(state): State<AppState>,
+    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<EventRecord>>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let rows: Vec<EventRow> = sqlx::query_as(
+        "SELECT id, charge_id, type, body, faults, status, held, attempts, sends, next_attempt_at,
+                last_response, created_at, delivered_at
+           FROM provider.events
+          WHERE $1::uuid IS NULL OR charge_id = $1
+          ORDER BY created_at, id",
+    )
+    .bind(q.charge_id)
+    .fetch_all(&state.pool)
+    .await?;
+    rows.into_iter()
+        .map(EventRow::into_record)
+        .collect::<Result<_, _>>()
+        .map(Json)
 }

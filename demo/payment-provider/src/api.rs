@@ -8,6 +8,8 @@ use uuid::Uuid;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ChargeStatus {
+    /// Async mode: accepted (202), not decided yet; a webhook event will say how it ended.
+    Pending,
     /// The money was taken.
     Succeeded,
     /// Definitively refused; nothing was taken. Retrying the same request gives the same answer.
@@ -19,6 +21,7 @@ pub enum ChargeStatus {
 impl ChargeStatus {
     pub fn as_str(self) -> &'static str {
         match self {
+            ChargeStatus::Pending => "pending",
             ChargeStatus::Succeeded => "succeeded",
             ChargeStatus::Declined => "declined",
             ChargeStatus::Refunded => "refunded",
@@ -28,6 +31,7 @@ impl ChargeStatus {
     /// The status stored in `provider.charges.status`.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
+            "pending" => Some(ChargeStatus::Pending),
             "succeeded" => Some(ChargeStatus::Succeeded),
             "declined" => Some(ChargeStatus::Declined),
             "refunded" => Some(ChargeStatus::Refunded),
@@ -85,6 +89,126 @@ pub struct FaultsBody {
     /// `mode:percent,...`; an empty string clears every fault.
     pub faults: String,
 }
+
+/// The body of `POST /admin/mode` and the answer of `GET /admin/mode`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeBody {
+    pub mode: crate::mode::ConfirmationMode,
+}
+
+/// What a webhook event says happened to a charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventType {
+    #[serde(rename = "charge.succeeded")]
+    ChargeSucceeded,
+    /// The charge was declined (its status is `declined`).
+    #[serde(rename = "charge.failed")]
+    ChargeFailed,
+    #[serde(rename = "charge.refunded")]
+    ChargeRefunded,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::ChargeSucceeded => "charge.succeeded",
+            EventType::ChargeFailed => "charge.failed",
+            EventType::ChargeRefunded => "charge.refunded",
+        }
+    }
+
+    /// The value stored in `provider.events.type`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "charge.succeeded" => Some(EventType::ChargeSucceeded),
+            "charge.failed" => Some(EventType::ChargeFailed),
+            "charge.refunded" => Some(EventType::ChargeRefunded),
+            _ => None,
+        }
+    }
+}
+
+/// The body of a webhook event, as POSTed to `PROVIDER_WEBHOOK_URL` (Stripe's shape).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookEvent {
+    /// `evt_` + 32 hex digits, unique per event; a duplicate or retry carries the same id.
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// When it happened, in Unix seconds.
+    pub created: i64,
+    pub data: EventData,
+}
+
+/// The object of an event: the charge as it was right after the change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventData {
+    pub object: Charge,
+}
+
+/// Where an event's delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryStatus {
+    /// To be sent (again) at `next_attempt_at`.
+    Scheduled,
+    /// A 2xx came back.
+    Delivered,
+    /// Given up after `PROVIDER_WEBHOOK_MAX_ATTEMPTS`.
+    Failed,
+    /// `webhook_lost`: never sent.
+    Lost,
+}
+
+impl DeliveryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Scheduled => "scheduled",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Failed => "failed",
+            DeliveryStatus::Lost => "lost",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "scheduled" => Some(DeliveryStatus::Scheduled),
+            "delivered" => Some(DeliveryStatus::Delivered),
+            "failed" => Some(DeliveryStatus::Failed),
+            "lost" => Some(DeliveryStatus::Lost),
+            _ => None,
+        }
+    }
+}
+
+/// An event and its delivery, as `GET /admin/events` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub id: String,
+    pub charge_id: Uuid,
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// The webhook faults that struck it.
+    pub faults: Vec<String>,
+    pub status: DeliveryStatus,
+    /// Held back by `webhook_reorder` (until a later event of its charge was delivered).
+    pub held: bool,
+    /// Deliveries tried.
+    pub attempts: i32,
+    /// POSTs made, duplicates included.
+    pub sends: i32,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// The last attempt's HTTP status or transport error.
+    pub last_response: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub delivered_at: Option<DateTime<Utc>>,
+    /// The exact body sent.
+    pub body: serde_json::Value,
+}
+
+/// The header carrying a webhook's signature: `t=<unix seconds>,v1=<hex HMAC-SHA256>`.
+pub const SIGNATURE_HEADER: &str = "provider-signature";
 
 /// The header that marks an answer replayed for a repeated Idempotency-Key.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";

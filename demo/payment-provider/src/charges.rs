@@ -7,13 +7,20 @@
 //! (same body: replayed; other body: 422). Then `reset_after_charge` resets the connection, or
 //! `timeout_after_charge` holds the answer back. The after-charge faults strike replays too: the
 //! network does not care whether the charge is new.
+//!
+//! In async mode ([`crate::mode`]) the charge is stored `pending` with its planned outcome
+//! (`declined` if `decline` struck) and `decide_at`, and answered 202; the decider
+//! ([`crate::webhooks::decider`]) applies the outcome later and the event reports it. A replay
+//! answers the charge as it is now: 202 while pending, then 201 or 402.
 
 use crate::api::{Charge, ChargeRequest, ChargeStatus, IDEMPOTENCY_KEY_HEADER, REPLAYED_HEADER};
 use crate::connection::AbortConnection;
 use crate::error::{ApiError, Body};
 use crate::faults::FaultMode;
 use crate::internal_events::{self, ChargeOutcome};
+use crate::mode::ConfirmationMode;
 use crate::state::AppState;
+use crate::webhooks::events::later;
 use axum::Json;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -113,14 +120,24 @@ pub async fn create(
         internal_events::charge(ChargeOutcome::Unavailable);
         return Err(ApiError::Unavailable);
     }
-    let status = if strikes.has(FaultMode::Decline) {
+    let outcome = if strikes.has(FaultMode::Decline) {
         ChargeStatus::Declined
     } else {
         ChargeStatus::Succeeded
     };
+    let mode = state.mode.get();
+    let (status, planned, decide_at) = match mode {
+        ConfirmationMode::Sync => (outcome, None, None),
+        ConfirmationMode::Async => (
+            ChargeStatus::Pending,
+            Some(outcome.as_str()),
+            Some(later(Utc::now(), state.webhooks.confirm_delay)),
+        ),
+    };
     let inserted: Option<ChargeRow> = sqlx::query_as(
-        "INSERT INTO provider.charges (id, reference, amount, currency, status, idempotency_key)
-         VALUES ($1, $2, $3, $4, $5, $6)
+        "INSERT INTO provider.charges
+                (id, reference, amount, currency, status, idempotency_key, confirmation, planned_status, decide_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (idempotency_key) DO NOTHING
          RETURNING id, reference, amount, currency, status, idempotency_key, created_at, refunded_at",
     )
@@ -130,11 +147,14 @@ pub async fn create(
     .bind(&req.currency)
     .bind(status.as_str())
     .bind(key.as_deref())
+    .bind(mode.as_str())
+    .bind(planned)
+    .bind(decide_at)
     .fetch_optional(&state.pool)
     .await?;
     let (row, replayed) = match inserted {
         Some(row) => {
-            if status == ChargeStatus::Declined {
+            if outcome == ChargeStatus::Declined {
                 internal_events::fault_injected(FaultMode::Decline, &req.reference);
             }
             (row, false)
@@ -162,6 +182,7 @@ pub async fn create(
     internal_events::charge(match (replayed, charge.status) {
         (true, _) => ChargeOutcome::Replayed,
         (false, ChargeStatus::Declined) => ChargeOutcome::Declined,
+        (false, ChargeStatus::Pending) => ChargeOutcome::Pending,
         (false, _) => ChargeOutcome::Succeeded,
     });
 
@@ -180,8 +201,13 @@ pub async fn create(
             charge_id: charge.id,
         }
         .into_response(),
-        _ => {
-            let mut r = (StatusCode::CREATED, Json(&charge)).into_response();
+        status => {
+            let code = if status == ChargeStatus::Pending {
+                StatusCode::ACCEPTED
+            } else {
+                StatusCode::CREATED
+            };
+            let mut r = (code, Json(&charge)).into_response();
             if let Ok(v) = HeaderValue::from_str(&format!("/charges/{}", charge.id)) {
                 r.headers_mut().insert(header::LOCATION, v);
             }

@@ -25,8 +25,10 @@
 //! ```
 
 use crate::api::{
-    Charge, ChargeRequest, ChargeStatus, FaultsBody, IDEMPOTENCY_KEY_HEADER, Refund, RefundRequest,
+    Charge, ChargeRequest, ChargeStatus, EventRecord, FaultsBody, IDEMPOTENCY_KEY_HEADER, ModeBody,
+    Refund, RefundRequest,
 };
+use crate::mode::ConfirmationMode;
 use reqwest::StatusCode;
 use std::time::Duration;
 use uuid::Uuid;
@@ -275,8 +277,9 @@ impl Client {
         Self::read(response).await
     }
 
-    /// The charge that settles `reference`: the first that took money (succeeded or refunded),
-    /// else the latest declined one; `None` if the provider never charged it.
+    /// The charge that settles `reference`: the first that took money (succeeded or refunded) or
+    /// may still take it (`pending`, async mode: not decided yet), else the latest declined one;
+    /// `None` if the provider never charged it.
     pub async fn find_by_reference(&self, reference: &str) -> Result<Option<Charge>, QueryError> {
         let charges = self.charges_by_reference(reference).await?;
         let taken = charges
@@ -351,6 +354,31 @@ impl Client {
             }))
             .await?;
         Self::read::<FaultsBody>(response).await.map(|b| b.faults)
+    }
+
+    /// Switches between sync and async confirmation (`POST /admin/mode`); answers the new mode.
+    pub async fn set_mode(&self, mode: ConfirmationMode) -> Result<ConfirmationMode, QueryError> {
+        let response = self
+            .query(
+                self.http
+                    .post(self.url("/admin/mode"))
+                    .json(&ModeBody { mode }),
+            )
+            .await?;
+        Self::read::<ModeBody>(response).await.map(|b| b.mode)
+    }
+
+    /// The webhook events (`GET /admin/events`), of one charge if given, oldest first.
+    pub async fn admin_events(
+        &self,
+        charge_id: Option<Uuid>,
+    ) -> Result<Vec<EventRecord>, QueryError> {
+        let mut request = self.http.get(self.url("/admin/events"));
+        if let Some(id) = charge_id {
+            request = request.query(&[("charge_id", id.to_string())]);
+        }
+        let response = self.query(request).await?;
+        Self::read(response).await
     }
 
     async fn query(

@@ -1,6 +1,7 @@
 //! The simulator's settings: flags with `PROVIDER_*` env var fallbacks.
 
 use crate::faults::FaultSet;
+use crate::mode::ConfirmationMode;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -17,8 +18,45 @@ pub struct Config {
     /// Address of the HTTP API (and of /metrics, /healthz, /readyz).
     #[arg(long, env = "PROVIDER_ADDR", default_value = "127.0.0.1:8090")]
     pub addr: SocketAddr,
+    /// `sync`: POST /charges answers the outcome. `async`: it answers 202 `pending` and the
+    /// outcome follows as a signed webhook event (switchable at run time: POST /admin/mode).
+    #[arg(long, env = "PROVIDER_MODE", default_value = "sync")]
+    pub mode: ConfirmationMode,
+    /// Where the webhook events of async mode are POSTed; unset, they are recorded
+    /// (GET /admin/events) but not sent.
+    #[arg(long, env = "PROVIDER_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+    /// The secret the events are signed with (Provider-Signature: t=..,v1=HMAC-SHA256). Required
+    /// with PROVIDER_WEBHOOK_URL.
+    #[arg(long, env = "PROVIDER_WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<String>,
+    /// How long an async charge stays pending before it is decided.
+    #[arg(long, env = "PROVIDER_CONFIRM_DELAY", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub confirm_delay: Duration,
+    /// Deliveries of one event before the provider gives up on it (first attempt included).
+    #[arg(long, env = "PROVIDER_WEBHOOK_MAX_ATTEMPTS", default_value_t = 8)]
+    pub webhook_max_attempts: u32,
+    /// First retry delay of a failed delivery; it doubles (with jitter) up to
+    /// PROVIDER_WEBHOOK_BACKOFF_MAX.
+    #[arg(long, env = "PROVIDER_WEBHOOK_BACKOFF", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub webhook_backoff: Duration,
+    /// Longest delay between two deliveries of one event.
+    #[arg(long, env = "PROVIDER_WEBHOOK_BACKOFF_MAX", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub webhook_backoff_max: Duration,
+    /// How long one delivery may take before it counts as failed.
+    #[arg(long, env = "PROVIDER_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub webhook_timeout: Duration,
+    /// How long the webhook_delay fault holds an event's first delivery back.
+    #[arg(long, env = "PROVIDER_WEBHOOK_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub webhook_delay: Duration,
+    /// Longest time the webhook_reorder fault holds an event back waiting for a later event of
+    /// the same charge to be delivered first.
+    #[arg(long, env = "PROVIDER_WEBHOOK_REORDER_WINDOW", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub webhook_reorder_window: Duration,
     /// Injected faults: comma-separated `mode:percent` with modes error_before_charge,
-    /// timeout_after_charge, reset_after_charge, slow, decline (e.g. `decline:5,slow:10`).
+    /// timeout_after_charge, reset_after_charge, slow, decline and, for the events of async
+    /// mode, webhook_lost, webhook_duplicate, webhook_delay, webhook_reorder, webhook_5xx_retry
+    /// (e.g. `decline:5,slow:10,webhook_lost:20`).
     #[arg(long, env = "PROVIDER_FAULTS", default_value = "")]
     pub faults: FaultSet,
     /// `off` ignores Idempotency-Key headers: every POST /charges charges again.

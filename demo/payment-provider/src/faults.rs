@@ -1,5 +1,7 @@
 //! Injected faults: the `mode:percent,...` syntax of `PROVIDER_FAULTS` and `POST /admin/faults`,
-//! and the seeded random draw that decides, per `POST /charges`, which of them strike.
+//! and the seeded random draw that decides, per `POST /charges` and per webhook event, which of
+//! them strike. The charge modes apply to requests, the `webhook_*` modes to the events of async
+//! mode (see [`crate::webhooks`]); one set holds both, so they combine freely.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -18,18 +20,36 @@ pub enum FaultMode {
     ResetAfterCharge,
     /// Wait `PROVIDER_SLOW_DELAY` (2 s) before handling the request.
     Slow,
-    /// Decline the charge (402): definitive, recorded as `declined`.
+    /// Decline the charge (402): definitive, recorded as `declined`. In async mode the charge
+    /// answers 202 `pending` and is decided `declined` later (`charge.failed`).
     Decline,
+    /// The event is recorded but never sent (the provider "lost" it).
+    WebhookLost,
+    /// The event is sent twice: once more right after its first successful delivery.
+    WebhookDuplicate,
+    /// The event's first delivery waits `PROVIDER_WEBHOOK_DELAY`.
+    WebhookDelay,
+    /// The event is held back until the next event of the same charge was delivered (at most
+    /// `PROVIDER_WEBHOOK_REORDER_WINDOW`), so the later event arrives first.
+    WebhookReorder,
+    /// The first delivery is counted as failed whatever the receiver answered (as if a proxy had
+    /// turned its 2xx into a 503), so the same event is retried after a backoff.
+    Webhook5xxRetry,
 }
 
 impl FaultMode {
     /// Every mode, in the order they are drawn for a request.
-    pub const ALL: [FaultMode; 5] = [
+    pub const ALL: [FaultMode; COUNT] = [
         FaultMode::Slow,
         FaultMode::ErrorBeforeCharge,
         FaultMode::Decline,
         FaultMode::ResetAfterCharge,
         FaultMode::TimeoutAfterCharge,
+        FaultMode::WebhookLost,
+        FaultMode::WebhookDuplicate,
+        FaultMode::WebhookDelay,
+        FaultMode::WebhookReorder,
+        FaultMode::Webhook5xxRetry,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -39,6 +59,11 @@ impl FaultMode {
             FaultMode::ResetAfterCharge => "reset_after_charge",
             FaultMode::Slow => "slow",
             FaultMode::Decline => "decline",
+            FaultMode::WebhookLost => "webhook_lost",
+            FaultMode::WebhookDuplicate => "webhook_duplicate",
+            FaultMode::WebhookDelay => "webhook_delay",
+            FaultMode::WebhookReorder => "webhook_reorder",
+            FaultMode::Webhook5xxRetry => "webhook_5xx_retry",
         }
     }
 
@@ -49,9 +74,17 @@ impl FaultMode {
             FaultMode::Decline => 2,
             FaultMode::ResetAfterCharge => 3,
             FaultMode::TimeoutAfterCharge => 4,
+            FaultMode::WebhookLost => 5,
+            FaultMode::WebhookDuplicate => 6,
+            FaultMode::WebhookDelay => 7,
+            FaultMode::WebhookReorder => 8,
+            FaultMode::Webhook5xxRetry => 9,
         }
     }
 }
+
+/// How many fault modes there are.
+const COUNT: usize = 10;
 
 impl FromStr for FaultMode {
     type Err = FaultSyntaxError;
@@ -67,7 +100,7 @@ impl FromStr for FaultMode {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FaultSyntaxError {
     #[error(
-        "unknown fault mode {0:?}: expected error_before_charge, timeout_after_charge, reset_after_charge, slow or decline"
+        "unknown fault mode {0:?}: expected error_before_charge, timeout_after_charge, reset_after_charge, slow, decline, webhook_lost, webhook_duplicate, webhook_delay, webhook_reorder or webhook_5xx_retry"
     )]
     UnknownMode(String),
     #[error("fault {0:?} is not of the form mode:percent")]
@@ -81,7 +114,7 @@ pub enum FaultSyntaxError {
 /// The percent of requests each mode strikes (0 = off). Parsed from `mode:percent,...`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FaultSet {
-    percent: [u8; 5],
+    percent: [u8; COUNT],
 }
 
 impl FaultSet {
@@ -106,7 +139,7 @@ impl FromStr for FaultSet {
     type Err = FaultSyntaxError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut set = FaultSet::none();
-        let mut seen = [false; 5];
+        let mut seen = [false; COUNT];
         for item in s.split(',').map(str::trim) {
             if item.is_empty() && s.trim().is_empty() {
                 continue;
@@ -154,7 +187,7 @@ impl fmt::Display for FaultSet {
 /// Which faults strike one request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Strikes {
-    struck: [bool; 5],
+    struck: [bool; COUNT],
 }
 
 impl Strikes {
@@ -240,6 +273,19 @@ mod tests {
         ] {
             assert!(bad.parse::<FaultSet>().is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn webhook_modes_combine_with_charge_modes() {
+        let set: FaultSet = "webhook_reorder:20,decline:5,webhook_lost:10,webhook_5xx_retry:1"
+            .parse()
+            .unwrap();
+        assert_eq!(set.percent(FaultMode::WebhookReorder), 20);
+        assert_eq!(set.percent(FaultMode::Webhook5xxRetry), 1);
+        assert_eq!(
+            set.to_string(),
+            "decline:5,webhook_lost:10,webhook_reorder:20,webhook_5xx_retry:1"
+        );
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub fn app(state: AppState, readiness: Arc<Readiness>) -> Router {
         .route("/refunds", post(refunds::create))
         .route("/admin/charges", get(admin::charges))
         .route("/admin/faults", get(admin::faults).post(admin::set_faults))
+        .route("/admin/mode", get(admin::mode).post(admin::set_mode))
+        .route("/admin/events", get(admin::events))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async {
             (

@@ -9,7 +9,10 @@
 //!   as declined, unavailable (nothing charged), outcome unknown or invalid.
 //! - [`charges`]: `POST /charges` with Idempotency-Key, the lookups by id and by reference.
 //! - [`refunds`]: `POST /refunds`.
-//! - [`admin`]: `GET /admin/charges`, `GET`/`POST /admin/faults`.
+//! - [`admin`]: `GET /admin/charges`, `GET`/`POST /admin/faults`, `GET`/`POST /admin/mode`,
+//!   `GET /admin/events`.
+//! - [`mode`]: sync or async confirmation.
+//! - [`webhooks`]: async mode's later decision, its events, their signature and delivery.
 //! - [`faults`]: the `mode:percent,...` syntax and the seeded draw per request.
 //! - [`connection`]: hyper connections a handler can reset (TCP RST) for `reset_after_charge`.
 //! - [`http`]: the router and the server; [`error`]: the `{"error": ...}` answers.
@@ -27,8 +30,10 @@ pub mod faults;
 pub mod http;
 pub mod internal_events;
 pub mod migrate;
+pub mod mode;
 pub mod refunds;
 pub mod state;
+pub mod webhooks;
 
 pub use config::Config;
 pub use state::AppState;
@@ -51,6 +56,8 @@ pub enum ProviderError {
     },
     #[error("the HTTP server task failed")]
     Join(#[source] tokio::task::JoinError),
+    #[error("PROVIDER_WEBHOOK_URL is set without PROVIDER_WEBHOOK_SECRET: events must be signed")]
+    WebhookSecretMissing,
 }
 
 /// Connects (retrying until the configured deadline) and applies the simulator's migrations.
@@ -92,6 +99,11 @@ pub async fn connect_and_migrate(config: &Config) -> Result<sqlx::PgPool, plumbi
 
 /// Connects, migrates, and serves until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), ProviderError> {
+    if config.webhook_url.as_deref().is_some_and(|u| !u.is_empty())
+        && config.webhook_secret.as_deref().is_none_or(str::is_empty)
+    {
+        return Err(ProviderError::WebhookSecretMissing);
+    }
     let pool = tokio::select! {
         pool = connect_and_migrate(&config) => pool?,
         _ = shutdown.cancelled() => return Ok(()),
@@ -100,6 +112,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Prov
     let readiness = Readiness::without_rabbitmq();
     readiness.set_postgres(true);
     let state = AppState::new(pool.clone(), &config, shutdown.clone());
+    let decider = tokio::spawn(webhooks::decider::run(state.clone()));
+    let deliverer = tokio::spawn(webhooks::delivery::run(state.clone()));
     let server = http::start(state, readiness, config.addr, shutdown)
         .await
         .map_err(|source| ProviderError::Bind {
@@ -111,8 +125,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Prov
         &config.faults,
         config.idempotency,
         config.status_query,
+        config.mode,
+        config.webhook_url.as_deref(),
     );
     let result = server.wait().await.map_err(ProviderError::Join);
+    // Both loops end at shutdown (a delivery in flight is bounded by PROVIDER_WEBHOOK_TIMEOUT).
+    for task in [decider, deliverer] {
+        if let Err(e) = task.await {
+            tracing::warn!(error = %ErrorChain(&e), "a webhook task failed");
+        }
+    }
     pool.close().await;
     result
 }

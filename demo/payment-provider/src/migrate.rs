@@ -8,11 +8,18 @@ use std::borrow::Cow;
 /// The simulator's own schema.
 pub const PROVIDER_SCHEMA: &str = "provider";
 
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "provider",
-    include_str!("../migrations/0001_provider.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "provider",
+        include_str!("../migrations/0001_provider.sql"),
+    ),
+    (
+        2,
+        "async confirmation",
+        include_str!("../migrations/0002_async_confirmation.sql"),
+    ),
+];
 
 /// The simulator's migrator.
 pub fn migrator() -> Migrator {

@@ -1,12 +1,15 @@
 //! `POST /refunds`: gives a succeeded charge back, whole, once. A second refund of the same
 //! charge answers the first (200 with `Idempotent-Replayed: true`), so a retried refund is safe
-//! without a key.
+//! without a key. Refunding a charge made in async mode records a `charge.refunded` event in the
+//! refund's transaction.
 
-use crate::api::{REPLAYED_HEADER, Refund, RefundRequest};
+use crate::api::{ChargeStatus, EventType, REPLAYED_HEADER, Refund, RefundRequest};
 use crate::charges::ChargeRow;
 use crate::error::{ApiError, Body};
 use crate::internal_events;
+use crate::mode::ConfirmationMode;
 use crate::state::AppState;
+use crate::webhooks::events;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
@@ -83,11 +86,31 @@ pub async fn create(
     .bind(charge.amount)
     .fetch_one(&mut *tx)
     .await?;
-    sqlx::query("UPDATE provider.charges SET status = 'refunded', refunded_at = $2 WHERE id = $1")
-        .bind(charge.id)
-        .bind(refund.created_at)
-        .execute(&mut *tx)
+    let confirmation: String = sqlx::query_scalar(
+        "UPDATE provider.charges SET status = 'refunded', refunded_at = $2 WHERE id = $1
+         RETURNING confirmation",
+    )
+    .bind(charge.id)
+    .bind(refund.created_at)
+    .fetch_one(&mut *tx)
+    .await?;
+    if confirmation == ConfirmationMode::Async.as_str() {
+        let refunded = ChargeRow {
+            status: ChargeStatus::Refunded.as_str().to_owned(),
+            refunded_at: Some(refund.created_at),
+            ..charge
+        }
+        .into_charge()?;
+        let strikes = state.faults.draw();
+        events::record(
+            &mut tx,
+            &refunded,
+            EventType::ChargeRefunded,
+            strikes,
+            &state.webhooks,
+        )
         .await?;
+    }
     tx.commit().await?;
     internal_events::refund("refunded");
     Ok((StatusCode::CREATED, Json(Refund::from(refund))).into_response())

@@ -2,6 +2,8 @@
 
 use crate::config::Config;
 use crate::faults::FaultInjector;
+use crate::mode::ModeSwitch;
+use crate::webhooks::WebhookSettings;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +18,10 @@ pub struct AppState {
     pub status_query: bool,
     pub timeout_delay: Duration,
     pub slow_delay: Duration,
+    /// Sync or async confirmation, switchable at run time.
+    pub mode: Arc<ModeSwitch>,
+    /// Where and how the events of async charges are sent.
+    pub webhooks: Arc<WebhookSettings>,
     /// Cancelled at shutdown: delayed answers stop waiting.
     pub shutdown: CancellationToken,
 }
@@ -29,6 +35,8 @@ impl AppState {
             status_query: config.status_query,
             timeout_delay: config.timeout_delay,
             slow_delay: config.slow_delay,
+            mode: Arc::new(ModeSwitch::new(config.mode)),
+            webhooks: Arc::new(WebhookSettings::from_config(config)),
             shutdown,
         }
     }

@@ -1,6 +1,7 @@
 //! Configuration: flags with env var fallbacks ([`Config`]) and the runtime knobs derived from them
 //! ([`Settings`]), which tests build directly.
 
+use crate::provider_webhooks::WebhookSecret;
 use shared::schema::Schema;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -59,6 +60,10 @@ pub struct Config {
     #[arg(long, env = "PAYMENT_REMOTE", default_value = "honours_key",
           value_parser = crate::payment_process::parse_remote)]
     pub payment_remote: processes::Remote,
+    /// The secret the payment provider signs its webhooks with: when set, `POST
+    /// /webhooks/provider` receives them (give the provider the same PROVIDER_WEBHOOK_SECRET).
+    #[arg(long, env = "PROVIDER_WEBHOOK_SECRET", hide_env_values = true)]
+    pub provider_webhook_secret: Option<String>,
 }
 
 impl Config {
@@ -74,6 +79,11 @@ impl Config {
             readiness_interval: Duration::from_secs(5),
             schema: self.schema.clone(),
             payment_remote: self.payment_remote,
+            provider_webhook_secret: self
+                .provider_webhook_secret
+                .clone()
+                .filter(|s| !s.is_empty())
+                .map(WebhookSecret),
         }
     }
 }
@@ -99,6 +109,8 @@ pub struct Settings {
     pub schema: Schema,
     /// What the payment provider supports (recorded with each payment process started).
     pub payment_remote: processes::Remote,
+    /// Mounts `POST /webhooks/provider` when set.
+    pub provider_webhook_secret: Option<WebhookSecret>,
 }
 
 impl Default for Settings {
@@ -113,6 +125,7 @@ impl Default for Settings {
             readiness_interval: Duration::from_secs(5),
             schema: Schema::default(),
             payment_remote: processes::Remote::HonoursKey,
+            provider_webhook_secret: None,
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{ProducerError, auth, internal_events, openapi, orders, payments};
+use crate::{ProducerError, auth, internal_events, openapi, orders, payments, provider_webhooks};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::Method;
@@ -38,9 +38,20 @@ pub fn app(state: AppState) -> Router {
         ))
         .layer(DefaultBodyLimit::max(state.settings.body_limit))
         .with_state(state.clone());
+    // The provider's webhooks: outside the API-key middleware (the signature authenticates them)
+    // and with the receiver's own body limit.
+    let webhooks = match &state.settings.provider_webhook_secret {
+        Some(secret) => Router::new().route(
+            "/webhooks/provider",
+            provider_webhooks::receiver(state.pool.clone(), state.settings.schema.clone(), secret)
+                .into_route(),
+        ),
+        None => Router::new(),
+    };
     Router::new()
         .route("/openapi.json", get(openapi::serve))
         .merge(api)
+        .merge(webhooks)
         .merge(plumbing::telemetry::ops_router(state.readiness.clone()))
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

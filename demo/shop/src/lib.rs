@@ -12,6 +12,8 @@
 //!   provider, record the capture; release and a sensitive refund as compensations) that
 //!   `POST /payments` starts in its transaction.
 //! - [`worker`]: `producer worker`, which runs payment processes against the provider.
+//! - [`provider_webhooks`]: `POST /webhooks/provider`, the provider's signed events recorded once
+//!   per payment (the `idempotency` crate's webhook receiver).
 //! - [`ledger`]: the example consumer handler (`payment.captured` moves ledger balances).
 //! - [`replay_marker`]: the `"replayed": true` the demo's replays carry in their body.
 //! - [`validation`]: strict parsing of request bodies (field errors as `{"errors": [...]}`).
@@ -40,6 +42,7 @@ pub mod openapi;
 pub mod orders;
 pub mod payment_process;
 pub mod payments;
+pub mod provider_webhooks;
 pub mod replay_marker;
 pub mod state;
 pub mod trace_context;

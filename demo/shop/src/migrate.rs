@@ -17,6 +17,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "payment process",
         include_str!("../migrations/0002_payment_process.sql"),
     ),
+    (
+        3,
+        "payment events",
+        include_str!("../migrations/0003_payment_events.sql"),
+    ),
 ];
 
 /// The demo's migrator; `product` is the product schema its SQL refers to.
