@@ -145,9 +145,12 @@ impl Outbox {
     }
 
     /// Serializes this transaction with every other transaction that locks the same aggregate,
-    /// until commit. Call it before [`Outbox::enqueue`] when writers of one aggregate are not
-    /// already serialized by the business change itself (a row lock or a version check): then
-    /// outbox order equals commit order.
+    /// until commit.
+    ///
+    /// The outbox no longer needs it for its order: since migration 8 the first message of an
+    /// aggregate in a transaction locks that aggregate's sequence counter to commit, so commits of
+    /// one aggregate follow their `aggregate_seq`. Call it only to serialize what the transaction
+    /// does *before* its first message (a read-then-write of business state), as any advisory lock.
     pub async fn lock_aggregate<'e, E>(
         &self,
         executor: E,
