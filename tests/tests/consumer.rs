@@ -1356,3 +1356,134 @@ async fn a_stop_with_the_database_black_holed_mid_batch_returns_in_bounded_time_
     );
     again.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Broker-owned headers
+// ---------------------------------------------------------------------------------------------
+
+/// The main queue pre-declared as the topology would, plus a delivery limit of 1 (as a policy
+/// from docs/operations.md would set it), with its dead-letter exchange and queue.
+async fn declare_with_delivery_limit(conn: &Connection, topology: &Topology, exchange: &str) {
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    let text = |s: &str| lapin::types::AMQPValue::LongString(s.into());
+    args.insert("x-queue-type".into(), text("quorum"));
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        text(&topology.dead_letter_exchange),
+    );
+    args.insert(
+        "x-quorum-initial-group-size".into(),
+        lapin::types::AMQPValue::LongLongInt(consumer::topology::QUORUM_INITIAL_GROUP_SIZE),
+    );
+    args.insert(
+        "x-delivery-limit".into(),
+        lapin::types::AMQPValue::LongLongInt(1),
+    );
+    ch.queue_declare(
+        topology.queue.as_str().into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+    topology
+        .declare(conn, exchange, &["payment.captured".into()])
+        .await
+        .unwrap();
+}
+
+/// Returns `queue`'s next message to it (`basic.nack` with requeue) until the broker
+/// dead-letters it for its delivery limit.
+async fn exceed_delivery_limit(conn: &Connection, topology: &Topology, broker: &TestBroker) {
+    let ch = conn.create_channel().await.unwrap();
+    for _ in 0..10 {
+        let got = ch
+            .basic_get(
+                topology.queue.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: false },
+            )
+            .await
+            .unwrap();
+        let Some(m) = got else { break };
+        m.delivery
+            .nack(lapin::options::BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    wait_until("the broker dead-lettered it", LONG, || async {
+        (queue_depth(broker, &topology.dead_letter_queue).await == 1).then_some(())
+    })
+    .await;
+    let _ = ch.close(200, "done".into()).await;
+}
+
+/// RabbitMQ 3.x drops a dead-lettered message when its `x-death` says it already left the target
+/// queue by dead-lettering with no rejection since (its cycle detection). A dead letter the
+/// broker made for the delivery limit carries `x-death` naming the consumer's queue; replayed
+/// with that header, then retried through a retry queue, it expires back into the consumer's
+/// queue and the broker would drop it, logging only. Copies and replays drop the broker's
+/// headers, so it arrives and is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_dead_letter_replayed_then_retried_is_not_dropped_by_cycle_detection() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let config = test_config(&name, &exchange); // 3 attempts, retries after 100 ms then 200 ms
+    let topology = Topology::new(&name, &config.retry_delays);
+    let conn = broker.connect().await;
+    declare_with_delivery_limit(&conn, &topology, &exchange).await;
+
+    // Fails transiently on attempts 1 and 2: two trips through the retry queues.
+    let flaky = with_mode("acct-flaky", 30, "flaky");
+    let publisher = Publisher::new(&broker, &exchange).await;
+    publisher.publish(&flaky).await;
+    exceed_delivery_limit(&conn, &topology, &broker).await;
+    let letters = dlq_list(&name);
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    assert_eq!(letters[0]["kind"], "broker:delivery_limit", "{letters:#?}");
+    assert!(
+        letters[0]["headers"].get("x-death").is_some(),
+        "{letters:#?}"
+    );
+
+    let pool = consumer_pool(&db.url, &config).await;
+    let picky = Arc::new(Picky {
+        allow_rule: AtomicBool::new(false),
+    });
+    let running = Running::start(config, pool, Handlers::new().on("payment.captured", picky)).await;
+    let (ok, stdout, stderr) = dlq_command(&name, &["replay", &flaky.id.to_string()]);
+    assert!(ok, "replay failed: {stderr}");
+    assert!(stdout.contains(&flaky.id.to_string()), "{stdout}");
+
+    let stats = running.stats.clone();
+    let settled = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let s = stats.snapshot();
+            if s.processed == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let s = running.stats.snapshot();
+    assert!(
+        settled.is_ok(),
+        "the replayed message never came back from its retry queue (retried {} times, nothing \
+         in the dead-letter queue: {}): the broker dropped it as a dead-letter cycle",
+        s.retried,
+        queue_depth(&broker, &topology.dead_letter_queue).await,
+    );
+    assert_eq!(s.retried, 2, "{s:?}");
+    assert_eq!(ledger(&db.pool).await.get("acct-flaky"), Some(&(30, 1)));
+    assert_eq!(queue_depth(&broker, &topology.dead_letter_queue).await, 0);
+    running.stop().await;
+    let _ = conn.close(200, "bye".into()).await;
+}
