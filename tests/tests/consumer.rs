@@ -1487,3 +1487,102 @@ async fn a_broker_dead_letter_replayed_then_retried_is_not_dropped_by_cycle_dete
     running.stop().await;
     let _ = conn.close(200, "bye".into()).await;
 }
+
+/// Declares `queue` durable with `x-queue-type: kind`: `Err` with the broker's reply code when it
+/// exists with another type (RabbitMQ compares the argument).
+async fn declare_typed(conn: &Connection, queue: &str, kind: &str) -> Result<(), u16> {
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        lapin::types::AMQPValue::LongString(kind.into()),
+    );
+    let result = ch
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await;
+    match result {
+        Ok(_) => {
+            let _ = ch.close(200, "done".into()).await;
+            Ok(())
+        }
+        Err(e) => match e.kind() {
+            lapin::ErrorKind::ProtocolError(amqp) => Err(amqp.get_id()),
+            _ => panic!("declaring {queue}: {e}"),
+        },
+    }
+}
+
+/// The dead-letter queue is a classic queue (`x-queue-type: classic`, see
+/// `consumer::topology::dead_letter_queue_arguments`; RabbitMQ 3.10 holds an untyped classic queue
+/// equivalent to it, so the wire cannot tell them apart): a quorum declaration of it is refused.
+/// A dead-letter queue that exists as another type (a quorum queue, as a vhost whose default
+/// queue type is quorum makes of an untyped declaration) is used as it is, with a warning, and
+/// so is an untyped classic one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_letter_queue_is_declared_classic_explicitly() {
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let topology = Topology::new(&name, &RETRY_DELAYS);
+    let conn = broker.connect().await;
+    topology
+        .declare(&conn, &exchange, &["payment.captured".into()])
+        .await
+        .unwrap();
+    assert_eq!(
+        declare_typed(&conn, &topology.dead_letter_queue, "classic").await,
+        Ok(())
+    );
+    assert_eq!(
+        declare_typed(&conn, &topology.dead_letter_queue, "quorum").await,
+        Err(406)
+    );
+
+    let publisher = Publisher::new(&broker, &exchange).await;
+    for kind in ["quorum", "untyped"] {
+        let (_, old) = names(&broker);
+        let old_topology = Topology::new(&old, &RETRY_DELAYS);
+        if kind == "quorum" {
+            declare_typed(&conn, &old_topology.dead_letter_queue, "quorum")
+                .await
+                .unwrap();
+        } else {
+            let ch = conn.create_channel().await.unwrap();
+            ch.queue_declare(
+                old_topology.dead_letter_queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        }
+        let letter = payment("acct-old", 1);
+        publisher
+            .to_queue(
+                &old_topology.dead_letter_queue,
+                relay_properties(&letter),
+                letter.payload.to_string().as_bytes(),
+            )
+            .await;
+        old_topology
+            .declare(&conn, &exchange, &["payment.captured".into()])
+            .await
+            .unwrap_or_else(|e| panic!("a {kind} dead-letter queue is used as it is: {e}"));
+        assert_eq!(
+            queue_depth(&broker, &old_topology.dead_letter_queue).await,
+            1,
+            "{kind}"
+        );
+        assert_eq!(dlq_list(&old).len(), 1, "{kind}");
+    }
+    let _ = conn.close(200, "bye".into()).await;
+}
