@@ -13,8 +13,8 @@ use crate::screen::{self, Reason};
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
-    ConfirmSelectOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, PublisherConfirm};
@@ -97,10 +97,14 @@ impl Worker {
 
     pub(crate) async fn run(mut self, stop: CancellationToken) -> Result<(), SessionError> {
         let result = self.consume_loop(&stop).await;
-        if let Err(e) = &result {
-            tracing::debug!(worker = self.index, error = %ErrorChain(e), "worker stopping");
+        match &result {
+            Ok(()) => self.return_buffered().await,
+            Err(e) => {
+                tracing::debug!(worker = self.index, error = %ErrorChain(e), "worker stopping")
+            }
         }
-        // Closing returns every unacknowledged delivery (prefetched, never committed) to the queue.
+        // Closing returns every delivery still unacknowledged (after a lost link, or a batch left
+        // to redelivery) to the queue.
         let _ = tokio::time::timeout(
             Duration::from_secs(5),
             self.consume_ch.close(200, "worker stopping".into()),
@@ -112,6 +116,60 @@ impl Worker {
         )
         .await;
         result
+    }
+
+    /// On a graceful stop: cancels the consumer, so that the broker sends nothing more, then
+    /// returns every delivery it had sent that no batch took (`basic.nack`, requeue), before the
+    /// channel closes. A channel closed with unacknowledged deliveries counts each as a failed
+    /// delivery on a quorum queue (on 4.0 to 4.2 against the delivery limit, 20 by default); from
+    /// 4.3 a `basic.nack` is "not processed" and leaves the count alone. Best effort: whatever
+    /// fails here, the channel close still returns the deliveries.
+    async fn return_buffered(&mut self) {
+        let tag = self.consumer.tag();
+        let cancelled = bounded(
+            "cancelling the consumer",
+            self.consume_ch
+                .basic_cancel(tag, BasicCancelOptions::default()),
+            SessionError::Ack,
+        )
+        .await;
+        if let Err(e) = cancelled {
+            tracing::debug!(worker = self.index, error = %ErrorChain(&e), "could not cancel the consumer; the channel close returns its deliveries");
+            return;
+        }
+        // After cancel-ok every delivery sent before it is buffered, followed by the stream's end.
+        let mut returned = 0u64;
+        let mut last_tag = None;
+        while let Some(Some(Ok(d))) = self.consumer.next().now_or_never() {
+            returned += 1;
+            last_tag = Some(d.delivery_tag);
+        }
+        let Some(last_tag) = last_tag else { return };
+        let nacked = bounded(
+            "returning buffered deliveries",
+            self.consume_ch.basic_nack(
+                last_tag,
+                BasicNackOptions {
+                    multiple: true,
+                    requeue: true,
+                },
+            ),
+            SessionError::Ack,
+        )
+        .await;
+        match nacked {
+            Ok(()) => {
+                self.events.returned(returned);
+                tracing::info!(
+                    worker = self.index,
+                    returned,
+                    "returned the deliveries buffered but not started to the queue"
+                );
+            }
+            Err(e) => {
+                tracing::debug!(worker = self.index, error = %ErrorChain(&e), "could not return buffered deliveries; the channel close returns them")
+            }
+        }
     }
 
     async fn consume_loop(&mut self, stop: &CancellationToken) -> Result<(), SessionError> {

@@ -1586,3 +1586,58 @@ async fn the_dead_letter_queue_is_declared_classic_explicitly() {
     }
     let _ = conn.close(200, "bye".into()).await;
 }
+
+/// A graceful stop while one worker's batch is inside its handler and 49 more deliveries sit in
+/// its prefetch buffer: the batch finishes (commit, ack), the consumer is cancelled, and the 49
+/// are returned with one `basic.nack` (requeue) before the channel closes; they are ready in the
+/// queue, and the next instance applies each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_returns_the_buffered_deliveries_with_a_nack() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let mut config = test_config(&name, &exchange);
+    config.workers = 1;
+    config.batch_size = 1;
+    config.prefetch = 100;
+    let pool = consumer_pool(&db.url, &config).await;
+    let gated = Arc::new(GatedLedger {
+        armed: AtomicBool::new(true),
+        entered: Arc::new(Notify::new()),
+        gate: Arc::new(Notify::new()),
+    });
+    let handlers = Handlers::new().on("payment.captured", gated.clone());
+    let mut running = Running::start(config.clone(), pool, handlers).await;
+    let (msgs, expected) = payments(50, 3);
+    Publisher::new(&broker, &exchange)
+        .await
+        .publish_all(&msgs)
+        .await;
+    gated.entered.notified().await;
+    wait_until("all 50 sent to the consumer", LONG, || async {
+        (queue_depth(&broker, &name).await == 0).then_some(())
+    })
+    .await;
+
+    running.shutdown.cancel();
+    gated.gate.notify_one();
+    let handle = running.handle.take().expect("running");
+    tokio::time::timeout(LONG, handle)
+        .await
+        .expect("the consumer stops in time")
+        .expect("consumer task")
+        .expect("consumer run");
+    let s = running.stats.snapshot();
+    assert_eq!((s.processed, s.returned), (1, 49), "{s:?}");
+    assert_eq!(queue_depth(&broker, &name).await, 49);
+
+    let pool = consumer_pool(&db.url, &config).await;
+    let again = Running::start(config, pool, demo::ledger::handlers()).await;
+    wait_for_updates(&db.pool, 50, LONG).await;
+    assert_eq!(
+        ledger(&db.pool).await,
+        expected,
+        "each message applied once"
+    );
+    again.stop().await;
+}
