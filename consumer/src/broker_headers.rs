@@ -32,6 +32,12 @@ pub fn is_broker_owned(name: &str) -> bool {
     FIXED.contains(&name) || PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
+/// The broker's count of earlier failed deliveries of this message (`x-delivery-count`, quorum
+/// queues; absent on a first delivery and on classic queues before 4.x).
+pub fn delivery_count(table: &FieldTable) -> Option<i64> {
+    crate::message::header_int(table, "x-delivery-count")
+}
+
 /// Removes every broker-owned header from `table`.
 pub fn strip(table: &mut FieldTable) {
     let mut kept = FieldTable::default();

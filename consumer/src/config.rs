@@ -60,7 +60,15 @@ pub struct Config {
     /// (PgBouncer before 1.21): unnamed, one round trip more per batch. The binaries set it from
     /// `DATABASE_POOLER`.
     pub named_statements: bool,
+    /// Log a warning for each delivery whose `x-delivery-count` (the broker's count of failed
+    /// deliveries, quorum queues) reaches this: the message nears the queue's delivery limit
+    /// (20 by default on RabbitMQ 4.x), past which the broker dead-letters or drops it. 0: never.
+    pub redelivery_warning: u32,
 }
+
+/// Default of [`Config::redelivery_warning`]: three quarters of RabbitMQ 4.x's default delivery
+/// limit (20).
+pub const DEFAULT_REDELIVERY_WARNING: u32 = 15;
 
 impl Config {
     /// A configuration with the defaults of the command line.
@@ -94,6 +102,7 @@ impl Config {
             ack_delay: Duration::ZERO,
             schema: Schema::default(),
             named_statements: true,
+            redelivery_warning: DEFAULT_REDELIVERY_WARNING,
         }
     }
 
@@ -220,6 +229,10 @@ pub struct Settings {
     /// How often the retention sweep runs (one instance at a time, in bounded batches).
     #[arg(long, env = "CONSUMER_RETENTION_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     pub retention_interval: Duration,
+    /// Log a warning for each delivery whose `x-delivery-count` reaches this (the message nears
+    /// the queue's delivery limit, 20 by default on RabbitMQ 4.x). 0: never.
+    #[arg(long, env = "CONSUMER_REDELIVERY_WARNING", default_value_t = DEFAULT_REDELIVERY_WARNING)]
+    pub redelivery_warning: u32,
     /// Fault injection for tests: pause between commit and ack.
     #[arg(long, hide = true, default_value = "0ms", value_parser = parse_duration)]
     pub debug_ack_delay: Duration,
@@ -251,6 +264,7 @@ impl Settings {
         c.retention_interval = self.retention_interval;
         c.metrics_addr = Some(self.connections.metrics_addr);
         c.ack_delay = self.debug_ack_delay;
+        c.redelivery_warning = self.redelivery_warning;
         c.schema = self.connections.schema;
         c.named_statements = self.connections.database_pooler == plumbing::db::Pooler::None;
         c.validate()?;

@@ -4,6 +4,7 @@
 //! (see [`crate::copies`]), then acknowledges the whole batch at once.
 
 use crate::batch::{self, Fate, Item, Work};
+use crate::broker_headers;
 use crate::context::{BROKER_TIMEOUT, Ctx, bounded};
 use crate::copies;
 use crate::error::SessionError;
@@ -204,6 +205,7 @@ impl Worker {
 
     fn prepare(&self, delivery: Delivery) -> Item {
         let attempt = message::attempt(&delivery.properties);
+        self.note_redelivery(&delivery, attempt);
         let routing_key = delivery.routing_key.as_str();
         let decoded = match screen::screen(&delivery.properties, routing_key) {
             Err(refusal) => {
@@ -227,6 +229,37 @@ impl Worker {
             delivery,
             attempt,
             work,
+        }
+    }
+
+    /// Counts a delivery the broker delivered before (its `redelivered` flag, or the quorum
+    /// queue's `x-delivery-count`), and warns when that count reaches
+    /// [`Config::redelivery_warning`](crate::Config::redelivery_warning): a message in a crash or
+    /// stop loop nears the delivery limit, past which the broker dead-letters it unprocessed.
+    fn note_redelivery(&self, delivery: &Delivery, attempt: u32) {
+        let count = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(broker_headers::delivery_count)
+            .unwrap_or(0);
+        if !delivery.redelivered && count <= 0 {
+            return;
+        }
+        self.events.redelivered();
+        let threshold = i64::from(self.ctx.config.redelivery_warning);
+        if threshold > 0 && count >= threshold {
+            tracing::warn!(
+                message_id = delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map_or("", |s| s.as_str()),
+                delivery_count = count,
+                warn_at = threshold,
+                attempt,
+                "message redelivered often: it nears the queue's delivery limit (x-delivery-count), past which the broker dead-letters it unprocessed"
+            );
         }
     }
 

@@ -340,6 +340,17 @@ struct ConsumerProcess {
 
 impl ConsumerProcess {
     fn spawn(db_url: &str, exchange: &str, name: &str, extra: &[&str]) -> Self {
+        Self::spawn_logging_to(db_url, exchange, name, extra, Stdio::inherit())
+    }
+
+    /// [`ConsumerProcess::spawn`] with its log (stderr) going to `log`.
+    fn spawn_logging_to(
+        db_url: &str,
+        exchange: &str,
+        name: &str,
+        extra: &[&str],
+        log: Stdio,
+    ) -> Self {
         let metrics = free_addr();
         let child = Command::new(bin_path("producer"))
             .args(["ledger", "--name", name, "--bind", "payment.captured"])
@@ -360,6 +371,7 @@ impl ConsumerProcess {
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
+            .stderr(log)
             .kill_on_drop(true)
             .spawn()
             .expect("spawn consumer");
@@ -1640,4 +1652,131 @@ async fn a_graceful_stop_returns_the_buffered_deliveries_with_a_nack() {
         "each message applied once"
     );
     again.stop().await;
+}
+
+/// A consumer in a crash loop: five times it starts, takes all 1,000 waiting messages into its
+/// prefetch buffers (2 workers x 500), commits a first batch per worker without acknowledging it,
+/// and is killed (SIGKILL). Every kill returns all 1,000 to the queue, flagged redelivered (and,
+/// on a quorum queue, with `x-delivery-count` one higher). Each incarnation counts the
+/// redeliveries it took in `consumer_redeliveries_total`; the last one, left running, takes all
+/// 1,000 as redeliveries, warns for those whose delivery count reached `--redelivery-warning`,
+/// and applies each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_counts_redeliveries_and_warns_near_the_delivery_limit() {
+    const KILLS: usize = 5;
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let conn = broker.connect().await;
+    Topology::new(&name, &RETRY_DELAYS)
+        .declare(&conn, &exchange, &["payment.captured".into()])
+        .await
+        .unwrap();
+    let (msgs, expected) = payments(1000, 17);
+    Publisher::new(&broker, &exchange)
+        .await
+        .publish_all(&msgs)
+        .await;
+    let warn_at = (KILLS - 1).to_string();
+    let mut per_incarnation = Vec::new();
+    for round in 0..KILLS {
+        let mut p = ConsumerProcess::spawn(
+            &db.url,
+            &exchange,
+            &name,
+            &[
+                "--workers",
+                "2",
+                "--prefetch",
+                "500",
+                "--batch-size",
+                "50",
+                "--debug-ack-delay",
+                "1h",
+                "--redelivery-warning",
+                &warn_at,
+            ],
+        );
+        let m = p.metrics;
+        let n = name.as_str();
+        let (b, pool) = (&broker, &db.pool);
+        wait_until(
+            "all 1,000 prefetched and a batch taken",
+            LONG,
+            || async move {
+                // The first incarnation commits; later ones find those committed (duplicates).
+                let taken = if round == 0 {
+                    processed_rows(pool, n).await > 0
+                } else {
+                    metric(m, "consumer_redeliveries_total", &[("consumer", n)])
+                        .await
+                        .unwrap_or(0.0)
+                        > 0.0
+                };
+                (taken && queue_depth(b, n).await == 0).then_some(())
+            },
+        )
+        .await;
+        // Let the other worker take its first batch too.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let seen = metric(m, "consumer_redeliveries_total", &[("consumer", n)])
+            .await
+            .unwrap_or(0.0);
+        per_incarnation.push(seen);
+        if round > 0 {
+            assert!(seen > 0.0, "round {round}: no redelivery counted");
+        } else {
+            assert_eq!(seen, 0.0, "the first incarnation gets first deliveries");
+        }
+        p.child.kill().await.unwrap(); // SIGKILL
+        let _ = p.child.wait().await;
+        wait_until("all 1,000 back in the queue", LONG, || async {
+            (queue_depth(&broker, &name).await == 1000).then_some(())
+        })
+        .await;
+    }
+
+    let log_path = std::env::temp_dir().join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let last = ConsumerProcess::spawn_logging_to(
+        &db.url,
+        &exchange,
+        &name,
+        &["--redelivery-warning", &warn_at],
+        Stdio::from(log),
+    );
+    last.wait_ready().await;
+    wait_for_updates(&db.pool, 1000, LONG).await;
+    assert_eq!(
+        ledger(&db.pool).await,
+        expected,
+        "each message applied once"
+    );
+    let m = last.metrics;
+    let n = name.as_str();
+    wait_until("1,000 settled", LONG, || async move {
+        let settled = outcome(m, n, "processed").await + outcome(m, n, "duplicate").await;
+        (settled == 1000.0).then_some(())
+    })
+    .await;
+    let final_count = metric(m, "consumer_redeliveries_total", &[("consumer", n)])
+        .await
+        .unwrap_or(0.0);
+    last.stop().await;
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("nears the queue's delivery limit"))
+        .count();
+    eprintln!(
+        "crash loop: consumer_redeliveries_total per killed incarnation {per_incarnation:?}, \
+         after the last restart {final_count}; near-limit warnings (x-delivery-count >= {warn_at}): {warnings}"
+    );
+    assert_eq!(final_count, 1000.0, "every message came back redelivered");
+    assert!(
+        warnings > 0,
+        "no warning at x-delivery-count {warn_at} after {KILLS} kills"
+    );
+    let _ = conn.close(200, "bye".into()).await;
 }
