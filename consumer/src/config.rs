@@ -64,6 +64,12 @@ pub struct Config {
     /// deliveries, quorum queues) reaches this: the message nears the queue's delivery limit
     /// (20 by default on RabbitMQ 4.x), past which the broker dead-letters or drops it. 0: never.
     pub redelivery_warning: u32,
+    /// How long the broker lets a delivery stay unacknowledged before it cancels the consumer
+    /// (`x-consumer-timeout` on `basic.consume`; sent only to brokers from 3.11.15, older ones
+    /// keep their global `consumer_timeout`). Above the longest a batch can hold its deliveries
+    /// in normal operation; a database outage longer than this makes the broker take them back.
+    /// Zero: not sent (the broker's default, 30 minutes).
+    pub consumer_timeout: Duration,
 }
 
 /// Default of [`Config::redelivery_warning`]: three quarters of RabbitMQ 4.x's default delivery
@@ -103,6 +109,7 @@ impl Config {
             schema: Schema::default(),
             named_statements: true,
             redelivery_warning: DEFAULT_REDELIVERY_WARNING,
+            consumer_timeout: Duration::from_secs(3600),
         }
     }
 
@@ -136,6 +143,12 @@ impl Config {
         }
         if self.retention_interval.is_zero() {
             return Err(ConfigError::Zero("retention interval"));
+        }
+        if !self.consumer_timeout.is_zero() && self.consumer_timeout <= self.handler_timeout {
+            return Err(ConfigError::ConsumerTimeoutTooShort {
+                consumer_timeout: self.consumer_timeout,
+                handler_timeout: self.handler_timeout,
+            });
         }
         let horizon = self.retry_horizon();
         if self.retention <= horizon {
@@ -233,6 +246,10 @@ pub struct Settings {
     /// the queue's delivery limit, 20 by default on RabbitMQ 4.x). 0: never.
     #[arg(long, env = "CONSUMER_REDELIVERY_WARNING", default_value_t = DEFAULT_REDELIVERY_WARNING)]
     pub redelivery_warning: u32,
+    /// Delivery acknowledgement timeout of the consumer (`x-consumer-timeout`), sent to brokers
+    /// from 3.11.15; `0s`: the broker's own (30 minutes by default).
+    #[arg(long, env = "CONSUMER_TIMEOUT", default_value = "1h", value_parser = parse_duration)]
+    pub consumer_timeout: Duration,
     /// Fault injection for tests: pause between commit and ack.
     #[arg(long, hide = true, default_value = "0ms", value_parser = parse_duration)]
     pub debug_ack_delay: Duration,
@@ -265,6 +282,7 @@ impl Settings {
         c.metrics_addr = Some(self.connections.metrics_addr);
         c.ack_delay = self.debug_ack_delay;
         c.redelivery_warning = self.redelivery_warning;
+        c.consumer_timeout = self.consumer_timeout;
         c.schema = self.connections.schema;
         c.named_statements = self.connections.database_pooler == plumbing::db::Pooler::None;
         c.validate()?;

@@ -5,6 +5,7 @@
 
 use crate::batch::{self, Fate, Item, Work};
 use crate::broker_headers;
+use crate::config::Config;
 use crate::context::{BROKER_TIMEOUT, Ctx, bounded};
 use crate::copies;
 use crate::error::SessionError;
@@ -17,8 +18,9 @@ use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
     BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, PublisherConfirm};
+use plumbing::broker_version::BrokerVersion;
 use plumbing::telemetry::{ErrorChain, Readiness};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +35,28 @@ use uuid::Uuid;
 async fn stopped_without_database(stop: &CancellationToken, readiness: &Readiness) {
     stop.cancelled().await;
     while readiness.postgres() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The `basic.consume` arguments: the consumer timeout where the broker takes one (3.11.15 and
+/// later; an unknown or unannounced version gets none).
+pub(crate) fn consume_arguments(config: &Config, broker: Option<BrokerVersion>) -> FieldTable {
+    let mut args = FieldTable::default();
+    if !config.consumer_timeout.is_zero()
+        && broker.is_some_and(BrokerVersion::supports_consumer_timeout_argument)
+    {
+        let ms = i64::try_from(config.consumer_timeout.as_millis()).unwrap_or(i64::MAX);
+        args.insert("x-consumer-timeout".into(), AMQPValue::LongLongInt(ms));
+    }
+    args
+}
+
+/// Resolves once the broker has cancelled `consumer` (`basic.cancel`: its queue was deleted, the
+/// consumer timeout struck, ...). Polled, because a worker waiting on its database does not
+/// read the delivery stream whose end would say so.
+async fn cancelled_by_broker(consumer: &lapin::Consumer) {
+    while !consumer.is_cancelled() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -82,7 +106,7 @@ impl Worker {
                 ctx.topology.queue.as_str().into(),
                 tag.into(),
                 BasicConsumeOptions::default(),
-                FieldTable::default(),
+                consume_arguments(&ctx.config, BrokerVersion::of(conn)),
             )
             .await?;
         Ok(Self {
@@ -279,6 +303,14 @@ impl Worker {
                 let attempt = tokio::select! {
                     biased;
                     result = batch::transact(&self.ctx, &self.events, &items) => result,
+                    () = cancelled_by_broker(&self.consumer) => {
+                        tracing::warn!(
+                            worker = self.index,
+                            batch = size,
+                            "the broker cancelled the consumer during the batch's transaction (queue deleted, or the consumer timeout struck): leaving it to redelivery (rolled back, or deduplicated if its commit landed)"
+                        );
+                        return Err(SessionError::ConsumerCancelled);
+                    }
                     () = stopped_without_database(stop, &self.ctx.readiness) => {
                         tracing::warn!(
                             worker = self.index,
@@ -315,10 +347,17 @@ impl Worker {
                                 tracing::info!(worker = self.index, batch = size, "stopping with the database unavailable: leaving the batch to redelivery");
                                 return Ok(BatchEnd::Abandoned);
                             }
+                            () = cancelled_by_broker(&self.consumer) => {
+                                tracing::warn!(worker = self.index, batch = size, "the broker cancelled the consumer while the database was unavailable (queue deleted, or the consumer timeout struck): reconnecting; the batch is redelivered");
+                                return Err(SessionError::ConsumerCancelled);
+                            }
                             _ = tokio::time::sleep(delay) => {}
                         }
                         if !self.consume_ch.status().connected() {
                             return Err(SessionError::ChannelClosed);
+                        }
+                        if self.consumer.is_cancelled() {
+                            return Err(SessionError::ConsumerCancelled);
                         }
                     }
                 }
@@ -473,5 +512,32 @@ impl Worker {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_consumer_timeout_goes_only_to_brokers_that_take_it() {
+        let config = Config::new("c", "amqp://x", "e");
+        let v = |s| BrokerVersion::parse(s);
+        let timeout = |broker| {
+            consume_arguments(&config, broker)
+                .inner()
+                .get("x-consumer-timeout")
+                .cloned()
+        };
+        assert_eq!(timeout(v("4.3.1")), Some(AMQPValue::LongLongInt(3_600_000)));
+        assert_eq!(
+            timeout(v("3.13.7")),
+            Some(AMQPValue::LongLongInt(3_600_000))
+        );
+        assert_eq!(timeout(v("3.10.7")), None);
+        assert_eq!(timeout(None), None);
+        let mut off = config.clone();
+        off.consumer_timeout = Duration::ZERO;
+        assert!(consume_arguments(&off, v("4.3.1")).inner().is_empty());
     }
 }

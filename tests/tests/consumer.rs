@@ -1780,3 +1780,75 @@ async fn a_crash_loop_counts_redeliveries_and_warns_near_the_delivery_limit() {
     );
     let _ = conn.close(200, "bye".into()).await;
 }
+
+/// The broker cancels a consumer (`basic.cancel`) and leaves its channel open when its queue is
+/// deleted, or, on 4.3, when the consumer timeout strikes. A worker waiting out a database outage
+/// with a batch in hand notices it there too (not only in its delivery stream): it ends the
+/// session and reconnects, re-declaring the queue, while PostgreSQL is still down; once the
+/// database is back, new messages are applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_cancel_is_noticed_during_a_database_outage() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let mut config = test_config(&name, &exchange);
+    config.workers = 1;
+    let pool = consumer_pool(&db.url_via(proxy.addr), &config).await;
+    let running = Running::start(config, pool, demo::ledger::handlers()).await;
+    let publisher = Publisher::new(&broker, &exchange).await;
+
+    proxy.set_mode(ProxyMode::Down);
+    publisher.publish(&payment("acct-lost", 5)).await;
+    let stats = running.stats.clone();
+    wait_until("the worker waits out the database outage", LONG, || {
+        let s = stats.snapshot();
+        async move { (s.database_failures > 0).then_some(()) }
+    })
+    .await;
+    assert_eq!(running.stats.snapshot().reconnects, 0);
+
+    // Deleting the queue makes the broker cancel its consumer; the channel stays open.
+    let conn = broker.connect().await;
+    let version = plumbing::broker_version::BrokerVersion::of(&conn);
+    assert!(version.is_some(), "the broker announces its version");
+    eprintln!("broker version: {version:?}");
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_delete(
+        name.as_str().into(),
+        lapin::options::QueueDeleteOptions::default(),
+    )
+    .await
+    .unwrap();
+    let stats = running.stats.clone();
+    let noticed = tokio::time::timeout(Duration::from_secs(15), async {
+        while stats.snapshot().reconnects == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        noticed.is_ok(),
+        "the worker kept waiting on its database with a cancelled consumer: {:?}",
+        running.stats.snapshot()
+    );
+    assert!(running.stats.snapshot().database_failures > 0);
+
+    // The session came back (the queue re-declared); with the database back, it applies again.
+    proxy.set_mode(ProxyMode::Pass);
+    let r = running.readiness.clone();
+    wait_until("consuming again", LONG, || {
+        let r = r.clone();
+        async move { r.rabbitmq().then_some(()) }
+    })
+    .await;
+    publisher.publish(&payment("acct-after", 7)).await;
+    wait_for_updates(&db.pool, 1, LONG).await;
+    assert_eq!(
+        ledger(&db.pool).await.get("acct-after"),
+        Some(&(7, 1)),
+        "applied after the reconnect"
+    );
+    running.stop().await;
+    let _ = conn.close(200, "bye".into()).await;
+}
