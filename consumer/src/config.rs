@@ -116,6 +116,7 @@ impl Config {
     /// Checks the settings; [`crate::run`] calls it.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_name(&self.name)?;
+        plumbing::amqp::check_frame_max(&self.amqp_url)?;
         if self.workers == 0 {
             return Err(ConfigError::Zero("workers"));
         }
@@ -353,6 +354,18 @@ mod tests {
         let mut c = base.clone();
         c.workers = 0;
         assert!(c.validate().is_err());
+        let mut c = base.clone();
+        c.amqp_url = "amqp://guest:guest@127.0.0.1:5672/%2f?frame_max=4096".into();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::FrameMaxTooSmall(_))
+        ));
+        let mut c = base.clone();
+        c.consumer_timeout = c.handler_timeout;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::ConsumerTimeoutTooShort { .. })
+        ));
         let mut c = base;
         c.retry_delays.clear();
         assert!(matches!(c.validate(), Err(ConfigError::NoRetryDelays)));
