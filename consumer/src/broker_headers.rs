@@ -1,10 +1,10 @@
 //! Headers RabbitMQ owns, and why the consumer's copies leave them behind.
 //!
 //! The broker writes these itself: `x-death` (and, since 3.13, `x-first-death-*` and
-//! `x-last-death-*`) when it dead-letters a message, `x-delivery-count` (quorum queues; 4.x also
-//! on classic queues) and `x-acquired-count` (4.x) when it delivers one again. A retry copy, a dead
-//! letter or a replay the runtime publishes is a *new* message as far as the broker is concerned,
-//! and must not carry them:
+//! `x-last-death-*`) when it dead-letters a message, `x-delivery-count` (quorum queues) and
+//! `x-acquired-count` (4.x) when it delivers one again. A retry copy, a dead letter or a replay
+//! the runtime publishes is a *new* message as far as the broker is concerned, and must not
+//! carry them:
 //!
 //! - On 3.x, dead-lettering consults `x-death` for cycles: a message whose `x-death` says it left
 //!   queue Q by dead-lettering, with no rejection since, is **dropped silently** (logged only) when
@@ -33,7 +33,7 @@ pub fn is_broker_owned(name: &str) -> bool {
 }
 
 /// The broker's count of earlier failed deliveries of this message (`x-delivery-count`, quorum
-/// queues; absent on a first delivery and on classic queues before 4.x).
+/// queues; absent on a first delivery and on classic queues).
 pub fn delivery_count(table: &FieldTable) -> Option<i64> {
     crate::message::header_int(table, "x-delivery-count")
 }

@@ -1436,6 +1436,21 @@ async fn exceed_delivery_limit(conn: &Connection, topology: &Topology, broker: &
     let _ = ch.close(200, "done".into()).await;
 }
 
+/// [`Picky`], recording the headers of every delivery its handler sees.
+struct HeaderSpy {
+    picky: Picky,
+    seen: std::sync::Mutex<Vec<serde_json::Map<String, serde_json::Value>>>,
+}
+
+impl Handler for HeaderSpy {
+    async fn handle(&self, tx: &mut PgConnection, msg: &Envelope) -> Result<(), HandlerError> {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.push(msg.headers.clone());
+        }
+        self.picky.handle(tx, msg).await
+    }
+}
+
 /// RabbitMQ 3.x drops a dead-lettered message when its `x-death` says it already left the target
 /// queue by dead-lettering with no rejection since (its cycle detection). A dead letter the
 /// broker made for the delivery limit carries `x-death` naming the consumer's queue; replayed
@@ -1466,10 +1481,18 @@ async fn a_broker_dead_letter_replayed_then_retried_is_not_dropped_by_cycle_dete
     );
 
     let pool = consumer_pool(&db.url, &config).await;
-    let picky = Arc::new(Picky {
-        allow_rule: AtomicBool::new(false),
+    let spy = Arc::new(HeaderSpy {
+        picky: Picky {
+            allow_rule: AtomicBool::new(false),
+        },
+        seen: std::sync::Mutex::new(Vec::new()),
     });
-    let running = Running::start(config, pool, Handlers::new().on("payment.captured", picky)).await;
+    let running = Running::start(
+        config,
+        pool,
+        Handlers::new().on("payment.captured", spy.clone()),
+    )
+    .await;
     let (ok, stdout, stderr) = dlq_command(&name, &["replay", &flaky.id.to_string()]);
     assert!(ok, "replay failed: {stderr}");
     assert!(stdout.contains(&flaky.id.to_string()), "{stdout}");
@@ -1495,6 +1518,22 @@ async fn a_broker_dead_letter_replayed_then_retried_is_not_dropped_by_cycle_dete
     );
     assert_eq!(s.retried, 2, "{s:?}");
     assert_eq!(ledger(&db.pool).await.get("acct-flaky"), Some(&(30, 1)));
+    // The replayed copy carried none of the broker's headers, and its own history instead; the
+    // retried copies only the x-death of their own trip through the retry queue.
+    let seen = spy.seen.lock().map(|s| s.clone()).unwrap_or_default();
+    // (A failing batch is re-run message by message: a failed attempt may be seen twice.)
+    assert!(seen.len() >= 3, "{seen:#?}");
+    let replayed = &seen[0];
+    for broker_owned in ["x-death", "x-delivery-count", "x-first-death-queue"] {
+        assert!(!replayed.contains_key(broker_owned), "{replayed:#?}");
+    }
+    assert_eq!(replayed["x-replayed-kind"], "broker:delivery_limit");
+    assert_eq!(replayed["x-attempt"], 1);
+    let retried = &seen[seen.len() - 1];
+    assert_eq!(retried["x-attempt"], 3);
+    let deaths = retried["x-death"].as_array().cloned().unwrap_or_default();
+    assert_eq!(deaths.len(), 1, "{retried:#?}");
+    assert_eq!(deaths[0]["reason"], "expired", "{retried:#?}");
     assert_eq!(queue_depth(&broker, &topology.dead_letter_queue).await, 0);
     running.stop().await;
     let _ = conn.close(200, "bye".into()).await;
