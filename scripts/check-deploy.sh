@@ -225,6 +225,20 @@ EOF
 
 # --- compose ----------------------------------------------------------------------------------
 run "docker-compose config -q (docker-compose.yml is valid)" docker-compose -f docker-compose.yml config -q
+# The broker image is an exact version (no floating tag such as 3-management), overridable with
+# RABBITMQ_IMAGE, and the operations guide names the same default.
+run "rabbitmq image pinned to an exact version, overridable with RABBITMQ_IMAGE, the same in docs/operations.md" \
+    python3 - <<'EOF'
+import re, sys, yaml
+compose = yaml.safe_load(open("docker-compose.yml"))
+image = compose["services"]["rabbitmq"]["image"]
+m = re.fullmatch(r"\$\{RABBITMQ_IMAGE:-(rabbitmq:\d+\.\d+\.\d+-management)\}", image)
+if not m:
+    sys.exit(f"rabbitmq image {image!r}: want ${{RABBITMQ_IMAGE:-rabbitmq:X.Y.Z-management}}")
+doc = open("docs/operations.md").read()
+if f"`{m.group(1)}`" not in doc:
+    sys.exit(f"docs/operations.md does not name the default image `{m.group(1)}`")
+EOF
 
 bins=(relay consumer producer payment-provider console)
 need_build=()

@@ -60,7 +60,21 @@ pub struct Config {
     /// (PgBouncer before 1.21): unnamed, one round trip more per batch. The binaries set it from
     /// `DATABASE_POOLER`.
     pub named_statements: bool,
+    /// Log a warning for each delivery whose `x-delivery-count` (the broker's count of failed
+    /// deliveries, quorum queues) reaches this: the message nears the queue's delivery limit
+    /// (20 by default on RabbitMQ 4.x), past which the broker dead-letters or drops it. 0: never.
+    pub redelivery_warning: u32,
+    /// How long the broker lets a delivery stay unacknowledged before it cancels the consumer
+    /// (`x-consumer-timeout` on `basic.consume`; sent only to brokers from 3.11.15, older ones
+    /// keep their global `consumer_timeout`). Above the longest a batch can hold its deliveries
+    /// in normal operation; a database outage longer than this makes the broker take them back.
+    /// Zero: not sent (the broker's default, 30 minutes).
+    pub consumer_timeout: Duration,
 }
+
+/// Default of [`Config::redelivery_warning`]: three quarters of RabbitMQ 4.x's default delivery
+/// limit (20).
+pub const DEFAULT_REDELIVERY_WARNING: u32 = 15;
 
 impl Config {
     /// A configuration with the defaults of the command line.
@@ -94,12 +108,15 @@ impl Config {
             ack_delay: Duration::ZERO,
             schema: Schema::default(),
             named_statements: true,
+            redelivery_warning: DEFAULT_REDELIVERY_WARNING,
+            consumer_timeout: Duration::from_secs(3600),
         }
     }
 
     /// Checks the settings; [`crate::run`] calls it.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_name(&self.name)?;
+        plumbing::amqp::check_frame_max(&self.amqp_url)?;
         if self.workers == 0 {
             return Err(ConfigError::Zero("workers"));
         }
@@ -127,6 +144,12 @@ impl Config {
         }
         if self.retention_interval.is_zero() {
             return Err(ConfigError::Zero("retention interval"));
+        }
+        if !self.consumer_timeout.is_zero() && self.consumer_timeout <= self.handler_timeout {
+            return Err(ConfigError::ConsumerTimeoutTooShort {
+                consumer_timeout: self.consumer_timeout,
+                handler_timeout: self.handler_timeout,
+            });
         }
         let horizon = self.retry_horizon();
         if self.retention <= horizon {
@@ -220,6 +243,14 @@ pub struct Settings {
     /// How often the retention sweep runs (one instance at a time, in bounded batches).
     #[arg(long, env = "CONSUMER_RETENTION_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     pub retention_interval: Duration,
+    /// Log a warning for each delivery whose `x-delivery-count` reaches this (the message nears
+    /// the queue's delivery limit, 20 by default on RabbitMQ 4.x). 0: never.
+    #[arg(long, env = "CONSUMER_REDELIVERY_WARNING", default_value_t = DEFAULT_REDELIVERY_WARNING)]
+    pub redelivery_warning: u32,
+    /// Delivery acknowledgement timeout of the consumer (`x-consumer-timeout`), sent to brokers
+    /// from 3.11.15; `0s`: the broker's own (30 minutes by default).
+    #[arg(long, env = "CONSUMER_TIMEOUT", default_value = "1h", value_parser = parse_duration)]
+    pub consumer_timeout: Duration,
     /// Fault injection for tests: pause between commit and ack.
     #[arg(long, hide = true, default_value = "0ms", value_parser = parse_duration)]
     pub debug_ack_delay: Duration,
@@ -251,6 +282,8 @@ impl Settings {
         c.retention_interval = self.retention_interval;
         c.metrics_addr = Some(self.connections.metrics_addr);
         c.ack_delay = self.debug_ack_delay;
+        c.redelivery_warning = self.redelivery_warning;
+        c.consumer_timeout = self.consumer_timeout;
         c.schema = self.connections.schema;
         c.named_statements = self.connections.database_pooler == plumbing::db::Pooler::None;
         c.validate()?;
@@ -321,6 +354,18 @@ mod tests {
         let mut c = base.clone();
         c.workers = 0;
         assert!(c.validate().is_err());
+        let mut c = base.clone();
+        c.amqp_url = "amqp://guest:guest@127.0.0.1:5672/%2f?frame_max=4096".into();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::FrameMaxTooSmall(_))
+        ));
+        let mut c = base.clone();
+        c.consumer_timeout = c.handler_timeout;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::ConsumerTimeoutTooShort { .. })
+        ));
         let mut c = base;
         c.retry_delays.clear();
         assert!(matches!(c.validate(), Err(ConfigError::NoRetryDelays)));

@@ -3,6 +3,7 @@
 //! publishes them with publisher confirms before it acknowledges the batch.
 
 use crate::batch::{Fate, Item};
+use crate::broker_headers;
 use crate::context::Ctx;
 use crate::message::{self, headers};
 use crate::screen::{self, MAX_HEADER_DEPTH};
@@ -11,7 +12,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use plumbing::amqp::HEADER_FRAME_OVERHEAD;
 
 /// The headers the consumer sets on its copies: [`fit`] never removes them, so a copy keeps why.
-pub const OWN_HEADERS: [&str; 8] = [
+pub const OWN_HEADERS: [&str; 9] = [
     headers::ATTEMPT,
     headers::LAST_ERROR,
     headers::ORIGINAL_ROUTING_KEY,
@@ -20,6 +21,7 @@ pub const OWN_HEADERS: [&str; 8] = [
     headers::DEAD_LETTERED_AT,
     headers::DEAD_LETTER_CONSUMER,
     headers::REPLAYED_AT,
+    headers::REPLAYED_KIND,
 ];
 
 /// A copy that does not fit one frame even without any of the original's headers.
@@ -125,6 +127,8 @@ pub(crate) fn copy_of(
     let d = &item.delivery;
     let original_key = message::original_routing_key(&d.properties, d.routing_key.as_str());
     let mut table = d.properties.headers().clone().unwrap_or_default();
+    // A copy is a new message to the broker: its `x-death` could make RabbitMQ 3.x drop it.
+    broker_headers::strip(&mut table);
     message::set_text(&mut table, headers::ORIGINAL_ROUTING_KEY, &original_key);
     let (exchange, routing_key, kind) = match fate {
         Fate::Retry(reason) => {

@@ -6,6 +6,7 @@
 //! broker confirmed the copy: a replay interrupted in between leaves both, and deduplication
 //! applies the effect once anyway.
 
+use crate::broker_headers;
 use crate::error::DlqError;
 use crate::message::{self, headers};
 use crate::topology::Topology;
@@ -104,7 +105,8 @@ async fn list_on(
 }
 
 /// Re-injects the selected dead letters of consumer `name` into its queue, with their original
-/// message ids, a fresh attempt budget and the dead-letter headers removed.
+/// message ids, a fresh attempt budget, and the dead-letter and broker-owned headers removed
+/// (see [`crate::broker_headers`]); `x-replayed-kind` keeps the kind the letter had.
 pub async fn replay(
     amqp_url: &str,
     tls: &AmqpTls,
@@ -176,6 +178,10 @@ async fn replay_on(
         }
         let mut table = d.properties.headers().clone().unwrap_or_default();
         let original_key = message::original_routing_key(&d.properties, d.routing_key.as_str());
+        let kind = describe(d).kind;
+        // The broker's `x-death` would make RabbitMQ 3.x drop the replayed message as a
+        // dead-letter cycle once a retry queue dead-letters it back (see `broker_headers`).
+        broker_headers::strip(&mut table);
         message::remove(
             &mut table,
             &[
@@ -187,6 +193,7 @@ async fn replay_on(
             ],
         );
         message::set_int(&mut table, headers::ATTEMPT, 1);
+        message::set_text(&mut table, headers::REPLAYED_KIND, &kind);
         message::set_text(&mut table, headers::ORIGINAL_ROUTING_KEY, &original_key);
         message::set_text(
             &mut table,

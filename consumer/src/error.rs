@@ -25,6 +25,16 @@ pub enum ConfigError {
     InvalidBinding(String),
     #[error("no binding keys: configure some, or register a handler")]
     NoBindings,
+    #[error(transparent)]
+    FrameMaxTooSmall(#[from] plumbing::amqp::FrameMaxTooSmall),
+    #[error(
+        "consumer timeout {consumer_timeout:?} must exceed the handler timeout {handler_timeout:?}: \
+         the broker would take deliveries back from a handler still within its time"
+    )]
+    ConsumerTimeoutTooShort {
+        consumer_timeout: Duration,
+        handler_timeout: Duration,
+    },
 }
 
 /// Errors that end [`crate::run`]. Lost connections are not among them: the runtime reconnects.

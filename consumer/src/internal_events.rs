@@ -12,6 +12,8 @@
 //! | `consumer_database_failures_total` | counter | `consumer` (batches rolled back by an infrastructure error) |
 //! | `consumer_reconnects_total` | counter | `consumer` |
 //! | `consumer_dedup_rows_deleted_total` | counter | `consumer` |
+//! | `consumer_redeliveries_total` | counter | `consumer` (deliveries flagged `redelivered` or with an `x-delivery-count` above 0) |
+//! | `consumer_deliveries_returned_total` | counter | `consumer` (buffered, never started, returned with `basic.nack` on a graceful stop) |
 //!
 //! The same counts are kept in [`Stats`], which embedding code and tests read without a recorder.
 
@@ -32,6 +34,8 @@ pub const BATCH_DURATION: &str = "consumer_batch_duration_seconds";
 pub const DATABASE_FAILURES: &str = "consumer_database_failures_total";
 pub const RECONNECTS: &str = "consumer_reconnects_total";
 pub const DEDUP_ROWS_DELETED: &str = "consumer_dedup_rows_deleted_total";
+pub const REDELIVERIES: &str = "consumer_redeliveries_total";
+pub const DELIVERIES_RETURNED: &str = "consumer_deliveries_returned_total";
 
 /// What happened to a delivery (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +89,8 @@ pub struct Stats {
     batches: AtomicU64,
     rejected: AtomicU64,
     discarded: AtomicU64,
+    returned: AtomicU64,
+    redelivered: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one moment.
@@ -102,6 +108,10 @@ pub struct StatsSnapshot {
     pub rejected: u64,
     /// Rejected without requeue because even their copy could not fit a frame.
     pub discarded: u64,
+    /// Buffered but never started when a graceful stop returned them (`basic.nack`, requeue).
+    pub returned: u64,
+    /// Deliveries the broker had delivered before (redelivered flag or `x-delivery-count`).
+    pub redelivered: u64,
 }
 
 impl StatsSnapshot {
@@ -125,6 +135,8 @@ impl Stats {
             batches: l(&self.batches),
             rejected: l(&self.rejected),
             discarded: l(&self.discarded),
+            returned: l(&self.returned),
+            redelivered: l(&self.redelivered),
         }
     }
 
@@ -154,6 +166,8 @@ pub struct Events {
     database_failures: Counter,
     reconnects: Counter,
     dedup_rows_deleted: Counter,
+    returned: Counter,
+    redeliveries: Counter,
 }
 
 impl Events {
@@ -174,7 +188,9 @@ impl Events {
             batch_duration: metrics::histogram!(BATCH_DURATION, "consumer" => c.clone()),
             database_failures: metrics::counter!(DATABASE_FAILURES, "consumer" => c.clone()),
             reconnects: metrics::counter!(RECONNECTS, "consumer" => c.clone()),
-            dedup_rows_deleted: metrics::counter!(DEDUP_ROWS_DELETED, "consumer" => c),
+            dedup_rows_deleted: metrics::counter!(DEDUP_ROWS_DELETED, "consumer" => c.clone()),
+            returned: metrics::counter!(DELIVERIES_RETURNED, "consumer" => c.clone()),
+            redeliveries: metrics::counter!(REDELIVERIES, "consumer" => c),
         }
     }
 
@@ -235,6 +251,18 @@ impl Events {
         self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A graceful stop returned `n` deliveries that were buffered but never started.
+    pub fn returned(&self, n: u64) {
+        self.returned.increment(n);
+        self.stats.returned.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A delivery the broker had delivered before arrived.
+    pub fn redelivered(&self) {
+        self.redeliveries.increment(1);
+        self.stats.redelivered.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The retention sweep deleted `n` deduplication rows.
     pub fn dedup_rows_deleted(&self, n: u64) {
         self.dedup_rows_deleted.increment(n);
@@ -275,6 +303,14 @@ fn describe() {
     describe_counter!(
         RECONNECTS,
         "RabbitMQ sessions that ended and were re-established"
+    );
+    describe_counter!(
+        DELIVERIES_RETURNED,
+        "Deliveries buffered but never started, returned to the queue (basic.nack) on a graceful stop"
+    );
+    describe_counter!(
+        REDELIVERIES,
+        "Deliveries the broker had delivered before (redelivered flag or x-delivery-count above 0)"
     );
     describe_counter!(
         DEDUP_ROWS_DELETED,

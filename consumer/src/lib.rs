@@ -16,6 +16,8 @@
 //!   confirms, then one multi-ack.
 //! - [`batch`]: a batch's items, the batch transaction (dedup insert, handlers with savepoints on
 //!   failure, commit) and each message's fate.
+//! - [`broker_headers`]: the headers RabbitMQ owns (`x-death`, `x-delivery-count`...), which
+//!   copies and replays leave behind.
 //! - [`copies`]: what a retry copy or dead letter of a delivery is, made to fit one frame (the
 //!   largest original headers cut, the reason kept).
 //! - [`dedup`]: the `processed_messages` statements and which database errors are infrastructure.
@@ -44,6 +46,7 @@
 //! ```
 
 pub mod batch;
+pub mod broker_headers;
 pub mod config;
 mod context;
 pub mod copies;

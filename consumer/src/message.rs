@@ -26,6 +26,10 @@ pub mod headers {
     pub const DEAD_LETTER_CONSUMER: &str = "x-dead-letter-consumer";
     /// When `dlq replay` re-injected it (RFC 3339).
     pub const REPLAYED_AT: &str = "x-replayed-at";
+    /// The kind the replayed dead letter had (one of [`DEAD_LETTER_KIND`]'s, or `broker:<reason>`
+    /// when RabbitMQ dead-lettered it, e.g. `broker:delivery_limit`): the replay drops the
+    /// broker's `x-death` (see [`crate::broker_headers`]), this keeps why it was a dead letter.
+    pub const REPLAYED_KIND: &str = "x-replayed-kind";
 }
 
 /// Why a message went to the dead-letter queue.

@@ -236,7 +236,14 @@ async fn consume(
     }
     ctx.readiness.set_rabbitmq(true);
     established.store(true, Ordering::Relaxed);
-    tracing::info!(consumer = %cfg.name, queue = %ctx.topology.queue, "consuming");
+    let broker = plumbing::broker_version::BrokerVersion::of(conn);
+    tracing::info!(
+        consumer = %cfg.name,
+        queue = %ctx.topology.queue,
+        broker = %broker.map_or_else(|| "unknown".to_string(), |v| v.to_string()),
+        consumer_timeout = ?crate::worker::consume_arguments(cfg, broker).inner().get("x-consumer-timeout"),
+        "consuming"
+    );
 
     let stop = shutdown.child_token();
     let mut set = tokio::task::JoinSet::new();

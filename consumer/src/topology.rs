@@ -11,8 +11,10 @@
 //! main queue, so a failing message never spins in a hot requeue loop and a long delay does not
 //! hold back a short one. Dead letters are published by the runtime to `NAME.dlx` with the reason
 //! in headers; the main queue also dead-letters into it, so anything the broker rejects lands in the
-//! same place. The dead-letter queue is a classic queue so that `dlq list` can browse it without
-//! counting deliveries.
+//! same place. The dead-letter queue is declared a classic queue explicitly (`x-queue-type:
+//! classic`), so that `dlq list` can browse it without counting deliveries even where the vhost's
+//! default queue type is quorum (there, every browse would count as a failed delivery of each
+//! letter, and the delivery limit, 20 by default on 4.x, would drop them).
 
 use crate::config::format_duration;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
@@ -95,12 +97,35 @@ impl Topology {
         )
         .await?;
         let dlq = async {
-            ch.queue_declare(
-                self.dead_letter_queue.as_str().into(),
-                durable,
-                FieldTable::default(),
-            )
-            .await?;
+            if let Err(e) = ch
+                .queue_declare(
+                    self.dead_letter_queue.as_str().into(),
+                    durable,
+                    dead_letter_queue_arguments(),
+                )
+                .await
+            {
+                if !is_code(&e, 406) {
+                    return Err(e);
+                }
+                // Declared before without the type (RabbitMQ 3.10 holds an untyped classic queue
+                // inequivalent to a typed one), or made a quorum queue by a vhost's default type.
+                tracing::warn!(
+                    queue = %self.dead_letter_queue,
+                    error = %e,
+                    "dead-letter queue exists with other arguments; using it as it is (if it is a quorum queue, each `dlq list` counts as a failed delivery of every letter, and the delivery limit drops them: recreate it as a classic queue)"
+                );
+                ch = conn.create_channel().await?;
+                ch.queue_declare(
+                    self.dead_letter_queue.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            }
             ch.queue_bind(
                 self.dead_letter_queue.as_str().into(),
                 self.dead_letter_exchange.as_str().into(),
@@ -170,6 +195,14 @@ impl Topology {
     }
 }
 
+/// The dead-letter queue's arguments: a classic queue by its own declaration, whatever the
+/// vhost's default queue type (see the module docs).
+pub fn dead_letter_queue_arguments() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), text("classic"));
+    args
+}
+
 /// Members of a new consumer queue (a quorum queue): with 3, it keeps working, and loses
 /// nothing confirmed, while any one of them is down. RabbitMQ places them on as many running
 /// nodes as there are, up to this size (a single-node broker gets one member).
@@ -230,5 +263,11 @@ mod tests {
             t.retry_queue(Duration::from_secs(5)),
             Some("ledger.retry.5s")
         );
+    }
+
+    #[test]
+    fn the_dead_letter_queue_is_classic_by_declaration() {
+        let args = dead_letter_queue_arguments();
+        assert_eq!(args.inner().get("x-queue-type"), Some(&text("classic")));
     }
 }

@@ -4,6 +4,8 @@
 //! (see [`crate::copies`]), then acknowledges the whole batch at once.
 
 use crate::batch::{self, Fate, Item, Work};
+use crate::broker_headers;
+use crate::config::Config;
 use crate::context::{BROKER_TIMEOUT, Ctx, bounded};
 use crate::copies;
 use crate::error::SessionError;
@@ -13,11 +15,12 @@ use crate::screen::{self, Reason};
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
-    ConfirmSelectOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, PublisherConfirm};
+use plumbing::broker_version::BrokerVersion;
 use plumbing::telemetry::{ErrorChain, Readiness};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +35,28 @@ use uuid::Uuid;
 async fn stopped_without_database(stop: &CancellationToken, readiness: &Readiness) {
     stop.cancelled().await;
     while readiness.postgres() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The `basic.consume` arguments: the consumer timeout where the broker takes one (3.11.15 and
+/// later; an unknown or unannounced version gets none).
+pub(crate) fn consume_arguments(config: &Config, broker: Option<BrokerVersion>) -> FieldTable {
+    let mut args = FieldTable::default();
+    if !config.consumer_timeout.is_zero()
+        && broker.is_some_and(BrokerVersion::supports_consumer_timeout_argument)
+    {
+        let ms = i64::try_from(config.consumer_timeout.as_millis()).unwrap_or(i64::MAX);
+        args.insert("x-consumer-timeout".into(), AMQPValue::LongLongInt(ms));
+    }
+    args
+}
+
+/// Resolves once the broker has cancelled `consumer` (`basic.cancel`: its queue was deleted, the
+/// consumer timeout struck, ...). Polled, because a worker waiting on its database does not
+/// read the delivery stream whose end would say so.
+async fn cancelled_by_broker(consumer: &lapin::Consumer) {
+    while !consumer.is_cancelled() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -81,7 +106,7 @@ impl Worker {
                 ctx.topology.queue.as_str().into(),
                 tag.into(),
                 BasicConsumeOptions::default(),
-                FieldTable::default(),
+                consume_arguments(&ctx.config, BrokerVersion::of(conn)),
             )
             .await?;
         Ok(Self {
@@ -97,10 +122,14 @@ impl Worker {
 
     pub(crate) async fn run(mut self, stop: CancellationToken) -> Result<(), SessionError> {
         let result = self.consume_loop(&stop).await;
-        if let Err(e) = &result {
-            tracing::debug!(worker = self.index, error = %ErrorChain(e), "worker stopping");
+        match &result {
+            Ok(()) => self.return_buffered().await,
+            Err(e) => {
+                tracing::debug!(worker = self.index, error = %ErrorChain(e), "worker stopping")
+            }
         }
-        // Closing returns every unacknowledged delivery (prefetched, never committed) to the queue.
+        // Closing returns every delivery still unacknowledged (after a lost link, or a batch left
+        // to redelivery) to the queue.
         let _ = tokio::time::timeout(
             Duration::from_secs(5),
             self.consume_ch.close(200, "worker stopping".into()),
@@ -112,6 +141,60 @@ impl Worker {
         )
         .await;
         result
+    }
+
+    /// On a graceful stop: cancels the consumer, so that the broker sends nothing more, then
+    /// returns every delivery it had sent that no batch took (`basic.nack`, requeue), before the
+    /// channel closes. A channel closed with unacknowledged deliveries counts each as a failed
+    /// delivery on a quorum queue (on 4.0 to 4.2 against the delivery limit, 20 by default); from
+    /// 4.3 a `basic.nack` is "not processed" and leaves the count alone. Best effort: whatever
+    /// fails here, the channel close still returns the deliveries.
+    async fn return_buffered(&mut self) {
+        let tag = self.consumer.tag();
+        let cancelled = bounded(
+            "cancelling the consumer",
+            self.consume_ch
+                .basic_cancel(tag, BasicCancelOptions::default()),
+            SessionError::Ack,
+        )
+        .await;
+        if let Err(e) = cancelled {
+            tracing::debug!(worker = self.index, error = %ErrorChain(&e), "could not cancel the consumer; the channel close returns its deliveries");
+            return;
+        }
+        // After cancel-ok every delivery sent before it is buffered, followed by the stream's end.
+        let mut returned = 0u64;
+        let mut last_tag = None;
+        while let Some(Some(Ok(d))) = self.consumer.next().now_or_never() {
+            returned += 1;
+            last_tag = Some(d.delivery_tag);
+        }
+        let Some(last_tag) = last_tag else { return };
+        let nacked = bounded(
+            "returning buffered deliveries",
+            self.consume_ch.basic_nack(
+                last_tag,
+                BasicNackOptions {
+                    multiple: true,
+                    requeue: true,
+                },
+            ),
+            SessionError::Ack,
+        )
+        .await;
+        match nacked {
+            Ok(()) => {
+                self.events.returned(returned);
+                tracing::info!(
+                    worker = self.index,
+                    returned,
+                    "returned the deliveries buffered but not started to the queue"
+                );
+            }
+            Err(e) => {
+                tracing::debug!(worker = self.index, error = %ErrorChain(&e), "could not return buffered deliveries; the channel close returns them")
+            }
+        }
     }
 
     async fn consume_loop(&mut self, stop: &CancellationToken) -> Result<(), SessionError> {
@@ -146,6 +229,7 @@ impl Worker {
 
     fn prepare(&self, delivery: Delivery) -> Item {
         let attempt = message::attempt(&delivery.properties);
+        self.note_redelivery(&delivery, attempt);
         let routing_key = delivery.routing_key.as_str();
         let decoded = match screen::screen(&delivery.properties, routing_key) {
             Err(refusal) => {
@@ -172,6 +256,37 @@ impl Worker {
         }
     }
 
+    /// Counts a delivery the broker delivered before (its `redelivered` flag, or the quorum
+    /// queue's `x-delivery-count`), and warns when that count reaches
+    /// [`Config::redelivery_warning`](crate::Config::redelivery_warning): a message in a crash or
+    /// stop loop nears the delivery limit, past which the broker dead-letters it unprocessed.
+    fn note_redelivery(&self, delivery: &Delivery, attempt: u32) {
+        let count = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(broker_headers::delivery_count)
+            .unwrap_or(0);
+        if !delivery.redelivered && count <= 0 {
+            return;
+        }
+        self.events.redelivered();
+        let threshold = i64::from(self.ctx.config.redelivery_warning);
+        if threshold > 0 && count >= threshold {
+            tracing::warn!(
+                message_id = delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map_or("", |s| s.as_str()),
+                delivery_count = count,
+                warn_at = threshold,
+                attempt,
+                "message redelivered often: it nears the queue's delivery limit (x-delivery-count), past which the broker dead-letters it unprocessed"
+            );
+        }
+    }
+
     async fn process_batch(
         &mut self,
         deliveries: Vec<Delivery>,
@@ -188,6 +303,14 @@ impl Worker {
                 let attempt = tokio::select! {
                     biased;
                     result = batch::transact(&self.ctx, &self.events, &items) => result,
+                    () = cancelled_by_broker(&self.consumer) => {
+                        tracing::warn!(
+                            worker = self.index,
+                            batch = size,
+                            "the broker cancelled the consumer during the batch's transaction (queue deleted, or the consumer timeout struck): leaving it to redelivery (rolled back, or deduplicated if its commit landed)"
+                        );
+                        return Err(SessionError::ConsumerCancelled);
+                    }
                     () = stopped_without_database(stop, &self.ctx.readiness) => {
                         tracing::warn!(
                             worker = self.index,
@@ -224,10 +347,17 @@ impl Worker {
                                 tracing::info!(worker = self.index, batch = size, "stopping with the database unavailable: leaving the batch to redelivery");
                                 return Ok(BatchEnd::Abandoned);
                             }
+                            () = cancelled_by_broker(&self.consumer) => {
+                                tracing::warn!(worker = self.index, batch = size, "the broker cancelled the consumer while the database was unavailable (queue deleted, or the consumer timeout struck): reconnecting; the batch is redelivered");
+                                return Err(SessionError::ConsumerCancelled);
+                            }
                             _ = tokio::time::sleep(delay) => {}
                         }
                         if !self.consume_ch.status().connected() {
                             return Err(SessionError::ChannelClosed);
+                        }
+                        if self.consumer.is_cancelled() {
+                            return Err(SessionError::ConsumerCancelled);
                         }
                     }
                 }
@@ -382,5 +512,32 @@ impl Worker {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_consumer_timeout_goes_only_to_brokers_that_take_it() {
+        let config = Config::new("c", "amqp://x", "e");
+        let v = |s| BrokerVersion::parse(s);
+        let timeout = |broker| {
+            consume_arguments(&config, broker)
+                .inner()
+                .get("x-consumer-timeout")
+                .cloned()
+        };
+        assert_eq!(timeout(v("4.3.1")), Some(AMQPValue::LongLongInt(3_600_000)));
+        assert_eq!(
+            timeout(v("3.13.7")),
+            Some(AMQPValue::LongLongInt(3_600_000))
+        );
+        assert_eq!(timeout(v("3.10.7")), None);
+        assert_eq!(timeout(None), None);
+        let mut off = config.clone();
+        off.consumer_timeout = Duration::ZERO;
+        assert!(consume_arguments(&off, v("4.3.1")).inner().is_empty());
     }
 }

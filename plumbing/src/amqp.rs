@@ -55,6 +55,43 @@ pub fn with_defaults(url: &str) -> String {
     url
 }
 
+/// The smallest `frame_max` RabbitMQ accepts from 4.1 on (`connection.tune-ok` below it closes
+/// the connection).
+pub const MIN_FRAME_MAX: u32 = 8192;
+
+/// A `frame_max` query parameter below [`MIN_FRAME_MAX`] in an AMQP URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "frame_max={frame_max} in the AMQP URL {url_hint} is below {MIN_FRAME_MAX}: RabbitMQ 4.1 and later refuse \
+     the connection; remove the parameter (the broker's 128 KiB applies) or set it to {MIN_FRAME_MAX} or more"
+)]
+pub struct FrameMaxTooSmall {
+    pub frame_max: u32,
+    /// The URL's host part (no credentials), to say which node of a list.
+    pub url_hint: String,
+}
+
+/// Refuses a `frame_max` below [`MIN_FRAME_MAX`] in any URL of `urls` (one URL or a comma-separated
+/// list of a cluster's nodes). `0` ("no limit of the client's") and no parameter are fine; a URL
+/// that does not parse is left for the connection to report.
+pub fn check_frame_max(urls: &str) -> Result<(), FrameMaxTooSmall> {
+    for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let Ok(uri) = url.parse::<lapin::uri::AMQPUri>() else {
+            continue;
+        };
+        if let Some(frame_max) = uri.query.frame_max
+            && frame_max != 0
+            && frame_max < MIN_FRAME_MAX
+        {
+            return Err(FrameMaxTooSmall {
+                frame_max,
+                url_hint: format!("for {}:{}", uri.authority.host, uri.authority.port),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Connects with heartbeats on and a bounded wait; `name` shows in the management UI. An
 /// `amqps://` URL verifies the broker's certificate against the system's roots and `tls.ca_file`.
 pub async fn connect(url: &str, tls: &AmqpTls, name: &str) -> Result<Connection, AmqpError> {
@@ -193,6 +230,25 @@ mod tests {
         assert_eq!(header_i64(&t, "d"), None);
         assert_eq!(header_i64(&t, "e"), None);
         assert_eq!(header_i64(&t, "missing"), None);
+    }
+
+    #[test]
+    fn a_frame_max_below_8192_is_refused() {
+        assert_eq!(
+            check_frame_max("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            Ok(())
+        );
+        assert_eq!(
+            check_frame_max("amqp://h/%2f?frame_max=8192&heartbeat=5"),
+            Ok(())
+        );
+        assert_eq!(check_frame_max("amqp://h/%2f?frame_max=0"), Ok(()));
+        let err = check_frame_max("amqp://a:5672/%2f,amqp://u:secret@b:5673/%2f?frame_max=4096")
+            .unwrap_err();
+        assert_eq!(err.frame_max, 4096);
+        let text = err.to_string();
+        assert!(text.contains("b:5673") && text.contains("8192"), "{text}");
+        assert!(!text.contains("secret"), "{text}");
     }
 
     #[test]

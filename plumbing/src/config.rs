@@ -26,7 +26,8 @@ pub struct Connections {
     pub database_pooler: crate::db::Pooler,
     /// RabbitMQ connection string, or a comma-separated list of a cluster's nodes (each a full
     /// URL): a lost connection fails over to the next reachable node. A `heartbeat` query
-    /// parameter is added when missing.
+    /// parameter is added when missing. A `frame_max` below 8192 is refused at start
+    /// ([`crate::amqp::check_frame_max`]; RabbitMQ 4.1 and later refuse it).
     #[arg(
         long,
         env = "AMQP_URL",

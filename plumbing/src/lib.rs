@@ -12,6 +12,8 @@
 //!   `/metrics`, `/healthz`, `/readyz` server.
 //! - [`trace`]: a message's span as a child of its `traceparent`, for export.
 //! - [`shutdown`]: SIGTERM/SIGINT as a cancellation token passed to every `run`.
+//! - [`broker_version`]: the RabbitMQ version of a connection (server properties), for features
+//!   only some versions have.
 //! - [`backoff`]: exponential backoff with full jitter, shared by retries and reconnects.
 //! - [`config`]: the connection settings (flags and env vars) every binary takes.
 
@@ -19,6 +21,7 @@ pub mod amqp;
 pub mod amqp_nodes;
 pub mod amqp_tls;
 pub mod backoff;
+pub mod broker_version;
 pub mod config;
 pub mod db;
 pub mod shutdown;

@@ -63,12 +63,15 @@ pub enum RelayError {
     Metrics(#[source] std::io::Error),
     #[error(transparent)]
     Db(#[from] plumbing::db::DbError),
+    #[error("invalid configuration")]
+    FrameMax(#[from] plumbing::amqp::FrameMaxTooSmall),
 }
 
 /// Runs a relay until `shutdown` is cancelled: connects (retrying while PostgreSQL starts), applies
 /// migrations, serves `/metrics`, `/healthz`, `/readyz` on `METRICS_ADDR`, then publishes.
 pub async fn run(config: RelayConfig, shutdown: CancellationToken) -> Result<(), RelayError> {
     validate(&config.options)?;
+    plumbing::amqp::check_frame_max(&config.connections.amqp_url)?;
     let readiness = Readiness::new();
     plumbing::telemetry::serve_ops(
         config.connections.metrics_addr,

@@ -394,8 +394,9 @@ impl Received {
     }
 }
 
-/// Declares `queue` (classic, non-durable) bound to `exchange` with `keys`, and returns a stream
-/// of everything it receives, acked on receipt.
+/// Declares `queue` (classic, durable: RabbitMQ 4.3 refuses transient non-exclusive queues and
+/// closes the connection; the test's [`TestBroker`] deletes it) bound to `exchange` with `keys`,
+/// and returns a stream of everything it receives, acked on receipt.
 pub async fn collect_queue(
     conn: &lapin::Connection,
     exchange: &str,
@@ -408,7 +409,10 @@ pub async fn collect_queue(
     let ch = conn.create_channel().await.unwrap();
     ch.queue_declare(
         queue.into(),
-        QueueDeclareOptions::default(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
         FieldTable::default(),
     )
     .await

@@ -340,6 +340,17 @@ struct ConsumerProcess {
 
 impl ConsumerProcess {
     fn spawn(db_url: &str, exchange: &str, name: &str, extra: &[&str]) -> Self {
+        Self::spawn_logging_to(db_url, exchange, name, extra, Stdio::inherit())
+    }
+
+    /// [`ConsumerProcess::spawn`] with its log (stderr) going to `log`.
+    fn spawn_logging_to(
+        db_url: &str,
+        exchange: &str,
+        name: &str,
+        extra: &[&str],
+        log: Stdio,
+    ) -> Self {
         let metrics = free_addr();
         let child = Command::new(bin_path("producer"))
             .args(["ledger", "--name", name, "--bind", "payment.captured"])
@@ -360,6 +371,7 @@ impl ConsumerProcess {
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
+            .stderr(log)
             .kill_on_drop(true)
             .spawn()
             .expect("spawn consumer");
@@ -1355,4 +1367,527 @@ async fn a_stop_with_the_database_black_holed_mid_batch_returns_in_bounded_time_
         "each message applied once"
     );
     again.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Broker-owned headers
+// ---------------------------------------------------------------------------------------------
+
+/// The main queue pre-declared as the topology would, plus a delivery limit of 1 (as a policy
+/// from docs/operations.md would set it), with its dead-letter exchange and queue.
+async fn declare_with_delivery_limit(conn: &Connection, topology: &Topology, exchange: &str) {
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    let text = |s: &str| lapin::types::AMQPValue::LongString(s.into());
+    args.insert("x-queue-type".into(), text("quorum"));
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        text(&topology.dead_letter_exchange),
+    );
+    args.insert(
+        "x-quorum-initial-group-size".into(),
+        lapin::types::AMQPValue::LongLongInt(consumer::topology::QUORUM_INITIAL_GROUP_SIZE),
+    );
+    args.insert(
+        "x-delivery-limit".into(),
+        lapin::types::AMQPValue::LongLongInt(1),
+    );
+    ch.queue_declare(
+        topology.queue.as_str().into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+    topology
+        .declare(conn, exchange, &["payment.captured".into()])
+        .await
+        .unwrap();
+}
+
+/// Returns `queue`'s next message to it (`basic.nack` with requeue) until the broker
+/// dead-letters it for its delivery limit.
+async fn exceed_delivery_limit(conn: &Connection, topology: &Topology, broker: &TestBroker) {
+    let ch = conn.create_channel().await.unwrap();
+    for _ in 0..10 {
+        let got = ch
+            .basic_get(
+                topology.queue.as_str().into(),
+                lapin::options::BasicGetOptions { no_ack: false },
+            )
+            .await
+            .unwrap();
+        let Some(m) = got else { break };
+        m.delivery
+            .nack(lapin::options::BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    wait_until("the broker dead-lettered it", LONG, || async {
+        (queue_depth(broker, &topology.dead_letter_queue).await == 1).then_some(())
+    })
+    .await;
+    let _ = ch.close(200, "done".into()).await;
+}
+
+/// [`Picky`], recording the headers of every delivery its handler sees.
+struct HeaderSpy {
+    picky: Picky,
+    seen: std::sync::Mutex<Vec<serde_json::Map<String, serde_json::Value>>>,
+}
+
+impl Handler for HeaderSpy {
+    async fn handle(&self, tx: &mut PgConnection, msg: &Envelope) -> Result<(), HandlerError> {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.push(msg.headers.clone());
+        }
+        self.picky.handle(tx, msg).await
+    }
+}
+
+/// RabbitMQ 3.x drops a dead-lettered message when its `x-death` says it already left the target
+/// queue by dead-lettering with no rejection since (its cycle detection). A dead letter the
+/// broker made for the delivery limit carries `x-death` naming the consumer's queue; replayed
+/// with that header, then retried through a retry queue, it expires back into the consumer's
+/// queue and the broker would drop it, logging only. Copies and replays drop the broker's
+/// headers, so it arrives and is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_dead_letter_replayed_then_retried_is_not_dropped_by_cycle_detection() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let config = test_config(&name, &exchange); // 3 attempts, retries after 100 ms then 200 ms
+    let topology = Topology::new(&name, &config.retry_delays);
+    let conn = broker.connect().await;
+    declare_with_delivery_limit(&conn, &topology, &exchange).await;
+
+    // Fails transiently on attempts 1 and 2: two trips through the retry queues.
+    let flaky = with_mode("acct-flaky", 30, "flaky");
+    let publisher = Publisher::new(&broker, &exchange).await;
+    publisher.publish(&flaky).await;
+    exceed_delivery_limit(&conn, &topology, &broker).await;
+    let letters = dlq_list(&name);
+    assert_eq!(letters.len(), 1, "{letters:#?}");
+    assert_eq!(letters[0]["kind"], "broker:delivery_limit", "{letters:#?}");
+    assert!(
+        letters[0]["headers"].get("x-death").is_some(),
+        "{letters:#?}"
+    );
+
+    let pool = consumer_pool(&db.url, &config).await;
+    let spy = Arc::new(HeaderSpy {
+        picky: Picky {
+            allow_rule: AtomicBool::new(false),
+        },
+        seen: std::sync::Mutex::new(Vec::new()),
+    });
+    let running = Running::start(
+        config,
+        pool,
+        Handlers::new().on("payment.captured", spy.clone()),
+    )
+    .await;
+    let (ok, stdout, stderr) = dlq_command(&name, &["replay", &flaky.id.to_string()]);
+    assert!(ok, "replay failed: {stderr}");
+    assert!(stdout.contains(&flaky.id.to_string()), "{stdout}");
+
+    let stats = running.stats.clone();
+    let settled = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let s = stats.snapshot();
+            if s.processed == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let s = running.stats.snapshot();
+    assert!(
+        settled.is_ok(),
+        "the replayed message never came back from its retry queue (retried {} times, nothing \
+         in the dead-letter queue: {}): the broker dropped it as a dead-letter cycle",
+        s.retried,
+        queue_depth(&broker, &topology.dead_letter_queue).await,
+    );
+    assert_eq!(s.retried, 2, "{s:?}");
+    assert_eq!(ledger(&db.pool).await.get("acct-flaky"), Some(&(30, 1)));
+    // The replayed copy carried none of the broker's headers, and its own history instead; the
+    // retried copies only the x-death of their own trip through the retry queue.
+    let seen = spy.seen.lock().map(|s| s.clone()).unwrap_or_default();
+    // (A failing batch is re-run message by message: a failed attempt may be seen twice.)
+    assert!(seen.len() >= 3, "{seen:#?}");
+    let replayed = &seen[0];
+    for broker_owned in ["x-death", "x-delivery-count", "x-first-death-queue"] {
+        assert!(!replayed.contains_key(broker_owned), "{replayed:#?}");
+    }
+    assert_eq!(replayed["x-replayed-kind"], "broker:delivery_limit");
+    assert_eq!(replayed["x-attempt"], 1);
+    let retried = &seen[seen.len() - 1];
+    assert_eq!(retried["x-attempt"], 3);
+    let deaths = retried["x-death"].as_array().cloned().unwrap_or_default();
+    assert_eq!(deaths.len(), 1, "{retried:#?}");
+    assert_eq!(deaths[0]["reason"], "expired", "{retried:#?}");
+    assert_eq!(queue_depth(&broker, &topology.dead_letter_queue).await, 0);
+    running.stop().await;
+    let _ = conn.close(200, "bye".into()).await;
+}
+
+/// Declares `queue` durable with `x-queue-type: kind`: `Err` with the broker's reply code when it
+/// exists with another type (RabbitMQ compares the argument).
+async fn declare_typed(conn: &Connection, queue: &str, kind: &str) -> Result<(), u16> {
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        lapin::types::AMQPValue::LongString(kind.into()),
+    );
+    let result = ch
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await;
+    match result {
+        Ok(_) => {
+            let _ = ch.close(200, "done".into()).await;
+            Ok(())
+        }
+        Err(e) => match e.kind() {
+            lapin::ErrorKind::ProtocolError(amqp) => Err(amqp.get_id()),
+            _ => panic!("declaring {queue}: {e}"),
+        },
+    }
+}
+
+/// The dead-letter queue is a classic queue (`x-queue-type: classic`, see
+/// `consumer::topology::dead_letter_queue_arguments`; RabbitMQ 3.10 holds an untyped classic queue
+/// equivalent to it, so the wire cannot tell them apart): a quorum declaration of it is refused.
+/// A dead-letter queue that exists as another type (a quorum queue, as a vhost whose default
+/// queue type is quorum makes of an untyped declaration) is used as it is, with a warning, and
+/// so is an untyped classic one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_letter_queue_is_declared_classic_explicitly() {
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let topology = Topology::new(&name, &RETRY_DELAYS);
+    let conn = broker.connect().await;
+    topology
+        .declare(&conn, &exchange, &["payment.captured".into()])
+        .await
+        .unwrap();
+    assert_eq!(
+        declare_typed(&conn, &topology.dead_letter_queue, "classic").await,
+        Ok(())
+    );
+    assert_eq!(
+        declare_typed(&conn, &topology.dead_letter_queue, "quorum").await,
+        Err(406)
+    );
+
+    let publisher = Publisher::new(&broker, &exchange).await;
+    for kind in ["quorum", "untyped"] {
+        let (_, old) = names(&broker);
+        let old_topology = Topology::new(&old, &RETRY_DELAYS);
+        if kind == "quorum" {
+            declare_typed(&conn, &old_topology.dead_letter_queue, "quorum")
+                .await
+                .unwrap();
+        } else {
+            let ch = conn.create_channel().await.unwrap();
+            ch.queue_declare(
+                old_topology.dead_letter_queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        }
+        let letter = payment("acct-old", 1);
+        publisher
+            .to_queue(
+                &old_topology.dead_letter_queue,
+                relay_properties(&letter),
+                letter.payload.to_string().as_bytes(),
+            )
+            .await;
+        old_topology
+            .declare(&conn, &exchange, &["payment.captured".into()])
+            .await
+            .unwrap_or_else(|e| panic!("a {kind} dead-letter queue is used as it is: {e}"));
+        assert_eq!(
+            queue_depth(&broker, &old_topology.dead_letter_queue).await,
+            1,
+            "{kind}"
+        );
+        assert_eq!(dlq_list(&old).len(), 1, "{kind}");
+    }
+    let _ = conn.close(200, "bye".into()).await;
+}
+
+/// A graceful stop while one worker's batch is inside its handler and 49 more deliveries sit in
+/// its prefetch buffer: the batch finishes (commit, ack), the consumer is cancelled, and the 49
+/// are returned with one `basic.nack` (requeue) before the channel closes; they are ready in the
+/// queue, and the next instance applies each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_returns_the_buffered_deliveries_with_a_nack() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let mut config = test_config(&name, &exchange);
+    config.workers = 1;
+    config.batch_size = 1;
+    config.prefetch = 100;
+    let pool = consumer_pool(&db.url, &config).await;
+    let gated = Arc::new(GatedLedger {
+        armed: AtomicBool::new(true),
+        entered: Arc::new(Notify::new()),
+        gate: Arc::new(Notify::new()),
+    });
+    let handlers = Handlers::new().on("payment.captured", gated.clone());
+    let mut running = Running::start(config.clone(), pool, handlers).await;
+    let (msgs, expected) = payments(50, 3);
+    Publisher::new(&broker, &exchange)
+        .await
+        .publish_all(&msgs)
+        .await;
+    gated.entered.notified().await;
+    wait_until("all 50 sent to the consumer", LONG, || async {
+        (queue_depth(&broker, &name).await == 0).then_some(())
+    })
+    .await;
+
+    running.shutdown.cancel();
+    gated.gate.notify_one();
+    let handle = running.handle.take().expect("running");
+    tokio::time::timeout(LONG, handle)
+        .await
+        .expect("the consumer stops in time")
+        .expect("consumer task")
+        .expect("consumer run");
+    let s = running.stats.snapshot();
+    assert_eq!((s.processed, s.returned), (1, 49), "{s:?}");
+    assert_eq!(queue_depth(&broker, &name).await, 49);
+
+    let pool = consumer_pool(&db.url, &config).await;
+    let again = Running::start(config, pool, demo::ledger::handlers()).await;
+    wait_for_updates(&db.pool, 50, LONG).await;
+    assert_eq!(
+        ledger(&db.pool).await,
+        expected,
+        "each message applied once"
+    );
+    again.stop().await;
+}
+
+/// A consumer in a crash loop: five times it starts, takes all 1,000 waiting messages into its
+/// prefetch buffers (2 workers x 500), commits a first batch per worker without acknowledging it,
+/// and is killed (SIGKILL). Every kill returns all 1,000 to the queue, flagged redelivered (and,
+/// on a quorum queue, with `x-delivery-count` one higher). Each incarnation counts the
+/// redeliveries it took in `consumer_redeliveries_total`; the last one, left running, takes all
+/// 1,000 as redeliveries, warns for those whose delivery count reached `--redelivery-warning`,
+/// and applies each message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_counts_redeliveries_and_warns_near_the_delivery_limit() {
+    const KILLS: usize = 5;
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let conn = broker.connect().await;
+    Topology::new(&name, &RETRY_DELAYS)
+        .declare(&conn, &exchange, &["payment.captured".into()])
+        .await
+        .unwrap();
+    let (msgs, expected) = payments(1000, 17);
+    Publisher::new(&broker, &exchange)
+        .await
+        .publish_all(&msgs)
+        .await;
+    let warn_at = (KILLS - 1).to_string();
+    let mut per_incarnation = Vec::new();
+    for round in 0..KILLS {
+        let mut p = ConsumerProcess::spawn(
+            &db.url,
+            &exchange,
+            &name,
+            &[
+                "--workers",
+                "2",
+                "--prefetch",
+                "500",
+                "--batch-size",
+                "50",
+                "--debug-ack-delay",
+                "1h",
+                "--redelivery-warning",
+                &warn_at,
+            ],
+        );
+        let m = p.metrics;
+        let n = name.as_str();
+        let (b, pool) = (&broker, &db.pool);
+        wait_until(
+            "all 1,000 prefetched and a batch taken",
+            LONG,
+            || async move {
+                // The first incarnation commits; later ones find those committed (duplicates).
+                let taken = if round == 0 {
+                    processed_rows(pool, n).await > 0
+                } else {
+                    metric(m, "consumer_redeliveries_total", &[("consumer", n)])
+                        .await
+                        .unwrap_or(0.0)
+                        > 0.0
+                };
+                (taken && queue_depth(b, n).await == 0).then_some(())
+            },
+        )
+        .await;
+        // Let the other worker take its first batch too.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let seen = metric(m, "consumer_redeliveries_total", &[("consumer", n)])
+            .await
+            .unwrap_or(0.0);
+        per_incarnation.push(seen);
+        if round > 0 {
+            assert!(seen > 0.0, "round {round}: no redelivery counted");
+        } else {
+            assert_eq!(seen, 0.0, "the first incarnation gets first deliveries");
+        }
+        p.child.kill().await.unwrap(); // SIGKILL
+        let _ = p.child.wait().await;
+        wait_until("all 1,000 back in the queue", LONG, || async {
+            (queue_depth(&broker, &name).await == 1000).then_some(())
+        })
+        .await;
+    }
+
+    let log_path = std::env::temp_dir().join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let last = ConsumerProcess::spawn_logging_to(
+        &db.url,
+        &exchange,
+        &name,
+        &["--redelivery-warning", &warn_at],
+        Stdio::from(log),
+    );
+    last.wait_ready().await;
+    wait_for_updates(&db.pool, 1000, LONG).await;
+    assert_eq!(
+        ledger(&db.pool).await,
+        expected,
+        "each message applied once"
+    );
+    let m = last.metrics;
+    let n = name.as_str();
+    wait_until("1,000 settled", LONG, || async move {
+        let settled = outcome(m, n, "processed").await + outcome(m, n, "duplicate").await;
+        (settled == 1000.0).then_some(())
+    })
+    .await;
+    let final_count = metric(m, "consumer_redeliveries_total", &[("consumer", n)])
+        .await
+        .unwrap_or(0.0);
+    last.stop().await;
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("nears the queue's delivery limit"))
+        .count();
+    eprintln!(
+        "crash loop: consumer_redeliveries_total per killed incarnation {per_incarnation:?}, \
+         after the last restart {final_count}; near-limit warnings (x-delivery-count >= {warn_at}): {warnings}"
+    );
+    assert_eq!(final_count, 1000.0, "every message came back redelivered");
+    assert!(
+        warnings > 0,
+        "no warning at x-delivery-count {warn_at} after {KILLS} kills"
+    );
+    let _ = conn.close(200, "bye".into()).await;
+}
+
+/// The broker cancels a consumer (`basic.cancel`) and leaves its channel open when its queue is
+/// deleted, or, on 4.3, when the consumer timeout strikes. A worker waiting out a database outage
+/// with a batch in hand notices it there too (not only in its delivery stream): it ends the
+/// session and reconnects, re-declaring the queue, while PostgreSQL is still down; once the
+/// database is back, new messages are applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_cancel_is_noticed_during_a_database_outage() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (exchange, name) = names(&broker);
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let mut config = test_config(&name, &exchange);
+    config.workers = 1;
+    let pool = consumer_pool(&db.url_via(proxy.addr), &config).await;
+    let running = Running::start(config, pool, demo::ledger::handlers()).await;
+    let publisher = Publisher::new(&broker, &exchange).await;
+
+    proxy.set_mode(ProxyMode::Down);
+    publisher.publish(&payment("acct-lost", 5)).await;
+    let stats = running.stats.clone();
+    wait_until("the worker waits out the database outage", LONG, || {
+        let s = stats.snapshot();
+        async move { (s.database_failures > 0).then_some(()) }
+    })
+    .await;
+    assert_eq!(running.stats.snapshot().reconnects, 0);
+
+    // Deleting the queue makes the broker cancel its consumer; the channel stays open.
+    let conn = broker.connect().await;
+    let version = plumbing::broker_version::BrokerVersion::of(&conn);
+    assert!(version.is_some(), "the broker announces its version");
+    eprintln!("broker version: {version:?}");
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_delete(
+        name.as_str().into(),
+        lapin::options::QueueDeleteOptions::default(),
+    )
+    .await
+    .unwrap();
+    let stats = running.stats.clone();
+    let noticed = tokio::time::timeout(Duration::from_secs(15), async {
+        while stats.snapshot().reconnects == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        noticed.is_ok(),
+        "the worker kept waiting on its database with a cancelled consumer: {:?}",
+        running.stats.snapshot()
+    );
+    assert!(running.stats.snapshot().database_failures > 0);
+
+    // The session came back (the queue re-declared); with the database back, it applies again.
+    proxy.set_mode(ProxyMode::Pass);
+    let r = running.readiness.clone();
+    wait_until("consuming again", LONG, || {
+        let r = r.clone();
+        async move { r.rabbitmq().then_some(()) }
+    })
+    .await;
+    publisher.publish(&payment("acct-after", 7)).await;
+    wait_for_updates(&db.pool, 1, LONG).await;
+    assert_eq!(
+        ledger(&db.pool).await.get("acct-after"),
+        Some(&(7, 1)),
+        "applied after the reconnect"
+    );
+    running.stop().await;
+    let _ = conn.close(200, "bye".into()).await;
 }

@@ -525,9 +525,17 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         "x-overflow".into(),
         lapin::types::AMQPValue::LongString("reject-publish".into()),
     );
-    ch.queue_declare(full.as_str().into(), Default::default(), args)
-        .await
-        .unwrap();
+    // Durable: RabbitMQ 4.3 refuses transient non-exclusive queues.
+    ch.queue_declare(
+        full.as_str().into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
     ch.queue_bind(
         full.as_str().into(),
         exchange.as_str().into(),

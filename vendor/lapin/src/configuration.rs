@@ -63,6 +63,13 @@ impl Configuration {
         self.negotiated_config.heartbeat()
     }
 
+    /// The server properties the broker sent in `connection.start` (`product`, `version`,
+    /// `capabilities`...); empty before the handshake. (Patched in: see PATCHED.md.)
+    #[must_use]
+    pub fn server_properties(&self) -> FieldTable {
+        self.negotiated_config.server_properties()
+    }
+
     pub(crate) fn recovery_config(&self) -> RecoveryConfig {
         RecoveryConfig(self.auto_recover)
     }
@@ -99,6 +106,7 @@ struct Inner {
     channel_max: ChannelId,
     frame_max: FrameSize,
     heartbeat: Heartbeat,
+    server_properties: FieldTable,
 }
 
 impl NegotiatedConfig {
@@ -108,6 +116,7 @@ impl NegotiatedConfig {
                 frame_max: uri.query.frame_max.unwrap_or_default(),
                 channel_max: uri.query.channel_max.unwrap_or_default(),
                 heartbeat: uri.query.heartbeat.unwrap_or_default(),
+                server_properties: FieldTable::default(),
             })),
         }
     }
@@ -127,6 +136,14 @@ impl NegotiatedConfig {
     pub(crate) fn set_frame_max(&self, frame_max: FrameSize) {
         let frame_max = std::cmp::max(frame_max, protocol::constants::FRAME_MIN_SIZE);
         self.write_inner().frame_max = frame_max;
+    }
+
+    pub(crate) fn server_properties(&self) -> FieldTable {
+        self.read_inner().server_properties.clone()
+    }
+
+    pub(crate) fn set_server_properties(&self, server_properties: FieldTable) {
+        self.write_inner().server_properties = server_properties;
     }
 
     pub(crate) fn heartbeat(&self) -> Heartbeat {

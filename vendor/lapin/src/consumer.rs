@@ -205,6 +205,14 @@ impl Consumer {
         self.queue.clone()
     }
 
+    /// Whether this consumer was cancelled, by `basic.cancel` from the broker (queue deleted,
+    /// consumer timeout, quorum queue leader gone...) or by the client: no more deliveries will
+    /// come, though some may still be buffered. (Patched in: see PATCHED.md.)
+    #[must_use]
+    pub fn is_cancelled(&self) -> bool {
+        !self.status.state().is_active()
+    }
+
     pub(crate) fn options(&self) -> BasicConsumeOptions {
         self.options
     }
