@@ -207,8 +207,7 @@ pub async fn decide(
             .map_err(|e: crate::roles::UnknownRole| ConsoleError::Internal(e.to_string()))?,
     };
     let (mut changes, result) = if approve {
-        let actor = crate::processes::actor(&requester.name, Some(&principal.name));
-        let (changes, result) = run(conn, state, &pending, &actor).await?;
+        let (changes, result) = run(conn, state, &pending, &requester, principal).await?;
         let changes = changes
             .into_iter()
             .map(|c| Change {
@@ -257,12 +256,13 @@ pub async fn decide(
     ))
 }
 
-/// Runs an approved request's effect; `actor` names the requester and the approver.
+/// Runs an approved request's effect, asked by `requester`, approved by `approver`.
 async fn run(
     conn: &mut PgConnection,
     state: &AppState,
     pending: &Pending,
-    actor: &str,
+    requester: &Principal,
+    approver: &Principal,
 ) -> Result<(Vec<Change>, Value), ConsoleError> {
     match pending {
         Pending::OutboxRequeue { items } => outbox_dead::requeue(conn, &state.schema, items).await,
@@ -282,7 +282,14 @@ async fn run(
         } => {
             let (before, after) = state
                 .processes
-                .perform(conn, *id, *action, request, actor)
+                .perform(
+                    conn,
+                    *id,
+                    *action,
+                    request,
+                    &requester.name,
+                    Some(&approver.name),
+                )
                 .await?;
             Ok((vec![Change::process(*id, before, after.clone())], after))
         }

@@ -8,7 +8,7 @@ use crate::processes::{ProcessAction, ProcessActionRequest};
 use crate::roles::Action;
 use crate::state::AppState;
 use crate::users::Principal;
-use crate::{audit, dead_letters, outbox_dead, processes};
+use crate::{audit, dead_letters, outbox_dead};
 use axum::http::StatusCode;
 use serde_json::json;
 use uuid::Uuid;
@@ -236,8 +236,8 @@ pub async fn process_action(
     };
     actions::perform(state, req, move |conn| {
         Box::pin(async move {
-            if action.needs_approval() {
-                let checked = backend.check(conn, id, action, &request).await?;
+            let checked = backend.check(conn, id, action, &request).await?;
+            if checked.needs_approval {
                 let pending = Pending::Process {
                     id,
                     action,
@@ -251,8 +251,9 @@ pub async fn process_action(
                     changes: vec![change],
                 })
             } else {
-                let actor = processes::actor(&p.name, None);
-                let (before, after) = backend.perform(conn, id, action, &request, &actor).await?;
+                let (before, after) = backend
+                    .perform(conn, id, action, &request, &p.name, None)
+                    .await?;
                 Ok(Effect {
                     status: StatusCode::OK,
                     body: after.clone(),

@@ -51,6 +51,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "idempotency key comments",
         include_str!("../../migrations/0007_idempotency_key_comments.sql"),
     ),
+    (
+        9,
+        "console resolve_failed approvals",
+        include_str!("../../migrations/0009_console_resolve_failed_approvals.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

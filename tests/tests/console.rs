@@ -1944,6 +1944,12 @@ impl Payments {
     /// 1 s limit, so the charge's outcome stays unknown (retried with the same key) until the test
     /// clears the fault.
     async fn start(db: &TestDb) -> Self {
+        Self::start_with(db, 30).await
+    }
+
+    /// [`Payments::start`] with the charge tried at most `max_attempts` times: then, its outcome
+    /// still unknown, it waits in manual review.
+    async fn start_with(db: &TestDb, max_attempts: i32) -> Self {
         let (provider, url) = system_tests::demo_stack::spawn_provider(
             db,
             &[
@@ -1966,7 +1972,7 @@ impl Payments {
             provider: Some(payment_provider::client::Client::new(&url, call_timeout).unwrap()),
             call_timeout,
             retry: processes::RetryPolicy::default()
-                .max_attempts(30)
+                .max_attempts(max_attempts)
                 .initial(Duration::from_millis(100))
                 .max_delay(Duration::from_millis(800)),
         };
@@ -2250,7 +2256,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         "{timeline}"
     );
     assert!(
-        timeline.contains("console:operator-olivia (approved by approver-arthur)"),
+        timeline.contains("console:operator-olivia (approved by console:approver-arthur)"),
         "the transition names who asked and who approved: {timeline}"
     );
     assert!(
@@ -2484,4 +2490,271 @@ async fn an_action_whose_audit_entry_fails_changes_nothing_and_releases_its_key(
     let after = c.process_state(id).await;
     assert_eq!((after.1, after.2), (true, version + 1), "paused once");
     assert_eq!(c.audit_count("olga", "process.pause", "succeeded").await, 1);
+}
+
+/// Issue 23, item 1: the provider charged, its answer timed out, and the charge waits in manual
+/// review with an unknown outcome. One approver's "resolve as failed" would compensate the steps
+/// before the charge and leave the customer charged with nothing to refund it. The console (and
+/// below it the processes crate) says the remote may have acted, offers the safe action for a
+/// key-honouring remote first (rerun with the same key), and refuses resolving as failed without
+/// what was checked at the remote and a second approver. Taking the safe action settles the payment
+/// on the one charge the provider made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_its_safe_action_comes_first()
+ {
+    use payment_provider::api::ChargeStatus;
+    let c = Console::start().await;
+    let alice = c.user("alice", Role::Approver).await;
+    let bob = c.user("bob", Role::Approver).await;
+    let olga = c.user("olga", Role::Operator).await;
+    let pay = Payments::start_with(&c.db, 2).await;
+    let order = pay
+        .post(
+            "/orders",
+            "order-doubt",
+            json!({"customer_id": "cust-9", "currency": "EUR", "items": [{"sku": "sku-1", "quantity": 1, "unit_price": 700}]}),
+        )
+        .await;
+    let order_id: Uuid = order["id"].as_str().unwrap().parse().unwrap();
+    let payment = pay
+        .post(
+            "/payments",
+            "pay-doubt",
+            json!({"order_id": order_id, "amount": 700, "currency": "EUR"}),
+        )
+        .await;
+    let payment = payment["id"].as_str().unwrap().to_string();
+    let pid: Uuid = wait_until("the payment's process", Duration::from_secs(30), || async {
+        sqlx::query_scalar(
+            "SELECT id FROM outbox.processes WHERE kind = 'payment' AND business_key = $1",
+        )
+        .bind(&payment)
+        .fetch_optional(&c.db.pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    wait_process(&c.db.pool, pid, "manual_review").await;
+    let charges = pay.charges(&payment).await;
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Succeeded),
+        "the provider charged"
+    );
+    let payment_status = || async {
+        sqlx::query_scalar::<_, String>("SELECT status FROM demo.payments WHERE id = $1::uuid")
+            .bind(&payment)
+            .fetch_one(&c.db.pool)
+            .await
+            .unwrap()
+    };
+
+    // The API says the remote may have acted and puts the safe action first.
+    let view = c.process_view(&alice, pid).await;
+    let charge = view["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "charge" && s["role"] == "forward")
+        .cloned()
+        .unwrap();
+    let seq = charge["seq"].as_i64().unwrap();
+    assert_eq!(
+        (&charge["status"], &charge["error_class"]),
+        (&json!("manual_review"), &json!("unknown")),
+        "{view}"
+    );
+    let doubts = view["unknown_outcomes"].as_array().unwrap();
+    assert_eq!(doubts.len(), 1, "{view}");
+    assert_eq!(
+        (
+            &doubts[0]["step"],
+            &doubts[0]["remote"],
+            &doubts[0]["remote_may_have_acted"],
+            &doubts[0]["safe_action"]
+        ),
+        (
+            &json!(seq),
+            &json!("honours_key"),
+            &json!(true),
+            &json!("rerun_step")
+        )
+    );
+    assert!(
+        doubts[0]["warning"]
+            .as_str()
+            .unwrap()
+            .contains("may have acted")
+    );
+    let offered = view["allowed_actions"].as_array().unwrap();
+    assert_eq!(
+        (
+            &offered[0]["action"],
+            &offered[0]["step"],
+            &offered[0]["safe_for_unknown_outcome"]
+        ),
+        (&json!("rerun_step"), &json!(seq), &json!(true)),
+        "the safe action first: {offered:?}"
+    );
+    let failed = offered
+        .iter()
+        .find(|a| a["action"] == "resolve_failed")
+        .unwrap();
+    assert_eq!(
+        (&failed["needs_approval"], &failed["needs_remote_check"]),
+        (&json!(true), &json!(true))
+    );
+
+    // So does the page: the warning, and the rerun's form before the resolutions.
+    let cookie = login(&c, &alice).await;
+    let page = c
+        .http
+        .get(format!("{}/processes/{pid}", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!("id=\"unknown-outcome-{seq}\""))
+            && page.contains("The remote may have acted"),
+        "{page}"
+    );
+    let at = |id: String| {
+        page.find(&id)
+            .unwrap_or_else(|| panic!("{id} missing: {page}"))
+    };
+    assert!(
+        at(format!("id=\"form-rerun_step-{seq}\""))
+            < at(format!("id=\"form-resolve_failed-{seq}\"")),
+        "rerun (safe) comes before resolve as failed"
+    );
+    assert!(page.contains(&format!("id=\"checked-resolve_failed-{seq}\"")));
+
+    // One approver's "resolve as failed": without what was checked at the remote, refused.
+    let path = format!("/api/processes/{pid}/actions/resolve_failed");
+    let before = c.process_state(pid).await;
+    let (s, err, _) = c
+        .post(
+            &alice,
+            &path,
+            json!({"reason": "timed out, so it failed", "version": view["version"], "step": seq}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("remote may have acted"),
+        "{err}"
+    );
+    // With it, only an approval request: nothing runs on one person's word.
+    let (s, body, _) = c
+        .post(
+            &alice,
+            &path,
+            json!({"reason": "timed out, so it failed", "version": view["version"], "step": seq,
+                   "remote_check": {"checked": "nothing, the call timed out", "answer": "none"}}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    let approval = body["approval"].as_str().unwrap().to_string();
+    assert_eq!(c.process_state(pid).await, before, "nothing changed");
+    // Nor by herself.
+    let (s, _, _) = c
+        .post(
+            &alice,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "mine", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    // Below the console, the processes crate refuses it to one person too.
+    let v = processes::admin::get(&c.db.pool, &Schema::default(), pid)
+        .await
+        .unwrap();
+    let alone = processes::admin::act(
+        &c.db.pool,
+        &Schema::default(),
+        pid,
+        &processes::admin::Request {
+            action: processes::admin::Action::ResolveFailed { seq: seq as i32 },
+            reason: "timed out, so it failed".into(),
+            seen_version: v.process.row_version,
+            actor: "console:alice".into(),
+            evidence: None,
+            remote_check: Some(processes::admin::RemoteCheck {
+                checked: "nothing".into(),
+                answer: "none".into(),
+            }),
+            approved_by: None,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(alone, processes::Error::NeedsSecondPerson { .. }),
+        "{alone}"
+    );
+    assert_eq!(c.process_state(pid).await, before, "nothing changed");
+    assert_eq!(payment_status().await, "pending");
+    let charges = pay.charges(&payment).await;
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Succeeded),
+        "charged, and the payment still open: not left charged on a failed payment"
+    );
+
+    // A second approver reads the warning, looks at the provider and rejects the request.
+    let (s, body, _) = c
+        .post(
+            &bob,
+            &format!("/api/approvals/{approval}/reject"),
+            json!({"reason": "the provider shows the charge: not failed", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(
+        c.process_state(pid).await,
+        before,
+        "rejecting changes nothing"
+    );
+
+    // The safe action: an operator reruns the charge with the same key; the provider answers with
+    // the charge it made, and the payment is captured on it.
+    pay.admin.set_faults("").await.unwrap();
+    let (s, body, _) = c
+        .post(
+            &olga,
+            &format!("/api/processes/{pid}/actions/rerun_step"),
+            json!({"reason": "same key: the provider answers with its charge", "version": view["version"], "step": seq}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    wait_process(&c.db.pool, pid, "succeeded").await;
+    assert_eq!(payment_status().await, "succeeded");
+    let charges = pay.charges(&payment).await;
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Succeeded),
+        "charged once, and that charge is the payment's"
+    );
+    assert_eq!(
+        c.audit_count("alice", "process.resolve_failed", "requested")
+            .await,
+        1
+    );
+    assert_eq!(
+        c.audit_count("alice", "approval.approve", "denied").await,
+        1
+    );
+    assert_eq!(c.audit_count("bob", "approval.reject", "rejected").await, 1);
 }

@@ -201,6 +201,7 @@ async fn render(
     }
     h.push_str(&summary(&v));
     h.push_str(&last_error(&v));
+    h.push_str(&unknown_outcomes(&v));
     h.push_str(&format!(
         "<h2>Input</h2><p><code id=\"input\">{}</code></p>",
         esc(&v["input"].to_string())
@@ -310,6 +311,35 @@ fn last_error(v: &Value) -> String {
     )
 }
 
+/// The steps whose outcome is unknown, above everything else one could do: the remote may have
+/// acted, and the safe action for its capability.
+fn unknown_outcomes(v: &Value) -> String {
+    let doubts = v["unknown_outcomes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut h = String::new();
+    for d in &doubts {
+        let step = txt(d, "step");
+        let safe = match d["safe_action"].as_str().and_then(ProcessAction::parse) {
+            Some(a) => format!("Safe action first: <b>{}</b> (below).", esc(a.label())),
+            None => "No safe action: the remote can neither deduplicate nor be queried. \
+                     Look it up at the remote and record what you checked and its answer."
+                .to_string(),
+        };
+        h.push_str(&format!(
+            "<div class=\"warning\" id=\"unknown-outcome-{}\"><b>The remote may have acted</b> \
+             (step {} {}, remote {}): {} {safe}</div>",
+            html(&step),
+            esc(&step),
+            esc(&txt(d, "name")),
+            esc(&txt(d, "remote")),
+            esc(&txt(d, "warning")),
+        ));
+    }
+    h
+}
+
 fn steps_table(steps: &[Value]) -> String {
     let mut h = String::from(
         "<h2>Steps</h2><table id=\"steps\"><tr><th>#</th><th>step</th><th>role</th><th>runs</th><th>status</th>\
@@ -385,7 +415,8 @@ fn explain(a: ProcessAction) -> &'static str {
             "the step counts as done, on your evidence; a second approver must approve"
         }
         ProcessAction::ResolveFailed => {
-            "the step counts as failed: the process compensates its earlier effects"
+            "the step counts as failed: the process compensates its earlier effects \
+             (for a step whose outcome is unknown: on what you checked at the remote, and a second approver must approve)"
         }
     }
 }
@@ -439,12 +470,26 @@ fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
             ));
             continue;
         }
-        let evidence = if action == ProcessAction::ResolveSucceeded {
-            format!(
+        let mut evidence = String::new();
+        if o["needs_evidence"] == json!(true) {
+            evidence.push_str(&format!(
                 " <label>Evidence <input type=\"text\" name=\"evidence\" id=\"evidence-{slug}\" placeholder=\"provider reference, ticket\"></label>"
-            )
+            ));
+        }
+        if o["needs_remote_check"] == json!(true) {
+            evidence.push_str(&format!(
+                " <label>Checked at the remote <input type=\"text\" name=\"checked\" id=\"checked-{slug}\" placeholder=\"where, by which reference\"></label> \
+                 <label>Its answer <input type=\"text\" name=\"answer\" id=\"answer-{slug}\" placeholder=\"what the remote said\"></label>"
+            ));
+        }
+        let safe = if o["safe_for_unknown_outcome"] == json!(true) {
+            " <small class=\"safe\">safe for an unknown outcome</small>"
         } else {
-            String::new()
+            ""
+        };
+        let label = match (action, o["needs_approval"] == json!(true)) {
+            (ProcessAction::ResolveFailed, true) => "Request resolve as failed",
+            _ => action.label(),
         };
         let step_field = if step.is_empty() {
             String::new()
@@ -457,14 +502,14 @@ fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
         h.push_str(&format!(
             "<form method=\"post\" action=\"/ui/processes/{id}/actions/{name}\" class=\"process-action\" id=\"form-{slug}\">{}\
              <input type=\"hidden\" name=\"version\" value=\"{}\">{step_field}\
-             <b>{}</b>{on} <small>{}</small><br>\
+             <b>{}</b>{on}{safe} <small>{}</small><br>\
              <label>Reason <input type=\"text\" name=\"reason\" id=\"reason-{slug}\"></label>{evidence} \
              <button id=\"action-{slug}\">{}</button></form>",
             hidden(session),
             html(&version),
-            esc(action.label()),
+            esc(label),
             esc(explain(action)),
-            esc(action.label()),
+            esc(label),
             name = action.name(),
         ));
     }
@@ -564,6 +609,13 @@ pub async fn process_action(
     }
     if let Some(e) = field(&f, "evidence").filter(|e| !e.trim().is_empty()) {
         body["evidence"] = json!(e);
+    }
+    // Both or neither: one alone is sent as given, and refused with the rule's own message.
+    let (checked, answer) = (field(&f, "checked"), field(&f, "answer"));
+    if checked.is_some_and(|c| !c.trim().is_empty()) || answer.is_some_and(|a| !a.trim().is_empty())
+    {
+        body["remote_check"] =
+            json!({"checked": checked.unwrap_or(""), "answer": answer.unwrap_or("")});
     }
     let path = format!("/api/processes/{id}/actions/{}", url_encode(action.name()));
     match submit(&s, &session, &f, &path, body).await {
