@@ -100,6 +100,13 @@ pub async fn replay_dead_letters(
         i.message_id.clone()
     });
     actions::authorize(state, principal, Action::DlqReplay, &target, reason).await?;
+    dead_letters::listed(&state.settings.consumers, &consumer)?;
+    crate::text::check_all(items.iter().flat_map(|i| {
+        [
+            ("message_id", Some(i.message_id.as_str())),
+            ("version", Some(i.version.as_str())),
+        ]
+    }))?;
     if dry_run {
         let plan = dead_letters::plan(
             &state.settings.amqp_url,
@@ -220,6 +227,17 @@ pub async fn process_action(
     )
     .await?;
     let reason = actions::require_reason(&request.reason)?;
+    crate::text::check_all([
+        ("evidence", request.evidence.as_deref()),
+        (
+            "remote_check.checked",
+            request.remote_check.as_ref().map(|c| c.checked.as_str()),
+        ),
+        (
+            "remote_check.answer",
+            request.remote_check.as_ref().map(|c| c.answer.as_str()),
+        ),
+    ])?;
     let backend = state.processes.clone();
     let (st, p, r, t) = (
         state.clone(),

@@ -163,6 +163,16 @@ pub struct RemoteCheck {
     pub answer: String,
 }
 
+impl ProcessFilter {
+    /// No control character in any text filter (400).
+    pub fn check(&self) -> Result<(), ConsoleError> {
+        crate::text::check_all([
+            ("kind", self.kind.as_deref()),
+            ("status", self.status.as_deref()),
+        ])
+    }
+}
+
 /// Body of `POST /api/processes/{id}/actions/{action}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ProcessActionRequest {

@@ -6,7 +6,10 @@
 //!
 //! `processes`: the process list and the process page.
 
+mod notice;
 mod processes;
+
+pub use notice::{Notice, NoticeQuery};
 
 use crate::approvals;
 use crate::audit;
@@ -36,11 +39,15 @@ type Fields = Vec<(String, String)>;
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(overview))
+        .route("/style.css", get(stylesheet))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/audit", get(audit_page))
         .route("/dead-letters", get(dead_letters_page))
-        .route("/idempotency", get(idempotency_page))
+        .route(
+            "/idempotency",
+            get(idempotency_page).post(idempotency_lookup),
+        )
         .route("/processes", get(processes::list_page))
         .route("/processes/{id}", get(processes::process_page))
         .route(
@@ -51,6 +58,65 @@ pub fn router() -> Router<AppState> {
         .route("/ui/dead-letters/{consumer}/replay", post(replay))
         .route("/ui/approvals/{id}/approve", post(approve))
         .route("/ui/approvals/{id}/reject", post(reject))
+        .layer(axum::middleware::from_fn(html_errors))
+}
+
+/// The console's stylesheet (a file of its own: the content security policy allows no inline
+/// style).
+async fn stylesheet() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        STYLE,
+    )
+        .into_response()
+}
+
+/// Every error a web route answers is the console's error page: axum's own rejections (a form
+/// that does not parse, a path id that is no UUID, a method the route does not take) are plain
+/// text or empty, and the console's errors JSON. This gives them the page, keeping their status
+/// and headers (`Allow`, `Retry-After`); for a 5xx only "internal error".
+async fn html_errors(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_html = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/html"));
+    if is_html || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let message = if status.is_server_error() {
+        "internal error".to_string()
+    } else {
+        serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).trim().to_string())
+    };
+    let message = if message.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_lowercase()
+    } else {
+        message
+    };
+    let h = format!(
+        "<p class=\"error\" id=\"error\">{} {}</p><p><a href=\"/\">Back</a></p>",
+        status.as_u16(),
+        esc(&crate::text::printable(&message))
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    Response::from_parts(parts, axum::body::Body::from(page(None, "Error", &h).0))
 }
 
 /// A logged-in browser; without a live session the page answers with the login page.
@@ -107,7 +173,7 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#2
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;font-size:.9em}\
 th{background:#f3f3f3}nav a{margin-right:1em}.notice{background:#eef7ee;border:1px solid #9c9;padding:.5em}\
 .error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}td code{word-break:break-all}input[type=text]{width:24em}\
-form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}\
+form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}form.inline{display:inline}\
 .warning{background:#fff4e0;border:2px solid #e0a030;padding:.5em;margin:.5em 0}.safe{color:#2a7a2a;font-weight:bold}";
 
 fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
@@ -116,7 +182,7 @@ fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
             "<nav><a href=\"/\">Overview</a><a href=\"/processes\">Processes</a><a href=\"/dead-letters\">Dead letters</a>\
              <a href=\"/idempotency\">Idempotency</a><a href=\"/audit\">Audit</a> \
              signed in as <b id=\"whoami\">{}</b> ({})\
-             <form method=\"post\" action=\"/logout\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+             <form method=\"post\" action=\"/logout\" class=\"inline\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
              <button id=\"logout\">Log out</button></form></nav>",
             esc(&s.principal.name),
             s.principal.role,
@@ -125,14 +191,15 @@ fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
         None => String::new(),
     };
     Html(format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{} · outbox console</title><style>{STYLE}</style></head>\
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{} · outbox console</title><link rel=\"stylesheet\" href=\"/style.css\"></head>\
          <body>{nav}<h1>{}</h1>{body}</body></html>",
         esc(title),
         esc(title)
     ))
 }
 
-fn error_page(session: Option<&Session>, e: &ConsoleError) -> Response {
+/// The console's error page for `e` (its status, its public message).
+pub(crate) fn error_page(session: Option<&Session>, e: &ConsoleError) -> Response {
     let body = format!(
         "<p class=\"error\" id=\"error\">{} {}</p><p><a href=\"/\">Back</a></p>",
         e.status().as_u16(),
@@ -203,11 +270,6 @@ fn answer_page(session: &Session, status: StatusCode, body: &Value) -> Response 
         esc(message)
     );
     (status, page(Some(session), "Error", &h)).into_response()
-}
-
-#[derive(Debug, Deserialize)]
-pub struct Notice {
-    notice: Option<String>,
 }
 
 async fn login_page() -> Html<String> {
@@ -323,9 +385,9 @@ fn audit_table_with_id(id: &str, entries: &[audit::Entry]) -> String {
 async fn overview(
     State(s): State<AppState>,
     WebSession(session): WebSession,
-    Query(n): Query<Notice>,
+    Query(n): Query<NoticeQuery>,
 ) -> Response {
-    match render_overview(&s, &session, n.notice.as_deref()).await {
+    match render_overview(&s, &session, &n).await {
         Ok(h) => h.into_response(),
         Err(e) => error_page(Some(&session), &e),
     }
@@ -334,7 +396,7 @@ async fn overview(
 async fn render_overview(
     s: &AppState,
     session: &Session,
-    notice: Option<&str>,
+    notice: &NoticeQuery,
 ) -> Result<Html<String>, ConsoleError> {
     let p = &session.principal;
     let backlog = outbox_dead::backlog(&s.pool, &s.schema).await?;
@@ -351,10 +413,7 @@ async fn render_overview(
     )
     .await?;
     let may_requeue = allowed(p.role, Action::OutboxRequeue);
-    let mut h = String::new();
-    if let Some(n) = notice {
-        h.push_str(&format!("<p class=\"notice\" id=\"notice\">{}</p>", esc(n)));
-    }
+    let mut h = notice.html();
     let in_review = s.processes.in_manual_review(&s.pool).await?;
     h.push_str(&format!(
         "<h2>Processes</h2><p id=\"manual-review\"><a href=\"/processes?status=manual_review\">{in_review} in manual review</a> · \
@@ -473,26 +532,9 @@ pub fn url_encode(text: &str) -> String {
     q
 }
 
-fn notice_redirect(text: &str) -> Response {
-    notice_redirect_to("/", text)
-}
-
-/// Back to `path` (a page of the console) with a notice.
-fn notice_redirect_to(path: &str, text: &str) -> Response {
-    Redirect::to(&format!("{path}?notice={}", url_encode(text))).into_response()
-}
-
-fn describe(v: &Value, what: &str) -> String {
-    if let Some(id) = v.get("approval").and_then(|i| i.as_str()) {
-        match v.get("status").and_then(|s| s.as_str()) {
-            Some("pending") => {
-                return format!("{what}: approval request {id} created; an approver must confirm");
-            }
-            Some(status) => return format!("approval request {id} {status}"),
-            None => {}
-        }
-    }
-    format!("{what}: done {v}")
+/// Back to `path` (a page of the console) with the notice for the action's answer `v`.
+fn notice_redirect_to(path: &str, v: &Value) -> Response {
+    Redirect::to(&Notice::of_answer(v).url(path, v)).into_response()
 }
 
 async fn requeue(
@@ -529,7 +571,7 @@ async fn requeue(
     });
     match submit(&s, &session, &f, "/api/outbox/dead/actions/requeue", body).await {
         (status, v) if status.is_success() && dry_run => plan_page(&session, &v),
-        (status, v) if status.is_success() => notice_redirect(&describe(&v, "requeue")),
+        (status, v) if status.is_success() => notice_redirect_to("/", &v),
         (status, v) => answer_page(&session, status, &v),
     }
 }
@@ -587,6 +629,10 @@ async fn dead_letters_page(
         h.push_str("</p>");
     }
     if let Some(c) = q.consumer.as_deref().filter(|c| !c.is_empty()) {
+        // Not in CONSOLE_CONSUMERS: a 404, like the API's.
+        if let Err(e) = dead_letters::listed(&s.settings.consumers, c) {
+            return error_page(Some(&session), &e);
+        }
         match dead_letters::list(&s.settings.amqp_url, &s.settings.amqp_tls, c, 200).await {
             Ok(letters) => {
                 let may = allowed(session.principal.role, Action::DlqReplay);
@@ -659,7 +705,7 @@ async fn replay(
     let path = format!("/api/dead-letters/{}/actions/replay", url_encode(&consumer));
     match submit(&s, &session, &f, &path, body).await {
         (status, v) if status.is_success() && dry_run => plan_page(&session, &v),
-        (status, v) if status.is_success() => notice_redirect(&describe(&v, "replay")),
+        (status, v) if status.is_success() => notice_redirect_to("/", &v),
         (status, v) => answer_page(&session, status, &v),
     }
 }
@@ -696,7 +742,7 @@ async fn decide(s: AppState, session: Session, id: Uuid, f: Fields, approve: boo
     )
     .await
     {
-        (status, v) if status.is_success() => notice_redirect_to(&back, &describe(&v, verb)),
+        (status, v) if status.is_success() => notice_redirect_to(&back, &v),
         (status, v) => answer_page(&session, status, &v),
     }
 }
@@ -724,6 +770,9 @@ async fn audit_page(
     WebSession(session): WebSession,
     Query(f): Query<audit::Filter>,
 ) -> Response {
+    if let Err(e) = f.check() {
+        return error_page(Some(&session), &e);
+    }
     let entries = match audit::list(&s.pool, &s.schema, &f, false).await {
         Ok(e) => e,
         Err(e) => return error_page(Some(&session), &e),
@@ -743,22 +792,36 @@ async fn audit_page(
     page(Some(&session), "Audit log", &h).into_response()
 }
 
-#[derive(Debug, Deserialize)]
-pub struct IdempotencyQuery {
-    scope: Option<String>,
-    key: Option<String>,
+/// The lookup form: a POST, so the key never travels in a URL (history, logs, `Referer`).
+fn idempotency_form(session: &Session) -> String {
+    format!(
+        "<form method=\"post\" action=\"/idempotency\" id=\"idempotency-form\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+         scope <input name=\"scope\" id=\"idempotency-scope\"> key <input name=\"key\" type=\"password\" id=\"idempotency-key\"> \
+         <button id=\"idempotency-lookup\">Look up</button></form>\
+         <p>Status and times only; request and response bodies are never shown.</p>",
+        html(&session.csrf)
+    )
 }
 
-async fn idempotency_page(
+async fn idempotency_page(WebSession(session): WebSession) -> Response {
+    page(
+        Some(&session),
+        "Idempotency records",
+        &idempotency_form(&session),
+    )
+    .into_response()
+}
+
+async fn idempotency_lookup(
     State(s): State<AppState>,
     WebSession(session): WebSession,
-    Query(q): Query<IdempotencyQuery>,
+    Form(f): Form<Fields>,
 ) -> Response {
-    let mut h = String::from(
-        "<form method=\"get\">scope <input name=\"scope\"> key <input name=\"key\" type=\"password\"> <button>Look up</button></form>\
-         <p>Status and times only; request and response bodies are never shown.</p>",
-    );
-    if let (Some(scope), Some(key)) = (q.scope.as_deref(), q.key.as_deref()) {
+    if let Err(r) = csrf(&s, &session, &f, "idempotency.lookup").await {
+        return r;
+    }
+    let mut h = idempotency_form(&session);
+    if let (Some(scope), Some(key)) = (field(&f, "scope"), field(&f, "key")) {
         match crate::api::lookup_idempotency(&s, scope, key).await {
             Ok(rows) => {
                 h.push_str("<table><tr><th>operation</th><th>status</th><th>response</th><th>resource</th><th>created</th><th>updated</th><th>expires</th></tr>");

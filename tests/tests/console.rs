@@ -33,10 +33,12 @@ impl Drop for Console {
 
 impl Console {
     async fn start() -> Self {
-        Self::start_with(5).await
+        Self::start_with(5, &[]).await
     }
 
-    async fn start_with(login_attempts: usize) -> Self {
+    /// A console with `login_attempts` failed logins a minute per address, and `consumers` as
+    /// its CONSOLE_CONSUMERS (the dead-letter queues it may browse and replay).
+    async fn start_with(login_attempts: usize, consumers: &[&str]) -> Self {
         let db = TestDb::new().await;
         let config = ServeConfig {
             db: DbConfig {
@@ -46,7 +48,7 @@ impl Console {
             amqp_url: amqp_url(),
             amqp_tls: Default::default(),
             addr: "127.0.0.1:0".parse().unwrap(),
-            consumers: vec![],
+            consumers: consumers.iter().map(|c| c.to_string()).collect(),
             session_ttl_seconds: 3600,
             cookie_secure: false,
             audit_retention_days: 365,
@@ -244,7 +246,7 @@ fn offered(view: &Value) -> Vec<String> {
 }
 
 /// The request that exercises `action` (targets that do not exist: an allowed role gets past the
-/// role check and then 404 or 502, never 403).
+/// role check and then 404, never 403).
 fn request_for(action: Action) -> (String, Value) {
     let nobody = Uuid::new_v4();
     match action {
@@ -616,11 +618,16 @@ async fn the_same_idempotency_key_replays_and_repeats_no_effect() {
     let (_, me) = c.get(&op, "/api/whoami").await;
     let me: Value = serde_json::from_str(&me).unwrap();
     let scope = format!("console-user:{}", me["id"].as_str().unwrap());
-    let (s, records) = c
-        .get(&op, &format!("/api/idempotency?scope={scope}&key=k-p"))
+    let (s, records, _) = c
+        .post(
+            &op,
+            "/api/idempotency",
+            json!({"scope": scope, "key": "k-p"}),
+            None,
+        )
         .await;
     assert_eq!(s, StatusCode::OK);
-    let records: Vec<Value> = serde_json::from_str(&records).unwrap();
+    let records: Vec<Value> = serde_json::from_value(records).unwrap();
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(
         records[0]["operation"],
@@ -1201,7 +1208,7 @@ async fn web_sessions_csrf_and_expiry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_logins_are_rate_limited_per_address() {
-    let c = Console::start_with(3).await;
+    let c = Console::start_with(3, &[]).await;
     let good = c.user("gina", Role::Viewer).await;
     for _ in 0..3 {
         let r = c
@@ -1787,11 +1794,11 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     use lapin::BasicProperties;
     use lapin::options::BasicPublishOptions;
     use lapin::types::FieldTable;
-    let c = Console::start().await;
-    let op = c.user("dora", Role::Operator).await;
-    let ap = c.user("dan", Role::Approver).await;
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.dlq");
+    let c = Console::start_with(5, &[&name]).await;
+    let op = c.user("dora", Role::Operator).await;
+    let ap = c.user("dan", Role::Approver).await;
     let exchange = broker.exchange("console.events");
     let topology = consumer::Topology::new(&name, &[]);
     for q in topology.queues() {
@@ -1854,6 +1861,33 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
             .iter()
             .all(|l| l["version"] == "2026-12-01T10:00:00Z" && l["kind"] == "permanent")
     );
+
+    // CONSOLE_CONSUMERS is an allowlist: the dead letters of a consumer not listed there cannot be
+    // browsed or replayed, even when its dead-letter queue exists (404, as for no queue at all).
+    let unlisted = broker.queue("console.unlisted");
+    let other = consumer::Topology::new(&unlisted, &[]);
+    for q in other.queues() {
+        broker.track_queue(&q);
+    }
+    for e in other.exchanges() {
+        broker.track_exchange(&e);
+    }
+    other.declare(&conn, &exchange, &[]).await.unwrap();
+    for consumer in [unlisted.as_str(), "no_such_consumer"] {
+        let (s, body) = c
+            .get(&op, &format!("/api/dead-letters?consumer={consumer}"))
+            .await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{consumer}: {body}");
+        let (s, body, _) = c
+            .post(
+                &op,
+                &format!("/api/dead-letters/{consumer}/actions/replay"),
+                json!({"reason": "r", "items": [{"message_id": ids[0], "version": "2026-12-01T10:00:00Z"}]}),
+                None,
+            )
+            .await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{consumer}: {body}");
+    }
 
     let path = format!("/api/dead-letters/{name}/actions/replay");
     // A stale version: 409, nothing replayed.
@@ -2757,4 +2791,401 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
         1
     );
     assert_eq!(c.audit_count("bob", "approval.reject", "rejected").await, 1);
+}
+
+/// Issue 23, item 2: strict security headers on every answer, cross-site POSTs refused (`/login`
+/// included), notices only from the fixed set, idempotency lookups by POST, and axum's rejections
+/// on the web side as the console's own error page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_headers_cross_site_posts_fixed_notices_and_web_error_pages() {
+    let c = Console::start().await;
+    let op = c.user("hera", Role::Operator).await;
+    let cookie = login(&c, &op).await;
+    let get = |path: &str, cookie: Option<&str>| {
+        let mut r = c.http.get(format!("{}{path}", c.base));
+        if let Some(k) = cookie {
+            r = r.header("cookie", k);
+        }
+        r.send()
+    };
+    let bearer = c
+        .http
+        .get(format!("{}/api/whoami", c.base))
+        .bearer_auth(&op)
+        .send()
+        .await
+        .unwrap();
+    for (what, r) in [
+        ("login page", get("/login", None).await.unwrap()),
+        ("overview", get("/", Some(&cookie)).await.unwrap()),
+        ("API", bearer),
+        ("API 404", get("/api/nowhere", None).await.unwrap()),
+    ] {
+        let h = r.headers();
+        let v = |name: &str| {
+            h.get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        };
+        let csp = v("content-security-policy");
+        assert!(
+            csp.contains("default-src 'none'")
+                && csp.contains("frame-ancestors 'none'")
+                && !csp.contains("script-src")
+                && !csp.contains("unsafe-inline"),
+            "{what}: {csp}"
+        );
+        assert_eq!(v("x-frame-options"), "DENY", "{what}");
+        assert_eq!(v("x-content-type-options"), "nosniff", "{what}");
+        assert_eq!(v("referrer-policy"), "same-origin", "{what}");
+        assert_eq!(v("cache-control"), "no-store", "{what}");
+        let body = r.text().await.unwrap();
+        assert!(
+            !body.contains("<script") && !body.contains("style="),
+            "{what}: nothing the policy would block"
+        );
+    }
+    let css = get("/style.css", None).await.unwrap();
+    assert_eq!(css.status(), StatusCode::OK);
+    assert!(
+        css.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/css")
+    );
+
+    // Cross-site POSTs are refused before anything runs, /login included; a browser's same-origin
+    // POST and a client without those headers (the CLI, an API client) pass.
+    let login_with = |headers: Vec<(&'static str, String)>| {
+        let mut r = c
+            .http
+            .post(format!("{}/login", c.base))
+            .form(&[("token", op.as_str())]);
+        for (k, v) in headers {
+            r = r.header(k, v);
+        }
+        r.send()
+    };
+    let host = c.base.trim_start_matches("http://").to_string();
+    for (headers, want) in [
+        (
+            vec![("origin", "http://evil.example".to_string())],
+            StatusCode::FORBIDDEN,
+        ),
+        (vec![("origin", "null".to_string())], StatusCode::FORBIDDEN),
+        (
+            vec![("sec-fetch-site", "cross-site".to_string())],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            vec![("sec-fetch-site", "same-site".to_string())],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            vec![
+                ("origin", format!("http://{host}")),
+                ("sec-fetch-site", "cross-site".to_string()),
+            ],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            vec![
+                ("origin", format!("http://{host}")),
+                ("sec-fetch-site", "same-origin".to_string()),
+            ],
+            StatusCode::SEE_OTHER,
+        ),
+        (vec![], StatusCode::SEE_OTHER),
+    ] {
+        let r = login_with(headers.clone()).await.unwrap();
+        assert_eq!(r.status(), want, "{headers:?}");
+        if want == StatusCode::FORBIDDEN {
+            assert!(cookie_of(&r).is_none(), "no session for {headers:?}");
+            let page = r.text().await.unwrap();
+            assert!(page.contains("id=\"error\""), "the console's page: {page}");
+        }
+    }
+    let id = c.process("cross-site").await;
+    let version = c.process_view(&op, id).await["version"].clone();
+    let r = c
+        .http
+        .post(format!("{}/api/processes/{id}/actions/pause", c.base))
+        .bearer_auth(&op)
+        .header("origin", "https://evil.example")
+        .json(&json!({"reason": "framed", "version": version}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(!c.process_state(id).await.1, "not paused");
+
+    // Notices: only the fixed set; anything else in ?notice= shows nothing.
+    let page = get("/?notice=Your+account+is+locked%2C+call+555", Some(&cookie))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!page.contains("call 555") && !page.contains("id=\"notice\""));
+    let page = get(
+        "/?notice=approval_requested&approval=<b>x</b>",
+        Some(&cookie),
+    )
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(page.contains("An approval request was created") && !page.contains("<b>x"));
+
+    // Idempotency lookups: a POST (the key in the body), never a URL.
+    let (s, body) = c.get(&op, "/api/idempotency?scope=s&key=k").await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{body}");
+    let (s, body, _) = c
+        .post(
+            &op,
+            "/api/idempotency",
+            json!({"scope": "s", "key": "k"}),
+            None,
+        )
+        .await;
+    assert_eq!((s, body), (StatusCode::OK, json!([])));
+    let form = get("/idempotency", Some(&cookie))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        form.contains("method=\"post\" action=\"/idempotency\""),
+        "{form}"
+    );
+
+    // axum's rejections on the web side: the console's error page, with the status kept.
+    for (method, path, want) in [
+        ("GET", "/processes/not-a-uuid", StatusCode::BAD_REQUEST),
+        (
+            "POST",
+            "/ui/approvals/not-a-uuid/approve",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "GET",
+            "/processes?older_than_seconds=soon",
+            StatusCode::BAD_REQUEST,
+        ),
+        ("PUT", "/processes", StatusCode::METHOD_NOT_ALLOWED),
+    ] {
+        let r = c
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", c.base))
+            .header("cookie", &cookie)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("csrf=x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), want, "{method} {path}");
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html"),
+            "{method} {path}"
+        );
+        let page = r.text().await.unwrap();
+        assert!(page.contains("id=\"error\""), "{method} {path}: {page}");
+    }
+}
+
+/// Issue 23, item 2: hostile text (NUL and other control characters, markup, very long strings,
+/// arbitrary Unicode) in every kind of text input, from a role that may and one that may not:
+/// never a 5xx, a control character is a 400 past the role check, and every 403 has its `denied`
+/// audit entry (the audit entry of a refused caller is written whatever they sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited() {
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let c = Console::start().await;
+    let viewer = c.user("vera", Role::Viewer).await;
+    let op = c.user("oscar", Role::Operator).await;
+    let viewer_cookie = login(&c, &viewer).await;
+    let viewer_csrf = {
+        let page = c
+            .http
+            .get(format!("{}/", c.base))
+            .header("cookie", &viewer_cookie)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        csrf_of(&page)
+    };
+    let pid = c.process("hostile").await;
+    let version = c.process_view(&op, pid).await["version"].clone();
+    let nobody = Uuid::new_v4();
+    let hostile = prop_oneof![
+        any::<String>(),
+        "[\\x00-\\x1f\\x7f\\u{80}-\\u{9f}]{1,3}[a-z ]{0,8}",
+        "[a-z]{0,6}\\x00[a-z]{0,6}",
+        Just("\0".to_string()),
+        Just("<script>alert(1)</script>".to_string()),
+        Just("'; DROP TABLE outbox.console_audit; --".to_string()),
+        Just("%00%0a../../etc/passwd".to_string()),
+        Just("\u{202e}\u{feff}\u{200b}".to_string()),
+        Just("x".repeat(5000)),
+        Just(String::new()),
+    ];
+    let mut runner = TestRunner::default();
+    let (mut cases, mut refused, mut requests) = (0, 0, 0);
+    let mut controls = 0;
+    for _ in 0..48 {
+        let text = hostile.new_tree(&mut runner).unwrap().current();
+        let has_control = text.chars().any(char::is_control);
+        controls += usize::from(has_control);
+        let seg = console::web::url_encode(&text);
+        let mut answers: Vec<(String, StatusCode)> = Vec::new();
+        // Actions: the viewer is refused each (403, audited), the operator gets past the role check.
+        for (token, who) in [(&viewer, "viewer"), (&op, "operator")] {
+            for (path, body) in [
+                (
+                    format!("/api/processes/{nobody}/actions/pause"),
+                    json!({"reason": text, "version": version}),
+                ),
+                (
+                    format!("/api/processes/{nobody}/actions/rerun_step"),
+                    json!({"reason": "r", "version": 1, "evidence": text,
+                           "remote_check": {"checked": text, "answer": text}}),
+                ),
+                (
+                    format!("/api/dead-letters/{seg}/actions/replay"),
+                    json!({"reason": text, "items": [{"message_id": text, "version": text}]}),
+                ),
+                (
+                    format!("/api/outbox/dead/{nobody}/actions/requeue"),
+                    json!({"reason": text, "version": 1}),
+                ),
+                (
+                    format!("/api/approvals/{nobody}/approve"),
+                    json!({"reason": text, "version": 1}),
+                ),
+                (
+                    "/api/audit/actions/purge".to_string(),
+                    json!({"reason": text}),
+                ),
+            ] {
+                let (s, b, _) = c.post(token, &path, body, None).await;
+                answers.push((format!("{who} POST {path}: {b}"), s));
+            }
+        }
+        // Reads and lookups, with the text in every filter.
+        for path in [
+            "/api/processes".to_string(),
+            "/api/audit".to_string(),
+            "/api/approvals".to_string(),
+            "/api/dead-letters".to_string(),
+        ] {
+            let r = c
+                .http
+                .get(format!("{}{path}", c.base))
+                .bearer_auth(&op)
+                .query(&[
+                    ("kind", &text),
+                    ("status", &text),
+                    ("actor", &text),
+                    ("target", &text),
+                    ("consumer", &text),
+                ])
+                .send()
+                .await
+                .unwrap();
+            answers.push((format!("GET {path}"), r.status()));
+        }
+        let (s, b, _) = c
+            .post(
+                &op,
+                "/api/idempotency",
+                json!({"scope": text, "key": text}),
+                None,
+            )
+            .await;
+        answers.push((format!("idempotency: {b}"), s));
+        // The web side: pages with the text in their filters, a form the viewer may not send, a
+        // login with it as the token.
+        for path in ["/audit", "/processes", "/dead-letters", "/"] {
+            let r = c
+                .http
+                .get(format!("{}{path}", c.base))
+                .header("cookie", &viewer_cookie)
+                .query(&[
+                    ("actor", &text),
+                    ("kind", &text),
+                    ("consumer", &text),
+                    ("notice", &text),
+                ])
+                .send()
+                .await
+                .unwrap();
+            answers.push((format!("web GET {path}"), r.status()));
+        }
+        let r = c
+            .http
+            .post(format!("{}/ui/processes/{pid}/actions/pause", c.base))
+            .header("cookie", &viewer_cookie)
+            .form(&[
+                ("csrf", viewer_csrf.as_str()),
+                ("version", &version.to_string()),
+                ("reason", &text),
+            ])
+            .send()
+            .await
+            .unwrap();
+        answers.push(("web viewer pause".into(), r.status()));
+        let r = c
+            .http
+            .post(format!("{}/login", c.base))
+            .form(&[("token", &text)])
+            .send()
+            .await
+            .unwrap();
+        answers.push(("login".into(), r.status()));
+
+        for (what, status) in &answers {
+            assert!(!status.is_server_error(), "{what} with {text:?}: {status}");
+            if has_control && status.is_success() {
+                // Only the overview, which ignores an unknown notice code, may answer 200.
+                assert_eq!(what, "web GET /", "with {text:?}: {status}");
+            }
+        }
+        refused += answers
+            .iter()
+            .filter(|(_, s)| *s == StatusCode::FORBIDDEN)
+            .count();
+        requests += answers.len();
+        cases += 1;
+    }
+    let denied: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.console_audit WHERE outcome = 'denied' AND actor_name IN ('vera', 'oscar')",
+    )
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        denied as usize, refused,
+        "every 403 is audited, and only those"
+    );
+    // The viewer is refused every action (6 over the API, the web form): at least that many.
+    assert!(refused >= cases * 7, "{refused} refusals in {cases} cases");
+    assert!(controls > 0, "some cases had control characters");
+    println!(
+        "{cases} cases, {requests} requests, {refused} refusals audited, {controls} cases with control characters"
+    );
+    assert!(
+        !c.process_state(pid).await.1,
+        "never paused by hostile text"
+    );
 }

@@ -4,7 +4,7 @@
 //! allowed now that the user's role may ask for). Everything shown is redacted.
 
 use super::{
-    Fields, Notice, WebSession, answer_page, approvals_table, audit_table_with_id, csrf,
+    Fields, NoticeQuery, WebSession, answer_page, approvals_table, audit_table_with_id, csrf,
     error_page, esc, field, hidden, html, notice_redirect_to, page, submit, url_encode,
 };
 use crate::approvals;
@@ -94,6 +94,9 @@ pub async fn list_page(
         older_than_seconds,
         limit: Some(200),
     };
+    if let Err(e) = filter.check() {
+        return error_page(Some(&session), &e);
+    }
     let list = match s.processes.list(&s.pool, &filter).await {
         Ok(l) => l,
         Err(e) => return error_page(Some(&session), &e),
@@ -174,9 +177,9 @@ pub async fn process_page(
     State(s): State<AppState>,
     WebSession(session): WebSession,
     Path(id): Path<Uuid>,
-    Query(n): Query<Notice>,
+    Query(n): Query<NoticeQuery>,
 ) -> Response {
-    match render(&s, &session, id, n.notice.as_deref()).await {
+    match render(&s, &session, id, &n).await {
         Ok(r) => r,
         Err(e) => error_page(Some(&session), &e),
     }
@@ -186,7 +189,7 @@ async fn render(
     s: &AppState,
     session: &Session,
     id: Uuid,
-    notice: Option<&str>,
+    notice: &NoticeQuery,
 ) -> Result<Response, ConsoleError> {
     let Some(view) = s.processes.get(&s.pool, id).await? else {
         return Err(ConsoleError::NotFound(format!("process {id}")));
@@ -195,10 +198,7 @@ async fn render(
     let pending = approvals::of_process(&s.pool, s, id).await?;
     let entries = audit::of_process(&s.pool, &s.schema, id).await?;
     let steps: Vec<Value> = v["steps"].as_array().cloned().unwrap_or_default();
-    let mut h = String::new();
-    if let Some(n) = notice {
-        h.push_str(&format!("<p class=\"notice\" id=\"notice\">{}</p>", esc(n)));
-    }
+    let mut h = notice.html();
     h.push_str(&summary(&v));
     h.push_str(&last_error(&v));
     h.push_str(&unknown_outcomes(&v));
@@ -619,20 +619,7 @@ pub async fn process_action(
     }
     let path = format!("/api/processes/{id}/actions/{}", url_encode(action.name()));
     match submit(&s, &session, &f, &path, body).await {
-        (status, v) if status.is_success() => {
-            let text = match v.get("approval").and_then(|a| a.as_str()) {
-                Some(aid) => format!(
-                    "{}: approval request {aid} created; an approver must confirm",
-                    action.label()
-                ),
-                None => format!(
-                    "{}: done, the process is {}",
-                    action.name(),
-                    txt(&v, "status")
-                ),
-            };
-            notice_redirect_to(&format!("/processes/{id}"), &text)
-        }
+        (status, v) if status.is_success() => notice_redirect_to(&format!("/processes/{id}"), &v),
         (status, v) => answer_page(&session, status, &v),
     }
 }
