@@ -74,11 +74,11 @@ pub async fn requeue_outbox(
             } else {
                 outbox_dead::check(conn, &schema, &items, false).await?;
                 let pending = Pending::OutboxRequeue { items };
-                let (id, change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                let requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
                 Ok(Effect {
                     status: StatusCode::ACCEPTED,
-                    body: json!({"approval": id, "status": "pending"}),
-                    changes: vec![change],
+                    body: requested.body(),
+                    changes: vec![requested.change],
                 })
             }
         })
@@ -157,11 +157,11 @@ pub async fn replay_dead_letters(
                 )
                 .await?;
                 let pending = Pending::DlqReplay { consumer, items };
-                let (id, change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                let requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
                 Ok(Effect {
                     status: StatusCode::ACCEPTED,
-                    body: json!({"approval": id, "status": "pending"}),
-                    changes: vec![change],
+                    body: requested.body(),
+                    changes: vec![requested.change],
                 })
             }
         })
@@ -186,6 +186,9 @@ pub async fn decide(
     let target = format!("approval:{id}");
     actions::authorize(state, principal, action, &target, &decision.reason).await?;
     let reason = actions::require_reason(&decision.reason)?;
+    // Requests whose process moved on are closed as superseded for good (committed on their own:
+    // the decision below then answers 409 and rolls back).
+    approvals::supersede_stale(&mut *state.pool.acquire().await?, state).await?;
     let (st, p) = (state.clone(), principal.clone());
     let req = Request {
         principal,
@@ -261,17 +264,19 @@ pub async fn process_action(
                     action,
                     request: checked.request,
                 };
-                let (aid, mut change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
-                change.before = Some(checked.before);
+                let mut requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                requested.change.before = Some(checked.before);
                 Ok(Effect {
                     status: StatusCode::ACCEPTED,
-                    body: json!({"approval": aid, "status": "pending"}),
-                    changes: vec![change],
+                    body: requested.body(),
+                    changes: vec![requested.change],
                 })
             } else {
                 let (before, after) = backend
                     .perform(conn, id, action, &request, &p.name, None)
                     .await?;
+                // The process moved on: requests on the version it had are closed with it.
+                approvals::supersede_stale(conn, &st).await?;
                 Ok(Effect {
                     status: StatusCode::OK,
                     body: after.clone(),

@@ -174,7 +174,8 @@ table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;p
 th{background:#f3f3f3}nav a{margin-right:1em}.notice{background:#eef7ee;border:1px solid #9c9;padding:.5em}\
 .error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}td code{word-break:break-all}input[type=text]{width:24em}\
 form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}form.inline{display:inline}\
-.warning{background:#fff4e0;border:2px solid #e0a030;padding:.5em;margin:.5em 0}.safe{color:#2a7a2a;font-weight:bold}";
+.warning{background:#fff4e0;border:2px solid #e0a030;padding:.5em;margin:.5em 0}\
+.card{border:1px solid #bbb;border-radius:4px;padding:.5em .75em;margin:.5em 0;max-width:60em}.amount{font-size:1.1em}.safe{color:#2a7a2a;font-weight:bold}";
 
 fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
     let nav = match session {
@@ -483,9 +484,10 @@ fn approvals_table(session: &Session, list: &[approvals::Approval], back: Option
             )
         })
         .unwrap_or_default();
-    let mut h = String::from(
-        "<table id=\"approvals\"><tr><th>id</th><th>action</th><th>requested by</th><th>reason</th><th>request</th><th>status</th><th>decided by</th><th>result</th><th></th></tr>",
-    );
+    let mut h = String::from("<div id=\"approvals\">");
+    if list.is_empty() {
+        h.push_str("<p>None.</p>");
+    }
     for a in list {
         let decide = if a.status == "pending" && may_decide && a.requested_by != p.name {
             format!(
@@ -502,21 +504,119 @@ fn approvals_table(session: &Session, list: &[approvals::Approval], back: Option
         } else {
             String::new()
         };
+        let decided = match (&a.decided_by, a.status.as_str()) {
+            (Some(by), _) => format!(" by {}", esc(by)),
+            (None, "superseded") => {
+                " (the process changed since the request: nothing ran; ask again if still needed)"
+                    .to_string()
+            }
+            _ => String::new(),
+        };
         h.push_str(&format!(
-            "<tr class=\"approval\" id=\"approval-{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td class=\"status\">{}</td><td>{}</td><td><code>{}</code></td><td>{decide}</td></tr>",
-            a.id,
-            a.id,
-            esc(&a.action),
-            esc(&a.requested_by),
-            esc(&a.reason),
-            esc(&a.request.to_string()),
+            "<div class=\"approval card\" id=\"approval-{id}\"><p><b>{}</b> · <span class=\"status\">{}</span>{decided}</p>\
+             {}<p>Asked by <b>{}</b> at {}: {}</p>{}{decide}\
+             <details><summary>request as stored</summary><code>{}</code></details></div>",
+            esc(&approval_title(a)),
             esc(&a.status),
-            esc(a.decided_by.as_deref().unwrap_or("")),
-            esc(&a.result.as_ref().map(|v| v.to_string()).unwrap_or_default()),
+            approval_terms(a),
+            esc(&a.requested_by),
+            a.requested_at.format("%Y-%m-%d %H:%M:%S"),
+            esc(&a.reason),
+            a.result
+                .as_ref()
+                .map(|r| format!("<p>Result: <code>{}</code></p>", esc(&r.to_string())))
+                .unwrap_or_default(),
+            esc(&a.request.to_string()),
+            id = a.id,
         ));
     }
-    h.push_str("</table>");
+    h.push_str("</div>");
     h
+}
+
+/// What an approval does, in words.
+fn approval_title(a: &approvals::Approval) -> String {
+    let r = &a.request;
+    let n = r["items"].as_array().map(Vec::len).unwrap_or(0);
+    match r["kind"].as_str() {
+        Some("outbox_requeue") => format!("Requeue {n} dead outbox rows"),
+        Some("dlq_replay") => format!(
+            "Replay {n} dead letters of {}",
+            r["consumer"].as_str().unwrap_or("?")
+        ),
+        Some("process") => {
+            let step = &r["request"]["step"];
+            let what = match r["action"].as_str() {
+                Some("run_compensation") => "Run the compensation (e.g. a refund)",
+                Some("resolve_succeeded") => "Resolve as succeeded",
+                Some("resolve_failed") => "Resolve as failed (the outcome was unknown)",
+                _ => "Process action",
+            };
+            if step.is_null() {
+                what.to_string()
+            } else {
+                format!("{what}: step {step}")
+            }
+        }
+        _ => a.action.clone(),
+    }
+}
+
+/// A process request in business terms: amount and currency, order, customer, payment, the
+/// process as it is now (status, version) with a link, and the evidence given.
+fn approval_terms(a: &approvals::Approval) -> String {
+    let Some(p) = &a.process else {
+        return String::new();
+    };
+    let input = &p["input"];
+    let field = |k: &str| {
+        input.get(k).filter(|v| !v.is_null()).map(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string())
+        })
+    };
+    let mut terms = Vec::new();
+    if let Some(amount) = field("amount") {
+        terms.push(format!(
+            "amount <b class=\"amount\">{} {}</b>",
+            esc(&amount),
+            esc(&field("currency").unwrap_or_default())
+        ));
+    }
+    for (label, key) in [
+        ("order", "order_id"),
+        ("customer", "customer_id"),
+        ("payment", "payment_id"),
+        ("tenant", "tenant"),
+    ] {
+        if let Some(v) = field(key) {
+            terms.push(format!("{label} <code>{}</code>", esc(&v)));
+        }
+    }
+    let id = p["id"].as_str().unwrap_or("");
+    terms.push(format!(
+        "process <a href=\"/processes/{}\">{} {}</a>, now <b>{}</b>{} at version {} (asked at version {})",
+        html(id),
+        esc(p["kind"].as_str().unwrap_or("")),
+        esc(p["business_key"].as_str().unwrap_or("")),
+        esc(p["status"].as_str().unwrap_or("")),
+        if p["paused"] == json!(true) { " (paused)" } else { "" },
+        esc(&p["version"].to_string()),
+        esc(&a.request["request"]["version"].to_string()),
+    ));
+    let req = &a.request["request"];
+    if let Some(e) = req["evidence"].as_str() {
+        terms.push(format!("evidence <code>{}</code>", esc(e)));
+    }
+    if let Some(c) = req.get("remote_check").filter(|c| c.is_object()) {
+        terms.push(format!(
+            "checked at the remote: {}; its answer: {}",
+            esc(c["checked"].as_str().unwrap_or("")),
+            esc(c["answer"].as_str().unwrap_or(""))
+        ));
+    }
+    format!("<p class=\"terms\">{}</p>", terms.join(" · "))
 }
 
 /// Percent-encodes `text` for a URL's path segment or query value.

@@ -53,8 +53,8 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     (
         9,
-        "console resolve_failed approvals",
-        include_str!("../../migrations/0009_console_resolve_failed_approvals.sql"),
+        "console approvals: resolve_failed, one pending per target, superseded",
+        include_str!("../../migrations/0009_console_approvals.sql"),
     ),
 ];
 

@@ -835,7 +835,7 @@ async fn refund_in_review(
 }
 
 /// A refund approved after the process changed (an operator paused it meanwhile) is refused as
-/// stale: 409, the approval still pending, no refund, the conflict audited. The database itself
+/// stale: 409, the approval closed as superseded, no refund, the conflict audited. The database itself
 /// refuses an approval decided by its requester (four eyes below the application).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_of_a_process_that_changed_meanwhile_is_refused_and_changes_nothing() {
@@ -883,7 +883,7 @@ async fn an_approval_of_a_process_that_changed_meanwhile_is_refused_and_changes_
             .fetch_one(&c.db.pool)
             .await
             .unwrap();
-    assert_eq!(status, "pending");
+    assert_eq!(status, "superseded", "closed: the process moved on");
     assert!(
         c.audit_count("bob", "approval.approve", "conflict").await >= 1,
         "the refused approval is audited"
@@ -3188,4 +3188,132 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
         !c.process_state(pid).await.1,
         "never paused by hostile text"
     );
+}
+
+/// Issue 23, item 3: an approval is a card in business terms (what it does, the amount, the
+/// process as it is now with a link); the same request twice answers with the first; the request
+/// form is hidden while one waits; a request whose process moved on is closed as superseded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_process_moves_on() {
+    let c = Console::start().await;
+    let olga = c.user("olga", Role::Operator).await;
+    let otto = c.user("otto", Role::Operator).await;
+    let bob = c.user("bob", Role::Approver).await;
+    let (id, shutdown, worker) = refund_in_review(&c, "refund-cards").await;
+    let view = c.process_view(&olga, id).await;
+    let path = format!("/api/processes/{id}/actions/run_compensation");
+    let ask = |token: String, reason: &'static str, version: Value| {
+        let path = path.clone();
+        let c = &c;
+        async move {
+            c.post(
+                &token,
+                &path,
+                json!({"reason": reason, "version": version}),
+                None,
+            )
+            .await
+        }
+    };
+    let (s, first, _) = ask(
+        olga.clone(),
+        "order refused: refund",
+        view["version"].clone(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{first}");
+    assert_eq!(first["existing"], json!(false));
+    // The same request again, by someone else: the first answers.
+    let (s, again, _) = ask(otto.clone(), "refund please", view["version"].clone()).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(
+        (&again["approval"], &again["existing"]),
+        (&first["approval"], &json!(true))
+    );
+    assert_eq!(c.approvals().await, 1);
+
+    // The approver's card: what it does, the amount, the process now, a link.
+    let cookie = login(&c, &bob).await;
+    let overview = c
+        .http
+        .get(format!("{}/", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let approval = first["approval"].as_str().unwrap();
+    let card = overview
+        .split(&format!("id=\"approval-{approval}\""))
+        .nth(1)
+        .and_then(|rest| rest.split("</details></div>").next())
+        .unwrap_or_else(|| panic!("no card: {overview}"));
+    for part in [
+        "Run the compensation",
+        "amount <b class=\"amount\">5 </b>",
+        &format!("href=\"/processes/{id}\""),
+        "now <b>manual_review</b>",
+        &format!("at version {}", view["version"]),
+        "order refused: refund",
+        &format!("approve-{approval}"),
+    ] {
+        assert!(card.contains(part), "{part} not in the card: {card}");
+    }
+    // The requester's process page: no second request form while it waits.
+    let olga_cookie = login(&c, &olga).await;
+    let page = c
+        .http
+        .get(format!("{}/processes/{id}", c.base))
+        .header("cookie", &olga_cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !page.contains("id=\"form-run_compensation-")
+            && page.contains("id=\"pending-run_compensation-"),
+        "{page}"
+    );
+
+    // The process moves on (paused): the request is closed as superseded, approving it is a 409,
+    // and a new request is a new one.
+    let (s, _, _) = c
+        .post(
+            &olga,
+            &format!("/api/processes/{id}/actions/pause"),
+            json!({"reason": "hold", "version": view["version"]}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, list) = c.get(&bob, "/api/approvals").await;
+    assert_eq!(s, StatusCode::OK);
+    let list: Vec<Value> = serde_json::from_str(&list).unwrap();
+    assert_eq!(
+        (list.len(), list[0]["status"].as_str()),
+        (1, Some("superseded")),
+        "{list:?}"
+    );
+    assert_eq!(list[0]["process"]["paused"], json!(true));
+    let (s, _, _) = c
+        .post(
+            &bob,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "ok", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let now = c.process_view(&olga, id).await;
+    let (s, fresh, _) = ask(olga.clone(), "still refund", now["version"].clone()).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{fresh}");
+    assert_eq!(fresh["existing"], json!(false));
+    assert_ne!(fresh["approval"], first["approval"]);
+    assert_eq!(fx::effects(&c.db.pool, id).await, (1, 0), "no refund ran");
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
 }

@@ -207,7 +207,7 @@ async fn render(
         esc(&v["input"].to_string())
     ));
     h.push_str(&steps_table(&steps));
-    h.push_str(&actions(session, id, &v, &steps));
+    h.push_str(&actions(session, id, &v, &steps, &pending));
     if !pending.is_empty() {
         h.push_str("<h2>Approval requests</h2>");
         h.push_str(&approvals_table(
@@ -436,7 +436,13 @@ fn step_names(steps: &[Value]) -> HashMap<String, String> {
 
 /// A form per action allowed now that the user may ask for; the others are named with the role
 /// they need.
-fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
+fn actions(
+    session: &Session,
+    id: Uuid,
+    v: &Value,
+    steps: &[Value],
+    requests: &[approvals::Approval],
+) -> String {
     let role = session.principal.role;
     let offered = v["allowed_actions"].as_array().cloned().unwrap_or_default();
     let version = txt(v, "version");
@@ -462,6 +468,21 @@ fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
             action.name(),
             if step.is_empty() { "process" } else { &step }
         );
+        // One pending request per action: while it waits, no form asks again.
+        if let Some(waiting) = requests
+            .iter()
+            .find(|a| a.status == "pending" && a.action == action.audit_name())
+        {
+            h.push_str(&format!(
+                "<p class=\"action-pending\" id=\"pending-{slug}\">{}{on}: waiting for approval \
+                 (request <a href=\"#approval-{}\">{}</a> by {})</p>",
+                esc(action.label()),
+                waiting.id,
+                waiting.id,
+                esc(&waiting.requested_by)
+            ));
+            continue;
+        }
         if !allowed(role, Action::Process(action)) {
             h.push_str(&format!(
                 "<p class=\"action-unavailable\" id=\"offered-{slug}\">{}{on}: needs the {} role</p>",
