@@ -905,3 +905,104 @@ async fn set_step(
     .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(status: &str) -> ProcessSummary {
+        let now = Utc::now();
+        ProcessSummary {
+            id: Uuid::nil(),
+            kind: "payment".into(),
+            definition_version: 1,
+            business_key: "p-1".into(),
+            revision: 0,
+            revision_of: None,
+            status: status.into(),
+            paused: false,
+            attempt: 1,
+            last_reason: String::new(),
+            last_actor: "system".into(),
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+            deadline_at: None,
+            lease_owner: None,
+            lease_until: None,
+            row_version: 3,
+        }
+    }
+
+    fn step(seq: i32, remote: Option<Remote>, class: Option<&str>) -> StepView {
+        StepView {
+            seq,
+            name: "charge".into(),
+            role: "forward".into(),
+            acts_on: None,
+            execution: if remote.is_some() {
+                "external"
+            } else {
+                "local"
+            }
+            .into(),
+            remote: remote.map(|r| r.as_str().to_string()),
+            sensitive: false,
+            status: "manual_review".into(),
+            operation_id: Uuid::nil(),
+            attempts: 2,
+            max_attempts: 2,
+            next_attempt_at: None,
+            first_attempt_at: None,
+            last_attempt_at: None,
+            finished_at: None,
+            error_class: class.map(String::from),
+            error_message: None,
+            remote_ref: None,
+            result_ref: None,
+            last_reason: String::new(),
+            last_actor: "system".into(),
+        }
+    }
+
+    /// For each remote capability, an unknown outcome names the doubt and its safe action, which
+    /// comes first; resolving as failed then needs a remote check and a second person. Without the
+    /// doubt (a permanent error), it needs neither.
+    #[test]
+    fn an_unknown_outcome_offers_the_safe_action_first_and_guards_resolve_failed() {
+        let p = process("manual_review");
+        for (remote, safe) in [
+            (Remote::HonoursKey, Some(Action::RerunStep { seq: 1 })),
+            (Remote::Queryable, Some(Action::QueryRemote { seq: 1 })),
+            (Remote::Neither, None),
+        ] {
+            let steps = [step(1, Some(remote), Some("unknown"))];
+            let d = doubts(&steps);
+            assert_eq!(d.len(), 1, "{remote:?}");
+            assert_eq!(d[0].safe_action, safe, "{remote:?}");
+            assert!(d[0].warning.contains("may have acted"));
+            let allowed = allowed_actions(&p, &steps);
+            if let Some(safe) = &safe {
+                assert_eq!(allowed.first(), Some(safe), "{remote:?}: {allowed:?}");
+            }
+            let failed = Action::ResolveFailed { seq: 1 };
+            let at = |a: &Action| allowed.iter().position(|x| x == a);
+            assert!(at(&failed) > at(&Action::ResolveSucceeded { seq: 1 }));
+            let needs = requirements(&failed, &steps);
+            assert!(needs.remote_check && needs.second_person && !needs.evidence);
+            assert!(check_evidence(&needs, None, None).is_err());
+            assert!(check_approver(&needs, &failed, "alice", None).is_err());
+            assert!(check_approver(&needs, &failed, "alice", Some(" alice ")).is_err());
+            assert_eq!(
+                check_approver(&needs, &failed, "alice", Some("bob")).ok(),
+                Some("alice (approved by bob)".to_string())
+            );
+        }
+        let steps = [step(1, Some(Remote::Neither), Some("permanent"))];
+        assert!(doubts(&steps).is_empty());
+        let needs = requirements(&Action::ResolveFailed { seq: 1 }, &steps);
+        assert_eq!(needs, Requirements::default());
+        let local = [step(1, None, Some("unknown"))];
+        assert!(doubts(&local).is_empty(), "a local step is never in doubt");
+    }
+}
