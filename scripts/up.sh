@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole system on the local PostgreSQL and RabbitMQ, without Docker: the producer API, two
 # relays, the payment provider simulator, the payment process worker, the ledger consumer and a
-# small load generator, as in docker-compose.yml. Ctrl-C stops everything.
+# small load generator, as in docker-compose.yml. Ctrl-C or SIGTERM stops everything within 10 s.
 #
 #   scripts/up.sh            # runs until Ctrl-C
 #   UP_SECONDS=30 scripts/up.sh   # runs 30 s, prints what happened, stops
@@ -27,9 +27,40 @@ export PROVIDER_WEBHOOK_SECRET="${PROVIDER_WEBHOOK_SECRET:-$(od -An -N24 -tx1 /d
 CONSOLE_ADDR="${CONSOLE_ADDR:-127.0.0.1:8070}"
 LOG_DIR="${LOG_DIR:-target/up-logs}"
 
-scripts/services.sh
+# Stopping. Bash runs a trap only once the foreground command it waits for has ended, so every
+# long wait below (the build, the run) is a background job and a `wait`, which a signal ends at
+# once. Each child gets SIGTERM; whatever still runs after UP_STOP_GRACE seconds (default 8) gets
+# SIGKILL, so the script is gone within 10 s of the signal.
+pids=()
+stopping=""
+cleanup() {
+    [[ -n "$stopping" ]] && return
+    stopping=1
+    trap - INT TERM
+    ((${#pids[@]})) || return 0
+    echo "stopping"
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    local deadline=$((SECONDS + ${UP_STOP_GRACE:-8}))
+    for p in "${pids[@]}"; do
+        while kill -0 "$p" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+    done
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+# Runs "$@" as a job the traps can stop, and waits for it (its exit status is this one's).
+job() {
+    "$@" &
+    pids+=($!)
+    wait $!
+}
+
+job scripts/services.sh
 echo "building release binaries"
-cargo build --release --bins -q
+job cargo build --release --bins -q
+pids=()
 BIN=target/release
 mkdir -p "$LOG_DIR"
 
@@ -42,14 +73,6 @@ fi
 psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$db_name'" | grep -q 1 \
     || psql -h 127.0.0.1 -U postgres -d postgres -qc "CREATE DATABASE $db_name"
 "$BIN/producer" migrate   # the product schema (outbox) and the example application's (demo)
-
-pids=()
-cleanup() {
-    echo "stopping"
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT INT TERM
 
 API_KEY="$("$BIN/producer" api-key create --tenant demo)"
 CONSOLE_TOKEN="$("$BIN/console" user create --name demo-admin --role admin --replace | tail -n 1)"
@@ -80,7 +103,7 @@ EOT
 API_KEY="$API_KEY" API_ADDR="$API_ADDR" deploy/loadgen.sh >"$LOG_DIR/loadgen.log" 2>&1 & pids+=($!)
 
 if [[ -n "${UP_SECONDS:-}" ]]; then
-    sleep "$UP_SECONDS"
+    job sleep "$UP_SECONDS"
     echo "--- after ${UP_SECONDS}s"
     psql "$DATABASE_URL" -c "SELECT (SELECT count(*) FROM demo.orders) AS orders, (SELECT count(*) FROM demo.payments) AS payments,
         (SELECT count(*) FROM demo.payments WHERE status = 'succeeded') AS succeeded,

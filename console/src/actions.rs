@@ -133,6 +133,7 @@ pub fn require_reason(reason: &str) -> Result<String, ConsoleError> {
     if r.is_empty() {
         return Err(ConsoleError::BadRequest("a reason is required".into()));
     }
+    crate::text::check("reason", r)?;
     if r.len() > 2000 {
         return Err(ConsoleError::BadRequest(
             "the reason is at most 2000 bytes".into(),

@@ -88,7 +88,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/api/outbox/dead", get(dead_rows))
         .route("/api/outbox/backlog", get(backlog))
         .route("/api/dead-letters", get(dead_letter_list))
-        .route("/api/idempotency", get(idempotency))
+        .route("/api/idempotency", post(idempotency))
         .route("/api/audit", get(audit_list))
         .route("/api/approvals", get(approval_list))
         .route("/api/processes", get(process_list))
@@ -327,6 +327,7 @@ pub async fn dead_letter_list(
     Query(q): Query<ConsumerQuery>,
 ) -> Result<Response, ConsoleError> {
     read(&s, &p, &format!("dlq:{}", q.consumer)).await?;
+    dead_letters::listed(&s.settings.consumers, &q.consumer)?;
     Ok(Json(
         dead_letters::list(
             &s.settings.amqp_url,
@@ -365,7 +366,8 @@ pub async fn replay(
     ))
 }
 
-#[derive(Debug, Deserialize, IntoParams)]
+/// Body of an idempotency lookup: a POST, so the key never travels in a URL (logs, history).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct IdempotencyQuery {
     /// The key's scope (tenant, account).
     pub scope: String,
@@ -386,15 +388,17 @@ pub struct IdempotencyRecord {
     pub lease_expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-/// Look up idempotency records by scope and key.
-#[utoipa::path(get, path = "/api/idempotency", tag = "idempotency", params(IdempotencyQuery),
+/// Look up idempotency records by scope and key (a read, sent as a POST: the key is in the body).
+#[utoipa::path(post, path = "/api/idempotency", tag = "idempotency", request_body = IdempotencyQuery,
     responses((status = 200, body = [IdempotencyRecord])))]
 pub async fn idempotency(
     State(s): State<AppState>,
     Bearer(p): Bearer,
-    Query(q): Query<IdempotencyQuery>,
+    body: Bytes,
 ) -> Result<Response, ConsoleError> {
     read(&s, &p, "idempotency").await?;
+    let q: IdempotencyQuery = serde_json::from_slice(&body)
+        .map_err(|e| ConsoleError::BadRequest(format!("invalid JSON body: {e}")))?;
     Ok(Json(lookup_idempotency(&s, &q.scope, &q.key).await?).into_response())
 }
 
@@ -404,6 +408,7 @@ pub async fn lookup_idempotency(
     key: &str,
 ) -> Result<Vec<IdempotencyRecord>, ConsoleError> {
     use sha2::Digest;
+    crate::text::check_all([("scope", Some(scope)), ("key", Some(key))])?;
     let mut rows = sqlx::query_as::<_, IdempotencyRecord>(s.schema.sql(
         "SELECT operation, status, response_status, resource_id, created_at, updated_at, expires_at, lease_expires_at \
          FROM {{schema}}.idempotency_keys WHERE scope = $1 AND key_hash = $2 ORDER BY created_at",
@@ -426,6 +431,7 @@ pub async fn audit_list(
     Query(f): Query<audit::Filter>,
 ) -> Result<Response, ConsoleError> {
     read(&s, &p, "audit").await?;
+    f.check()?;
     if f.format.as_deref() == Some("jsonl") {
         let rows = audit::list(&s.pool, &s.schema, &f, true).await?;
         let mut out = String::new();
@@ -474,6 +480,7 @@ pub async fn approval_list(
     Query(q): Query<StatusQuery>,
 ) -> Result<Response, ConsoleError> {
     read(&s, &p, "approvals").await?;
+    crate::text::check("status", q.status.as_deref().unwrap_or(""))?;
     Ok(Json(approvals::list(&s.pool, &s, q.status.as_deref()).await?).into_response())
 }
 
@@ -530,6 +537,7 @@ pub async fn process_list(
     Query(f): Query<ProcessFilter>,
 ) -> Result<Response, ConsoleError> {
     read(&s, &p, "processes").await?;
+    f.check()?;
     let list = s.processes.list(&s.pool, &f).await?;
     Ok(Json(list.iter().map(redact::value).collect::<Vec<_>>()).into_response())
 }

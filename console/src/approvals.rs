@@ -2,6 +2,13 @@
 //! role approves (the effect runs in the approving transaction, once: the request is locked and
 //! must still be pending in the version seen) or rejects. Nobody decides their own request (checked
 //! here and by a CHECK constraint).
+//!
+//! There is at most one pending request per (action, target) (a unique index): asking again
+//! answers with the first. A request on a process whose version moved on since it was asked is
+//! closed as `superseded` ([`supersede_stale`], before every listing, request and decision):
+//! nothing runs, and whoever still wants it asks again on what the process is now. A listed request
+//! on a process carries the process as it is now (status, version, redacted input), so the page
+//! can show it in business terms.
 
 use crate::actions::Change;
 use crate::audit::outcome;
@@ -50,6 +57,8 @@ impl Pending {
 pub struct Approval {
     pub id: Uuid,
     pub action: String,
+    /// What it acts on, as the audit log names it (`process:<id>`, ...).
+    pub target: Option<String>,
     pub request: Value,
     pub reason: String,
     pub requested_by: String,
@@ -60,8 +69,42 @@ pub struct Approval {
     pub decided_at: Option<DateTime<Utc>>,
     pub decision_reason: Option<String>,
     pub result: Option<Value>,
+    /// For a request on a process: the process now (`id`, `kind`, `business_key`, `status`,
+    /// `version`, `paused`, `input` redacted).
+    pub process: Option<Value>,
 }
 
+/// A request made, or the pending one for the same action and target that it answers with.
+#[derive(Debug)]
+pub struct Requested {
+    pub id: Uuid,
+    /// An earlier pending request for the same action and target.
+    pub existing: bool,
+    /// The audit entry.
+    pub change: Change,
+}
+
+impl Requested {
+    /// The answer to the request (202).
+    pub fn body(&self) -> Value {
+        json!({"approval": self.id, "status": "pending", "existing": self.existing})
+    }
+}
+
+/// Closes as `superseded` every pending request on a process whose version moved on since the
+/// request saw it (nothing runs; nobody decided it). Returns how many.
+pub async fn supersede_stale(
+    conn: &mut PgConnection,
+    state: &AppState,
+) -> Result<u64, ConsoleError> {
+    Ok(sqlx::query(state.schema.sql(
+        "UPDATE {{schema}}.console_approvals a SET status = 'superseded', version = a.version + 1,                 decided_at = now(),                 result = jsonb_build_object('superseded', 'the process changed since the request (version ' \
+                         || (a.request->'request'->>'version') || ', now ' || p.row_version || ')')          FROM {{schema}}.processes p          WHERE a.status = 'pending' AND a.request->>'kind' = 'process'            AND p.id = (a.request->>'id')::uuid            AND p.row_version IS DISTINCT FROM (a.request->'request'->>'version')::bigint",
+    ))
+    .execute(&mut *conn)
+    .await?
+    .rows_affected())
+}
 /// Body of approve and reject.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Decision {
@@ -94,12 +137,17 @@ async fn query(
     status: Option<&str>,
     process: Option<Uuid>,
 ) -> Result<Vec<Approval>, ConsoleError> {
+    supersede_stale(&mut *pool.acquire().await?, state).await?;
     let rows = sqlx::query_as::<_, Approval>(state.schema.sql(
-        "SELECT a.id, a.action, a.request, a.reason, r.name AS requested_by, a.requested_at, a.status, a.version, \
-                d.name AS decided_by, a.decided_at, a.decision_reason, a.result \
+        "SELECT a.id, a.action, a.target, a.request, a.reason, r.name AS requested_by, a.requested_at, a.status, a.version, \
+                d.name AS decided_by, a.decided_at, a.decision_reason, a.result, \
+                CASE WHEN p.id IS NOT NULL THEN jsonb_build_object('id', p.id, 'kind', p.kind, \
+                    'business_key', p.business_key, 'status', p.status, 'version', p.row_version, \
+                    'paused', p.paused, 'input', p.input_redacted) END AS process \
          FROM {{schema}}.console_approvals a \
          JOIN {{schema}}.console_users r ON r.id = a.requested_by \
          LEFT JOIN {{schema}}.console_users d ON d.id = a.decided_by \
+         LEFT JOIN {{schema}}.processes p ON a.request->>'kind' = 'process' AND p.id = (a.request->>'id')::uuid \
          WHERE ($1::text IS NULL OR a.status = $1) \
            AND ($2::uuid IS NULL OR (a.request->>'kind' = 'process' AND a.request->>'id' = $2::text)) \
          ORDER BY a.requested_at DESC LIMIT 500",
@@ -113,6 +161,8 @@ async fn query(
         .map(|mut a| {
             a.request = redact::value(&a.request);
             a.result = a.result.as_ref().map(redact::value);
+            a.process = a.process.as_ref().map(redact::value);
+            a.target = a.target.as_deref().map(redact::text);
             a.reason = redact::text(&a.reason);
             a.decision_reason = a.decision_reason.as_deref().map(redact::text);
             a
@@ -120,7 +170,8 @@ async fn query(
         .collect())
 }
 
-/// Creates a request in the caller's transaction; returns its id and the audit change.
+/// Creates a request in the caller's transaction, or finds the pending one for the same action
+/// and `target` (which it answers with; a stale one is superseded first).
 pub async fn create(
     conn: &mut PgConnection,
     state: &AppState,
@@ -128,28 +179,51 @@ pub async fn create(
     pending: &Pending,
     reason: &str,
     target: &str,
-) -> Result<(Uuid, Change), ConsoleError> {
+) -> Result<Requested, ConsoleError> {
     let request =
         serde_json::to_value(pending).map_err(|e| ConsoleError::Internal(e.to_string()))?;
-    let id: Uuid = sqlx::query_scalar(state.schema.sql(
-        "INSERT INTO {{schema}}.console_approvals (action, request, reason, requested_by) VALUES ($1, $2, $3, $4) RETURNING id",
+    supersede_stale(conn, state).await?;
+    // A concurrent request for the same action and target waits here for the other's commit
+    // (the unique index), then finds it.
+    let made: Option<Uuid> = sqlx::query_scalar(state.schema.sql(
+        "INSERT INTO {{schema}}.console_approvals (action, target, request, reason, requested_by) \
+         VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (action, target) WHERE status = 'pending' DO NOTHING RETURNING id",
     ))
     .bind(pending.action_name())
+    .bind(target)
     .bind(&request)
     .bind(reason)
     .bind(principal.id)
-    .fetch_one(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
-    Ok((
+    let (id, existing) = match made {
+        Some(id) => (id, false),
+        None => {
+            let id: Uuid = sqlx::query_scalar(state.schema.sql(
+                "SELECT id FROM {{schema}}.console_approvals \
+                 WHERE action = $1 AND target = $2 AND status = 'pending'",
+            ))
+            .bind(pending.action_name())
+            .bind(target)
+            .fetch_one(&mut *conn)
+            .await?;
+            (id, true)
+        }
+    };
+    Ok(Requested {
         id,
-        Change {
+        existing,
+        change: Change {
             target: target.to_string(),
-            after: Some(json!({"approval": id, "status": "pending", "request": request})),
+            after: Some(
+                json!({"approval": id, "status": "pending", "existing": existing, "request": request}),
+            ),
             outcome: Some(outcome::REQUESTED),
             approval_id: Some(id),
             ..Default::default()
         },
-    ))
+    })
 }
 
 /// Approves or rejects request `id` as `principal`, in the caller's transaction. On approval the
@@ -162,6 +236,8 @@ pub async fn decide(
     decision: &Decision,
     approve: bool,
 ) -> Result<(Vec<Change>, Value), ConsoleError> {
+    // A request whose process moved on is closed first: it answers 409 below, superseded.
+    supersede_stale(conn, state).await?;
     let row: Option<(Uuid, String, String, Value, String, i32, String)> = sqlx::query_as(state.schema.sql(
         "SELECT a.requested_by, u.name, u.role, a.request, a.status, a.version, a.reason FROM {{schema}}.console_approvals a \
          JOIN {{schema}}.console_users u ON u.id = a.requested_by WHERE a.id = $1 FOR UPDATE OF a",
@@ -207,8 +283,7 @@ pub async fn decide(
             .map_err(|e: crate::roles::UnknownRole| ConsoleError::Internal(e.to_string()))?,
     };
     let (mut changes, result) = if approve {
-        let actor = crate::processes::actor(&requester.name, Some(&principal.name));
-        let (changes, result) = run(conn, state, &pending, &actor).await?;
+        let (changes, result) = run(conn, state, &pending, &requester, principal).await?;
         let changes = changes
             .into_iter()
             .map(|c| Change {
@@ -257,12 +332,13 @@ pub async fn decide(
     ))
 }
 
-/// Runs an approved request's effect; `actor` names the requester and the approver.
+/// Runs an approved request's effect, asked by `requester`, approved by `approver`.
 async fn run(
     conn: &mut PgConnection,
     state: &AppState,
     pending: &Pending,
-    actor: &str,
+    requester: &Principal,
+    approver: &Principal,
 ) -> Result<(Vec<Change>, Value), ConsoleError> {
     match pending {
         Pending::OutboxRequeue { items } => outbox_dead::requeue(conn, &state.schema, items).await,
@@ -282,7 +358,14 @@ async fn run(
         } => {
             let (before, after) = state
                 .processes
-                .perform(conn, *id, *action, request, actor)
+                .perform(
+                    conn,
+                    *id,
+                    *action,
+                    request,
+                    &requester.name,
+                    Some(&approver.name),
+                )
                 .await?;
             Ok((vec![Change::process(*id, before, after.clone())], after))
         }

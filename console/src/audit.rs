@@ -3,8 +3,8 @@
 //! 0006); [`purge`] calls `purge_console_audit(retention)`, the only way rows go.
 
 use crate::error::ConsoleError;
-use crate::redact;
 use crate::users::Principal;
+use crate::{redact, text};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -85,20 +85,34 @@ pub async fn record(
          (actor_id, actor_name, roles, action, target, reason, approval_id, approver, before, after, outcome) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     ))
+    // Printable: whatever a refused caller sent, its entry can be written (text::printable).
     .bind(e.actor.id)
-    .bind(&e.actor.name)
+    .bind(text::printable(&e.actor.name))
     .bind(e.actor.role.held())
-    .bind(&e.action)
-    .bind(redact::text(&e.target))
-    .bind(redact::text(&e.reason))
+    .bind(text::printable(&e.action))
+    .bind(text::printable(&redact::text(&e.target)))
+    .bind(text::printable(&redact::text(&e.reason)))
     .bind(e.approval_id)
-    .bind(&e.approver)
-    .bind(e.before.as_ref().map(redact::value))
-    .bind(e.after.as_ref().map(redact::value))
+    .bind(e.approver.as_deref().map(text::printable))
+    .bind(e.before.as_ref().map(|v| text::printable_value(&redact::value(v))))
+    .bind(e.after.as_ref().map(|v| text::printable_value(&redact::value(v))))
     .bind(e.outcome)
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+impl Filter {
+    /// No control character in any text filter (400).
+    pub fn check(&self) -> Result<(), ConsoleError> {
+        text::check_all([
+            ("actor", self.actor.as_deref()),
+            ("action", self.action.as_deref()),
+            ("outcome", self.outcome.as_deref()),
+            ("target", self.target.as_deref()),
+            ("format", self.format.as_deref()),
+        ])
+    }
 }
 
 /// Entries matching `f`: newest first, or oldest first for export.

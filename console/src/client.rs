@@ -236,22 +236,51 @@ pub fn print_process(p: &Value, out: &mut impl Write) -> std::io::Result<()> {
             s(h, "reason")
         )?;
     }
-    writeln!(out, "allowed now:")?;
-    for a in p["allowed_actions"].as_array().into_iter().flatten() {
+    for d in p["unknown_outcomes"].as_array().into_iter().flatten() {
         writeln!(
             out,
-            "  {}{}  (role {}{})",
+            "WARNING step {} {}: {} (safe action: {})",
+            s(d, "step"),
+            s(d, "name"),
+            s(d, "warning"),
+            match s(d, "safe_action").as_str() {
+                "" => "none, check at the remote".to_string(),
+                a => a.to_string(),
+            }
+        )?;
+    }
+    writeln!(out, "allowed now:")?;
+    for a in p["allowed_actions"].as_array().into_iter().flatten() {
+        let yes = |k: &str| a[k] == Value::Bool(true);
+        writeln!(
+            out,
+            "  {}{}  (role {}{}{}{}{})",
             s(a, "action"),
             match s(a, "step").as_str() {
                 "" => String::new(),
                 st => format!(" --step {st}"),
             },
             s(a, "min_role"),
-            if a["needs_approval"] == Value::Bool(true) {
+            if yes("needs_approval") {
                 ", needs approval"
             } else {
                 ""
-            }
+            },
+            if yes("needs_evidence") {
+                ", needs --evidence"
+            } else {
+                ""
+            },
+            if yes("needs_remote_check") {
+                ", needs --checked and --answer"
+            } else {
+                ""
+            },
+            if yes("safe_for_unknown_outcome") {
+                ", safe for the unknown outcome"
+            } else {
+                ""
+            },
         )?;
     }
     Ok(())

@@ -8,7 +8,7 @@ use crate::processes::{ProcessAction, ProcessActionRequest};
 use crate::roles::Action;
 use crate::state::AppState;
 use crate::users::Principal;
-use crate::{audit, dead_letters, outbox_dead, processes};
+use crate::{audit, dead_letters, outbox_dead};
 use axum::http::StatusCode;
 use serde_json::json;
 use uuid::Uuid;
@@ -74,11 +74,11 @@ pub async fn requeue_outbox(
             } else {
                 outbox_dead::check(conn, &schema, &items, false).await?;
                 let pending = Pending::OutboxRequeue { items };
-                let (id, change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                let requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
                 Ok(Effect {
                     status: StatusCode::ACCEPTED,
-                    body: json!({"approval": id, "status": "pending"}),
-                    changes: vec![change],
+                    body: requested.body(),
+                    changes: vec![requested.change],
                 })
             }
         })
@@ -100,6 +100,13 @@ pub async fn replay_dead_letters(
         i.message_id.clone()
     });
     actions::authorize(state, principal, Action::DlqReplay, &target, reason).await?;
+    dead_letters::listed(&state.settings.consumers, &consumer)?;
+    crate::text::check_all(items.iter().flat_map(|i| {
+        [
+            ("message_id", Some(i.message_id.as_str())),
+            ("version", Some(i.version.as_str())),
+        ]
+    }))?;
     if dry_run {
         let plan = dead_letters::plan(
             &state.settings.amqp_url,
@@ -150,11 +157,11 @@ pub async fn replay_dead_letters(
                 )
                 .await?;
                 let pending = Pending::DlqReplay { consumer, items };
-                let (id, change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                let requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
                 Ok(Effect {
                     status: StatusCode::ACCEPTED,
-                    body: json!({"approval": id, "status": "pending"}),
-                    changes: vec![change],
+                    body: requested.body(),
+                    changes: vec![requested.change],
                 })
             }
         })
@@ -179,6 +186,9 @@ pub async fn decide(
     let target = format!("approval:{id}");
     actions::authorize(state, principal, action, &target, &decision.reason).await?;
     let reason = actions::require_reason(&decision.reason)?;
+    // Requests whose process moved on are closed as superseded for good (committed on their own:
+    // the decision below then answers 409 and rolls back).
+    approvals::supersede_stale(&mut *state.pool.acquire().await?, state).await?;
     let (st, p) = (state.clone(), principal.clone());
     let req = Request {
         principal,
@@ -220,6 +230,17 @@ pub async fn process_action(
     )
     .await?;
     let reason = actions::require_reason(&request.reason)?;
+    crate::text::check_all([
+        ("evidence", request.evidence.as_deref()),
+        (
+            "remote_check.checked",
+            request.remote_check.as_ref().map(|c| c.checked.as_str()),
+        ),
+        (
+            "remote_check.answer",
+            request.remote_check.as_ref().map(|c| c.answer.as_str()),
+        ),
+    ])?;
     let backend = state.processes.clone();
     let (st, p, r, t) = (
         state.clone(),
@@ -236,23 +257,26 @@ pub async fn process_action(
     };
     actions::perform(state, req, move |conn| {
         Box::pin(async move {
-            if action.needs_approval() {
-                let checked = backend.check(conn, id, action, &request).await?;
+            let checked = backend.check(conn, id, action, &request).await?;
+            if checked.needs_approval {
                 let pending = Pending::Process {
                     id,
                     action,
                     request: checked.request,
                 };
-                let (aid, mut change) = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
-                change.before = Some(checked.before);
+                let mut requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                requested.change.before = Some(checked.before);
                 Ok(Effect {
                     status: StatusCode::ACCEPTED,
-                    body: json!({"approval": aid, "status": "pending"}),
-                    changes: vec![change],
+                    body: requested.body(),
+                    changes: vec![requested.change],
                 })
             } else {
-                let actor = processes::actor(&p.name, None);
-                let (before, after) = backend.perform(conn, id, action, &request, &actor).await?;
+                let (before, after) = backend
+                    .perform(conn, id, action, &request, &p.name, None)
+                    .await?;
+                // The process moved on: requests on the version it had are closed with it.
+                approvals::supersede_stale(conn, &st).await?;
                 Ok(Effect {
                     status: StatusCode::OK,
                     body: after.clone(),

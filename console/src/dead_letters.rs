@@ -53,6 +53,21 @@ pub fn check_consumer(name: &str) -> Result<(), ConsoleError> {
     }
 }
 
+/// `CONSOLE_CONSUMERS` is an allowlist: only the dead letters of a consumer listed there can be
+/// browsed or replayed; any other name, well-formed or not, is a 404 (checked after the role
+/// check, so a refused caller is audited first). A name that is no plain name is a 400.
+pub fn listed(consumers: &[String], name: &str) -> Result<(), ConsoleError> {
+    crate::text::check("consumer", name)?;
+    check_consumer(name)?;
+    if consumers.iter().any(|c| c == name) {
+        Ok(())
+    } else {
+        Err(ConsoleError::NotFound(format!(
+            "consumer {name:?} (the console shows the consumers of CONSOLE_CONSUMERS)"
+        )))
+    }
+}
+
 fn letter(d: dlq::DeadLetter) -> Letter {
     let payload = serde_json::from_str::<Value>(&d.payload).unwrap_or(Value::String(d.payload));
     Letter {

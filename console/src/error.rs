@@ -57,6 +57,16 @@ impl ConsoleError {
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::TooManyAttempts => StatusCode::TOO_MANY_REQUESTS,
             Self::Idempotency(e) => e.status(),
+            // A listed consumer whose queues do not exist (never ran): there is nothing there.
+            Self::DeadLetters(e)
+                if matches!(
+                    **e,
+                    consumer::DlqError::NoDeadLetterQueue { .. }
+                        | consumer::DlqError::NoQueue { .. }
+                ) =>
+            {
+                StatusCode::NOT_FOUND
+            }
             Self::DeadLetters(_) => StatusCode::BAD_GATEWAY,
             Self::Db(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -5,6 +5,7 @@
 //!   crate's `api_idempotency_outcomes_total{outcome="replayed"}`: no action runs.
 //! - `console_approvals_pending`: approval requests waiting for a decision.
 //! - `console_login_failures_total{reason}`: failed web logins (`invalid_token`, `rate_limited`).
+//! - `console_cross_site_refused_total`: POSTs refused for a foreign `Origin` / `Sec-Fetch-Site`.
 
 use crate::users::Principal;
 
@@ -31,6 +32,10 @@ pub fn login_failed(reason: &'static str, addr: std::net::IpAddr) {
     tracing::warn!(%addr, reason, "console login failed");
 }
 
+pub fn cross_site_refused() {
+    metrics::counter!("console_cross_site_refused_total").increment(1);
+}
+
 pub fn login(actor: &Principal) {
     tracing::info!(actor = %actor.name, actor_id = %actor.id, role = %actor.role, "console login");
 }
@@ -50,4 +55,9 @@ pub fn describe() {
         "Failed console logins by reason"
     );
     metrics::counter!("console_login_failures_total", "reason" => "invalid_token").increment(0);
+    metrics::describe_counter!(
+        "console_cross_site_refused_total",
+        "POSTs refused as cross-site (Origin, Sec-Fetch-Site)"
+    );
+    metrics::counter!("console_cross_site_refused_total").increment(0);
 }

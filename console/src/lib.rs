@@ -13,7 +13,9 @@
 //! - [`outbox_dead`], [`dead_letters`]: dead outbox rows and consumer dead letters (via
 //!   `consumer::dlq`); [`processes`]: processes and their actions, on the processes crate's
 //!   `admin` module.
-//! - [`api`], [`web`], [`openapi`]: the HTTP surface; [`client`]: the CLI's API client.
+//! - [`api`], [`web`], [`openapi`]: the HTTP surface; [`client`]: the CLI's API client;
+//!   [`headers`]: security headers on every answer; [`origin`]: cross-site POSTs refused.
+//! - [`text`]: no control character in any text input, nor in an audit entry.
 //! - [`redact`]: what never leaves the console; [`internal_events`]: metrics and logs.
 //! - [`config`], [`state`], [`error`].
 
@@ -26,15 +28,18 @@ pub mod commands;
 pub mod config;
 pub mod dead_letters;
 pub mod error;
+pub mod headers;
 pub mod internal_events;
 pub mod keys;
 pub mod openapi;
+pub mod origin;
 pub mod outbox_dead;
 pub mod processes;
 pub mod redact;
 pub mod roles;
 pub mod sessions;
 pub mod state;
+pub mod text;
 pub mod users;
 pub mod web;
 
@@ -57,6 +62,8 @@ pub fn router(state: AppState, readiness: Arc<Readiness>) -> Router {
         .fallback(api::not_found)
         .with_state(state)
         .merge(plumbing::telemetry::ops_router(readiness))
+        .layer(axum::middleware::from_fn(origin::same_origin_posts))
+        .layer(axum::middleware::from_fn(headers::security_headers))
 }
 
 /// Why the console could not start or stopped.

@@ -186,6 +186,13 @@ enum ProcessCommand {
         /// Evidence for resolve_succeeded (a provider reference, a ticket).
         #[arg(long)]
         evidence: Option<String>,
+        /// For resolve_failed on a step whose outcome is unknown: what you checked at the remote
+        /// (with `--answer`).
+        #[arg(long, requires = "answer")]
+        checked: Option<String>,
+        /// For resolve_failed on a step whose outcome is unknown: the remote's answer.
+        #[arg(long, requires = "checked")]
+        answer: Option<String>,
     },
 }
 
@@ -400,8 +407,13 @@ async fn main() -> anyhow::Result<()> {
                     version,
                     step,
                     evidence,
+                    checked,
+                    answer,
                 } => {
-                    let body = json!({"reason": reason, "version": version, "step": step, "evidence": evidence});
+                    let mut body = json!({"reason": reason, "version": version, "step": step, "evidence": evidence});
+                    if let (Some(checked), Some(answer)) = (checked, answer) {
+                        body["remote_check"] = json!({"checked": checked, "answer": answer});
+                    }
                     let path = format!(
                         "/api/processes/{id}/actions/{}",
                         console::web::url_encode(&action)

@@ -19,7 +19,8 @@ use utoipa::{Modify, OpenApi};
         error::ErrorBody, outbox_dead::DeadRow, outbox_dead::Backlog, outbox_dead::Item, outbox_dead::Planned,
         dead_letters::Letter, dead_letters::Item, dead_letters::Planned, api::RequeueOne, api::RequeueMany,
         api::Replay, api::ReasonOnly, api::IdempotencyRecord, audit::Entry, approvals::Approval, approvals::Decision,
-        processes::ProcessAction, processes::ProcessActionRequest, users::Principal, crate::roles::Role
+        processes::ProcessAction, processes::ProcessActionRequest, processes::RemoteCheck, api::IdempotencyQuery,
+        users::Principal, crate::roles::Role
     )),
     modifiers(&BearerAuth),
     security(("token" = []))

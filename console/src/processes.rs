@@ -4,8 +4,10 @@
 //! The processes crate decides which actions are allowed now (`admin::allowed_actions`, from the
 //! process status, each step's status, error class and remote capability) and performs them
 //! (`admin::act_in`, in the console's transaction, so the audit entry commits with the effect).
-//! The console adds who may ask ([`ProcessAction::min_role`], in [`crate::roles`]), which need a second person
-//! ([`ProcessAction::needs_approval`]) and the row version check's answer (409).
+//! The console adds who may ask ([`ProcessAction::min_role`], in [`crate::roles`]) and the row
+//! version check's answer (409). Which actions need a second person, evidence or a remote check
+//! is the processes crate's rule (`admin::requirements`), so it holds below the console too: the
+//! console turns such a request into an approval request.
 
 use crate::error::ConsoleError;
 use chrono::{DateTime, Utc};
@@ -96,15 +98,6 @@ impl ProcessAction {
         Self::ALL.into_iter().find(|a| a.name() == name)
     }
 
-    /// Sensitive: it creates an approval request, and a second person with the approver role
-    /// makes it run.
-    pub fn needs_approval(self) -> bool {
-        matches!(
-            self,
-            ProcessAction::RunCompensation | ProcessAction::ResolveSucceeded
-        )
-    }
-
     /// Acts on one step (the request names its `step`).
     pub fn on_step(self) -> bool {
         matches!(
@@ -160,6 +153,26 @@ pub struct ProcessFilter {
     pub limit: Option<i64>,
 }
 
+/// What was checked at the remote and its answer (the processes crate's `admin::RemoteCheck`):
+/// required to resolve as failed a step whose outcome is unknown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RemoteCheck {
+    /// What was looked at: where, by which reference or operation id (1 to 240 bytes).
+    pub checked: String,
+    /// What the remote answered (1 to 240 bytes).
+    pub answer: String,
+}
+
+impl ProcessFilter {
+    /// No control character in any text filter (400).
+    pub fn check(&self) -> Result<(), ConsoleError> {
+        crate::text::check_all([
+            ("kind", self.kind.as_deref()),
+            ("status", self.status.as_deref()),
+        ])
+    }
+}
+
 /// Body of `POST /api/processes/{id}/actions/{action}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ProcessActionRequest {
@@ -169,6 +182,9 @@ pub struct ProcessActionRequest {
     /// Evidence for resolve_succeeded (a provider reference, a ticket): required there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<String>,
+    /// For resolve_failed on a step whose outcome is unknown (`unknown_outcomes`): required there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_check: Option<RemoteCheck>,
     /// The step (its `seq`) of a step action; may be left out when exactly one step offers it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<i32>,
@@ -181,6 +197,8 @@ pub struct Checked {
     pub request: ProcessActionRequest,
     /// The process and the step acted on, as they are (the audit entry's `before`).
     pub before: Value,
+    /// A second person must approve it (the processes crate's `admin::requirements`).
+    pub needs_approval: bool,
 }
 
 /// The processes crate's `admin` module, on the product schema.
@@ -203,6 +221,8 @@ fn error(e: processes::Error) -> ConsoleError {
             ConsoleError::Conflict(e.to_string())
         }
         processes::Error::Invalid(why) => ConsoleError::BadRequest(why),
+        // The console asks a second person first; reaching this is a refusal, audited as one.
+        e @ processes::Error::NeedsSecondPerson { .. } => ConsoleError::Forbidden(e.to_string()),
         processes::Error::Database(e) => ConsoleError::Db(e),
         processes::Error::Input(e) => ConsoleError::Internal(format!("process input: {e}")),
     }
@@ -240,18 +260,49 @@ fn last_error(steps: &[admin::StepView]) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// The actions allowed now, as the console offers them.
-fn offered(allowed: &[AdminAction]) -> Value {
+/// The actions allowed now, as the console offers them (safe ones first, as the processes crate
+/// orders them), with what each needs: a second approver, evidence, a remote check.
+fn offered(v: &admin::ProcessView) -> Value {
+    let safe: Vec<&AdminAction> = v
+        .doubts
+        .iter()
+        .filter_map(|d| d.safe_action.as_ref())
+        .collect();
     Value::Array(
-        allowed
+        v.allowed
             .iter()
-            .filter_map(ProcessAction::of_admin)
-            .map(|(action, step)| {
+            .filter_map(|a| ProcessAction::of_admin(a).map(|o| (a, o)))
+            .map(|(a, (action, step))| {
+                let needs = admin::requirements(a, &v.steps);
                 json!({
                     "action": action.name(),
                     "step": step,
                     "min_role": action.min_role(),
-                    "needs_approval": action.needs_approval(),
+                    "needs_approval": needs.second_person,
+                    "needs_evidence": needs.evidence,
+                    "needs_remote_check": needs.remote_check,
+                    "safe_for_unknown_outcome": safe.contains(&a),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The steps whose outcome is unknown: the remote may have acted; the safe action first.
+fn unknown_outcomes(v: &admin::ProcessView) -> Value {
+    Value::Array(
+        v.doubts
+            .iter()
+            .map(|d| {
+                json!({
+                    "step": d.seq,
+                    "name": d.name,
+                    "remote": d.remote,
+                    "remote_may_have_acted": true,
+                    "warning": d.warning,
+                    "safe_action": d.safe_action.as_ref()
+                        .and_then(ProcessAction::of_admin)
+                        .map(|(a, _)| a.name()),
                 })
             })
             .collect(),
@@ -263,9 +314,10 @@ fn view_json(v: &admin::ProcessView) -> Result<Value, ConsoleError> {
     if let Some(o) = out.as_object_mut() {
         o.insert("input".into(), v.input.clone());
         o.insert("last_error".into(), last_error(&v.steps));
+        o.insert("unknown_outcomes".into(), unknown_outcomes(v));
         o.insert("steps".into(), to_value(&v.steps)?);
         o.insert("history".into(), to_value(&v.history)?);
-        o.insert("allowed_actions".into(), offered(&v.allowed));
+        o.insert("allowed_actions".into(), offered(v));
     }
     Ok(out)
 }
@@ -345,13 +397,18 @@ fn before(view: &admin::ProcessView, step: Option<i32>) -> Value {
     })
 }
 
-/// The actor the process history records: the console user, and who approved.
-/// (Cut to the 200 bytes the process history takes where it is recorded, in [`Admin::perform`].)
-pub fn actor(requester: &str, approver: Option<&str>) -> String {
-    match approver {
-        Some(a) => format!("console:{requester} (approved by {a})"),
-        None => format!("console:{requester}"),
-    }
+/// A console user as the process history names them (the processes crate adds
+/// ` (approved by <approver>)` to the actor of an approved action).
+pub fn actor(user: &str) -> String {
+    format!("console:{user}")
+}
+
+/// The request's remote check, as the processes crate takes it.
+fn remote_check_of(request: &ProcessActionRequest) -> Option<admin::RemoteCheck> {
+    request.remote_check.as_ref().map(|c| admin::RemoteCheck {
+        checked: c.checked.clone(),
+        answer: c.answer.clone(),
+    })
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.
@@ -414,27 +471,37 @@ impl Admin {
         {
             let view = admin::view(conn, &self.schema, id).await.map_err(error)?;
             let a = resolve_step(&view, action, request)?;
-            // The processes crate's own rule, now: an approved request must not fail on it later.
-            admin::check_evidence(&a, request.evidence.as_deref()).map_err(error)?;
+            // The processes crate's own rules, now: an approved request must not fail on them
+            // later.
+            let needs = admin::requirements(&a, &view.steps);
+            admin::check_evidence(
+                &needs,
+                request.evidence.as_deref(),
+                remote_check_of(request).as_ref(),
+            )
+            .map_err(error)?;
             let mut request = request.clone();
             request.step = step_of(&a);
             Ok(Checked {
                 before: before(&view, request.step),
                 request,
+                needs_approval: needs.second_person,
             })
         }
     }
 
-    /// Performs `action` as `actor` on `conn` (the console's transaction, which also writes the
-    /// audit entry, and commits both or neither). A stale version or an action not allowed now is
-    /// `Conflict`, with nothing changed. Returns (before, after).
+    /// Performs `action` as console user `requester`, approved by console user `approver` where
+    /// the processes crate needs a second person, on `conn` (the console's transaction, which also
+    /// writes the audit entry, and commits both or neither). A stale version or an action not
+    /// allowed now is `Conflict`, with nothing changed. Returns (before, after).
     pub async fn perform(
         &self,
         conn: &mut PgConnection,
         id: Uuid,
         action: ProcessAction,
         request: &ProcessActionRequest,
-        actor: &str,
+        requester: &str,
+        approver: Option<&str>,
     ) -> Result<(Value, Value), ConsoleError> {
         {
             // Lock first, so `before` is what the action changes.
@@ -453,8 +520,10 @@ impl Admin {
                 // The console's audit log keeps the whole reason; the process history a prefix.
                 reason: truncate(request.reason.trim(), 900),
                 seen_version: request.version,
-                actor: truncate(actor, 200),
+                actor: truncate(&actor(requester), 200),
                 evidence: request.evidence.clone(),
+                remote_check: remote_check_of(request),
+                approved_by: approver.map(|a| truncate(&actor(a), 200)),
             };
             let done = admin::act_in(conn, &self.schema, id, &req)
                 .await

@@ -6,7 +6,10 @@
 //!
 //! `processes`: the process list and the process page.
 
+mod notice;
 mod processes;
+
+pub use notice::{Notice, NoticeQuery};
 
 use crate::approvals;
 use crate::audit;
@@ -36,11 +39,15 @@ type Fields = Vec<(String, String)>;
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(overview))
+        .route("/style.css", get(stylesheet))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/audit", get(audit_page))
         .route("/dead-letters", get(dead_letters_page))
-        .route("/idempotency", get(idempotency_page))
+        .route(
+            "/idempotency",
+            get(idempotency_page).post(idempotency_lookup),
+        )
         .route("/processes", get(processes::list_page))
         .route("/processes/{id}", get(processes::process_page))
         .route(
@@ -51,6 +58,65 @@ pub fn router() -> Router<AppState> {
         .route("/ui/dead-letters/{consumer}/replay", post(replay))
         .route("/ui/approvals/{id}/approve", post(approve))
         .route("/ui/approvals/{id}/reject", post(reject))
+        .layer(axum::middleware::from_fn(html_errors))
+}
+
+/// The console's stylesheet (a file of its own: the content security policy allows no inline
+/// style).
+async fn stylesheet() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        STYLE,
+    )
+        .into_response()
+}
+
+/// Every error a web route answers is the console's error page: axum's own rejections (a form
+/// that does not parse, a path id that is no UUID, a method the route does not take) are plain
+/// text or empty, and the console's errors JSON. This gives them the page, keeping their status
+/// and headers (`Allow`, `Retry-After`); for a 5xx only "internal error".
+async fn html_errors(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_html = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/html"));
+    if is_html || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let message = if status.is_server_error() {
+        "internal error".to_string()
+    } else {
+        serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).trim().to_string())
+    };
+    let message = if message.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_lowercase()
+    } else {
+        message
+    };
+    let h = format!(
+        "<p class=\"error\" id=\"error\">{} {}</p><p><a href=\"/\">Back</a></p>",
+        status.as_u16(),
+        esc(&crate::text::printable(&message))
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    Response::from_parts(parts, axum::body::Body::from(page(None, "Error", &h).0))
 }
 
 /// A logged-in browser; without a live session the page answers with the login page.
@@ -107,7 +173,9 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#2
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;font-size:.9em}\
 th{background:#f3f3f3}nav a{margin-right:1em}.notice{background:#eef7ee;border:1px solid #9c9;padding:.5em}\
 .error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}td code{word-break:break-all}input[type=text]{width:24em}\
-form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}";
+form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}form.inline{display:inline}\
+.warning{background:#fff4e0;border:2px solid #e0a030;padding:.5em;margin:.5em 0}\
+.card{border:1px solid #bbb;border-radius:4px;padding:.5em .75em;margin:.5em 0;max-width:60em}.amount{font-size:1.1em}.safe{color:#2a7a2a;font-weight:bold}";
 
 fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
     let nav = match session {
@@ -115,7 +183,7 @@ fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
             "<nav><a href=\"/\">Overview</a><a href=\"/processes\">Processes</a><a href=\"/dead-letters\">Dead letters</a>\
              <a href=\"/idempotency\">Idempotency</a><a href=\"/audit\">Audit</a> \
              signed in as <b id=\"whoami\">{}</b> ({})\
-             <form method=\"post\" action=\"/logout\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+             <form method=\"post\" action=\"/logout\" class=\"inline\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
              <button id=\"logout\">Log out</button></form></nav>",
             esc(&s.principal.name),
             s.principal.role,
@@ -124,14 +192,15 @@ fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
         None => String::new(),
     };
     Html(format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{} · outbox console</title><style>{STYLE}</style></head>\
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{} · outbox console</title><link rel=\"stylesheet\" href=\"/style.css\"></head>\
          <body>{nav}<h1>{}</h1>{body}</body></html>",
         esc(title),
         esc(title)
     ))
 }
 
-fn error_page(session: Option<&Session>, e: &ConsoleError) -> Response {
+/// The console's error page for `e` (its status, its public message).
+pub(crate) fn error_page(session: Option<&Session>, e: &ConsoleError) -> Response {
     let body = format!(
         "<p class=\"error\" id=\"error\">{} {}</p><p><a href=\"/\">Back</a></p>",
         e.status().as_u16(),
@@ -202,11 +271,6 @@ fn answer_page(session: &Session, status: StatusCode, body: &Value) -> Response 
         esc(message)
     );
     (status, page(Some(session), "Error", &h)).into_response()
-}
-
-#[derive(Debug, Deserialize)]
-pub struct Notice {
-    notice: Option<String>,
 }
 
 async fn login_page() -> Html<String> {
@@ -322,9 +386,9 @@ fn audit_table_with_id(id: &str, entries: &[audit::Entry]) -> String {
 async fn overview(
     State(s): State<AppState>,
     WebSession(session): WebSession,
-    Query(n): Query<Notice>,
+    Query(n): Query<NoticeQuery>,
 ) -> Response {
-    match render_overview(&s, &session, n.notice.as_deref()).await {
+    match render_overview(&s, &session, &n).await {
         Ok(h) => h.into_response(),
         Err(e) => error_page(Some(&session), &e),
     }
@@ -333,7 +397,7 @@ async fn overview(
 async fn render_overview(
     s: &AppState,
     session: &Session,
-    notice: Option<&str>,
+    notice: &NoticeQuery,
 ) -> Result<Html<String>, ConsoleError> {
     let p = &session.principal;
     let backlog = outbox_dead::backlog(&s.pool, &s.schema).await?;
@@ -350,10 +414,7 @@ async fn render_overview(
     )
     .await?;
     let may_requeue = allowed(p.role, Action::OutboxRequeue);
-    let mut h = String::new();
-    if let Some(n) = notice {
-        h.push_str(&format!("<p class=\"notice\" id=\"notice\">{}</p>", esc(n)));
-    }
+    let mut h = notice.html();
     let in_review = s.processes.in_manual_review(&s.pool).await?;
     h.push_str(&format!(
         "<h2>Processes</h2><p id=\"manual-review\"><a href=\"/processes?status=manual_review\">{in_review} in manual review</a> · \
@@ -423,9 +484,10 @@ fn approvals_table(session: &Session, list: &[approvals::Approval], back: Option
             )
         })
         .unwrap_or_default();
-    let mut h = String::from(
-        "<table id=\"approvals\"><tr><th>id</th><th>action</th><th>requested by</th><th>reason</th><th>request</th><th>status</th><th>decided by</th><th>result</th><th></th></tr>",
-    );
+    let mut h = String::from("<div id=\"approvals\">");
+    if list.is_empty() {
+        h.push_str("<p>None.</p>");
+    }
     for a in list {
         let decide = if a.status == "pending" && may_decide && a.requested_by != p.name {
             format!(
@@ -442,21 +504,119 @@ fn approvals_table(session: &Session, list: &[approvals::Approval], back: Option
         } else {
             String::new()
         };
+        let decided = match (&a.decided_by, a.status.as_str()) {
+            (Some(by), _) => format!(" by {}", esc(by)),
+            (None, "superseded") => {
+                " (the process changed since the request: nothing ran; ask again if still needed)"
+                    .to_string()
+            }
+            _ => String::new(),
+        };
         h.push_str(&format!(
-            "<tr class=\"approval\" id=\"approval-{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td class=\"status\">{}</td><td>{}</td><td><code>{}</code></td><td>{decide}</td></tr>",
-            a.id,
-            a.id,
-            esc(&a.action),
-            esc(&a.requested_by),
-            esc(&a.reason),
-            esc(&a.request.to_string()),
+            "<div class=\"approval card\" id=\"approval-{id}\"><p><b>{}</b> · <span class=\"status\">{}</span>{decided}</p>\
+             {}<p>Asked by <b>{}</b> at {}: {}</p>{}{decide}\
+             <details><summary>request as stored</summary><code>{}</code></details></div>",
+            esc(&approval_title(a)),
             esc(&a.status),
-            esc(a.decided_by.as_deref().unwrap_or("")),
-            esc(&a.result.as_ref().map(|v| v.to_string()).unwrap_or_default()),
+            approval_terms(a),
+            esc(&a.requested_by),
+            a.requested_at.format("%Y-%m-%d %H:%M:%S"),
+            esc(&a.reason),
+            a.result
+                .as_ref()
+                .map(|r| format!("<p>Result: <code>{}</code></p>", esc(&r.to_string())))
+                .unwrap_or_default(),
+            esc(&a.request.to_string()),
+            id = a.id,
         ));
     }
-    h.push_str("</table>");
+    h.push_str("</div>");
     h
+}
+
+/// What an approval does, in words.
+fn approval_title(a: &approvals::Approval) -> String {
+    let r = &a.request;
+    let n = r["items"].as_array().map(Vec::len).unwrap_or(0);
+    match r["kind"].as_str() {
+        Some("outbox_requeue") => format!("Requeue {n} dead outbox rows"),
+        Some("dlq_replay") => format!(
+            "Replay {n} dead letters of {}",
+            r["consumer"].as_str().unwrap_or("?")
+        ),
+        Some("process") => {
+            let step = &r["request"]["step"];
+            let what = match r["action"].as_str() {
+                Some("run_compensation") => "Run the compensation (e.g. a refund)",
+                Some("resolve_succeeded") => "Resolve as succeeded",
+                Some("resolve_failed") => "Resolve as failed (the outcome was unknown)",
+                _ => "Process action",
+            };
+            if step.is_null() {
+                what.to_string()
+            } else {
+                format!("{what}: step {step}")
+            }
+        }
+        _ => a.action.clone(),
+    }
+}
+
+/// A process request in business terms: amount and currency, order, customer, payment, the
+/// process as it is now (status, version) with a link, and the evidence given.
+fn approval_terms(a: &approvals::Approval) -> String {
+    let Some(p) = &a.process else {
+        return String::new();
+    };
+    let input = &p["input"];
+    let field = |k: &str| {
+        input.get(k).filter(|v| !v.is_null()).map(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string())
+        })
+    };
+    let mut terms = Vec::new();
+    if let Some(amount) = field("amount") {
+        terms.push(format!(
+            "amount <b class=\"amount\">{} {}</b>",
+            esc(&amount),
+            esc(&field("currency").unwrap_or_default())
+        ));
+    }
+    for (label, key) in [
+        ("order", "order_id"),
+        ("customer", "customer_id"),
+        ("payment", "payment_id"),
+        ("tenant", "tenant"),
+    ] {
+        if let Some(v) = field(key) {
+            terms.push(format!("{label} <code>{}</code>", esc(&v)));
+        }
+    }
+    let id = p["id"].as_str().unwrap_or("");
+    terms.push(format!(
+        "process <a href=\"/processes/{}\">{} {}</a>, now <b>{}</b>{} at version {} (asked at version {})",
+        html(id),
+        esc(p["kind"].as_str().unwrap_or("")),
+        esc(p["business_key"].as_str().unwrap_or("")),
+        esc(p["status"].as_str().unwrap_or("")),
+        if p["paused"] == json!(true) { " (paused)" } else { "" },
+        esc(&p["version"].to_string()),
+        esc(&a.request["request"]["version"].to_string()),
+    ));
+    let req = &a.request["request"];
+    if let Some(e) = req["evidence"].as_str() {
+        terms.push(format!("evidence <code>{}</code>", esc(e)));
+    }
+    if let Some(c) = req.get("remote_check").filter(|c| c.is_object()) {
+        terms.push(format!(
+            "checked at the remote: {}; its answer: {}",
+            esc(c["checked"].as_str().unwrap_or("")),
+            esc(c["answer"].as_str().unwrap_or(""))
+        ));
+    }
+    format!("<p class=\"terms\">{}</p>", terms.join(" · "))
 }
 
 /// Percent-encodes `text` for a URL's path segment or query value.
@@ -472,26 +632,9 @@ pub fn url_encode(text: &str) -> String {
     q
 }
 
-fn notice_redirect(text: &str) -> Response {
-    notice_redirect_to("/", text)
-}
-
-/// Back to `path` (a page of the console) with a notice.
-fn notice_redirect_to(path: &str, text: &str) -> Response {
-    Redirect::to(&format!("{path}?notice={}", url_encode(text))).into_response()
-}
-
-fn describe(v: &Value, what: &str) -> String {
-    if let Some(id) = v.get("approval").and_then(|i| i.as_str()) {
-        match v.get("status").and_then(|s| s.as_str()) {
-            Some("pending") => {
-                return format!("{what}: approval request {id} created; an approver must confirm");
-            }
-            Some(status) => return format!("approval request {id} {status}"),
-            None => {}
-        }
-    }
-    format!("{what}: done {v}")
+/// Back to `path` (a page of the console) with the notice for the action's answer `v`.
+fn notice_redirect_to(path: &str, v: &Value) -> Response {
+    Redirect::to(&Notice::of_answer(v).url(path, v)).into_response()
 }
 
 async fn requeue(
@@ -528,7 +671,7 @@ async fn requeue(
     });
     match submit(&s, &session, &f, "/api/outbox/dead/actions/requeue", body).await {
         (status, v) if status.is_success() && dry_run => plan_page(&session, &v),
-        (status, v) if status.is_success() => notice_redirect(&describe(&v, "requeue")),
+        (status, v) if status.is_success() => notice_redirect_to("/", &v),
         (status, v) => answer_page(&session, status, &v),
     }
 }
@@ -586,6 +729,10 @@ async fn dead_letters_page(
         h.push_str("</p>");
     }
     if let Some(c) = q.consumer.as_deref().filter(|c| !c.is_empty()) {
+        // Not in CONSOLE_CONSUMERS: a 404, like the API's.
+        if let Err(e) = dead_letters::listed(&s.settings.consumers, c) {
+            return error_page(Some(&session), &e);
+        }
         match dead_letters::list(&s.settings.amqp_url, &s.settings.amqp_tls, c, 200).await {
             Ok(letters) => {
                 let may = allowed(session.principal.role, Action::DlqReplay);
@@ -658,7 +805,7 @@ async fn replay(
     let path = format!("/api/dead-letters/{}/actions/replay", url_encode(&consumer));
     match submit(&s, &session, &f, &path, body).await {
         (status, v) if status.is_success() && dry_run => plan_page(&session, &v),
-        (status, v) if status.is_success() => notice_redirect(&describe(&v, "replay")),
+        (status, v) if status.is_success() => notice_redirect_to("/", &v),
         (status, v) => answer_page(&session, status, &v),
     }
 }
@@ -695,7 +842,7 @@ async fn decide(s: AppState, session: Session, id: Uuid, f: Fields, approve: boo
     )
     .await
     {
-        (status, v) if status.is_success() => notice_redirect_to(&back, &describe(&v, verb)),
+        (status, v) if status.is_success() => notice_redirect_to(&back, &v),
         (status, v) => answer_page(&session, status, &v),
     }
 }
@@ -723,6 +870,9 @@ async fn audit_page(
     WebSession(session): WebSession,
     Query(f): Query<audit::Filter>,
 ) -> Response {
+    if let Err(e) = f.check() {
+        return error_page(Some(&session), &e);
+    }
     let entries = match audit::list(&s.pool, &s.schema, &f, false).await {
         Ok(e) => e,
         Err(e) => return error_page(Some(&session), &e),
@@ -742,22 +892,36 @@ async fn audit_page(
     page(Some(&session), "Audit log", &h).into_response()
 }
 
-#[derive(Debug, Deserialize)]
-pub struct IdempotencyQuery {
-    scope: Option<String>,
-    key: Option<String>,
+/// The lookup form: a POST, so the key never travels in a URL (history, logs, `Referer`).
+fn idempotency_form(session: &Session) -> String {
+    format!(
+        "<form method=\"post\" action=\"/idempotency\" id=\"idempotency-form\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+         scope <input name=\"scope\" id=\"idempotency-scope\"> key <input name=\"key\" type=\"password\" id=\"idempotency-key\"> \
+         <button id=\"idempotency-lookup\">Look up</button></form>\
+         <p>Status and times only; request and response bodies are never shown.</p>",
+        html(&session.csrf)
+    )
 }
 
-async fn idempotency_page(
+async fn idempotency_page(WebSession(session): WebSession) -> Response {
+    page(
+        Some(&session),
+        "Idempotency records",
+        &idempotency_form(&session),
+    )
+    .into_response()
+}
+
+async fn idempotency_lookup(
     State(s): State<AppState>,
     WebSession(session): WebSession,
-    Query(q): Query<IdempotencyQuery>,
+    Form(f): Form<Fields>,
 ) -> Response {
-    let mut h = String::from(
-        "<form method=\"get\">scope <input name=\"scope\"> key <input name=\"key\" type=\"password\"> <button>Look up</button></form>\
-         <p>Status and times only; request and response bodies are never shown.</p>",
-    );
-    if let (Some(scope), Some(key)) = (q.scope.as_deref(), q.key.as_deref()) {
+    if let Err(r) = csrf(&s, &session, &f, "idempotency.lookup").await {
+        return r;
+    }
+    let mut h = idempotency_form(&session);
+    if let (Some(scope), Some(key)) = (field(&f, "scope"), field(&f, "key")) {
         match crate::api::lookup_idempotency(&s, scope, key).await {
             Ok(rows) => {
                 h.push_str("<table><tr><th>operation</th><th>status</th><th>response</th><th>resource</th><th>created</th><th>updated</th><th>expires</th></tr>");

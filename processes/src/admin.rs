@@ -9,6 +9,14 @@
 //! transaction as the change; the id of the last such row is returned as the audit reference. An
 //! action that takes a process away from a worker also takes a new fencing token, so the worker's
 //! remaining writes are fenced off.
+//!
+//! Some decisions need more than one person's word ([`requirements`]): running a compensation,
+//! resolving a step as succeeded, and resolving as failed an external step whose outcome is
+//! unknown (the remote may have acted: a charge marked failed that did happen leaves the customer
+//! charged with nothing to give it back). Those need a second person ([`Request::approved_by`]);
+//! the last one also needs a [`RemoteCheck`], what was checked at the remote and its answer. For
+//! such a step the view names the doubt and the safe action for the remote's capability
+//! ([`Doubt`]), which [`allowed_actions`] lists first.
 
 use crate::definition::{Remote, Role};
 use crate::error::Error;
@@ -90,7 +98,78 @@ pub struct ProcessView {
     pub input: Value,
     pub steps: Vec<StepView>,
     pub history: Vec<HistoryEntry>,
+    /// Safe actions first (see [`allowed_actions`]).
     pub allowed: Vec<Action>,
+    /// The external steps waiting for a decision whose outcome is unknown.
+    pub doubts: Vec<Doubt>,
+}
+
+/// An external step in manual review whose last outcome is unknown: the remote may have acted.
+/// Deciding it either way on a guess loses money (a charge resolved as failed that did happen
+/// leaves the customer charged; one resolved as succeeded that did not ships unpaid goods).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Doubt {
+    pub seq: i32,
+    pub name: String,
+    /// The remote's capability (`honours_key`, `queryable`, `none`).
+    pub remote: Option<String>,
+    /// What to tell the person deciding.
+    pub warning: String,
+    /// The action that settles the doubt without guessing, for this remote: rerun with the same
+    /// key (the remote deduplicates), or query by operation id. `None` when the remote can do
+    /// neither: someone must look at the remote and record what they found.
+    pub safe_action: Option<Action>,
+}
+
+/// What an action needs besides a reason, for the process as it is now ([`requirements`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Requirements {
+    /// [`Request::evidence`]: the remote's reference or a ticket (resolve_succeeded).
+    pub evidence: bool,
+    /// [`Request::remote_check`]: what was checked at the remote and its answer (resolving a
+    /// step in doubt as failed).
+    pub remote_check: bool,
+    /// [`Request::approved_by`]: a second person, other than the actor.
+    pub second_person: bool,
+}
+
+/// What was checked at the remote, and what it answered: the evidence that lets a person resolve
+/// as failed a step whose outcome was unknown (e.g. "provider dashboard, charges by reference
+/// 7f3c...", "no charge").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct RemoteCheck {
+    /// What was looked at (where, by which reference or operation id).
+    pub checked: String,
+    /// What the remote answered.
+    pub answer: String,
+}
+
+impl RemoteCheck {
+    /// Each part is 1 to 240 bytes (trimmed), so both fit the 500 bytes a reference keeps.
+    pub const MAX_PART: usize = 240;
+
+    fn checked(&self) -> Result<RemoteCheck, Error> {
+        let part = |what: &str, v: &str| {
+            let v = v.trim();
+            if v.is_empty() || v.len() > Self::MAX_PART {
+                Err(Error::Invalid(format!(
+                    "the remote check's {what} must be 1 to {} bytes",
+                    Self::MAX_PART
+                )))
+            } else {
+                Ok(v.to_string())
+            }
+        };
+        Ok(RemoteCheck {
+            checked: part("'checked'", &self.checked)?,
+            answer: part("'answer'", &self.answer)?,
+        })
+    }
+
+    /// As the resolution step keeps it.
+    pub fn reference(&self) -> String {
+        format!("checked: {}; answer: {}", self.checked, self.answer)
+    }
 }
 
 /// What an operator can do. Actions on a step name its `seq`.
@@ -125,6 +204,18 @@ pub enum Action {
 }
 
 impl Action {
+    /// The step it acts on, if any.
+    pub fn seq(&self) -> Option<i32> {
+        match *self {
+            Action::RerunStep { seq }
+            | Action::QueryRemote { seq }
+            | Action::RunCompensation { seq }
+            | Action::ResolveSucceeded { seq }
+            | Action::ResolveFailed { seq } => Some(seq),
+            Action::Escalate | Action::Pause | Action::Resume | Action::Cancel => None,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Action::RerunStep { .. } => "rerun_step",
@@ -138,13 +229,87 @@ impl Action {
             Action::Cancel => "cancel",
         }
     }
-    /// Sensitive actions need a second person's approval in the console.
+    /// Sensitive whatever the step: running a compensation (a refund) and resolving as
+    /// succeeded always need a second person. Resolving as failed needs one when the step is in
+    /// doubt ([`requirements`] decides on the steps).
     pub fn sensitive(&self) -> bool {
         matches!(
             self,
             Action::RunCompensation { .. } | Action::ResolveSucceeded { .. }
         )
     }
+}
+
+/// Whether `s` is an external step in manual review whose last outcome is unknown.
+fn in_doubt(s: &StepView) -> bool {
+    s.status == "manual_review"
+        && s.execution == "external"
+        && s.error_class.as_deref() == Some("unknown")
+}
+
+/// What `action` needs on a process with `steps`, as they are now.
+pub fn requirements(action: &Action, steps: &[StepView]) -> Requirements {
+    let doubtful = action
+        .seq()
+        .and_then(|seq| steps.iter().find(|s| s.seq == seq))
+        .is_some_and(in_doubt);
+    match action {
+        Action::ResolveSucceeded { .. } => Requirements {
+            evidence: true,
+            remote_check: false,
+            second_person: true,
+        },
+        Action::ResolveFailed { .. } if doubtful => Requirements {
+            evidence: false,
+            remote_check: true,
+            second_person: true,
+        },
+        Action::RunCompensation { .. } => Requirements {
+            second_person: true,
+            ..Requirements::default()
+        },
+        _ => Requirements::default(),
+    }
+}
+
+/// The doubts among `steps` (see [`Doubt`]).
+pub fn doubts(steps: &[StepView]) -> Vec<Doubt> {
+    steps
+        .iter()
+        .filter(|s| in_doubt(s))
+        .map(|s| {
+            let remote = s.remote.as_deref().and_then(Remote::parse);
+            let (safe_action, how) = match remote {
+                Some(Remote::HonoursKey) => (
+                    Some(Action::RerunStep { seq: s.seq }),
+                    "rerun it: the remote deduplicates by the same key, so it cannot act twice and \
+                     its answer settles the outcome",
+                ),
+                Some(Remote::Queryable) => (
+                    Some(Action::QueryRemote { seq: s.seq }),
+                    "query its status: a worker asks the remote by operation id before any new call",
+                ),
+                _ => (
+                    None,
+                    "the remote can neither deduplicate nor be queried: look it up at the remote \
+                     (operation id, reference) and record what you checked and its answer",
+                ),
+            };
+            Doubt {
+                seq: s.seq,
+                name: s.name.clone(),
+                remote: s.remote.clone(),
+                warning: format!(
+                    "the outcome of {} is unknown: the remote may have acted. Resolving it as failed \
+                     without checking can leave the effect in place with nothing to undo it \
+                     (a charge kept, never refunded); {how}. Resolving it needs what was checked at \
+                     the remote and its answer, and a second approver.",
+                    s.name
+                ),
+                safe_action,
+            }
+        })
+        .collect()
 }
 
 /// An operator's request.
@@ -157,6 +322,11 @@ pub struct Request {
     pub actor: String,
     /// Required by [`Action::ResolveSucceeded`].
     pub evidence: Option<String>,
+    /// Required to resolve a step in doubt as failed ([`Requirements::remote_check`]).
+    pub remote_check: Option<RemoteCheck>,
+    /// The second person, where [`Requirements::second_person`]: not the actor. The history
+    /// records the actor as `<actor> (approved by <approved_by>)`.
+    pub approved_by: Option<String>,
 }
 
 /// What an action did.
@@ -289,12 +459,14 @@ pub async fn view(
     })
     .collect::<Result<Vec<_>, sqlx::Error>>()?;
     let allowed = allowed_actions(&process, &steps);
+    let doubts = doubts(&steps);
     Ok(ProcessView {
         process,
         input,
         steps,
         history,
         allowed,
+        doubts,
     })
 }
 
@@ -343,7 +515,9 @@ async fn steps_of(
 }
 
 /// The actions allowed now, from the process status, each step's status, error class and remote
-/// capability. There is no "retry everything".
+/// capability. There is no "retry everything". The step actions come first, and for each step the
+/// safe ones (rerun with the same key, query the remote) before the resolutions, resolving as
+/// failed last.
 pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
     let mut out = Vec::new();
     let terminal = matches!(
@@ -353,14 +527,6 @@ pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
     if terminal {
         return out;
     }
-    if p.status != "manual_review" {
-        out.push(Action::Escalate);
-    }
-    out.push(if p.paused {
-        Action::Resume
-    } else {
-        Action::Pause
-    });
     if p.status == "manual_review" {
         for s in steps.iter().filter(|s| s.status == "manual_review") {
             let remote = s.remote.as_deref().and_then(Remote::parse);
@@ -383,6 +549,14 @@ pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
             out.push(Action::ResolveFailed { seq: s.seq });
         }
     }
+    if p.status != "manual_review" {
+        out.push(Action::Escalate);
+    }
+    out.push(if p.paused {
+        Action::Resume
+    } else {
+        Action::Pause
+    });
     if matches!(
         p.status.as_str(),
         "pending" | "running" | "waiting" | "manual_review"
@@ -406,19 +580,63 @@ pub(crate) fn check_reason_actor(reason: &str, actor: &str) -> Result<(), Error>
     Ok(())
 }
 
-/// The evidence `action` needs: resolving as succeeded takes 1 to 500 bytes of it (a remote
-/// reference, a ticket), trimmed; other actions none. A caller that asks for the action before it
-/// runs (the console, before an approval) checks with this, so the run cannot fail on it later.
-pub fn check_evidence(action: &Action, evidence: Option<&str>) -> Result<Option<String>, Error> {
-    match (action, evidence.map(str::trim)) {
-        (Action::ResolveSucceeded { .. }, Some(e)) if !e.is_empty() && e.len() <= 500 => {
-            Ok(Some(e.to_string()))
+/// The evidence an action with `needs` takes: resolving as succeeded takes 1 to 500 bytes of it
+/// (a remote reference, a ticket), trimmed; resolving a step in doubt as failed a
+/// [`RemoteCheck`]; other actions neither (what they are given is ignored). A caller that asks
+/// for the action before it runs (the console, before an approval) checks with this, so the run
+/// cannot fail on it later.
+pub fn check_evidence(
+    needs: &Requirements,
+    evidence: Option<&str>,
+    remote_check: Option<&RemoteCheck>,
+) -> Result<(Option<String>, Option<RemoteCheck>), Error> {
+    let evidence = match evidence.map(str::trim) {
+        Some(e) if needs.evidence && !e.is_empty() && e.len() <= 500 => Some(e.to_string()),
+        _ if needs.evidence => {
+            return Err(Error::Invalid(
+                "resolving as succeeded needs evidence (1 to 500 bytes): a remote reference, a ticket"
+                    .into(),
+            ));
         }
-        (Action::ResolveSucceeded { .. }, _) => Err(Error::Invalid(
-            "resolving as succeeded needs evidence (1 to 500 bytes): a remote reference, a ticket"
-                .into(),
+        _ => None,
+    };
+    let remote_check = match remote_check {
+        Some(c) if needs.remote_check => Some(c.checked()?),
+        _ if needs.remote_check => {
+            return Err(Error::Invalid(
+                "the remote may have acted: resolving as failed needs a remote check, what was \
+                 checked at the remote and its answer"
+                    .into(),
+            ));
+        }
+        _ => None,
+    };
+    Ok((evidence, remote_check))
+}
+
+/// The actor the history records: `actor`, and the second person where one is needed (and none
+/// other than the actor). A second person that is not needed is recorded when given.
+pub fn check_approver(
+    needs: &Requirements,
+    action: &Action,
+    actor: &str,
+    approved_by: Option<&str>,
+) -> Result<String, Error> {
+    let approver = approved_by.map(str::trim).filter(|a| !a.is_empty());
+    match approver {
+        Some(a) if a == actor.trim() => Err(Error::NeedsSecondPerson {
+            action: action.name().into(),
+            why: "the approver must be someone other than the actor".into(),
+        }),
+        Some(a) if a.len() > 200 => Err(Error::Invalid(
+            "an approver of 1 to 200 bytes is required".into(),
         )),
-        _ => Ok(None),
+        Some(a) => Ok(redact::truncate(&format!("{actor} (approved by {a})"), 200)),
+        None if needs.second_person => Err(Error::NeedsSecondPerson {
+            action: action.name().into(),
+            why: "a second person must approve it".into(),
+        }),
+        None => Ok(actor.to_string()),
     }
 }
 
@@ -446,7 +664,6 @@ pub async fn act_in(
     req: &Request,
 ) -> Result<Outcome, Error> {
     check_reason_actor(&req.reason, &req.actor)?;
-    let evidence = check_evidence(&req.action, req.evidence.as_deref())?;
     let current: i64 = sqlx::query_scalar(
         schema.sql("SELECT row_version FROM {{schema}}.processes WHERE id = $1 FOR UPDATE"),
     )
@@ -474,7 +691,20 @@ pub async fn act_in(
         });
     }
     let (_, steps) = view;
-    let reason = redact::truncate(&format!("{}: {}", req.action.name(), req.reason), 1000);
+    // What the action needs, on the steps as they are now (the process row is locked).
+    let needs = requirements(&req.action, &steps);
+    let (evidence, remote_check) =
+        check_evidence(&needs, req.evidence.as_deref(), req.remote_check.as_ref())?;
+    let actor = check_approver(&needs, &req.action, &req.actor, req.approved_by.as_deref())?;
+    let req = &Request {
+        actor,
+        ..req.clone()
+    };
+    let reason = match &remote_check {
+        Some(c) => format!("{}: {} ({})", req.action.name(), req.reason, c.reference()),
+        None => format!("{}: {}", req.action.name(), req.reason),
+    };
+    let reason = redact::truncate(&reason, 1000);
     let step = |seq: i32| steps.iter().find(|s| s.seq == seq);
     match &req.action {
         Action::Pause | Action::Resume => {
@@ -546,6 +776,7 @@ pub async fn act_in(
             .await?;
             let done_ref = evidence
                 .clone()
+                .or_else(|| remote_check.as_ref().map(RemoteCheck::reference))
                 .unwrap_or_else(|| format!("resolved failed by {}", req.actor));
             sqlx::query(schema.sql(
                 "UPDATE {{schema}}.process_steps SET status = 'succeeded', attempts = 1, result_ref = $3, \
@@ -673,4 +904,105 @@ async fn set_step(
     .execute(&mut *tx)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(status: &str) -> ProcessSummary {
+        let now = Utc::now();
+        ProcessSummary {
+            id: Uuid::nil(),
+            kind: "payment".into(),
+            definition_version: 1,
+            business_key: "p-1".into(),
+            revision: 0,
+            revision_of: None,
+            status: status.into(),
+            paused: false,
+            attempt: 1,
+            last_reason: String::new(),
+            last_actor: "system".into(),
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+            deadline_at: None,
+            lease_owner: None,
+            lease_until: None,
+            row_version: 3,
+        }
+    }
+
+    fn step(seq: i32, remote: Option<Remote>, class: Option<&str>) -> StepView {
+        StepView {
+            seq,
+            name: "charge".into(),
+            role: "forward".into(),
+            acts_on: None,
+            execution: if remote.is_some() {
+                "external"
+            } else {
+                "local"
+            }
+            .into(),
+            remote: remote.map(|r| r.as_str().to_string()),
+            sensitive: false,
+            status: "manual_review".into(),
+            operation_id: Uuid::nil(),
+            attempts: 2,
+            max_attempts: 2,
+            next_attempt_at: None,
+            first_attempt_at: None,
+            last_attempt_at: None,
+            finished_at: None,
+            error_class: class.map(String::from),
+            error_message: None,
+            remote_ref: None,
+            result_ref: None,
+            last_reason: String::new(),
+            last_actor: "system".into(),
+        }
+    }
+
+    /// For each remote capability, an unknown outcome names the doubt and its safe action, which
+    /// comes first; resolving as failed then needs a remote check and a second person. Without the
+    /// doubt (a permanent error), it needs neither.
+    #[test]
+    fn an_unknown_outcome_offers_the_safe_action_first_and_guards_resolve_failed() {
+        let p = process("manual_review");
+        for (remote, safe) in [
+            (Remote::HonoursKey, Some(Action::RerunStep { seq: 1 })),
+            (Remote::Queryable, Some(Action::QueryRemote { seq: 1 })),
+            (Remote::Neither, None),
+        ] {
+            let steps = [step(1, Some(remote), Some("unknown"))];
+            let d = doubts(&steps);
+            assert_eq!(d.len(), 1, "{remote:?}");
+            assert_eq!(d[0].safe_action, safe, "{remote:?}");
+            assert!(d[0].warning.contains("may have acted"));
+            let allowed = allowed_actions(&p, &steps);
+            if let Some(safe) = &safe {
+                assert_eq!(allowed.first(), Some(safe), "{remote:?}: {allowed:?}");
+            }
+            let failed = Action::ResolveFailed { seq: 1 };
+            let at = |a: &Action| allowed.iter().position(|x| x == a);
+            assert!(at(&failed) > at(&Action::ResolveSucceeded { seq: 1 }));
+            let needs = requirements(&failed, &steps);
+            assert!(needs.remote_check && needs.second_person && !needs.evidence);
+            assert!(check_evidence(&needs, None, None).is_err());
+            assert!(check_approver(&needs, &failed, "alice", None).is_err());
+            assert!(check_approver(&needs, &failed, "alice", Some(" alice ")).is_err());
+            assert_eq!(
+                check_approver(&needs, &failed, "alice", Some("bob")).ok(),
+                Some("alice (approved by bob)".to_string())
+            );
+        }
+        let steps = [step(1, Some(Remote::Neither), Some("permanent"))];
+        assert!(doubts(&steps).is_empty());
+        let needs = requirements(&Action::ResolveFailed { seq: 1 }, &steps);
+        assert_eq!(needs, Requirements::default());
+        let local = [step(1, None, Some("unknown"))];
+        assert!(doubts(&local).is_empty(), "a local step is never in doubt");
+    }
 }

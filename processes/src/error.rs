@@ -112,6 +112,9 @@ pub enum Error {
     /// The action is not allowed in the process's current state.
     #[error("{action} is not allowed now: {why}")]
     NotAllowed { action: String, why: String },
+    /// The action needs a second person's approval (`approved_by`, not the actor).
+    #[error("{action} needs a second person: {why}")]
+    NeedsSecondPerson { action: String, why: String },
     /// A reason, actor or evidence was missing or malformed.
     #[error("{0}")]
     Invalid(String),

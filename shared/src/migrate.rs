@@ -61,6 +61,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "webhook inbox",
         include_str!("../../migrations/0009_webhook_inbox.sql"),
     ),
+    (
+        10,
+        "console approvals: resolve_failed, one pending per target, superseded",
+        include_str!("../../migrations/0010_console_approvals.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

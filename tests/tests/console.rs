@@ -33,10 +33,12 @@ impl Drop for Console {
 
 impl Console {
     async fn start() -> Self {
-        Self::start_with(5).await
+        Self::start_with(5, &[]).await
     }
 
-    async fn start_with(login_attempts: usize) -> Self {
+    /// A console with `login_attempts` failed logins a minute per address, and `consumers` as
+    /// its CONSOLE_CONSUMERS (the dead-letter queues it may browse and replay).
+    async fn start_with(login_attempts: usize, consumers: &[&str]) -> Self {
         let db = TestDb::new().await;
         let config = ServeConfig {
             db: DbConfig {
@@ -46,7 +48,7 @@ impl Console {
             amqp_url: amqp_url(),
             amqp_tls: Default::default(),
             addr: "127.0.0.1:0".parse().unwrap(),
-            consumers: vec![],
+            consumers: consumers.iter().map(|c| c.to_string()).collect(),
             session_ttl_seconds: 3600,
             cookie_secure: false,
             audit_retention_days: 365,
@@ -244,7 +246,7 @@ fn offered(view: &Value) -> Vec<String> {
 }
 
 /// The request that exercises `action` (targets that do not exist: an allowed role gets past the
-/// role check and then 404 or 502, never 403).
+/// role check and then 404, never 403).
 fn request_for(action: Action) -> (String, Value) {
     let nobody = Uuid::new_v4();
     match action {
@@ -616,11 +618,16 @@ async fn the_same_idempotency_key_replays_and_repeats_no_effect() {
     let (_, me) = c.get(&op, "/api/whoami").await;
     let me: Value = serde_json::from_str(&me).unwrap();
     let scope = format!("console-user:{}", me["id"].as_str().unwrap());
-    let (s, records) = c
-        .get(&op, &format!("/api/idempotency?scope={scope}&key=k-p"))
+    let (s, records, _) = c
+        .post(
+            &op,
+            "/api/idempotency",
+            json!({"scope": scope, "key": "k-p"}),
+            None,
+        )
         .await;
     assert_eq!(s, StatusCode::OK);
-    let records: Vec<Value> = serde_json::from_str(&records).unwrap();
+    let records: Vec<Value> = serde_json::from_value(records).unwrap();
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(
         records[0]["operation"],
@@ -828,7 +835,7 @@ async fn refund_in_review(
 }
 
 /// A refund approved after the process changed (an operator paused it meanwhile) is refused as
-/// stale: 409, the approval still pending, no refund, the conflict audited. The database itself
+/// stale: 409, the approval closed as superseded, no refund, the conflict audited. The database itself
 /// refuses an approval decided by its requester (four eyes below the application).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_of_a_process_that_changed_meanwhile_is_refused_and_changes_nothing() {
@@ -876,7 +883,7 @@ async fn an_approval_of_a_process_that_changed_meanwhile_is_refused_and_changes_
             .fetch_one(&c.db.pool)
             .await
             .unwrap();
-    assert_eq!(status, "pending");
+    assert_eq!(status, "superseded", "closed: the process moved on");
     assert!(
         c.audit_count("bob", "approval.approve", "conflict").await >= 1,
         "the refused approval is audited"
@@ -1201,7 +1208,7 @@ async fn web_sessions_csrf_and_expiry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_logins_are_rate_limited_per_address() {
-    let c = Console::start_with(3).await;
+    let c = Console::start_with(3, &[]).await;
     let good = c.user("gina", Role::Viewer).await;
     for _ in 0..3 {
         let r = c
@@ -1787,11 +1794,11 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     use lapin::BasicProperties;
     use lapin::options::BasicPublishOptions;
     use lapin::types::FieldTable;
-    let c = Console::start().await;
-    let op = c.user("dora", Role::Operator).await;
-    let ap = c.user("dan", Role::Approver).await;
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.dlq");
+    let c = Console::start_with(5, &[&name]).await;
+    let op = c.user("dora", Role::Operator).await;
+    let ap = c.user("dan", Role::Approver).await;
     let exchange = broker.exchange("console.events");
     let topology = consumer::Topology::new(&name, &[]);
     for q in topology.queues() {
@@ -1854,6 +1861,33 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
             .iter()
             .all(|l| l["version"] == "2026-12-01T10:00:00Z" && l["kind"] == "permanent")
     );
+
+    // CONSOLE_CONSUMERS is an allowlist: the dead letters of a consumer not listed there cannot be
+    // browsed or replayed, even when its dead-letter queue exists (404, as for no queue at all).
+    let unlisted = broker.queue("console.unlisted");
+    let other = consumer::Topology::new(&unlisted, &[]);
+    for q in other.queues() {
+        broker.track_queue(&q);
+    }
+    for e in other.exchanges() {
+        broker.track_exchange(&e);
+    }
+    other.declare(&conn, &exchange, &[]).await.unwrap();
+    for consumer in [unlisted.as_str(), "no_such_consumer"] {
+        let (s, body) = c
+            .get(&op, &format!("/api/dead-letters?consumer={consumer}"))
+            .await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{consumer}: {body}");
+        let (s, body, _) = c
+            .post(
+                &op,
+                &format!("/api/dead-letters/{consumer}/actions/replay"),
+                json!({"reason": "r", "items": [{"message_id": ids[0], "version": "2026-12-01T10:00:00Z"}]}),
+                None,
+            )
+            .await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{consumer}: {body}");
+    }
 
     let path = format!("/api/dead-letters/{name}/actions/replay");
     // A stale version: 409, nothing replayed.
@@ -1944,6 +1978,12 @@ impl Payments {
     /// 1 s limit, so the charge's outcome stays unknown (retried with the same key) until the test
     /// clears the fault.
     async fn start(db: &TestDb) -> Self {
+        Self::start_with(db, 30).await
+    }
+
+    /// [`Payments::start`] with the charge tried at most `max_attempts` times: then, its outcome
+    /// still unknown, it waits in manual review.
+    async fn start_with(db: &TestDb, max_attempts: i32) -> Self {
         let (provider, url) = system_tests::demo_stack::spawn_provider(
             db,
             &[
@@ -1966,7 +2006,7 @@ impl Payments {
             provider: Some(payment_provider::client::Client::new(&url, call_timeout).unwrap()),
             call_timeout,
             retry: processes::RetryPolicy::default()
-                .max_attempts(30)
+                .max_attempts(max_attempts)
                 .initial(Duration::from_millis(100))
                 .max_delay(Duration::from_millis(800)),
         };
@@ -2250,7 +2290,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         "{timeline}"
     );
     assert!(
-        timeline.contains("console:operator-olivia (approved by approver-arthur)"),
+        timeline.contains("console:operator-olivia (approved by console:approver-arthur)"),
         "the transition names who asked and who approved: {timeline}"
     );
     assert!(
@@ -2484,4 +2524,796 @@ async fn an_action_whose_audit_entry_fails_changes_nothing_and_releases_its_key(
     let after = c.process_state(id).await;
     assert_eq!((after.1, after.2), (true, version + 1), "paused once");
     assert_eq!(c.audit_count("olga", "process.pause", "succeeded").await, 1);
+}
+
+/// Issue 23, item 1: the provider charged, its answer timed out, and the charge waits in manual
+/// review with an unknown outcome. One approver's "resolve as failed" would compensate the steps
+/// before the charge and leave the customer charged with nothing to refund it. The console (and
+/// below it the processes crate) says the remote may have acted, offers the safe action for a
+/// key-honouring remote first (rerun with the same key), and refuses resolving as failed without
+/// what was checked at the remote and a second approver. Taking the safe action settles the payment
+/// on the one charge the provider made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_its_safe_action_comes_first()
+ {
+    use payment_provider::api::ChargeStatus;
+    let c = Console::start().await;
+    let alice = c.user("alice", Role::Approver).await;
+    let bob = c.user("bob", Role::Approver).await;
+    let olga = c.user("olga", Role::Operator).await;
+    let pay = Payments::start_with(&c.db, 2).await;
+    let order = pay
+        .post(
+            "/orders",
+            "order-doubt",
+            json!({"customer_id": "cust-9", "currency": "EUR", "items": [{"sku": "sku-1", "quantity": 1, "unit_price": 700}]}),
+        )
+        .await;
+    let order_id: Uuid = order["id"].as_str().unwrap().parse().unwrap();
+    let payment = pay
+        .post(
+            "/payments",
+            "pay-doubt",
+            json!({"order_id": order_id, "amount": 700, "currency": "EUR"}),
+        )
+        .await;
+    let payment = payment["id"].as_str().unwrap().to_string();
+    let pid: Uuid = wait_until("the payment's process", Duration::from_secs(30), || async {
+        sqlx::query_scalar(
+            "SELECT id FROM outbox.processes WHERE kind = 'payment' AND business_key = $1",
+        )
+        .bind(&payment)
+        .fetch_optional(&c.db.pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    wait_process(&c.db.pool, pid, "manual_review").await;
+    let charges = pay.charges(&payment).await;
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Succeeded),
+        "the provider charged"
+    );
+    let payment_status = || async {
+        sqlx::query_scalar::<_, String>("SELECT status FROM demo.payments WHERE id = $1::uuid")
+            .bind(&payment)
+            .fetch_one(&c.db.pool)
+            .await
+            .unwrap()
+    };
+
+    // The API says the remote may have acted and puts the safe action first.
+    let view = c.process_view(&alice, pid).await;
+    let charge = view["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "charge" && s["role"] == "forward")
+        .cloned()
+        .unwrap();
+    let seq = charge["seq"].as_i64().unwrap();
+    assert_eq!(
+        (&charge["status"], &charge["error_class"]),
+        (&json!("manual_review"), &json!("unknown")),
+        "{view}"
+    );
+    let doubts = view["unknown_outcomes"].as_array().unwrap();
+    assert_eq!(doubts.len(), 1, "{view}");
+    assert_eq!(
+        (
+            &doubts[0]["step"],
+            &doubts[0]["remote"],
+            &doubts[0]["remote_may_have_acted"],
+            &doubts[0]["safe_action"]
+        ),
+        (
+            &json!(seq),
+            &json!("honours_key"),
+            &json!(true),
+            &json!("rerun_step")
+        )
+    );
+    assert!(
+        doubts[0]["warning"]
+            .as_str()
+            .unwrap()
+            .contains("may have acted")
+    );
+    let offered = view["allowed_actions"].as_array().unwrap();
+    assert_eq!(
+        (
+            &offered[0]["action"],
+            &offered[0]["step"],
+            &offered[0]["safe_for_unknown_outcome"]
+        ),
+        (&json!("rerun_step"), &json!(seq), &json!(true)),
+        "the safe action first: {offered:?}"
+    );
+    let failed = offered
+        .iter()
+        .find(|a| a["action"] == "resolve_failed")
+        .unwrap();
+    assert_eq!(
+        (&failed["needs_approval"], &failed["needs_remote_check"]),
+        (&json!(true), &json!(true))
+    );
+
+    // So does the page: the warning, and the rerun's form before the resolutions.
+    let cookie = login(&c, &alice).await;
+    let page = c
+        .http
+        .get(format!("{}/processes/{pid}", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!("id=\"unknown-outcome-{seq}\""))
+            && page.contains("The remote may have acted"),
+        "{page}"
+    );
+    let at = |id: String| {
+        page.find(&id)
+            .unwrap_or_else(|| panic!("{id} missing: {page}"))
+    };
+    assert!(
+        at(format!("id=\"form-rerun_step-{seq}\""))
+            < at(format!("id=\"form-resolve_failed-{seq}\"")),
+        "rerun (safe) comes before resolve as failed"
+    );
+    assert!(page.contains(&format!("id=\"checked-resolve_failed-{seq}\"")));
+
+    // One approver's "resolve as failed": without what was checked at the remote, refused.
+    let path = format!("/api/processes/{pid}/actions/resolve_failed");
+    let before = c.process_state(pid).await;
+    let (s, err, _) = c
+        .post(
+            &alice,
+            &path,
+            json!({"reason": "timed out, so it failed", "version": view["version"], "step": seq}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap()
+            .contains("remote may have acted"),
+        "{err}"
+    );
+    // With it, only an approval request: nothing runs on one person's word.
+    let (s, body, _) = c
+        .post(
+            &alice,
+            &path,
+            json!({"reason": "timed out, so it failed", "version": view["version"], "step": seq,
+                   "remote_check": {"checked": "nothing, the call timed out", "answer": "none"}}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    let approval = body["approval"].as_str().unwrap().to_string();
+    assert_eq!(c.process_state(pid).await, before, "nothing changed");
+    // Nor by herself.
+    let (s, _, _) = c
+        .post(
+            &alice,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "mine", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    // Below the console, the processes crate refuses it to one person too.
+    let v = processes::admin::get(&c.db.pool, &Schema::default(), pid)
+        .await
+        .unwrap();
+    let alone = processes::admin::act(
+        &c.db.pool,
+        &Schema::default(),
+        pid,
+        &processes::admin::Request {
+            action: processes::admin::Action::ResolveFailed { seq: seq as i32 },
+            reason: "timed out, so it failed".into(),
+            seen_version: v.process.row_version,
+            actor: "console:alice".into(),
+            evidence: None,
+            remote_check: Some(processes::admin::RemoteCheck {
+                checked: "nothing".into(),
+                answer: "none".into(),
+            }),
+            approved_by: None,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(alone, processes::Error::NeedsSecondPerson { .. }),
+        "{alone}"
+    );
+    assert_eq!(c.process_state(pid).await, before, "nothing changed");
+    assert_eq!(payment_status().await, "pending");
+    let charges = pay.charges(&payment).await;
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Succeeded),
+        "charged, and the payment still open: not left charged on a failed payment"
+    );
+
+    // A second approver reads the warning, looks at the provider and rejects the request.
+    let (s, body, _) = c
+        .post(
+            &bob,
+            &format!("/api/approvals/{approval}/reject"),
+            json!({"reason": "the provider shows the charge: not failed", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(
+        c.process_state(pid).await,
+        before,
+        "rejecting changes nothing"
+    );
+
+    // The safe action: an operator reruns the charge with the same key; the provider answers with
+    // the charge it made, and the payment is captured on it.
+    pay.admin.set_faults("").await.unwrap();
+    let (s, body, _) = c
+        .post(
+            &olga,
+            &format!("/api/processes/{pid}/actions/rerun_step"),
+            json!({"reason": "same key: the provider answers with its charge", "version": view["version"], "step": seq}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    wait_process(&c.db.pool, pid, "succeeded").await;
+    assert_eq!(payment_status().await, "succeeded");
+    let charges = pay.charges(&payment).await;
+    assert_eq!(
+        (charges.len(), charges[0].status),
+        (1, ChargeStatus::Succeeded),
+        "charged once, and that charge is the payment's"
+    );
+    assert_eq!(
+        c.audit_count("alice", "process.resolve_failed", "requested")
+            .await,
+        1
+    );
+    assert_eq!(
+        c.audit_count("alice", "approval.approve", "denied").await,
+        1
+    );
+    assert_eq!(c.audit_count("bob", "approval.reject", "rejected").await, 1);
+}
+
+/// Issue 23, item 2: strict security headers on every answer, cross-site POSTs refused (`/login`
+/// included), notices only from the fixed set, idempotency lookups by POST, and axum's rejections
+/// on the web side as the console's own error page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_headers_cross_site_posts_fixed_notices_and_web_error_pages() {
+    let c = Console::start().await;
+    let op = c.user("hera", Role::Operator).await;
+    let cookie = login(&c, &op).await;
+    let get = |path: &str, cookie: Option<&str>| {
+        let mut r = c.http.get(format!("{}{path}", c.base));
+        if let Some(k) = cookie {
+            r = r.header("cookie", k);
+        }
+        r.send()
+    };
+    let bearer = c
+        .http
+        .get(format!("{}/api/whoami", c.base))
+        .bearer_auth(&op)
+        .send()
+        .await
+        .unwrap();
+    for (what, r) in [
+        ("login page", get("/login", None).await.unwrap()),
+        ("overview", get("/", Some(&cookie)).await.unwrap()),
+        ("API", bearer),
+        ("API 404", get("/api/nowhere", None).await.unwrap()),
+    ] {
+        let h = r.headers();
+        let v = |name: &str| {
+            h.get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        };
+        let csp = v("content-security-policy");
+        assert!(
+            csp.contains("default-src 'none'")
+                && csp.contains("frame-ancestors 'none'")
+                && !csp.contains("script-src")
+                && !csp.contains("unsafe-inline"),
+            "{what}: {csp}"
+        );
+        assert_eq!(v("x-frame-options"), "DENY", "{what}");
+        assert_eq!(v("x-content-type-options"), "nosniff", "{what}");
+        assert_eq!(v("referrer-policy"), "same-origin", "{what}");
+        assert_eq!(v("cache-control"), "no-store", "{what}");
+        let body = r.text().await.unwrap();
+        assert!(
+            !body.contains("<script") && !body.contains("style="),
+            "{what}: nothing the policy would block"
+        );
+    }
+    let css = get("/style.css", None).await.unwrap();
+    assert_eq!(css.status(), StatusCode::OK);
+    assert!(
+        css.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/css")
+    );
+
+    // Cross-site POSTs are refused before anything runs, /login included; a browser's same-origin
+    // POST and a client without those headers (the CLI, an API client) pass.
+    let login_with = |headers: Vec<(&'static str, String)>| {
+        let mut r = c
+            .http
+            .post(format!("{}/login", c.base))
+            .form(&[("token", op.as_str())]);
+        for (k, v) in headers {
+            r = r.header(k, v);
+        }
+        r.send()
+    };
+    let host = c.base.trim_start_matches("http://").to_string();
+    for (headers, want) in [
+        (
+            vec![("origin", "http://evil.example".to_string())],
+            StatusCode::FORBIDDEN,
+        ),
+        (vec![("origin", "null".to_string())], StatusCode::FORBIDDEN),
+        (
+            vec![("sec-fetch-site", "cross-site".to_string())],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            vec![("sec-fetch-site", "same-site".to_string())],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            vec![
+                ("origin", format!("http://{host}")),
+                ("sec-fetch-site", "cross-site".to_string()),
+            ],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            vec![
+                ("origin", format!("http://{host}")),
+                ("sec-fetch-site", "same-origin".to_string()),
+            ],
+            StatusCode::SEE_OTHER,
+        ),
+        (vec![], StatusCode::SEE_OTHER),
+    ] {
+        let r = login_with(headers.clone()).await.unwrap();
+        assert_eq!(r.status(), want, "{headers:?}");
+        if want == StatusCode::FORBIDDEN {
+            assert!(cookie_of(&r).is_none(), "no session for {headers:?}");
+            let page = r.text().await.unwrap();
+            assert!(page.contains("id=\"error\""), "the console's page: {page}");
+        }
+    }
+    let id = c.process("cross-site").await;
+    let version = c.process_view(&op, id).await["version"].clone();
+    let r = c
+        .http
+        .post(format!("{}/api/processes/{id}/actions/pause", c.base))
+        .bearer_auth(&op)
+        .header("origin", "https://evil.example")
+        .json(&json!({"reason": "framed", "version": version}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(!c.process_state(id).await.1, "not paused");
+
+    // Notices: only the fixed set; anything else in ?notice= shows nothing.
+    let page = get("/?notice=Your+account+is+locked%2C+call+555", Some(&cookie))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!page.contains("call 555") && !page.contains("id=\"notice\""));
+    let page = get(
+        "/?notice=approval_requested&approval=<b>x</b>",
+        Some(&cookie),
+    )
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(page.contains("An approval request was created") && !page.contains("<b>x"));
+
+    // Idempotency lookups: a POST (the key in the body), never a URL.
+    let (s, body) = c.get(&op, "/api/idempotency?scope=s&key=k").await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{body}");
+    let (s, body, _) = c
+        .post(
+            &op,
+            "/api/idempotency",
+            json!({"scope": "s", "key": "k"}),
+            None,
+        )
+        .await;
+    assert_eq!((s, body), (StatusCode::OK, json!([])));
+    let form = get("/idempotency", Some(&cookie))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        form.contains("method=\"post\" action=\"/idempotency\""),
+        "{form}"
+    );
+
+    // axum's rejections on the web side: the console's error page, with the status kept.
+    for (method, path, want) in [
+        ("GET", "/processes/not-a-uuid", StatusCode::BAD_REQUEST),
+        (
+            "POST",
+            "/ui/approvals/not-a-uuid/approve",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "GET",
+            "/processes?older_than_seconds=soon",
+            StatusCode::BAD_REQUEST,
+        ),
+        ("PUT", "/processes", StatusCode::METHOD_NOT_ALLOWED),
+    ] {
+        let r = c
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", c.base))
+            .header("cookie", &cookie)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("csrf=x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), want, "{method} {path}");
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html"),
+            "{method} {path}"
+        );
+        let page = r.text().await.unwrap();
+        assert!(page.contains("id=\"error\""), "{method} {path}: {page}");
+    }
+}
+
+/// Issue 23, item 2: hostile text (NUL and other control characters, markup, very long strings,
+/// arbitrary Unicode) in every kind of text input, from a role that may and one that may not:
+/// never a 5xx, a control character is a 400 past the role check, and every 403 has its `denied`
+/// audit entry (the audit entry of a refused caller is written whatever they sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited() {
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let c = Console::start().await;
+    let viewer = c.user("vera", Role::Viewer).await;
+    let op = c.user("oscar", Role::Operator).await;
+    let viewer_cookie = login(&c, &viewer).await;
+    let viewer_csrf = {
+        let page = c
+            .http
+            .get(format!("{}/", c.base))
+            .header("cookie", &viewer_cookie)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        csrf_of(&page)
+    };
+    let pid = c.process("hostile").await;
+    let version = c.process_view(&op, pid).await["version"].clone();
+    let nobody = Uuid::new_v4();
+    let hostile = prop_oneof![
+        any::<String>(),
+        "[\\x00-\\x1f\\x7f\\u{80}-\\u{9f}]{1,3}[a-z ]{0,8}",
+        "[a-z]{0,6}\\x00[a-z]{0,6}",
+        Just("\0".to_string()),
+        Just("<script>alert(1)</script>".to_string()),
+        Just("'; DROP TABLE outbox.console_audit; --".to_string()),
+        Just("%00%0a../../etc/passwd".to_string()),
+        Just("\u{202e}\u{feff}\u{200b}".to_string()),
+        Just("x".repeat(5000)),
+        Just(String::new()),
+    ];
+    let mut runner = TestRunner::default();
+    let (mut cases, mut refused, mut requests) = (0, 0, 0);
+    let mut controls = 0;
+    for _ in 0..48 {
+        let text = hostile.new_tree(&mut runner).unwrap().current();
+        let has_control = text.chars().any(char::is_control);
+        controls += usize::from(has_control);
+        let seg = console::web::url_encode(&text);
+        let mut answers: Vec<(String, StatusCode)> = Vec::new();
+        // Actions: the viewer is refused each (403, audited), the operator gets past the role check.
+        for (token, who) in [(&viewer, "viewer"), (&op, "operator")] {
+            for (path, body) in [
+                (
+                    format!("/api/processes/{nobody}/actions/pause"),
+                    json!({"reason": text, "version": version}),
+                ),
+                (
+                    format!("/api/processes/{nobody}/actions/rerun_step"),
+                    json!({"reason": "r", "version": 1, "evidence": text,
+                           "remote_check": {"checked": text, "answer": text}}),
+                ),
+                (
+                    format!("/api/dead-letters/{seg}/actions/replay"),
+                    json!({"reason": text, "items": [{"message_id": text, "version": text}]}),
+                ),
+                (
+                    format!("/api/outbox/dead/{nobody}/actions/requeue"),
+                    json!({"reason": text, "version": 1}),
+                ),
+                (
+                    format!("/api/approvals/{nobody}/approve"),
+                    json!({"reason": text, "version": 1}),
+                ),
+                (
+                    "/api/audit/actions/purge".to_string(),
+                    json!({"reason": text}),
+                ),
+            ] {
+                let (s, b, _) = c.post(token, &path, body, None).await;
+                answers.push((format!("{who} POST {path}: {b}"), s));
+            }
+        }
+        // Reads and lookups, with the text in every filter.
+        for path in [
+            "/api/processes".to_string(),
+            "/api/audit".to_string(),
+            "/api/approvals".to_string(),
+            "/api/dead-letters".to_string(),
+        ] {
+            let r = c
+                .http
+                .get(format!("{}{path}", c.base))
+                .bearer_auth(&op)
+                .query(&[
+                    ("kind", &text),
+                    ("status", &text),
+                    ("actor", &text),
+                    ("target", &text),
+                    ("consumer", &text),
+                ])
+                .send()
+                .await
+                .unwrap();
+            answers.push((format!("GET {path}"), r.status()));
+        }
+        let (s, b, _) = c
+            .post(
+                &op,
+                "/api/idempotency",
+                json!({"scope": text, "key": text}),
+                None,
+            )
+            .await;
+        answers.push((format!("idempotency: {b}"), s));
+        // The web side: pages with the text in their filters, a form the viewer may not send, a
+        // login with it as the token.
+        for path in ["/audit", "/processes", "/dead-letters", "/"] {
+            let r = c
+                .http
+                .get(format!("{}{path}", c.base))
+                .header("cookie", &viewer_cookie)
+                .query(&[
+                    ("actor", &text),
+                    ("kind", &text),
+                    ("consumer", &text),
+                    ("notice", &text),
+                ])
+                .send()
+                .await
+                .unwrap();
+            answers.push((format!("web GET {path}"), r.status()));
+        }
+        let r = c
+            .http
+            .post(format!("{}/ui/processes/{pid}/actions/pause", c.base))
+            .header("cookie", &viewer_cookie)
+            .form(&[
+                ("csrf", viewer_csrf.as_str()),
+                ("version", &version.to_string()),
+                ("reason", &text),
+            ])
+            .send()
+            .await
+            .unwrap();
+        answers.push(("web viewer pause".into(), r.status()));
+        let r = c
+            .http
+            .post(format!("{}/login", c.base))
+            .form(&[("token", &text)])
+            .send()
+            .await
+            .unwrap();
+        answers.push(("login".into(), r.status()));
+
+        for (what, status) in &answers {
+            assert!(!status.is_server_error(), "{what} with {text:?}: {status}");
+            if has_control && status.is_success() {
+                // Only the overview, which ignores an unknown notice code, may answer 200.
+                assert_eq!(what, "web GET /", "with {text:?}: {status}");
+            }
+        }
+        refused += answers
+            .iter()
+            .filter(|(_, s)| *s == StatusCode::FORBIDDEN)
+            .count();
+        requests += answers.len();
+        cases += 1;
+    }
+    let denied: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.console_audit WHERE outcome = 'denied' AND actor_name IN ('vera', 'oscar')",
+    )
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        denied as usize, refused,
+        "every 403 is audited, and only those"
+    );
+    // The viewer is refused every action (6 over the API, the web form): at least that many.
+    assert!(refused >= cases * 7, "{refused} refusals in {cases} cases");
+    assert!(controls > 0, "some cases had control characters");
+    println!(
+        "{cases} cases, {requests} requests, {refused} refusals audited, {controls} cases with control characters"
+    );
+    assert!(
+        !c.process_state(pid).await.1,
+        "never paused by hostile text"
+    );
+}
+
+/// Issue 23, item 3: an approval is a card in business terms (what it does, the amount, the
+/// process as it is now with a link); the same request twice answers with the first; the request
+/// form is hidden while one waits; a request whose process moved on is closed as superseded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_process_moves_on() {
+    let c = Console::start().await;
+    let olga = c.user("olga", Role::Operator).await;
+    let otto = c.user("otto", Role::Operator).await;
+    let bob = c.user("bob", Role::Approver).await;
+    let (id, shutdown, worker) = refund_in_review(&c, "refund-cards").await;
+    let view = c.process_view(&olga, id).await;
+    let path = format!("/api/processes/{id}/actions/run_compensation");
+    let ask = |token: String, reason: &'static str, version: Value| {
+        let path = path.clone();
+        let c = &c;
+        async move {
+            c.post(
+                &token,
+                &path,
+                json!({"reason": reason, "version": version}),
+                None,
+            )
+            .await
+        }
+    };
+    let (s, first, _) = ask(
+        olga.clone(),
+        "order refused: refund",
+        view["version"].clone(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{first}");
+    assert_eq!(first["existing"], json!(false));
+    // The same request again, by someone else: the first answers.
+    let (s, again, _) = ask(otto.clone(), "refund please", view["version"].clone()).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(
+        (&again["approval"], &again["existing"]),
+        (&first["approval"], &json!(true))
+    );
+    assert_eq!(c.approvals().await, 1);
+
+    // The approver's card: what it does, the amount, the process now, a link.
+    let cookie = login(&c, &bob).await;
+    let overview = c
+        .http
+        .get(format!("{}/", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let approval = first["approval"].as_str().unwrap();
+    let card = overview
+        .split(&format!("id=\"approval-{approval}\""))
+        .nth(1)
+        .and_then(|rest| rest.split("</details></div>").next())
+        .unwrap_or_else(|| panic!("no card: {overview}"));
+    for part in [
+        "Run the compensation",
+        "amount <b class=\"amount\">5 </b>",
+        &format!("href=\"/processes/{id}\""),
+        "now <b>manual_review</b>",
+        &format!("at version {}", view["version"]),
+        "order refused: refund",
+        &format!("approve-{approval}"),
+    ] {
+        assert!(card.contains(part), "{part} not in the card: {card}");
+    }
+    // The requester's process page: no second request form while it waits.
+    let olga_cookie = login(&c, &olga).await;
+    let page = c
+        .http
+        .get(format!("{}/processes/{id}", c.base))
+        .header("cookie", &olga_cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !page.contains("id=\"form-run_compensation-")
+            && page.contains("id=\"pending-run_compensation-"),
+        "{page}"
+    );
+
+    // The process moves on (paused): the request is closed as superseded, approving it is a 409,
+    // and a new request is a new one.
+    let (s, _, _) = c
+        .post(
+            &olga,
+            &format!("/api/processes/{id}/actions/pause"),
+            json!({"reason": "hold", "version": view["version"]}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, list) = c.get(&bob, "/api/approvals").await;
+    assert_eq!(s, StatusCode::OK);
+    let list: Vec<Value> = serde_json::from_str(&list).unwrap();
+    assert_eq!(
+        (list.len(), list[0]["status"].as_str()),
+        (1, Some("superseded")),
+        "{list:?}"
+    );
+    assert_eq!(list[0]["process"]["paused"], json!(true));
+    let (s, _, _) = c
+        .post(
+            &bob,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "ok", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let now = c.process_view(&olga, id).await;
+    let (s, fresh, _) = ask(olga.clone(), "still refund", now["version"].clone()).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{fresh}");
+    assert_eq!(fresh["existing"], json!(false));
+    assert_ne!(fresh["approval"], first["approval"]);
+    assert_eq!(fx::effects(&c.db.pool, id).await, (1, 0), "no refund ran");
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
 }

@@ -251,6 +251,9 @@ impl Flow {
                 seen_version: view.process.row_version,
                 actor: actor.into(),
                 evidence,
+                remote_check: None,
+                // Both actions these tests take need a second person.
+                approved_by: Some("second-approver@example.com".into()),
             },
         )
         .await

@@ -482,6 +482,8 @@ async fn killed_after_the_remote_acted_with_neither_goes_to_manual_review_and_an
             seen_version: view.process.row_version - 1,
             actor: "alice".into(),
             evidence: Some(format!("ch_{remote_ref}")),
+            remote_check: None,
+            approved_by: Some("bob".into()),
         },
     )
     .await
@@ -497,11 +499,96 @@ async fn killed_after_the_remote_acted_with_neither_goes_to_manual_review_and_an
             seen_version: view.process.row_version,
             actor: "alice".into(),
             evidence: None,
+            remote_check: None,
+            approved_by: Some("bob".into()),
         },
     )
     .await
     .unwrap_err();
     assert!(matches!(missing, processes::Error::Invalid(_)), "{missing}");
+    // The outcome is unknown and the remote can neither deduplicate nor be queried: the view says
+    // so and has no safe action to offer; deciding either way takes a second person, and
+    // resolving as failed what was checked at the remote and its answer.
+    assert_eq!(view.doubts.len(), 1, "{:?}", view.doubts);
+    assert_eq!(
+        (view.doubts[0].seq, view.doubts[0].safe_action.as_ref()),
+        (charge.seq, None)
+    );
+    assert!(view.doubts[0].warning.contains("may have acted"));
+    let failed = AdminAction::ResolveFailed { seq: charge.seq };
+    assert!(view.allowed.contains(&failed));
+    assert_eq!(
+        admin::requirements(&failed, &view.steps),
+        admin::Requirements {
+            evidence: false,
+            remote_check: true,
+            second_person: true
+        }
+    );
+    let check = admin::RemoteCheck {
+        checked: "provider dashboard by operation id".into(),
+        answer: "no charge".into(),
+    };
+    for (remote_check, approved_by, refused) in [
+        (None, Some("bob"), "remote check"),
+        (Some(check.clone()), None, "second person"),
+        (Some(check.clone()), Some("alice"), "second person"),
+        (
+            Some(admin::RemoteCheck {
+                checked: " ".into(),
+                answer: "no charge".into(),
+            }),
+            Some("bob"),
+            "'checked'",
+        ),
+    ] {
+        let e = admin::act(
+            &db.pool,
+            &schema(),
+            id,
+            &Request {
+                action: failed.clone(),
+                reason: "one person's guess".into(),
+                seen_version: view.process.row_version,
+                actor: "alice".into(),
+                evidence: None,
+                remote_check,
+                approved_by: approved_by.map(String::from),
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(e.to_string().contains(refused), "{refused}: {e}");
+    }
+    let alone = admin::act(
+        &db.pool,
+        &schema(),
+        id,
+        &Request {
+            action: AdminAction::ResolveSucceeded { seq: charge.seq },
+            reason: "charge found in the provider dashboard".into(),
+            seen_version: view.process.row_version,
+            actor: "alice".into(),
+            evidence: Some(format!("ch_{remote_ref}")),
+            remote_check: None,
+            approved_by: None,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(alone, processes::Error::NeedsSecondPerson { .. }),
+        "{alone}"
+    );
+    assert_eq!(
+        admin::get(&db.pool, &schema(), id)
+            .await
+            .unwrap()
+            .process
+            .row_version,
+        view.process.row_version,
+        "nothing refused changed anything"
+    );
     let done = admin::act(
         &db.pool,
         &schema(),
@@ -512,6 +599,8 @@ async fn killed_after_the_remote_acted_with_neither_goes_to_manual_review_and_an
             seen_version: view.process.row_version,
             actor: "alice".into(),
             evidence: Some(format!("ch_{remote_ref}")),
+            remote_check: None,
+            approved_by: Some("bob".into()),
         },
     )
     .await
@@ -522,11 +611,11 @@ async fn killed_after_the_remote_acted_with_neither_goes_to_manual_review_and_an
     let view = admin::get(&db.pool, &schema(), id).await.unwrap();
     assert!(view.steps.iter().any(|s| s.role == "resolution"
         && s.acts_on == Some(charge.seq)
-        && s.last_actor == "alice"));
+        && s.last_actor == "alice (approved by bob)"));
     assert!(
-        view.history
-            .iter()
-            .any(|h| h.actor == "alice" && h.reason.contains("provider dashboard"))
+        view.history.iter().any(
+            |h| h.actor == "alice (approved by bob)" && h.reason.contains("provider dashboard")
+        )
     );
     close(db).await;
 }
@@ -936,6 +1025,8 @@ async fn a_sensitive_compensation_waits_for_approval() {
             seen_version: view.process.row_version,
             actor: "bob".into(),
             evidence: None,
+            remote_check: None,
+            approved_by: Some("carol".into()),
         },
     )
     .await
@@ -958,6 +1049,8 @@ async fn operator_actions_pause_resume_escalate_and_cancel() {
         seen_version,
         actor: "carol".into(),
         evidence: None,
+        remote_check: None,
+        approved_by: None,
     };
     let o = admin::act(
         &db.pool,

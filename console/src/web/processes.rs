@@ -4,7 +4,7 @@
 //! allowed now that the user's role may ask for). Everything shown is redacted.
 
 use super::{
-    Fields, Notice, WebSession, answer_page, approvals_table, audit_table_with_id, csrf,
+    Fields, NoticeQuery, WebSession, answer_page, approvals_table, audit_table_with_id, csrf,
     error_page, esc, field, hidden, html, notice_redirect_to, page, submit, url_encode,
 };
 use crate::approvals;
@@ -94,6 +94,9 @@ pub async fn list_page(
         older_than_seconds,
         limit: Some(200),
     };
+    if let Err(e) = filter.check() {
+        return error_page(Some(&session), &e);
+    }
     let list = match s.processes.list(&s.pool, &filter).await {
         Ok(l) => l,
         Err(e) => return error_page(Some(&session), &e),
@@ -174,9 +177,9 @@ pub async fn process_page(
     State(s): State<AppState>,
     WebSession(session): WebSession,
     Path(id): Path<Uuid>,
-    Query(n): Query<Notice>,
+    Query(n): Query<NoticeQuery>,
 ) -> Response {
-    match render(&s, &session, id, n.notice.as_deref()).await {
+    match render(&s, &session, id, &n).await {
         Ok(r) => r,
         Err(e) => error_page(Some(&session), &e),
     }
@@ -186,7 +189,7 @@ async fn render(
     s: &AppState,
     session: &Session,
     id: Uuid,
-    notice: Option<&str>,
+    notice: &NoticeQuery,
 ) -> Result<Response, ConsoleError> {
     let Some(view) = s.processes.get(&s.pool, id).await? else {
         return Err(ConsoleError::NotFound(format!("process {id}")));
@@ -195,18 +198,16 @@ async fn render(
     let pending = approvals::of_process(&s.pool, s, id).await?;
     let entries = audit::of_process(&s.pool, &s.schema, id).await?;
     let steps: Vec<Value> = v["steps"].as_array().cloned().unwrap_or_default();
-    let mut h = String::new();
-    if let Some(n) = notice {
-        h.push_str(&format!("<p class=\"notice\" id=\"notice\">{}</p>", esc(n)));
-    }
+    let mut h = notice.html();
     h.push_str(&summary(&v));
     h.push_str(&last_error(&v));
+    h.push_str(&unknown_outcomes(&v));
     h.push_str(&format!(
         "<h2>Input</h2><p><code id=\"input\">{}</code></p>",
         esc(&v["input"].to_string())
     ));
     h.push_str(&steps_table(&steps));
-    h.push_str(&actions(session, id, &v, &steps));
+    h.push_str(&actions(session, id, &v, &steps, &pending));
     if !pending.is_empty() {
         h.push_str("<h2>Approval requests</h2>");
         h.push_str(&approvals_table(
@@ -310,6 +311,35 @@ fn last_error(v: &Value) -> String {
     )
 }
 
+/// The steps whose outcome is unknown, above everything else one could do: the remote may have
+/// acted, and the safe action for its capability.
+fn unknown_outcomes(v: &Value) -> String {
+    let doubts = v["unknown_outcomes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut h = String::new();
+    for d in &doubts {
+        let step = txt(d, "step");
+        let safe = match d["safe_action"].as_str().and_then(ProcessAction::parse) {
+            Some(a) => format!("Safe action first: <b>{}</b> (below).", esc(a.label())),
+            None => "No safe action: the remote can neither deduplicate nor be queried. \
+                     Look it up at the remote and record what you checked and its answer."
+                .to_string(),
+        };
+        h.push_str(&format!(
+            "<div class=\"warning\" id=\"unknown-outcome-{}\"><b>The remote may have acted</b> \
+             (step {} {}, remote {}): {} {safe}</div>",
+            html(&step),
+            esc(&step),
+            esc(&txt(d, "name")),
+            esc(&txt(d, "remote")),
+            esc(&txt(d, "warning")),
+        ));
+    }
+    h
+}
+
 fn steps_table(steps: &[Value]) -> String {
     let mut h = String::from(
         "<h2>Steps</h2><table id=\"steps\"><tr><th>#</th><th>step</th><th>role</th><th>runs</th><th>status</th>\
@@ -385,7 +415,8 @@ fn explain(a: ProcessAction) -> &'static str {
             "the step counts as done, on your evidence; a second approver must approve"
         }
         ProcessAction::ResolveFailed => {
-            "the step counts as failed: the process compensates its earlier effects"
+            "the step counts as failed: the process compensates its earlier effects \
+             (for a step whose outcome is unknown: on what you checked at the remote, and a second approver must approve)"
         }
     }
 }
@@ -405,7 +436,13 @@ fn step_names(steps: &[Value]) -> HashMap<String, String> {
 
 /// A form per action allowed now that the user may ask for; the others are named with the role
 /// they need.
-fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
+fn actions(
+    session: &Session,
+    id: Uuid,
+    v: &Value,
+    steps: &[Value],
+    requests: &[approvals::Approval],
+) -> String {
     let role = session.principal.role;
     let offered = v["allowed_actions"].as_array().cloned().unwrap_or_default();
     let version = txt(v, "version");
@@ -431,6 +468,21 @@ fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
             action.name(),
             if step.is_empty() { "process" } else { &step }
         );
+        // One pending request per action: while it waits, no form asks again.
+        if let Some(waiting) = requests
+            .iter()
+            .find(|a| a.status == "pending" && a.action == action.audit_name())
+        {
+            h.push_str(&format!(
+                "<p class=\"action-pending\" id=\"pending-{slug}\">{}{on}: waiting for approval \
+                 (request <a href=\"#approval-{}\">{}</a> by {})</p>",
+                esc(action.label()),
+                waiting.id,
+                waiting.id,
+                esc(&waiting.requested_by)
+            ));
+            continue;
+        }
         if !allowed(role, Action::Process(action)) {
             h.push_str(&format!(
                 "<p class=\"action-unavailable\" id=\"offered-{slug}\">{}{on}: needs the {} role</p>",
@@ -439,12 +491,26 @@ fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
             ));
             continue;
         }
-        let evidence = if action == ProcessAction::ResolveSucceeded {
-            format!(
+        let mut evidence = String::new();
+        if o["needs_evidence"] == json!(true) {
+            evidence.push_str(&format!(
                 " <label>Evidence <input type=\"text\" name=\"evidence\" id=\"evidence-{slug}\" placeholder=\"provider reference, ticket\"></label>"
-            )
+            ));
+        }
+        if o["needs_remote_check"] == json!(true) {
+            evidence.push_str(&format!(
+                " <label>Checked at the remote <input type=\"text\" name=\"checked\" id=\"checked-{slug}\" placeholder=\"where, by which reference\"></label> \
+                 <label>Its answer <input type=\"text\" name=\"answer\" id=\"answer-{slug}\" placeholder=\"what the remote said\"></label>"
+            ));
+        }
+        let safe = if o["safe_for_unknown_outcome"] == json!(true) {
+            " <small class=\"safe\">safe for an unknown outcome</small>"
         } else {
-            String::new()
+            ""
+        };
+        let label = match (action, o["needs_approval"] == json!(true)) {
+            (ProcessAction::ResolveFailed, true) => "Request resolve as failed",
+            _ => action.label(),
         };
         let step_field = if step.is_empty() {
             String::new()
@@ -457,14 +523,14 @@ fn actions(session: &Session, id: Uuid, v: &Value, steps: &[Value]) -> String {
         h.push_str(&format!(
             "<form method=\"post\" action=\"/ui/processes/{id}/actions/{name}\" class=\"process-action\" id=\"form-{slug}\">{}\
              <input type=\"hidden\" name=\"version\" value=\"{}\">{step_field}\
-             <b>{}</b>{on} <small>{}</small><br>\
+             <b>{}</b>{on}{safe} <small>{}</small><br>\
              <label>Reason <input type=\"text\" name=\"reason\" id=\"reason-{slug}\"></label>{evidence} \
              <button id=\"action-{slug}\">{}</button></form>",
             hidden(session),
             html(&version),
-            esc(action.label()),
+            esc(label),
             esc(explain(action)),
-            esc(action.label()),
+            esc(label),
             name = action.name(),
         ));
     }
@@ -565,22 +631,16 @@ pub async fn process_action(
     if let Some(e) = field(&f, "evidence").filter(|e| !e.trim().is_empty()) {
         body["evidence"] = json!(e);
     }
+    // Both or neither: one alone is sent as given, and refused with the rule's own message.
+    let (checked, answer) = (field(&f, "checked"), field(&f, "answer"));
+    if checked.is_some_and(|c| !c.trim().is_empty()) || answer.is_some_and(|a| !a.trim().is_empty())
+    {
+        body["remote_check"] =
+            json!({"checked": checked.unwrap_or(""), "answer": answer.unwrap_or("")});
+    }
     let path = format!("/api/processes/{id}/actions/{}", url_encode(action.name()));
     match submit(&s, &session, &f, &path, body).await {
-        (status, v) if status.is_success() => {
-            let text = match v.get("approval").and_then(|a| a.as_str()) {
-                Some(aid) => format!(
-                    "{}: approval request {aid} created; an approver must confirm",
-                    action.label()
-                ),
-                None => format!(
-                    "{}: done, the process is {}",
-                    action.name(),
-                    txt(&v, "status")
-                ),
-            };
-            notice_redirect_to(&format!("/processes/{id}"), &text)
-        }
+        (status, v) if status.is_success() => notice_redirect_to(&format!("/processes/{id}"), &v),
         (status, v) => answer_page(&session, status, &v),
     }
 }
