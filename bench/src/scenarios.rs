@@ -181,9 +181,10 @@ async fn ceiling_amqp(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Li
                             partition: 0,
                         })
                         .collect();
-                    let limits = relay::encoder::Limits {
+                    let limits = relay::encoder::Encoding {
                         frame_max: publisher.frame_max().unwrap_or(131_072),
                         max_payload_bytes: 16 * 1024 * 1024,
+                        cloudevents: None,
                     };
                     let encoded = rows
                         .iter()
