@@ -343,8 +343,22 @@ mod tests {
         };
         let fits = (0..200)
             .map(|n| {
-                let r = row("e", &"i".repeat(100), json!({"v": "x".repeat(3000 + n * 5)}));
-                (encode(&r, &Encoding { frame_max: 4096, ..LIMITS }).is_ok(), encode(&r, &small))
+                let r = row(
+                    "e",
+                    &"i".repeat(100),
+                    json!({"v": "x".repeat(3000 + n * 5)}),
+                );
+                (
+                    encode(
+                        &r,
+                        &Encoding {
+                            frame_max: 4096,
+                            ..LIMITS
+                        },
+                    )
+                    .is_ok(),
+                    encode(&r, &small),
+                )
             })
             .filter(|(plain_ok, _)| *plain_ok)
             .collect::<Vec<_>>();

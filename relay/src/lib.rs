@@ -174,10 +174,17 @@ pub async fn run_with_pool(
         opts.alternate_exchange,
     )
     .with_tls(config.connections.amqp_tls.clone());
-    let mut publisher =
-        pipeline::Pipeline::new(&pool, publisher, &leases, &wake, &readiness, &opts, cloudevents)
-            .run(&shutdown)
-            .await;
+    let mut publisher = pipeline::Pipeline::new(
+        &pool,
+        publisher,
+        &leases,
+        &wake,
+        &readiness,
+        &opts,
+        cloudevents,
+    )
+    .run(&shutdown)
+    .await;
 
     // Safe point: nothing is in flight and everything confirmed is marked (or given up on after a
     // bounded wait). Hand the partitions over at once instead of making the others wait the lease.

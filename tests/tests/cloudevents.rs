@@ -23,7 +23,9 @@ fn read_with_the_sdk(queue: &str, count: usize) -> Vec<Value> {
         .arg(script)
         .args([&amqp_url(), queue, &count.to_string()])
         .output()
-        .expect("python3 runs (the CloudEvents SDK reader needs it; .ci/run installs its packages)");
+        .expect(
+            "python3 runs (the CloudEvents SDK reader needs it; .ci/run installs its packages)",
+        );
     assert!(
         out.status.success(),
         "the CloudEvents SDK reader failed ({}): {}",
