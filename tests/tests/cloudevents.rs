@@ -191,3 +191,61 @@ async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
         assert_eq!(e["data"], m.payload, "{e}");
     }
 }
+
+/// A row whose attribute would pass the AMQP 1.0 conversion limit goes dead with the reason; the
+/// aggregate's next row is published as a CloudEvent all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_with_an_attribute_over_4096_bytes_goes_dead_with_the_reason() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let exchange = broker.exchange("outbox");
+    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
+    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
+    let conn = broker.connect().await;
+    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
+        .await
+        .unwrap();
+    let queue = broker.queue("ce");
+    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+
+    let too_long = NewMessage::new("order", "o-1", "order.placed", json!({"n": 1}))
+        .with_header("tracestate", "k=v,".repeat(1100));
+    let next = NewMessage::new("order", "o-1", "order.paid", json!({"n": 2}));
+    let mut tx = db.pool.begin().await.unwrap();
+    shared::outbox::enqueue_many(&mut *tx, &[too_long.clone(), next.clone()])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let options = relay::RelayOptions {
+        cloudevents: Mode::Binary,
+        ..test_options()
+    };
+    let relay = InProcess::start(
+        db.pool.clone(),
+        config(&db.url, &amqp_url(), &exchange, options),
+    )
+    .await;
+    let received = receive_n(&mut rx, 1, Duration::from_secs(30)).await;
+    relay.stop().await;
+    assert_eq!(received[0].message_id, next.id.to_string());
+    assert_eq!(
+        received[0].header("cloudEvents_sequence").as_deref(),
+        Some("00000000000000000002")
+    );
+    let (state, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT state, last_error FROM outbox.messages WHERE id = $1")
+            .bind(too_long.id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "dead");
+    let reason = reason.unwrap_or_default();
+    assert!(
+        reason.starts_with("unpublishable: ")
+            && reason.contains("cloudEvents_tracestate")
+            && reason.contains("4400 bytes")
+            && reason.contains("4096"),
+        "{reason}"
+    );
+}
