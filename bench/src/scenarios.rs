@@ -181,9 +181,10 @@ async fn ceiling_amqp(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Li
                             partition: 0,
                         })
                         .collect();
-                    let limits = relay::encoder::Limits {
+                    let limits = relay::encoder::Encoding {
                         frame_max: publisher.frame_max().unwrap_or(131_072),
                         max_payload_bytes: 16 * 1024 * 1024,
+                        cloudevents: None,
                     };
                     let encoded = rows
                         .iter()
@@ -288,7 +289,9 @@ async fn wait_partitions_split(env: &BenchEnv, relays: i64) -> anyhow::Result<()
     }
 }
 
-/// Drains a committed backlog with 1 and 2 relays.
+/// Drains a committed backlog with 1 and 2 relays, and with 1 relay in CloudEvents binary mode
+/// (`--cloudevents binary`: seven more headers per message, these rows carry no trace context),
+/// each against the same ceiling.
 async fn relay_drain(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line>> {
     let n = env.n(100_000, 1000);
     let ceiling = match (c.amqp, c.pg) {
@@ -296,12 +299,17 @@ async fn relay_drain(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line>> 
         _ => None,
     };
     let mut lines = Vec::new();
-    for relays in [1i64, 2] {
+    for (relays, cloudevents) in [(1i64, false), (1, true), (2, false)] {
         env.reset_outbox().await?;
         let q = env.queue("drain", "bench.drain").await?;
         env.settle().await?;
+        let flags: &[&str] = if cloudevents {
+            &["--cloudevents", "binary"]
+        } else {
+            &[]
+        };
         let children: Vec<_> = (0..relays)
-            .map(|_| env.spawn_relay(&[]))
+            .map(|_| env.spawn_relay(flags))
             .collect::<Result<_, _>>()?;
         wait_partitions_split(env, relays).await?;
         // One transaction: the whole backlog becomes visible at once.
@@ -328,8 +336,13 @@ async fn relay_drain(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line>> 
         env.delete_queue(&q).await;
         let mut line = Line::new(
             &format!(
-                "relay-drain ({relays} relay{})",
-                if relays > 1 { "s" } else { "" }
+                "relay-drain ({relays} relay{}{})",
+                if relays > 1 { "s" } else { "" },
+                if cloudevents {
+                    ", CloudEvents binary"
+                } else {
+                    ""
+                }
             ),
             rate,
             "msg/s",

@@ -20,8 +20,9 @@ const _: () = assert!(MAX_HEADER_DEPTH < MAX_NESTING);
 
 /// Largest header table accepted, in bytes on the wire: what the outbox accepts
 /// ([`shared::publishable::MAX_HEADERS_BYTES`]) plus room for the relay's and the consumer's own
-/// headers.
-pub const MAX_HEADER_BYTES: usize = shared::publishable::MAX_HEADERS_BYTES + 8 * 1024;
+/// headers (8 KiB) and the relay's CloudEvents attributes (24 KiB: at most nine, each value within
+/// 4,096 bytes, see `relay::cloudevents`).
+pub const MAX_HEADER_BYTES: usize = shared::publishable::MAX_HEADERS_BYTES + 32 * 1024;
 
 /// The character lossy decoding puts in place of bytes that were not UTF-8.
 const REPLACEMENT: char = char::REPLACEMENT_CHARACTER;

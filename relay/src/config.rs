@@ -1,5 +1,6 @@
 //! Relay settings: flags with env var fallbacks, defaults that work against local services.
 
+use crate::cloudevents;
 use clap::ArgAction;
 use plumbing::config::Connections;
 use std::time::Duration;
@@ -63,9 +64,27 @@ pub struct RelayOptions {
     /// PostgreSQL connections: LISTEN holds one; claim, mark, leases and stats use one each at a time.
     #[arg(long, env = "RELAY_DB_POOL_SIZE", default_value_t = 6, value_parser = clap::value_parser!(u32).range(2..))]
     pub db_pool_size: u32,
+    /// CloudEvents binary mode: `binary` adds the event's CloudEvents attributes as
+    /// `cloudEvents_*` headers (README, "CloudEvents binary mode"); body and content type stay as
+    /// they are.
+    /// Set it the same on every relay of one exchange.
+    #[arg(long = "cloudevents", env = "RELAY_CLOUDEVENTS", value_enum, default_value_t = cloudevents::Mode::Off)]
+    pub cloudevents: cloudevents::Mode,
+    /// CloudEvents `source` base, a URI-reference without query or fragment: each event's source
+    /// is `<base>/<aggregate_type>/<aggregate_id>`, both percent-encoded.
+    #[arg(long, env = "RELAY_CLOUDEVENTS_SOURCE", default_value = "/outbox", value_parser = source_base)]
+    pub cloudevents_source: String,
+    /// Put before the event type to make the CloudEvents `type` (e.g. `com.example.`; none by default).
+    #[arg(long, env = "RELAY_CLOUDEVENTS_TYPE_PREFIX", default_value = "")]
+    pub cloudevents_type_prefix: String,
     /// Instance id in relay_instances and relay_partitions (default: hostname and a random suffix).
     #[arg(long, env = "RELAY_INSTANCE_ID")]
     pub instance_id: Option<String>,
+}
+
+/// Refuses a bad CloudEvents source base when the flags are read, not at the first publish.
+fn source_base(s: &str) -> Result<String, cloudevents::SettingError> {
+    cloudevents::Binary::new(s, "").map(|_| s.to_owned())
 }
 
 impl RelayOptions {
@@ -87,6 +106,16 @@ impl RelayOptions {
     }
     pub fn stats_interval(&self) -> Duration {
         Duration::from_millis(self.stats_interval_ms)
+    }
+    /// The CloudEvents settings, checked: `None` when binary mode is off.
+    pub fn cloudevents(&self) -> Result<Option<cloudevents::Binary>, cloudevents::SettingError> {
+        match self.cloudevents {
+            cloudevents::Mode::Off => Ok(None),
+            cloudevents::Mode::Binary => {
+                cloudevents::Binary::new(&self.cloudevents_source, &self.cloudevents_type_prefix)
+                    .map(Some)
+            }
+        }
     }
 }
 

@@ -5,20 +5,24 @@
 //! found here, as that row's [`EncodeError`]: the pipeline marks the row dead with the reason and
 //! goes on. Nothing here can panic on row data, and a refused row never reaches the connection.
 
+use crate::cloudevents::{self, AttributeError};
 use crate::store::OutboxRow;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use plumbing::amqp::{HEADER_FRAME_OVERHEAD, headers as h};
 use shared::publishable::{self, MessageError};
+use std::sync::Arc;
 
-/// What bounds a row's encoded size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+/// How rows are encoded: what bounds their size, and whether they carry CloudEvents attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encoding {
     /// The connection's negotiated `frame_max`: properties and headers must fit one frame.
     pub frame_max: u32,
     /// Largest payload sent (RabbitMQ refuses messages over its `max_message_size` by closing the
     /// channel, which would fail every publish in flight).
     pub max_payload_bytes: usize,
+    /// CloudEvents binary mode (`RELAY_CLOUDEVENTS=binary`), or `None` for off.
+    pub cloudevents: Option<Arc<cloudevents::Binary>>,
 }
 
 /// A row ready to hand to lapin.
@@ -46,12 +50,15 @@ pub enum EncodeError {
     PayloadTooLarge { bytes: usize, max: usize },
     #[error("its properties cannot be encoded: {0}")]
     Encoding(String),
+    #[error(transparent)]
+    CloudEvents(#[from] AttributeError),
 }
 
 /// Encodes `row`: routing key = event type; properties `message_id`, `type`, `content_type`,
 /// persistent delivery, `timestamp`; headers = the row's headers plus `aggregate_type`,
-/// `aggregate_id`, `aggregate_seq` (signed 64-bit) and `created_at` (RFC 3339, microseconds).
-pub fn encode(row: &OutboxRow, limits: &Limits) -> Result<Encoded, EncodeError> {
+/// `aggregate_id`, `aggregate_seq` (signed 64-bit) and `created_at` (RFC 3339, microseconds);
+/// in CloudEvents binary mode also the `cloudEvents_*` attributes ([`cloudevents`]).
+pub fn encode(row: &OutboxRow, limits: &Encoding) -> Result<Encoded, EncodeError> {
     publishable::check(
         &row.aggregate_type,
         &row.aggregate_id,
@@ -76,6 +83,14 @@ pub fn encode(row: &OutboxRow, limits: &Limits) -> Result<Encoded, EncodeError> 
     let created = row
         .created_at
         .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    // Their size goes into the bound below, so the frame check covers them too.
+    let mut extra_bytes = 0;
+    if let Some(ce) = &limits.cloudevents {
+        for (name, value) in ce.attributes(row, &created)? {
+            extra_bytes += name.len() + value.len() + 16;
+            headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
+        }
+    }
     for (name, value) in [
         (h::AGGREGATE_TYPE, row.aggregate_type.as_str()),
         (h::AGGREGATE_ID, row.aggregate_id.as_str()),
@@ -97,7 +112,7 @@ pub fn encode(row: &OutboxRow, limits: &Limits) -> Result<Encoded, EncodeError> 
 
     let limit = (limits.frame_max as usize).saturating_sub(HEADER_FRAME_OVERHEAD);
     // Serializing is exact but costs as much as the publish itself: only near the limit.
-    if upper_bound(row) <= limit {
+    if upper_bound(row) + extra_bytes <= limit {
         return Ok(Encoded {
             routing_key,
             properties,
@@ -148,9 +163,10 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{Map, Value, json};
 
-    const LIMITS: Limits = Limits {
+    const LIMITS: Encoding = Encoding {
         frame_max: 131_072,
         max_payload_bytes: 16 * 1024 * 1024,
+        cloudevents: None,
     };
 
     fn row(event_type: &str, aggregate_id: &str, headers: Value) -> OutboxRow {
@@ -201,7 +217,7 @@ mod tests {
             err,
             EncodeError::Rule(MessageError::HeaderNameReserved { .. })
         ));
-        let small = Limits {
+        let small = Encoding {
             frame_max: 4096,
             ..LIMITS
         };
@@ -213,7 +229,7 @@ mod tests {
         assert!(matches!(err, EncodeError::FrameTooLarge { .. }), "{err}");
         let mut big = row("e", "o", json!({}));
         big.payload = "x".repeat(101);
-        let tiny = Limits {
+        let tiny = Encoding {
             max_payload_bytes: 100,
             ..LIMITS
         };
@@ -244,6 +260,120 @@ mod tests {
         assert!(len < 131_072 - HEADER_FRAME_OVERHEAD, "{len}");
     }
 
+    fn binary() -> Encoding {
+        Encoding {
+            cloudevents: Some(Arc::new(
+                cloudevents::Binary::new("/outbox", "com.example.").unwrap(),
+            )),
+            ..LIMITS
+        }
+    }
+
+    #[test]
+    fn binary_mode_adds_attributes_and_leaves_the_rest_alone() {
+        let r = row("order.placed", "o-1", json!({"tenant": "t"}));
+        let plain = encode(&r, &LIMITS).unwrap();
+        let ce = encode(&r, &binary()).unwrap();
+        let headers = ce.properties.headers().as_ref().unwrap();
+        let get = |n: &str| plumbing::amqp::header_str(headers, n).map(|v| v.into_owned());
+        assert_eq!(get("cloudEvents_specversion").as_deref(), Some("1.0"));
+        assert_eq!(
+            get("cloudEvents_id").as_deref(),
+            Some("00000000-0000-0000-0000-000000000000")
+        );
+        assert_eq!(
+            get("cloudEvents_source").as_deref(),
+            Some("/outbox/order/o-1")
+        );
+        assert_eq!(
+            get("cloudEvents_type").as_deref(),
+            Some("com.example.order.placed")
+        );
+        assert_eq!(get("cloudEvents_time"), get("created_at"));
+        assert_eq!(get("cloudEvents_partitionkey").as_deref(), Some("o-1"));
+        assert_eq!(
+            get("cloudEvents_sequence").as_deref(),
+            Some("00000000000000000041")
+        );
+        assert_eq!(get("cloudEvents_traceparent"), None);
+        // Everything else is what binary mode off sends.
+        let mut rest = FieldTable::default();
+        let mut attributes = 0;
+        for (name, value) in headers.inner() {
+            if name.as_str().starts_with("cloudEvents_") {
+                attributes += 1;
+            } else {
+                rest.insert(name.clone(), value.clone());
+            }
+        }
+        assert_eq!(attributes, 7);
+        assert_eq!(Some(&rest), plain.properties.headers().as_ref());
+        assert_eq!(ce.routing_key, plain.routing_key);
+        assert_eq!(
+            ce.properties.content_type(),
+            plain.properties.content_type()
+        );
+        assert_eq!(ce.properties.message_id(), plain.properties.message_id());
+    }
+
+    #[test]
+    fn binary_mode_refuses_an_attribute_over_the_conversion_limit() {
+        let r = row("e", "o", json!({"tracestate": "k=v,".repeat(1100)}));
+        assert!(encode(&r, &LIMITS).is_ok());
+        let err = encode(&r, &binary()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EncodeError::CloudEvents(AttributeError::TooLong {
+                    header: "cloudEvents_tracestate",
+                    bytes: 4400,
+                })
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("4096"), "{err}");
+    }
+
+    #[test]
+    fn binary_mode_frame_check_counts_the_attributes() {
+        // Row headers that nearly fill a small frame: the attributes tip it over.
+        let small = Encoding {
+            frame_max: 4096,
+            ..binary()
+        };
+        let fits = (0..200)
+            .map(|n| {
+                let r = row(
+                    "e",
+                    &"i".repeat(100),
+                    json!({"v": "x".repeat(3000 + n * 5)}),
+                );
+                (
+                    encode(
+                        &r,
+                        &Encoding {
+                            frame_max: 4096,
+                            ..LIMITS
+                        },
+                    )
+                    .is_ok(),
+                    encode(&r, &small),
+                )
+            })
+            .filter(|(plain_ok, _)| *plain_ok)
+            .collect::<Vec<_>>();
+        assert!(
+            fits.iter()
+                .any(|(_, ce)| matches!(ce, Err(EncodeError::FrameTooLarge { .. }))),
+            "some row fits without the attributes and not with them"
+        );
+        for (_, ce) in fits {
+            if let Ok(e) = ce {
+                assert!(properties_len(&e.properties).unwrap() + HEADER_FRAME_OVERHEAD <= 4096);
+            }
+        }
+    }
+
     fn header_value() -> impl Strategy<Value = Value> {
         prop_oneof![
             any::<String>().prop_map(Value::String),
@@ -268,12 +398,61 @@ mod tests {
             let mut r = row(&event_type, &aggregate_id, json!({}));
             r.aggregate_type = aggregate_type;
             r.headers = headers.into_iter().collect();
-            let limits = Limits { frame_max, ..LIMITS };
+            let limits = Encoding { frame_max, ..LIMITS };
             if let Ok(e) = encode(&r, &limits) {
                 let exact = properties_len(&e.properties).unwrap();
                 prop_assert!(exact <= upper_bound(&r), "{} > {}", exact, upper_bound(&r));
                 prop_assert!(exact + HEADER_FRAME_OVERHEAD <= frame_max as usize);
                 prop_assert!(e.routing_key.as_str().len() <= 255);
+            }
+        }
+
+        /// In binary mode too: a row encodes with every CloudEvents header a string within the
+        /// conversion limit and the required attributes present, or is refused; never a panic.
+        #[test]
+        fn any_row_encodes_as_a_cloudevent_or_is_refused(
+            event_type in ".{0,300}",
+            aggregate_type in ".{0,300}",
+            aggregate_id in ".{0,1100}",
+            aggregate_seq in any::<i64>(),
+            traceparent in prop::option::of(".{0,5000}"),
+            headers in prop::collection::btree_map(".{0,300}", header_value(), 0..8),
+            prefix in "[a-z.]{0,40}",
+            frame_max in 4096u32..200_000,
+        ) {
+            let mut r = row(&event_type, &aggregate_id, json!({}));
+            r.aggregate_type = aggregate_type;
+            r.aggregate_seq = aggregate_seq;
+            r.headers = headers.into_iter().collect();
+            if let Some(tp) = traceparent {
+                r.headers.insert("traceparent".into(), Value::String(tp));
+            }
+            let limits = Encoding {
+                frame_max,
+                cloudevents: Some(Arc::new(cloudevents::Binary::new("/outbox", &prefix).unwrap())),
+                ..LIMITS
+            };
+            if let Ok(e) = encode(&r, &limits) {
+                let exact = properties_len(&e.properties).unwrap();
+                prop_assert!(exact + HEADER_FRAME_OVERHEAD <= frame_max as usize);
+                let table = e.properties.headers().as_ref().unwrap();
+                let mut seen = Vec::new();
+                for (name, value) in table.inner() {
+                    if let Some(attr) = name.as_str().strip_prefix("cloudEvents_") {
+                        let AMQPValue::LongString(s) = value else {
+                            return Err(TestCaseError::fail(format!("{name} is not a string")));
+                        };
+                        prop_assert!(s.as_bytes().len() <= cloudevents::MAX_STRING_BYTES);
+                        prop_assert!(attr.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
+                        seen.push(attr.to_owned());
+                    }
+                }
+                for required in ["specversion", "id", "source", "type", "time", "sequence"] {
+                    prop_assert!(seen.iter().any(|s| s == required), "{} missing", required);
+                }
+                let seq = plumbing::amqp::header_str(table, "cloudEvents_sequence").unwrap();
+                prop_assert_eq!(seq.len(), cloudevents::SEQUENCE_DIGITS);
+                prop_assert_eq!(seq.parse::<i64>().ok(), Some(r.aggregate_seq));
             }
         }
     }

@@ -30,6 +30,7 @@
 //! broker never waits for the database; when a claim comes back empty the relay waits for a
 //! NOTIFY from a producer's commit or the fallback poll.
 
+pub mod cloudevents;
 pub mod config;
 pub mod dead;
 pub mod encoder;
@@ -104,6 +105,11 @@ pub async fn run_with_pool(
     shutdown: CancellationToken,
 ) -> Result<(), RelayError> {
     validate(&config.options)?;
+    let cloudevents = config
+        .options
+        .cloudevents()
+        .map_err(|e| RelayError::Config(e.to_string()))?
+        .map(Arc::new);
     internal_events::describe();
     let opts = config.options.clone();
     let instance_id = opts.instance_id.clone().unwrap_or_else(|| {
@@ -171,10 +177,17 @@ pub async fn run_with_pool(
         opts.alternate_exchange,
     )
     .with_tls(config.connections.amqp_tls.clone());
-    let mut publisher =
-        pipeline::Pipeline::new(&pool, publisher, &leases, &wake, &readiness, &opts)
-            .run(&shutdown)
-            .await;
+    let mut publisher = pipeline::Pipeline::new(
+        &pool,
+        publisher,
+        &leases,
+        &wake,
+        &readiness,
+        &opts,
+        cloudevents,
+    )
+    .run(&shutdown)
+    .await;
 
     // Safe point: nothing is in flight and everything confirmed is marked (or given up on after a
     // bounded wait). Hand the partitions over at once instead of making the others wait the lease.

@@ -27,7 +27,8 @@ mod marks;
 mod window;
 
 use crate::RelayOptions;
-use crate::encoder::{self, Encoded, Limits};
+use crate::cloudevents;
+use crate::encoder::{self, Encoded, Encoding};
 use crate::internal_events::{self, DbOp, FailureReason};
 use crate::leases::Leases;
 use crate::publisher::Publisher;
@@ -40,6 +41,7 @@ use marks::Marks;
 use plumbing::telemetry::{ErrorChain, Readiness};
 use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -67,6 +69,8 @@ pub(crate) struct Pipeline<'a> {
     leases: &'a Leases,
     wake: &'a Notify,
     opts: &'a RelayOptions,
+    /// CloudEvents binary mode, checked at start; `None` when off.
+    cloudevents: Option<Arc<cloudevents::Binary>>,
     health: Health<'a>,
     claims: Claims,
     /// The running claim and what it asked for.
@@ -85,6 +89,7 @@ impl<'a> Pipeline<'a> {
         wake: &'a Notify,
         readiness: &'a Readiness,
         opts: &'a RelayOptions,
+        cloudevents: Option<Arc<cloudevents::Binary>>,
     ) -> Self {
         Self {
             pool,
@@ -92,6 +97,7 @@ impl<'a> Pipeline<'a> {
             leases,
             wake,
             opts,
+            cloudevents,
             health: Health::new(readiness),
             claims: Claims::new(),
             claiming: None,
@@ -383,9 +389,10 @@ impl<'a> Pipeline<'a> {
         let Some(frame_max) = self.publisher.frame_max() else {
             return;
         };
-        let limits = Limits {
+        let limits = Encoding {
             frame_max,
             max_payload_bytes: usize::try_from(self.opts.max_payload_bytes).unwrap_or(usize::MAX),
+            cloudevents: self.cloudevents.clone(),
         };
         let mut batch: Vec<(OutboxRow, Encoded)> = Vec::new();
         let mut unpublishable: Vec<(OutboxRow, String)> = Vec::new();
