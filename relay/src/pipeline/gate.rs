@@ -19,7 +19,7 @@ impl Gate {
 
     /// Whether rows of `partition` may be taken now.
     pub fn is_open(&self, partition: i16, now: Instant) -> bool {
-        !self.blocked.get(&partition).is_some_and(|t| *t > now)
+        self.blocked.get(&partition).is_none_or(|t| *t <= now)
             && !self.releasing.contains(&partition)
     }
 
