@@ -61,6 +61,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "webhook inbox",
         include_str!("../../migrations/0009_webhook_inbox.sql"),
     ),
+    (
+        10,
+        "process waits",
+        include_str!("../../migrations/0010_process_waits.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.
