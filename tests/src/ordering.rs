@@ -42,7 +42,11 @@ impl Observed {
     }
 
     /// Nothing lost: every aggregate's numbers `1..=n` arrived (`missing` lists the dead ones).
-    pub fn assert_complete(&self, expected: &BTreeMap<String, i64>, missing: &HashSet<(String, i64)>) {
+    pub fn assert_complete(
+        &self,
+        expected: &BTreeMap<String, i64>,
+        missing: &HashSet<(String, i64)>,
+    ) {
         for (aggregate, n) in expected {
             let seen: HashSet<i64> = self
                 .by_aggregate
@@ -55,7 +59,11 @@ impl Observed {
                     seen.contains(&k),
                     !dead,
                     "aggregate {aggregate}: message {k} {} (saw {})",
-                    if dead { "is dead but arrived" } else { "never arrived" },
+                    if dead {
+                        "is dead but arrived"
+                    } else {
+                        "never arrived"
+                    },
                     self.pattern(aggregate)
                 );
             }

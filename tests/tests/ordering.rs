@@ -62,9 +62,13 @@ async fn every_message_gets_a_dense_number_per_aggregate_and_a_rollback_leaves_n
     .execute(&db.pool)
     .await
     .unwrap();
-    let batch: Vec<NewMessage> = (0..5).map(|n| msg(if n % 2 == 0 { "a" } else { "b" }, n)).collect();
+    let batch: Vec<NewMessage> = (0..5)
+        .map(|n| msg(if n % 2 == 0 { "a" } else { "b" }, n))
+        .collect();
     let mut tx = db.pool.begin().await.unwrap();
-    shared::outbox::enqueue_many(&mut *tx, &batch).await.unwrap();
+    shared::outbox::enqueue_many(&mut *tx, &batch)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 
     assert_eq!(seqs_of(&db.pool, "a").await, vec![1, 2, 3, 4, 5, 6]);
@@ -113,7 +117,10 @@ async fn a_second_transaction_on_one_aggregate_waits_and_commits_after_the_first
         tx.commit().await.unwrap();
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!second.is_finished(), "the second writer of 'hot' must wait");
+    assert!(
+        !second.is_finished(),
+        "the second writer of 'hot' must wait"
+    );
     first.commit().await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), second)
         .await
@@ -161,12 +168,11 @@ async fn the_upgrade_numbers_pending_rows_and_refuses_the_names_it_reserves() {
     shared::migrate::run(&db.pool, &schema).await.unwrap();
     assert_eq!(seqs_of(&db.pool, "a").await, vec![1, 2, 3]);
     assert_eq!(seqs_of(&db.pool, "b").await, vec![1]);
-    let dead: Vec<String> = sqlx::query_scalar(
-        "SELECT last_error FROM outbox.messages WHERE state = 'dead'",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let dead: Vec<String> =
+        sqlx::query_scalar("SELECT last_error FROM outbox.messages WHERE state = 'dead'")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(dead.len(), 1, "the row using a newly reserved name");
     assert!(dead[0].contains("reserved"), "{}", dead[0]);
     // The next message continues each aggregate's count.
@@ -282,7 +288,14 @@ async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order()
         .await
         .unwrap();
     let queue = unique("q"); // exclusive: gone with its connection
-    let mut rx = consume(&conn, &exchange, &queue, FieldTable::default(), Duration::ZERO).await;
+    let mut rx = consume(
+        &conn,
+        &exchange,
+        &queue,
+        FieldTable::default(),
+        Duration::ZERO,
+    )
+    .await;
     let all: Vec<NewMessage> = (0..3000).map(|n| msg("hot", n)).collect();
     for chunk in all.chunks(500) {
         let mut tx = db.pool.begin().await.unwrap();
@@ -298,7 +311,11 @@ async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order()
     let received = receive_all(&mut rx, &want, Duration::from_secs(60)).await;
     relay.stop().await;
     let seqs: Vec<i64> = received.iter().filter_map(aggregate_seq).collect();
-    assert_eq!(seqs, (1..=3000).collect::<Vec<i64>>(), "once each, in order");
+    assert_eq!(
+        seqs,
+        (1..=3000).collect::<Vec<i64>>(),
+        "once each, in order"
+    );
 }
 
 /// The README's table, "nacked": a queue with `x-max-length` and `x-overflow: reject-publish`

@@ -368,7 +368,11 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
     observed.assert_last_copies_in_order();
     let expected = (0..50).map(|a| (format!("agg-{a}"), 200)).collect();
     observed.assert_complete(&expected, &HashSet::new());
-    eprintln!("relay killed: {} copies; agg-0: {}", observed.copies(), observed.pattern("agg-0"));
+    eprintln!(
+        "relay killed: {} copies; agg-0: {}",
+        observed.copies(),
+        observed.pattern("agg-0")
+    );
     sigterm(&b);
     assert!(b.wait().await.unwrap().success());
 }
@@ -457,7 +461,11 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
     observed.assert_last_copies_in_order();
     let expected = (0..20).map(|a| (format!("agg-{a}"), 75)).collect();
     observed.assert_complete(&expected, &HashSet::new());
-    eprintln!("link cut: {} copies; agg-0: {}", observed.copies(), observed.pattern("agg-0"));
+    eprintln!(
+        "link cut: {} copies; agg-0: {}",
+        observed.copies(),
+        observed.pattern("agg-0")
+    );
     relay.stop().await;
 }
 
