@@ -109,11 +109,7 @@ pub async fn relay_skew(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line
         let cpu_note = env::CpuSnapshot::take().report_since(&cpu, n);
         env::stop(relay).await;
         env.delete_queue(&q).await;
-        let mut line = Line::new(
-            &format!("relay-skew ({})", keys.label()),
-            rate,
-            "msg/s",
-        );
+        let mut line = Line::new(&format!("relay-skew ({})", keys.label()), rate, "msg/s");
         if let Some(ceiling) = c.amqp {
             line = line.vs_ceiling(ceiling, Some(0.85));
         }
@@ -146,13 +142,21 @@ pub async fn producer_insert(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
                 rates.push((round % 2 == 1, rate));
             }
             let mean = |with: bool| {
-                let v: Vec<f64> = rates.iter().filter(|(w, _)| *w == with).map(|(_, r)| *r).collect();
+                let v: Vec<f64> = rates
+                    .iter()
+                    .filter(|(w, _)| *w == with)
+                    .map(|(_, r)| *r)
+                    .collect();
                 v.iter().sum::<f64>() / v.len().max(1) as f64
             };
             let (without, with) = (mean(false), mean(true));
             let what = format!(
                 "producer-insert ({rows}-row transactions, {})",
-                if one_aggregate { "one aggregate" } else { "different aggregates" }
+                if one_aggregate {
+                    "one aggregate"
+                } else {
+                    "different aggregates"
+                }
             );
             lines.push(
                 Line::new(&what, with, "rows/s")

@@ -178,6 +178,13 @@ pub trait WaitStep: Send + Sync {
     /// (e.g. `charge:<id>` from the charge step's output). An error fails the step.
     fn key(&self, ctx: &StepContext) -> Result<String, StepError>;
 
+    /// An outcome already known without the event (e.g. a remote that answered at once): taken
+    /// as [`received`](Self::received)'s would be, without waiting. The default knows none.
+    fn already(&self, ctx: &StepContext) -> Option<Result<Done, StepError>> {
+        let _ = ctx;
+        None
+    }
+
     /// What the event means: success with its evidence, or an error classified as for calls
     /// (e.g. a declined charge is permanent). The default takes any event as success.
     fn received(&self, ctx: &StepContext, key: &str, payload: &Value) -> Result<Done, StepError> {

@@ -189,7 +189,10 @@ mod tests {
             plumbing::amqp::header_str(headers, "created_at").as_deref(),
             Some("2026-12-01T10:00:00.000000Z")
         );
-        assert_eq!(plumbing::amqp::header_i64(headers, "aggregate_seq"), Some(41));
+        assert_eq!(
+            plumbing::amqp::header_i64(headers, "aggregate_seq"),
+            Some(41)
+        );
     }
 
     #[test]

@@ -61,8 +61,8 @@ pub async fn claim(
     args: &ClaimArgs<'_>,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let rows = sqlx::query(
-        schema.sql("SELECT c.seq, c.id, c.aggregate_type, c.aggregate_id, c.aggregate_seq, c.event_type, \
+    let rows = sqlx::query(schema.sql(
+        "SELECT c.seq, c.id, c.aggregate_type, c.aggregate_id, c.aggregate_seq, c.event_type, \
                 c.payload::text AS payload, c.headers::text AS headers, \
                 CASE WHEN isfinite(c.created_at) THEN c.created_at END AS created_at, \
                 c.attempts, c.partition \
@@ -78,8 +78,8 @@ pub async fn claim(
              WHERE rp.owner = $2 \
                AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \
              ORDER BY o.seq LIMIT $4 \
-         ) c"),
-    )
+         ) c",
+    ))
     .bind(args.partitions)
     .bind(owner)
     .bind(args.per_partition)

@@ -473,9 +473,10 @@ async fn the_cost_of_100k_waiting_processes_is_rows() {
     w.stop().await;
     let made = Instant::now();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO outbox.processes (id, kind, definition_version, business_key, revision, status, last_reason,
+        "SET statement_timeout = 0;
+         INSERT INTO outbox.processes (id, kind, definition_version, business_key, revision, status, last_reason,
              last_actor, input, input_redacted, next_run_at, attempt, lease_token)
-         SELECT gen_random_uuid(), p.kind, p.definition_version, 'c-' || g, 1, 'pending', p.last_reason, p.last_actor,
+         SELECT gen_random_uuid(), p.kind, p.definition_version, 'c-' || g, p.revision, 'pending', p.last_reason, p.last_actor,
              jsonb_build_object('charge_id', 'c-' || g), jsonb_build_object('charge_id', 'c-' || g),
              p.next_run_at, p.attempt, p.lease_token
          FROM outbox.processes p, generate_series(1, {m}) g WHERE p.id = '{first}';

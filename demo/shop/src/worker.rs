@@ -35,6 +35,11 @@ pub struct WorkerSettings {
     #[arg(long, env = "CHARGE_DEADLINE_SECS", default_value_t = 3_600,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub charge_deadline_secs: u64,
+    /// How long a charge the provider accepted as pending (async mode) waits for its webhook
+    /// before the provider is asked (e.g. `30s`, `10m`).
+    #[arg(long, env = "PAYMENT_CONFIRMATION_TIMEOUT", default_value = "60s",
+          value_parser = humantime::parse_duration)]
+    pub payment_confirmation_timeout: Duration,
     /// Lease owner name; default `<hostname>-<pid>`.
     #[arg(long, env = "WORKER_ID")]
     pub worker_id: Option<String>,
@@ -95,6 +100,7 @@ impl WorkerSettings {
                 .initial(Duration::from_millis(self.charge_retry_initial_ms))
                 .max_delay(Duration::from_millis(self.charge_retry_max_delay_ms))
                 .deadline(Some(Duration::from_secs(self.charge_deadline_secs))),
+            confirmation_timeout: self.payment_confirmation_timeout,
         })
     }
 }
@@ -107,7 +113,10 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), WorkerRunError> {
     let flow = settings.flow(&config)?;
-    let registry = Registry::new().with(payment_process::definition(&flow))?;
+    let mut registry = Registry::new();
+    for d in payment_process::definitions(&flow) {
+        registry = registry.with(d)?;
+    }
     let concurrency = settings.worker_concurrency as usize;
     let pool =
         crate::connect_and_migrate(&config, concurrency as u32 + 4, "producer worker").await?;

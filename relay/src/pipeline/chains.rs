@@ -442,9 +442,15 @@ mod tests {
         assert_eq!(c.refused(&rows[0]), Vec::<i64>::new());
         assert_eq!(c.rewinding().collect::<Vec<_>>(), vec![1]);
         c.add(rows[3].clone());
-        assert!(c.next_ready().is_none(), "nothing is sent while doomed rows are in flight");
+        assert!(
+            c.next_ready().is_none(),
+            "nothing is sent while doomed rows are in flight"
+        );
         assert_eq!(c.acked(&rows[1]), Acked::GiveBack);
-        assert!(c.take_doomed(&rows[2]), "a doomed row's nack is not its own refusal");
+        assert!(
+            c.take_doomed(&rows[2]),
+            "a doomed row's nack is not its own refusal"
+        );
         assert_eq!(c.rewinding().count(), 0);
         assert_eq!(seqs(&send_all(&mut c)), vec![7]);
     }
@@ -456,7 +462,11 @@ mod tests {
         let next = row("a", 3, 0);
         c.add(retried.clone());
         c.add(next.clone());
-        assert_eq!(seqs(&send_all(&mut c)), vec![1], "its successors wait for its confirm");
+        assert_eq!(
+            seqs(&send_all(&mut c)),
+            vec![1],
+            "its successors wait for its confirm"
+        );
         assert_eq!(
             c.acked(&retried),
             Acked::Mark(vec![Markable {

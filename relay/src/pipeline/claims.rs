@@ -188,7 +188,11 @@ mod tests {
     fn a_partition_that_fills_its_share_is_asked_for_more_up_to_the_batch() {
         let mut c = Claims::new();
         let plan = c.plan(vec![0, 1], 100);
-        assert_eq!(plan.limits, vec![100, 100], "two partitions share 2 x batch");
+        assert_eq!(
+            plan.limits,
+            vec![100, 100],
+            "two partitions share 2 x batch"
+        );
         let plan = c.plan((0..64).collect(), 100);
         assert_eq!(plan.limits[0], 8, "never below 8");
         let counts = HashMap::from([(0, 8), (1, 2)]);
@@ -202,7 +206,11 @@ mod tests {
         let plan = c.plan((0..64).collect(), 100);
         assert_eq!(plan.limits[0], 100, "capped at the batch");
         c.returned(&plan, Some(&HashMap::from([(0, 3)])), 100);
-        assert_eq!(c.plan((0..64).collect(), 100).limits[0], 8, "back to the base");
+        assert_eq!(
+            c.plan((0..64).collect(), 100).limits[0],
+            8,
+            "back to the base"
+        );
     }
 
     #[test]
@@ -227,7 +235,11 @@ mod tests {
         assert_eq!(c.admit(5), Admit::Known);
         assert_eq!(c.admit(6), Admit::Take);
         c.admitted();
-        assert_eq!(c.admit(5), Admit::Take, "a later claim may see it if it is still there");
+        assert_eq!(
+            c.admit(5),
+            Admit::Take,
+            "a later claim may see it if it is still there"
+        );
     }
 
     #[test]

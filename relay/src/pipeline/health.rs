@@ -120,7 +120,10 @@ mod tests {
         assert!(h.backoff_over(Instant::now()));
         assert_eq!(h.db_failed(), 1);
         assert!(!readiness.ready());
-        assert!(!h.backoff_over(Instant::now()), "a failure starts a backoff");
+        assert!(
+            !h.backoff_over(Instant::now()),
+            "a failure starts a backoff"
+        );
         assert!(h.backoff_over(Instant::now() + Duration::from_secs(6)));
         h.db_ok();
         h.amqp_ok();

@@ -269,7 +269,9 @@ impl<'a> Pipeline<'a> {
             self.claims.more = false;
             return;
         }
-        let plan = self.claims.plan(partitions, i64::from(self.opts.batch_size));
+        let plan = self
+            .claims
+            .plan(partitions, i64::from(self.opts.batch_size));
         let (pool, schema) = (self.pool.clone(), self.leases.schema().clone());
         let owner = self.leases.instance_id.clone();
         let args = plan.clone();
@@ -329,7 +331,9 @@ impl<'a> Pipeline<'a> {
                     }
                 }
                 Claimed::Row(row) => {
-                    internal_events::claim_lag((wall - row.created_at).to_std().unwrap_or_default());
+                    internal_events::claim_lag(
+                        (wall - row.created_at).to_std().unwrap_or_default(),
+                    );
                     if self.claims.admit(row.seq) == Admit::Take
                         && self.gate.is_open(row.partition, now)
                     {

@@ -253,23 +253,39 @@ mod tests {
             Verdict::Ack
         );
         assert!(matches!(
-            verdict(Ok(Ok(Confirmation::Ack(None))), Some("unroutable: 312 NO_ROUTE".into()), t),
-            Verdict::Refused { reason: FailureReason::Unroutable, .. }
+            verdict(
+                Ok(Ok(Confirmation::Ack(None))),
+                Some("unroutable: 312 NO_ROUTE".into()),
+                t
+            ),
+            Verdict::Refused {
+                reason: FailureReason::Unroutable,
+                ..
+            }
         ));
         assert!(matches!(
             verdict(Ok(Ok(Confirmation::Nack(None))), None, t),
-            Verdict::Refused { reason: FailureReason::Nack, .. }
+            Verdict::Refused {
+                reason: FailureReason::Nack,
+                ..
+            }
         ));
         assert!(matches!(
             verdict(Ok(Ok(Confirmation::NotRequested)), None, t),
-            Verdict::LinkFailed { reason: FailureReason::Connection, .. }
+            Verdict::LinkFailed {
+                reason: FailureReason::Connection,
+                ..
+            }
         ));
         let lost = lapin::Error::from(lapin::ErrorKind::InvalidConnectionState(
             lapin::ConnectionState::Closed,
         ));
         assert!(matches!(
             verdict(Ok(Err(lost)), None, t),
-            Verdict::LinkFailed { reason: FailureReason::Connection, .. }
+            Verdict::LinkFailed {
+                reason: FailureReason::Connection,
+                ..
+            }
         ));
     }
 
@@ -280,7 +296,10 @@ mod tests {
             .unwrap_err();
         assert!(matches!(
             verdict(Err(elapsed), None, Duration::from_secs(5)),
-            Verdict::LinkFailed { reason: FailureReason::ConfirmTimeout, .. }
+            Verdict::LinkFailed {
+                reason: FailureReason::ConfirmTimeout,
+                ..
+            }
         ));
     }
 
