@@ -488,12 +488,16 @@ async fn the_cost_of_100k_waiting_processes_is_rows() {
              s.last_attempt_at, s.remote_ref, CASE WHEN s.result_ref IS NULL THEN NULL ELSE n.business_key END,
              CASE WHEN s.output IS NULL THEN NULL ELSE jsonb_build_object('charge_id', n.business_key) END,
              s.last_reason, s.last_actor, s.lease_token, s.finished_at,
-             CASE WHEN s.wait_key IS NULL THEN NULL ELSE 'charge:' || n.business_key END, s.wait_since, s.wait_until
+             CASE WHEN s.wait_key IS NULL THEN NULL ELSE 'charge:' || n.business_key END, s.wait_since,
+             CASE WHEN s.wait_until IS NULL THEN NULL ELSE now() + interval '1 hour' END
          FROM outbox.processes n, outbox.process_steps s
          WHERE n.id <> '{first}' AND s.process_id = '{first}';
          UPDATE outbox.processes n SET status = 'running' WHERE n.id <> '{first}';
-         UPDATE outbox.processes n SET status = 'waiting', next_run_at = p.next_run_at
-         FROM outbox.processes p WHERE p.id = '{first}' AND n.id <> '{first}';",
+         UPDATE outbox.processes n SET status = 'waiting', next_run_at = now() + interval '1 hour'
+         WHERE n.id <> '{first}';
+         UPDATE outbox.processes SET next_run_at = now() + interval '1 hour' WHERE id = '{first}';
+         UPDATE outbox.process_steps SET wait_until = now() + interval '1 hour'
+         WHERE process_id = '{first}' AND wait_until IS NOT NULL;",
         m = n - 1
     )))
     .execute(&db.pool)
@@ -501,10 +505,12 @@ async fn the_cost_of_100k_waiting_processes_is_rows() {
     .unwrap();
     eprintln!("made {n} waiting processes in {:?}", made.elapsed());
     for table in ["processes", "process_steps", "process_history"] {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE outbox.{table}")))
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "VACUUM ANALYZE outbox.{table}"
+        )))
+        .execute(&db.pool)
+        .await
+        .unwrap();
     }
     let r = sqlx::query(
         "SELECT (SELECT count(*) FROM outbox.processes WHERE status = 'waiting' AND lease_owner IS NULL) AS waiting,
@@ -550,8 +556,15 @@ async fn the_cost_of_100k_waiting_processes_is_rows() {
         plan.join("\n  ")
     );
 
-    // A worker over them, idle for 10 s: its CPU and the claims it makes.
-    let w = InProcess::start(&db.pool, "idle");
+    // A worker with the default settings over them, idle for 10 s: its CPU and the claims it makes.
+    let stop = CancellationToken::new();
+    let config = WorkerConfig::new(db.pool.clone(), schema(), "idle");
+    let s = stop.clone();
+    let registry = registry(&db.pool);
+    let handle = tokio::spawn(async move {
+        Worker::run(config, registry, s).await.expect("worker runs");
+    });
+    let w = InProcess { stop, handle };
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (cpu0, wall0) = (cpu_time(), Instant::now());
     tokio::time::sleep(Duration::from_secs(10)).await;

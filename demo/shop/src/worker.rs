@@ -40,6 +40,18 @@ pub struct WorkerSettings {
     #[arg(long, env = "PAYMENT_CONFIRMATION_TIMEOUT", default_value = "60s",
           value_parser = humantime::parse_duration)]
     pub payment_confirmation_timeout: Duration,
+    /// Interval of the reconciliation with the provider (`0s` switches it off).
+    #[arg(long, env = "RECONCILE_INTERVAL", default_value = "5m",
+          value_parser = humantime::parse_duration)]
+    pub reconcile_interval: Duration,
+    /// A payment still pending after this is a reconciliation case.
+    #[arg(long, env = "RECONCILE_PENDING_THRESHOLD", default_value = "1h",
+          value_parser = humantime::parse_duration)]
+    pub reconcile_pending_threshold: Duration,
+    /// Payments younger than this are left to their process by the reconciliation.
+    #[arg(long, env = "RECONCILE_SETTLE", default_value = "1m",
+          value_parser = humantime::parse_duration)]
+    pub reconcile_settle: Duration,
     /// Lease owner name; default `<hostname>-<pid>`.
     #[arg(long, env = "WORKER_ID")]
     pub worker_id: Option<String>,
@@ -142,7 +154,26 @@ pub async fn run(
     wc.on_database = Some(processes::DatabaseHook(std::sync::Arc::new(move |up| {
         readiness.set_postgres(up)
     })));
+    let reconciliation = (!settings.reconcile_interval.is_zero()).then(|| {
+        let cfg = crate::reconciliation::ReconcileConfig {
+            interval: settings.reconcile_interval,
+            pending_threshold: settings.reconcile_pending_threshold,
+            settle: settings.reconcile_settle,
+            ..Default::default()
+        };
+        let provider = flow.provider.clone();
+        let pool = pool.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            if let Some(provider) = provider {
+                crate::reconciliation::run(pool, provider, cfg, stop).await;
+            }
+        })
+    });
     let result = Worker::run(wc, registry, shutdown).await;
+    if let Some(r) = reconciliation {
+        let _ = r.await;
+    }
     ops.cancel();
     pool.close().await;
     Ok(result?)
