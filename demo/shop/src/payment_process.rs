@@ -445,19 +445,21 @@ fn decided(charge_id: &str, status: ChargeStatus) -> Option<Done> {
     })))
 }
 
+/// The charge's id and status: from its output, or, for a charge an operator resolved as
+/// succeeded, from the evidence they gave (the provider's charge id; their decision is the status).
 fn charge_output(ctx: &StepContext) -> Result<(String, Option<ChargeStatus>), StepError> {
-    let out = ctx
-        .outputs
+    if let Some(out) = ctx.outputs.get("charge")
+        && let Some(id) = out["charge_id"].as_str()
+    {
+        return Ok((
+            id.to_string(),
+            out["status"].as_str().and_then(ChargeStatus::parse),
+        ));
+    }
+    ctx.references
         .get("charge")
-        .ok_or_else(|| StepError::permanent("the charge left no output"))?;
-    let id = out["charge_id"]
-        .as_str()
-        .or_else(|| ctx.references.get("charge").map(String::as_str))
-        .ok_or_else(|| StepError::permanent("the charge left no charge id"))?;
-    Ok((
-        id.to_string(),
-        out["status"].as_str().and_then(ChargeStatus::parse),
-    ))
+        .map(|id| (id.clone(), Some(ChargeStatus::Succeeded)))
+        .ok_or_else(|| StepError::permanent("the charge left no charge id"))
 }
 
 impl processes::WaitStep for Confirmation {
@@ -467,9 +469,8 @@ impl processes::WaitStep for Confirmation {
 
     fn already(&self, ctx: &StepContext) -> Option<Result<Done, StepError>> {
         match charge_output(ctx) {
-            // An operator who resolved the charge gave its id as evidence, not its status: the
-            // provider is asked at the deadline like for any pending charge.
             Ok((id, Some(status))) => decided(&id, status).map(Ok),
+            // A version-1 style output without a status cannot say: wait, then ask.
             Ok((_, None)) => None,
             Err(e) => Some(Err(e)),
         }
