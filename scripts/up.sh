@@ -14,6 +14,8 @@
 # PROVIDER_STATUS_QUERY, PROVIDER_SEED, PROVIDER_TIMEOUT_DELAY, PROVIDER_MODE, ...) reaches the
 # payment provider simulator; see docs/payment-provider.md. Its webhooks go to the producer API's
 # POST /webhooks/provider, both sides sharing PROVIDER_WEBHOOK_SECRET (random per run unless set).
+# PAYMENT_CONFIRMATION_TIMEOUT (default 30s) is how long a pending charge waits for its webhook
+# before the worker asks the provider; it reaches the payment worker from this environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +26,7 @@ API_ADDR="${API_ADDR:-127.0.0.1:8080}"
 export PROVIDER_ADDR="${PROVIDER_ADDR:-127.0.0.1:8090}"
 export PROVIDER_WEBHOOK_URL="${PROVIDER_WEBHOOK_URL:-http://$API_ADDR/webhooks/provider}"
 export PROVIDER_WEBHOOK_SECRET="${PROVIDER_WEBHOOK_SECRET:-$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')}"
+export PAYMENT_CONFIRMATION_TIMEOUT="${PAYMENT_CONFIRMATION_TIMEOUT:-30s}"
 CONSOLE_ADDR="${CONSOLE_ADDR:-127.0.0.1:8070}"
 LOG_DIR="${LOG_DIR:-target/up-logs}"
 
@@ -83,7 +86,8 @@ METRICS_ADDR=127.0.0.1:9102 "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($
 METRICS_ADDR=127.0.0.1:9103 "$BIN/producer" ledger --name ledger --bind "payment.*" --bind "order.*" >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
 # The payment provider simulator (schema provider; PROVIDER_* come through from the environment).
 "$BIN/payment-provider" >"$LOG_DIR/payment-provider.log" 2>&1 & pids+=($!)
-# The payment process worker: charges at the provider, records captures, compensates declines.
+# The payment process worker: charges at the provider, waits for pending charges' webhooks (at
+# most PAYMENT_CONFIRMATION_TIMEOUT, then asks the provider), records captures, compensates declines.
 PROVIDER_URL="http://$PROVIDER_ADDR" METRICS_ADDR=127.0.0.1:9104 "$BIN/producer" worker >"$LOG_DIR/payment-worker.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 1 100); do curl -fsS "http://$API_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done

@@ -840,6 +840,26 @@ def processes():
                        targets(("count(count by (instance) (process_manual_review_backlog)) or vector(0)", "workers")),
                        legend_calcs=("lastNotNull", "min")),
         ]),
+        row("Reconciliation with the payment provider"),
+        (7, [
+            timeseries("Reconciliation mismatches",
+                       "Open reconciliation cases by kind (reconciliation_unresolved: charged_not_recorded, "
+                       "recorded_not_charged, amount_mismatch, pending_too_long), cases found and resolved per "
+                       "interval (reconciliation_mismatches_found_total, ..._resolved_total), and payments pending "
+                       "past the threshold (reconciliation_pending_too_long). Each case waits for a person: the job "
+                       "never moves money. Alert: ReconciliationMismatchesUnresolved.",
+                       targets(("max by (kind) (reconciliation_unresolved)", "open {{kind}}"),
+                               (f"sum by (kind) (increase(reconciliation_mismatches_found_total[{RI}]))", "found {{kind}}"),
+                               (f"sum by (kind) (increase(reconciliation_mismatches_resolved_total[{RI}]))", "resolved {{kind}}"),
+                               ("max(reconciliation_pending_too_long)", "pending too long"))),
+            timeseries("Oldest open case and last run",
+                       "Age of the oldest open reconciliation case (alert at a day: "
+                       "ReconciliationMismatchesUnresolved) and time since the last successful run (alert at an "
+                       "hour: ReconciliationNotRunning).",
+                       targets(("max(reconciliation_unresolved_oldest_age_seconds)", "oldest open case"),
+                               ("time() - max(reconciliation_last_success_timestamp_seconds)", "since the last run")),
+                       unit="s"),
+        ]),
         row("Payment provider (simulator)"),
         (7, [
             timeseries("Charges by outcome",

@@ -165,6 +165,58 @@ pub trait ExternalStep: Send + Sync {
     }
 }
 
+/// A step that waits for an external event (a webhook, a message), correlated by a key it names.
+///
+/// When the process reaches the step, the worker computes [`key`](Self::key) and looks for an
+/// event stored under it by [`crate::signal`] (an event that came early is kept there). If there
+/// is none, the process parks (no lease, no connection: a `waiting` row due at the deadline)
+/// until a signal for the key wakes it or the deadline passes. At the deadline a
+/// [`Remote::Queryable`] remote is asked ([`query`](Self::query)), with the step's retry policy
+/// between queries; [`Remote::Neither`] goes to manual review.
+pub trait WaitStep: Send + Sync {
+    /// The correlation key of the awaited event, from the input and earlier steps' outputs
+    /// (e.g. `charge:<id>` from the charge step's output). An error fails the step.
+    fn key(&self, ctx: &StepContext) -> Result<String, StepError>;
+
+    /// An outcome already known without the event (e.g. a remote that answered at once): taken
+    /// as [`received`](Self::received)'s would be, without waiting. The default knows none.
+    fn already(&self, ctx: &StepContext) -> Option<Result<Done, StepError>> {
+        let _ = ctx;
+        None
+    }
+
+    /// What the event means: success with its evidence, or an error classified as for calls
+    /// (e.g. a declined charge is permanent). The default takes any event as success.
+    fn received(&self, ctx: &StepContext, key: &str, payload: &Value) -> Result<Done, StepError> {
+        let _ = ctx;
+        Ok(Done::new(key).with_output(payload.clone()))
+    }
+
+    /// At the deadline, for [`Remote::Queryable`]: asks the remote for the outcome.
+    /// `Found` succeeds the step; an error is retried by the step's policy (a transient or
+    /// unknown one, e.g. "still pending") or fails it (permanent); `NotFound` and `Inconclusive`
+    /// go to manual review (absence is never taken as an outcome).
+    fn query<'a>(&'a self, ctx: &'a StepContext, key: &'a str) -> StepFuture<'a, Lookup> {
+        let _ = (ctx, key);
+        Box::pin(async { Ok(Lookup::Inconclusive("this wait has no status query".into())) })
+    }
+}
+
+/// A durable timer: the process continues at the time [`at`](Self::at) names (stored with the
+/// step when the process reaches it, so it survives worker restarts).
+pub trait TimerStep: Send + Sync {
+    fn at(&self, ctx: &StepContext) -> Result<chrono::DateTime<chrono::Utc>, StepError>;
+}
+
+impl<F> TimerStep for F
+where
+    F: Fn(&StepContext) -> Result<chrono::DateTime<chrono::Utc>, StepError> + Send + Sync,
+{
+    fn at(&self, ctx: &StepContext) -> Result<chrono::DateTime<chrono::Utc>, StepError> {
+        self(ctx)
+    }
+}
+
 /// How a step (or a compensation) is carried out.
 #[derive(Clone)]
 pub enum Action {
@@ -173,6 +225,15 @@ pub enum Action {
         remote: Remote,
         call: Arc<dyn ExternalStep>,
     },
+    /// Waits for an event by key until `deadline` (from when the wait begins), then asks the
+    /// remote if it is [`Remote::Queryable`] or goes to manual review.
+    Wait {
+        remote: Remote,
+        deadline: Duration,
+        wait: Arc<dyn WaitStep>,
+    },
+    /// Continues at a time.
+    Timer(Arc<dyn TimerStep>),
 }
 
 impl Action {
@@ -185,16 +246,34 @@ impl Action {
             call: Arc::new(step),
         }
     }
+    /// Waits for an event (see [`WaitStep`]); a remote that honours keys cannot be asked, so it
+    /// is treated as [`Remote::Neither`].
+    pub fn wait(remote: Remote, deadline: Duration, step: impl WaitStep + 'static) -> Self {
+        let remote = match remote {
+            Remote::HonoursKey => Remote::Neither,
+            r => r,
+        };
+        Action::Wait {
+            remote,
+            deadline,
+            wait: Arc::new(step),
+        }
+    }
+    pub fn timer(step: impl TimerStep + 'static) -> Self {
+        Action::Timer(Arc::new(step))
+    }
     pub fn execution(&self) -> &'static str {
         match self {
             Action::Local(_) => "local",
             Action::External { .. } => "external",
+            Action::Wait { .. } => "wait",
+            Action::Timer(_) => "timer",
         }
     }
     pub fn remote(&self) -> Option<Remote> {
         match self {
-            Action::Local(_) => None,
-            Action::External { remote, .. } => Some(*remote),
+            Action::Local(_) | Action::Timer(_) => None,
+            Action::External { remote, .. } | Action::Wait { remote, .. } => Some(*remote),
         }
     }
 }
@@ -204,6 +283,10 @@ impl std::fmt::Debug for Action {
         match self {
             Action::Local(_) => f.write_str("Local"),
             Action::External { remote, .. } => write!(f, "External({})", remote.as_str()),
+            Action::Wait {
+                remote, deadline, ..
+            } => write!(f, "Wait({}, {deadline:?})", remote.as_str()),
+            Action::Timer(_) => f.write_str("Timer"),
         }
     }
 }
@@ -241,6 +324,20 @@ impl Step {
         step: impl ExternalStep + 'static,
     ) -> Self {
         Self::new(name, Action::external(remote, step))
+    }
+    /// Waits for an event correlated by `step`'s key, at most `deadline` from when the process
+    /// reaches it; then queries a [`Remote::Queryable`] remote or goes to manual review.
+    pub fn wait(
+        name: impl Into<String>,
+        remote: Remote,
+        deadline: Duration,
+        step: impl WaitStep + 'static,
+    ) -> Self {
+        Self::new(name, Action::wait(remote, deadline, step))
+    }
+    /// Continues at the time `step` names ("continue at T"), durably.
+    pub fn timer(name: impl Into<String>, step: impl TimerStep + 'static) -> Self {
+        Self::new(name, Action::timer(step))
     }
     pub fn new(name: impl Into<String>, action: Action) -> Self {
         Self {

@@ -54,6 +54,26 @@ pub fn describe() {
         "Due processes of a definition version this worker does not have, by kind and version"
     );
     describe_counter!("process_claims_total", "Processes claimed by this worker");
+    describe_counter!(
+        "process_waits_begun_total",
+        "Wait or timer steps that parked their process, by kind, step and what they wait for (event, timer)"
+    );
+    describe_counter!(
+        "process_waits_ended_total",
+        "Wait steps that ended, by kind, step and how (event, query, manual_review)"
+    );
+}
+
+/// A wait or timer step parked its process (`what`: event or timer).
+pub fn wait_began(kind: &str, step: &str, what: &'static str) {
+    counter!("process_waits_begun_total", "kind" => kind.to_string(), "step" => step.to_string(), "what" => what)
+        .increment(1);
+}
+
+/// A wait step ended (`how`: event, query, manual_review).
+pub fn wait_ended(kind: &str, step: &str, how: &'static str) {
+    counter!("process_waits_ended_total", "kind" => kind.to_string(), "step" => step.to_string(), "how" => how)
+        .increment(1);
 }
 
 /// A process was claimed; `takeover` if it took over another worker's expired lease.

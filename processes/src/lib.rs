@@ -12,6 +12,8 @@
 //!   lease whose fencing token grows on every claim; `runner` runs one claimed process step by
 //!   step, consecutive local steps in one transaction with one checkpoint statement; every write
 //!   goes through [`store`], fenced by the token.
+//! - [`signal`](mod@signal): wakes processes waiting for an event (a [`WaitStep`]), in the
+//!   caller's transaction; an event that comes before its wait is kept for it.
 //! - [`admin`]: what operators see and may do (list, get with history, the actions allowed now).
 //! - [`redact`]: inputs and messages as stored for display.
 //! - [`internal_events`]: the metrics.
@@ -27,15 +29,17 @@ pub mod internal_events;
 pub mod redact;
 pub mod retry;
 mod runner;
+pub mod signal;
 pub mod start;
 pub mod store;
 pub mod worker;
 
 pub use definition::{
     Action, Definition, Done, ExternalStep, LocalStep, Lookup, Registry, Remote, Role, Step,
-    StepContext, StepFuture,
+    StepContext, StepFuture, TimerStep, WaitStep,
 };
 pub use error::{Error, ErrorClass, StepError};
 pub use retry::RetryPolicy;
+pub use signal::{Signalled, signal};
 pub use start::{Started, revise, start, start_in};
 pub use worker::{DatabaseHook, Worker, WorkerConfig, WorkerError};

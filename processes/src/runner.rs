@@ -9,7 +9,9 @@
 //! same key again, a status query first, or manual review. Nothing is ever marked done
 //! without the evidence the remote or the local transaction gave.
 
-use crate::definition::{Action, Definition, Done, LocalStep, Lookup, Remote, Role, StepContext};
+use crate::definition::{
+    Action, Definition, Done, LocalStep, Lookup, Remote, Role, StepContext, TimerStep, WaitStep,
+};
 use crate::error::{ErrorClass, StepError};
 use crate::internal_events as events;
 use crate::redact;
@@ -328,6 +330,14 @@ impl Run<'_> {
                         s.name
                     ));
                 }
+                // A wait or timer decides itself whether it is due: a signal may have woken it
+                // before its backoff or deadline.
+                if matches!(
+                    self.action(i),
+                    Some((Action::Wait { .. } | Action::Timer(_), _, _))
+                ) {
+                    return Next::Run(i);
+                }
                 match s.next_attempt_at {
                     Some(at) if s.status == "retryable" && at > now => Next::Wait(at),
                     _ => Next::Run(i),
@@ -451,6 +461,15 @@ impl Run<'_> {
         let started = Instant::now();
         match action {
             Action::Local(step) => self.run_local(i, (step, retry, timeout)).await,
+            Action::Wait {
+                remote,
+                deadline,
+                wait,
+            } => {
+                self.run_wait(i, remote, deadline, wait, retry, timeout)
+                    .await
+            }
+            Action::Timer(timer) => self.run_timer(i, timer, retry).await,
             Action::External { remote, call } => {
                 let s = &self.steps[i];
                 let doubt = in_doubt(s);
@@ -633,6 +652,242 @@ impl Run<'_> {
                 }
             }
         }
+    }
+
+    /// Wait step `i`: takes the event stored for its key if there is one; otherwise parks the
+    /// process until the deadline (or the next query's backoff) unless a signal wakes it first;
+    /// past them, queries a queryable remote (or goes to manual review).
+    async fn run_wait(
+        &mut self,
+        i: usize,
+        remote: Remote,
+        deadline: Duration,
+        wait: Arc<dyn WaitStep>,
+        retry: RetryPolicy,
+        timeout: Duration,
+    ) -> Result<Option<TurnEnd>, WriteError> {
+        let started = Instant::now();
+        let ctx = self.context(i);
+        if let Some(outcome) = wait.already(&ctx) {
+            return match outcome {
+                Ok(done) => {
+                    self.external_succeeded(
+                        i,
+                        done,
+                        "the outcome was known without waiting",
+                        started,
+                    )
+                    .await
+                }
+                Err(e) => self.record_error(i, e, false, retry, started).await,
+            };
+        }
+        let key = match self.steps[i].wait_key.clone() {
+            Some(k) => k,
+            None => match wait.key(&ctx) {
+                Ok(k) if !k.is_empty() && k.len() <= 500 => k,
+                Ok(k) => {
+                    let e = StepError::permanent(format!(
+                        "the wait key is empty or longer than 500 bytes ({} bytes)",
+                        k.len()
+                    ));
+                    return self.fail(i, e, false).await;
+                }
+                Err(e) => return self.record_error(i, e, false, retry, started).await,
+            },
+        };
+        let mut conn = self.take().await?;
+        let event = store::event(&mut conn, &self.sh.schema, &key).await?;
+        self.put(conn);
+        if let Some(payload) = event {
+            events::wait_ended(&self.c.kind, &self.steps[i].name, "event");
+            return match wait.received(&ctx, &key, &payload) {
+                Ok(done) => {
+                    let reason = format!("event {key} received");
+                    self.external_succeeded(i, done, &reason, started).await
+                }
+                Err(e) => self.record_error(i, e, false, retry, started).await,
+            };
+        }
+        let now = Utc::now();
+        let s = &self.steps[i];
+        let name = s.name.clone();
+        if s.wait_key.is_none() {
+            let until =
+                now + chrono::Duration::from_std(deadline).unwrap_or(chrono::TimeDelta::MAX);
+            return self.park(i, Some(&key), until, true).await;
+        }
+        let due = if s.status == "retryable" {
+            s.next_attempt_at
+        } else {
+            s.wait_until
+        };
+        if let Some(due) = due
+            && due > now
+        {
+            return self.park(i, Some(&key), due, false).await;
+        }
+        if remote != Remote::Queryable {
+            events::wait_ended(&self.c.kind, &name, "manual_review");
+            let reason = format!(
+                "no event for {key} by the deadline of {name}, and the remote cannot be queried"
+            );
+            self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason)
+                .await?;
+            return Ok(Some(TurnEnd::Parked));
+        }
+        let over_deadline = retry
+            .deadline
+            .zip(s.first_attempt_at)
+            .is_some_and(|(d, first)| {
+                first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX) <= now
+            });
+        if s.attempts >= s.max_attempts || over_deadline {
+            events::wait_ended(&self.c.kind, &name, "manual_review");
+            let reason = format!(
+                "no event for {key} and no outcome from the remote after {} attempts of {name}",
+                s.attempts
+            );
+            self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason)
+                .await?;
+            return Ok(Some(TurnEnd::Parked));
+        }
+        events::unknown_outcome(&self.c.kind, &name, "query");
+        self.conn = None; // back to the pool for the query's duration
+        let q = tokio::time::timeout(timeout, wait.query(&ctx, &key)).await;
+        let review = |m: String| format!("no event for {key} by the deadline of {name}; {m}");
+        match q {
+            Ok(Ok(Lookup::Found(done))) => {
+                events::wait_ended(&self.c.kind, &name, "query");
+                let reason = review("the remote's status query found the outcome".into());
+                self.external_succeeded(i, done, &reason, started).await
+            }
+            Ok(Ok(Lookup::NotFound)) => {
+                events::wait_ended(&self.c.kind, &name, "manual_review");
+                let reason = review("the remote has no record of it".into());
+                self.review(i, Some(ErrorClass::Unknown), Some(&reason), true, &reason)
+                    .await?;
+                Ok(Some(TurnEnd::Parked))
+            }
+            Ok(Ok(Lookup::Inconclusive(m))) => {
+                events::wait_ended(&self.c.kind, &name, "manual_review");
+                let reason = review(format!("the status query was inconclusive: {m}"));
+                self.review(i, Some(ErrorClass::Unknown), Some(&m), true, &reason)
+                    .await?;
+                Ok(Some(TurnEnd::Parked))
+            }
+            Ok(Err(e)) if e.class == ErrorClass::Permanent => {
+                events::wait_ended(&self.c.kind, &name, "query");
+                self.fail(i, e, true).await
+            }
+            Ok(Err(e)) => {
+                let e = StepError::unknown(format!("status query: {}", e.message));
+                self.record_error(i, e, true, retry, started).await
+            }
+            Err(_) => {
+                let e = StepError::unknown(format!("status query: no answer within {timeout:?}"));
+                self.record_error(i, e, true, retry, started).await
+            }
+        }
+    }
+
+    /// Timer step `i`: continues once its time (stored when the process first reached it) came.
+    async fn run_timer(
+        &mut self,
+        i: usize,
+        timer: Arc<dyn TimerStep>,
+        retry: RetryPolicy,
+    ) -> Result<Option<TurnEnd>, WriteError> {
+        let started = Instant::now();
+        let stored = self.steps[i].wait_until;
+        let at = match stored {
+            Some(at) => at,
+            None => match timer.at(&self.context(i)) {
+                Ok(at) => at,
+                Err(e) => return self.record_error(i, e, false, retry, started).await,
+            },
+        };
+        if at <= Utc::now() {
+            let done = Done::new(format!("timer:{}", at.to_rfc3339()));
+            return self
+                .external_succeeded(i, done, "the timer's time came", started)
+                .await;
+        }
+        self.park(i, None, at, stored.is_none()).await
+    }
+
+    /// Parks the process at wait or timer step `i` until `until` (or the process deadline, if
+    /// sooner), releasing the lease; `first`: the step begins waiting now (its key and `until`
+    /// are stored). For a wait, under the key's advisory lock ([`crate::signal`]): if an event
+    /// came meanwhile, nothing is written and `None` says "run the step again".
+    async fn park(
+        &mut self,
+        i: usize,
+        key: Option<&str>,
+        until: chrono::DateTime<Utc>,
+        first: bool,
+    ) -> Result<Option<TurnEnd>, WriteError> {
+        let next = match self.c.deadline_at {
+            Some(d) if d < until => d,
+            _ => until,
+        };
+        let mut conn = self.take().await?;
+        let mut tx = conn.begin().await?;
+        if let Some(key) = key {
+            sqlx::query(crate::signal::KEY_LOCK)
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+            if store::event(&mut tx, &self.sh.schema, key).await?.is_some() {
+                tx.rollback().await?;
+                self.put(conn);
+                return Ok(None);
+            }
+        }
+        store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
+        let name = self.steps[i].name.clone();
+        let reason = match key {
+            Some(key) => format!("{name} waits for event {key} until {}", until.to_rfc3339()),
+            None => format!("{name} continues at {}", until.to_rfc3339()),
+        };
+        if first {
+            store::begin_wait(
+                &mut tx,
+                &self.sh.schema,
+                self.c.id,
+                self.c.token,
+                self.steps[i].seq,
+                key,
+                until,
+                &reason,
+            )
+            .await?;
+        }
+        store::change_process(
+            &mut tx,
+            &self.sh.schema,
+            self.c.id,
+            self.c.token,
+            ProcessChange::WaitUntil(next),
+            &reason,
+        )
+        .await?;
+        tx.commit().await?;
+        self.put(conn);
+        if first {
+            let s = &mut self.steps[i];
+            s.status = "running".into();
+            s.attempts += 1;
+            s.wait_key = key.map(str::to_string);
+            s.wait_until = Some(until);
+            s.first_attempt_at.get_or_insert_with(Utc::now);
+            events::wait_began(
+                &self.c.kind,
+                &name,
+                if key.is_some() { "event" } else { "timer" },
+            );
+        }
+        Ok(Some(TurnEnd::Parked))
     }
 
     /// Step `i` (local) and the local steps right after it in this phase that are due now, at

@@ -69,6 +69,10 @@ pub struct StepRow {
     pub remote_ref: Option<String>,
     pub result_ref: Option<String>,
     pub output: Option<Value>,
+    /// Wait steps: the awaited event's key, once the wait began.
+    pub wait_key: Option<String>,
+    /// Wait steps: the deadline; timers: when to continue.
+    pub wait_until: Option<DateTime<Utc>>,
 }
 
 impl StepRow {
@@ -106,7 +110,8 @@ RETURNING p.id, p.kind, p.definition_version, p.business_key, p.status, p.input,
           p.deadline_at, p.created_at, c.previous_owner,
           (SELECT json_agg(s ORDER BY s.seq) FROM (
               SELECT seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts,
-                     next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output
+                     next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output,
+                     wait_key, wait_until
               FROM {{schema}}.process_steps WHERE process_id = p.id) s) AS steps";
 
 /// Claims up to `limit` due processes of the known (kind, version) pairs, each with its steps.
@@ -183,6 +188,8 @@ struct StepJson {
     remote_ref: Option<String>,
     result_ref: Option<String>,
     output: Option<Value>,
+    wait_key: Option<String>,
+    wait_until: Option<DateTime<Utc>>,
 }
 
 impl From<StepJson> for StepRow {
@@ -203,6 +210,8 @@ impl From<StepJson> for StepRow {
             remote_ref: s.remote_ref,
             result_ref: s.result_ref,
             output: s.output,
+            wait_key: s.wait_key,
+            wait_until: s.wait_until,
         }
     }
 }
@@ -237,7 +246,7 @@ pub async fn unknown_versions(
 }
 
 const STEP_COLUMNS: &str = "seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts, \
-     next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output";
+     next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output, wait_key, wait_until";
 
 /// Every step of a process, in order.
 pub async fn steps(
@@ -275,6 +284,8 @@ fn step_row(r: &PgRow) -> Result<StepRow, sqlx::Error> {
         output: r
             .try_get::<Option<sqlx::types::Json<Value>>, _>("output")?
             .map(|j| j.0),
+        wait_key: r.try_get("wait_key")?,
+        wait_until: r.try_get("wait_until")?,
     })
 }
 
@@ -725,4 +736,54 @@ pub async fn add_compensations(
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// A wait or timer step begins waiting (pending -> running, an attempt counted): its key (for a
+/// wait) and until when, fenced by the token.
+#[allow(clippy::too_many_arguments)]
+pub async fn begin_wait(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    token: i64,
+    seq: i32,
+    key: Option<&str>,
+    until: DateTime<Utc>,
+    reason: &str,
+) -> Result<(), WriteError> {
+    let r = sqlx::query(schema.sql(
+        "WITH fence AS (SELECT id FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE) \
+         UPDATE {{schema}}.process_steps SET status = 'running', attempts = attempts + 1, \
+             first_attempt_at = coalesce(first_attempt_at, now()), last_attempt_at = now(), \
+             wait_key = $4, wait_since = now(), wait_until = $5, last_reason = $6, \
+             last_actor = 'system', lease_token = $2, updated_at = now() \
+         WHERE process_id = $1 AND seq = $3 AND EXISTS (SELECT 1 FROM fence)",
+    ))
+    .bind(id)
+    .bind(token)
+    .bind(seq)
+    .bind(key)
+    .bind(until)
+    .bind(crate::redact::truncate(reason, 1000))
+    .execute(&mut *conn)
+    .await?;
+    if r.rows_affected() == 0 {
+        return Err(Fenced.into());
+    }
+    Ok(())
+}
+
+/// The event stored for `key` by [`crate::signal`], if any.
+pub async fn event(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    key: &str,
+) -> Result<Option<Value>, sqlx::Error> {
+    let r: Option<sqlx::types::Json<Value>> = sqlx::query_scalar(
+        schema.sql("SELECT payload FROM {{schema}}.process_events WHERE key = $1"),
+    )
+    .bind(key)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(r.map(|j| j.0))
 }

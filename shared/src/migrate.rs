@@ -66,6 +66,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "console approvals: resolve_failed, one pending per target, superseded",
         include_str!("../../migrations/0010_console_approvals.sql"),
     ),
+    (
+        11,
+        "process waits",
+        include_str!("../../migrations/0011_process_waits.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

@@ -62,9 +62,22 @@ pub async fn start_api(
     remote: processes::Remote,
     shutdown: CancellationToken,
 ) -> (String, String) {
+    start_api_with(db, remote, None, shutdown).await
+}
+
+/// [`start_api`], receiving the provider's webhooks at `POST /webhooks/provider` when
+/// `webhook_secret` is given.
+pub async fn start_api_with(
+    db: &TestDb,
+    remote: processes::Remote,
+    webhook_secret: Option<&str>,
+    shutdown: CancellationToken,
+) -> (String, String) {
     let settings = demo::Settings {
         purge_interval: None,
         payment_remote: remote,
+        provider_webhook_secret: webhook_secret
+            .map(|s| demo::provider_webhooks::WebhookSecret(s.to_string())),
         ..demo::Settings::default()
     };
     let server = demo::start(

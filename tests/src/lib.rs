@@ -24,6 +24,7 @@ pub mod raw_amqp;
 pub mod relays;
 pub mod tls_pg;
 pub mod tls_rabbit;
+pub mod wait_fixtures;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use sqlx::PgPool;

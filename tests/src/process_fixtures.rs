@@ -64,7 +64,7 @@ impl Failpoint {
             worker: worker.to_string(),
         }
     }
-    fn is(&self, point: &str, step: &str) -> bool {
+    pub(crate) fn is(&self, point: &str, step: &str) -> bool {
         self.point == point && self.step == step
     }
     /// Records that the point was reached, then never returns (the test kills the worker).
@@ -476,8 +476,10 @@ pub fn registry(pool: &PgPool, fp: &Failpoint) -> Registry {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    r.with(versioned(version, pool, fp))
-        .expect("valid definition")
+    let r = r
+        .with(versioned(version, pool, fp))
+        .expect("valid definition");
+    crate::wait_fixtures::register(r, pool, fp)
 }
 
 /// Kind `versioned`: version 1 is the order process; version 2 adds a final `audit` step.

@@ -2009,6 +2009,7 @@ impl Payments {
                 .max_attempts(max_attempts)
                 .initial(Duration::from_millis(100))
                 .max_delay(Duration::from_millis(800)),
+            confirmation_timeout: Duration::from_secs(60),
         };
         let registry = processes::Registry::new()
             .with(demo::payment_process::definition(&flow))

@@ -1,6 +1,8 @@
 //! The operator's side of the simulator: `GET /admin/charges` (every charge, for verification),
 //! `GET`/`POST /admin/faults` (the fault set, changed at run time), `GET`/`POST /admin/mode`
-//! (sync or async confirmation) and `GET /admin/events` (the webhook events and their delivery).
+//! (sync or async confirmation), `GET /admin/events` (the webhook events and their delivery), and
+//! for reconciliation drills `POST /admin/charges` (record a charge as given) and
+//! `POST /admin/charges/{id}` (overwrite its amount, currency or status).
 
 use crate::api::{Charge, DeliveryStatus, EventRecord, EventType, FaultsBody, ModeBody};
 use crate::charges::ChargeRow;
@@ -137,4 +139,101 @@ pub async fn events(
         .map(EventRow::into_record)
         .collect::<Result<_, _>>()
         .map(Json)
+}
+
+/// The body of `POST /admin/charges` (a charge recorded as is, for reconciliation drills) and of
+/// `POST /admin/charges/{id}` (fields to overwrite).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChargeEdit {
+    pub reference: Option<String>,
+    pub amount: Option<i64>,
+    pub currency: Option<String>,
+    pub status: Option<crate::api::ChargeStatus>,
+}
+
+const CHARGE_COLUMNS: &str =
+    "id, reference, amount, currency, status, idempotency_key, created_at, refunded_at";
+
+/// `POST /admin/charges`: records a charge as given (reference, amount, currency, status), as if
+/// the provider had made it without the caller knowing: a drill for reconciliation, which must
+/// find it. No webhook is sent.
+pub async fn create_charge(
+    State(state): State<AppState>,
+    Body(body): Body<ChargeEdit>,
+) -> Result<Json<Charge>, ApiError> {
+    let (Some(reference), Some(amount), Some(currency), Some(status)) =
+        (body.reference, body.amount, body.currency, body.status)
+    else {
+        return Err(ApiError::BadRequest(
+            "reference, amount, currency and status are required".into(),
+        ));
+    };
+    if status == crate::api::ChargeStatus::Pending {
+        return Err(ApiError::BadRequest(
+            "a drill charge is decided: succeeded, declined or refunded".into(),
+        ));
+    }
+    crate::charges::validate(&crate::api::ChargeRequest {
+        amount,
+        currency: currency.clone(),
+        reference: reference.clone(),
+    })?;
+    let row: ChargeRow = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO provider.charges (id, reference, amount, currency, status, refunded_at)
+         VALUES ($1, $2, $3, $4, $5, CASE WHEN $5 = 'refunded' THEN now() END)
+         RETURNING {CHARGE_COLUMNS}"
+    )))
+    .bind(Uuid::now_v7())
+    .bind(&reference)
+    .bind(amount)
+    .bind(&currency)
+    .bind(status.as_str())
+    .fetch_one(&state.pool)
+    .await?;
+    row.into_charge().map(Json)
+}
+
+/// `POST /admin/charges/{id}`: overwrites a charge's amount, currency or status (a drill: the
+/// provider's record disagrees with what the caller was told).
+pub async fn edit_charge(
+    State(state): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    Body(body): Body<ChargeEdit>,
+) -> Result<Json<Charge>, ApiError> {
+    let id = Uuid::parse_str(&id)
+        .map_err(|_| ApiError::BadRequest("the charge id must be a UUID".into()))?;
+    if body.reference.is_some() {
+        return Err(ApiError::BadRequest(
+            "the reference cannot be changed".into(),
+        ));
+    }
+    if body.amount.is_some_and(|a| a <= 0) {
+        return Err(ApiError::BadRequest("amount must be positive".into()));
+    }
+    if body
+        .currency
+        .as_ref()
+        .is_some_and(|c| c.len() != 3 || !c.bytes().all(|b| b.is_ascii_uppercase()))
+    {
+        return Err(ApiError::BadRequest(
+            "currency must be three capital letters".into(),
+        ));
+    }
+    let row: Option<ChargeRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE provider.charges SET amount = coalesce($2, amount), currency = coalesce($3, currency),
+             status = coalesce($4, status),
+             refunded_at = CASE WHEN coalesce($4, status) = 'refunded' THEN coalesce(refunded_at, now()) END
+         WHERE id = $1 RETURNING {CHARGE_COLUMNS}"
+    )))
+    .bind(id)
+    .bind(body.amount)
+    .bind(body.currency)
+    .bind(body.status.map(|s| s.as_str()))
+    .fetch_optional(&state.pool)
+    .await?;
+    match row {
+        Some(row) => row.into_charge().map(Json),
+        None => Err(ApiError::NotFound(format!("no charge {id}"))),
+    }
 }

@@ -17,7 +17,11 @@ pub fn app(state: AppState, readiness: Arc<Readiness>) -> Router {
         .route("/charges", post(charges::create).get(charges::by_reference))
         .route("/charges/{id}", get(charges::get))
         .route("/refunds", post(refunds::create))
-        .route("/admin/charges", get(admin::charges))
+        .route(
+            "/admin/charges",
+            get(admin::charges).post(admin::create_charge),
+        )
+        .route("/admin/charges/{id}", post(admin::edit_charge))
         .route("/admin/faults", get(admin::faults).post(admin::set_faults))
         .route("/admin/mode", get(admin::mode).post(admin::set_mode))
         .route("/admin/events", get(admin::events))

@@ -12,6 +12,8 @@
 //!   provider, record the capture; release and a sensitive refund as compensations) that
 //!   `POST /payments` starts in its transaction.
 //! - [`worker`]: `producer worker`, which runs payment processes against the provider.
+//! - [`reconciliation`]: the regular comparison of the provider's charges with the payments,
+//!   each mismatch a case for manual review (run by `producer worker`).
 //! - [`provider_webhooks`]: `POST /webhooks/provider`, the provider's signed events recorded once
 //!   per payment (the `idempotency` crate's webhook receiver).
 //! - [`ledger`]: the example consumer handler (`payment.captured` moves ledger balances).
@@ -43,6 +45,7 @@ pub mod orders;
 pub mod payment_process;
 pub mod payments;
 pub mod provider_webhooks;
+pub mod reconciliation;
 pub mod replay_marker;
 pub mod state;
 pub mod trace_context;

@@ -22,6 +22,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "payment events",
         include_str!("../migrations/0003_payment_events.sql"),
     ),
+    (
+        4,
+        "reconciliation",
+        include_str!("../migrations/0004_reconciliation.sql"),
+    ),
 ];
 
 /// The demo's migrator; `product` is the product schema its SQL refers to.

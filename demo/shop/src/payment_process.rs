@@ -10,8 +10,18 @@
 //!    an unanswered call an unknown outcome (retried with the same key, or looked up by reference
 //!    for [`Remote::Queryable`], or manual review for [`Remote::Neither`]).
 //!    Compensation `refund` (**sensitive**: it waits in manual_review for an approver).
-//! 3. `record_capture` (local): payment `succeeded`, order `paid`, `payment.captured` (the
-//!    ledger's `account` and `amount`) in one transaction. An order that is no longer reserved for
+//! 3. `confirmation` (wait, version 2): in the provider's async mode the charge answers `202
+//!    pending`; the process then waits (no lease, no connection) for the provider's webhook about
+//!    the charge, which [`crate::provider_webhooks`] turns into [`processes::signal`] for the key
+//!    `charge:<charge id>` in the transaction of its inbox row. After
+//!    `PAYMENT_CONFIRMATION_TIMEOUT` without it, the provider is asked (`GET /charges/{id}`):
+//!    decided = taken as the event would be; still pending = asked again with the charge's retry
+//!    policy, then manual review; unknown to the provider = manual review. A charge that was
+//!    decided at once (sync mode) does not wait.
+//! 4. `record_capture` (local): payment `succeeded`, order `paid`, `payment.captured` (the
+//!    ledger's `account` and `amount`) in one transaction; or, for a charge the provider declined
+//!    after accepting it (async), payment `failed`, order released, `payment.failed` (nothing
+//!    was taken, so nothing to refund and no compensation). An order that is no longer reserved for
 //!    this payment (cancelled meanwhile) fails the step permanently: the charge needs its refund.
 //!    The charge id comes from the charge's output, or from the evidence of an operator who
 //!    resolved the charge as succeeded (the provider's charge id).
@@ -42,8 +52,8 @@ use uuid::Uuid;
 
 /// The process kind.
 pub const KIND: &str = "payment";
-/// The definition version.
-pub const VERSION: i32 = 1;
+/// The definition version new payments start with (2: the charge's confirmation is awaited).
+pub const VERSION: i32 = 2;
 
 /// The input of a payment process (everything the steps need; no card data).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,8 +78,12 @@ pub struct PaymentFlow {
     pub provider: Option<Client>,
     /// Limit of one provider call (the step's outcome is unknown past it).
     pub call_timeout: Duration,
-    /// Retries of the charge and the refund.
+    /// Retries of the charge and the refund (and of the status queries after the confirmation's
+    /// deadline).
     pub retry: RetryPolicy,
+    /// How long a pending charge waits for its webhook before the provider is asked
+    /// (`PAYMENT_CONFIRMATION_TIMEOUT`).
+    pub confirmation_timeout: Duration,
 }
 
 impl PaymentFlow {
@@ -81,6 +95,7 @@ impl PaymentFlow {
             provider: None,
             call_timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
+            confirmation_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -90,13 +105,26 @@ pub fn parse_remote(s: &str) -> Result<Remote, String> {
     Remote::parse(s).ok_or_else(|| format!("{s:?}: expected honours_key, queryable or none"))
 }
 
-/// The `payment` definition.
+/// The `payment` definition (version [`VERSION`]).
 pub fn definition(flow: &PaymentFlow) -> Definition {
+    definition_version(flow, VERSION)
+}
+
+/// The `payment` definitions a worker runs: the current one, and version 1 (no confirmation
+/// step) for the processes started before it.
+pub fn definitions(flow: &PaymentFlow) -> [Definition; 2] {
+    [
+        definition_version(flow, VERSION),
+        definition_version(flow, 1),
+    ]
+}
+
+fn definition_version(flow: &PaymentFlow, version: i32) -> Definition {
     let flow = Arc::new(flow.clone());
     // The step's own limit is a little above the client's, so the client classifies first.
     let step_timeout = flow.call_timeout + Duration::from_secs(1);
     let local_retry = RetryPolicy::default().max_attempts(10);
-    Definition::new(KIND, VERSION)
+    let d = Definition::new(KIND, version)
         .step(
             Step::local("reserve_order", Reserve)
                 .retry(local_retry)
@@ -107,8 +135,22 @@ pub fn definition(flow: &PaymentFlow) -> Definition {
                 .retry(flow.retry)
                 .timeout(step_timeout)
                 .compensate_sensitive(Action::external(Remote::HonoursKey, Refund(flow.clone()))),
+        );
+    let d = if version >= 2 {
+        d.step(
+            Step::wait(
+                "confirmation",
+                Remote::Queryable,
+                flow.confirmation_timeout,
+                Confirmation(flow.clone()),
+            )
+            .retry(flow.retry)
+            .timeout(step_timeout),
         )
-        .step(Step::local("record_capture", Record(flow.clone())).retry(local_retry))
+    } else {
+        d
+    };
+    d.step(Step::local("record_capture", Record(flow.clone())).retry(local_retry))
 }
 
 /// Starts the payment process for `input` in the caller's transaction (business key = the
@@ -328,7 +370,9 @@ impl ExternalStep for Charge {
                     )
                     .await
                 {
-                    Ok(charge) => Ok(charge_done(&charge.id.to_string())),
+                    // Pending (async mode) is an accepted charge, not a capture: the
+                    // confirmation step waits for its outcome.
+                    Ok(charge) => Ok(charge_done(&charge.id.to_string(), charge.status)),
                     Err(e @ ChargeError::Declined { .. }) => {
                         Err(StepError::permanent(e.to_string()))
                     }
@@ -356,8 +400,10 @@ impl ExternalStep for Charge {
                 .find_by_reference(&input.payment_id.to_string())
                 .await
             {
+                // Found: the charge exists (calling again could take money twice). A pending one
+                // is not a capture: its status goes along, and the confirmation step waits.
                 Ok(Some(c)) if c.status != ChargeStatus::Declined => {
-                    Ok(Lookup::Found(charge_done(&c.id.to_string())))
+                    Ok(Lookup::Found(charge_done(&c.id.to_string(), c.status)))
                 }
                 // A declined charge took nothing: calling again cannot take money twice.
                 Ok(_) => Ok(Lookup::NotFound),
@@ -371,8 +417,103 @@ impl ExternalStep for Charge {
     }
 }
 
-fn charge_done(charge_id: &str) -> Done {
-    Done::new(charge_id).with_output(serde_json::json!({"charge_id": charge_id}))
+fn charge_done(charge_id: &str, status: ChargeStatus) -> Done {
+    Done::new(charge_id)
+        .with_output(serde_json::json!({"charge_id": charge_id, "status": status.as_str()}))
+}
+
+/// The correlation key of a charge's outcome (what [`crate::provider_webhooks`] signals).
+pub fn confirmation_key(charge_id: &str) -> String {
+    format!("charge:{charge_id}")
+}
+
+/// Step 3 (version 2): waits for the charge's outcome unless the charge answered it at once.
+struct Confirmation(Arc<PaymentFlow>);
+
+/// A decided charge's outcome as the confirmation step's evidence: taken (`succeeded`, or
+/// `refunded`: it was taken) or declined (nothing taken; `record_capture` fails the payment).
+fn decided(charge_id: &str, status: ChargeStatus) -> Option<Done> {
+    let declined = match status {
+        ChargeStatus::Succeeded | ChargeStatus::Refunded => false,
+        ChargeStatus::Declined => true,
+        ChargeStatus::Pending => return None,
+    };
+    Some(Done::new(charge_id).with_output(serde_json::json!({
+        "charge_id": charge_id,
+        "status": status.as_str(),
+        "declined": declined,
+    })))
+}
+
+/// The charge's id and status: from its output, or, for a charge an operator resolved as
+/// succeeded, from the evidence they gave (the provider's charge id; their decision is the status).
+fn charge_output(ctx: &StepContext) -> Result<(String, Option<ChargeStatus>), StepError> {
+    if let Some(out) = ctx.outputs.get("charge")
+        && let Some(id) = out["charge_id"].as_str()
+    {
+        return Ok((
+            id.to_string(),
+            out["status"].as_str().and_then(ChargeStatus::parse),
+        ));
+    }
+    ctx.references
+        .get("charge")
+        .map(|id| (id.clone(), Some(ChargeStatus::Succeeded)))
+        .ok_or_else(|| StepError::permanent("the charge left no charge id"))
+}
+
+impl processes::WaitStep for Confirmation {
+    fn key(&self, ctx: &StepContext) -> Result<String, StepError> {
+        Ok(confirmation_key(&charge_output(ctx)?.0))
+    }
+
+    fn already(&self, ctx: &StepContext) -> Option<Result<Done, StepError>> {
+        match charge_output(ctx) {
+            Ok((id, Some(status))) => decided(&id, status).map(Ok),
+            // A version-1 style output without a status cannot say: wait, then ask.
+            Ok((_, None)) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    fn received(
+        &self,
+        _ctx: &StepContext,
+        key: &str,
+        payload: &serde_json::Value,
+    ) -> Result<Done, StepError> {
+        let id = key.trim_start_matches("charge:");
+        payload["status"]
+            .as_str()
+            .and_then(ChargeStatus::parse)
+            .and_then(|s| decided(id, s))
+            .ok_or_else(|| {
+                StepError::unknown(format!("the event for {key} decides nothing: {payload}"))
+            })
+    }
+
+    fn query<'a>(&'a self, _ctx: &'a StepContext, key: &'a str) -> StepFuture<'a, Lookup> {
+        Box::pin(async move {
+            let provider = self.0.provider.as_ref().ok_or_else(|| {
+                StepError::transient("no payment provider configured in this process")
+            })?;
+            let id = key
+                .trim_start_matches("charge:")
+                .parse::<Uuid>()
+                .map_err(|_| StepError::permanent(format!("{key} names no charge id")))?;
+            match provider.get_charge(id).await {
+                Ok(Some(c)) => match decided(&c.id.to_string(), c.status) {
+                    Some(done) => Ok(Lookup::Found(done)),
+                    None => Err(StepError::unknown(
+                        "the charge is still pending at the provider",
+                    )),
+                },
+                Ok(None) => Ok(Lookup::NotFound),
+                Err(e @ QueryError::Unavailable { .. }) => Err(StepError::transient(e.to_string())),
+                Err(e) => Ok(Lookup::Inconclusive(e.to_string())),
+            }
+        })
+    }
 }
 
 /// Compensation of step 2 (sensitive): refund the charge.
@@ -415,7 +556,57 @@ impl ExternalStep for Refund {
     }
 }
 
-/// Step 3: payment succeeded, order paid, `payment.captured`, in one transaction.
+/// The provider declined the charge after accepting it (async mode): nothing was taken, so the
+/// payment fails, the order is released and `payment.failed` goes out, in the step's transaction.
+async fn declined(
+    tx: &mut PgConnection,
+    flow: &PaymentFlow,
+    input: &PaymentInput,
+) -> Result<Done, StepError> {
+    sqlx::query(
+        "UPDATE demo.orders SET status = 'placed', reserved_by = NULL \
+         WHERE id = $1 AND status = 'reserved' AND reserved_by = $2",
+    )
+    .bind(input.order_id)
+    .bind(input.payment_id)
+    .execute(&mut *tx)
+    .await?;
+    let reason = "the charge was declined by the provider";
+    let failed = sqlx::query(
+        "UPDATE demo.payments SET status = 'failed', failure_reason = $2, updated_at = now() \
+         WHERE id = $1 AND status = 'pending'",
+    )
+    .bind(input.payment_id)
+    .bind(reason)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if failed == 1 {
+        enqueue(
+            tx,
+            flow,
+            input,
+            "payment.failed",
+            serde_json::json!({
+                "payment_id": input.payment_id,
+                "order_id": input.order_id,
+                "tenant": input.tenant,
+                "amount": input.amount,
+                "currency": input.currency,
+                "reason": reason,
+            }),
+        )
+        .await?;
+        internal_events::payment_settled("failed");
+    }
+    Ok(Done::new(format!(
+        "payment {} failed: declined",
+        input.payment_id
+    )))
+}
+
+/// The last step: payment succeeded, order paid, `payment.captured`, in one transaction (or the
+/// payment failed, after a declined confirmation).
 struct Record(Arc<PaymentFlow>);
 
 impl LocalStep for Record {
@@ -424,6 +615,13 @@ impl LocalStep for Record {
             let input = input(ctx)?;
             let span = step_span(ctx, &input);
             async move {
+                if ctx
+                    .outputs
+                    .get("confirmation")
+                    .is_some_and(|o| o["declined"] == serde_json::json!(true))
+                {
+                    return declined(tx, &self.0, &input).await;
+                }
                 // The charge's output, or, for a charge an operator resolved as succeeded, the
                 // evidence they gave (the provider's charge id).
                 let charge_id = ctx

@@ -2,7 +2,9 @@
 //! `idempotency` crate's [`WebhookReceiver`]: verified, recorded once in the product's
 //! `webhook_inbox`, and applied by [`ProviderEvents`], which records each event for its payment in
 //! `demo.payment_events` in the same transaction. Mounted only when `PROVIDER_WEBHOOK_SECRET` is
-//! set. The payment process does not wait for these events (yet): they are recorded, not acted on.
+//! set. A decided charge (succeeded, declined) also wakes the payment process waiting for it
+//! ([`processes::signal`] for `charge:<charge id>`), in the same transaction as the inbox row: the
+//! process's confirmation step takes it (an event that comes before the process waits is kept).
 
 use idempotency::webhooks::{
     HandlerError, ObjectVersion, WebhookEvent, WebhookHandler, WebhookReceiver,
@@ -25,9 +27,12 @@ impl std::fmt::Debug for WebhookSecret {
     }
 }
 
-/// Records the provider's charge events for the demo's payments.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ProviderEvents;
+/// Records the provider's charge events for the demo's payments and wakes their processes.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderEvents {
+    /// The product schema (processes).
+    pub schema: Schema,
+}
 
 /// A charge's place in its lifecycle: decided (succeeded or declined) before refunded. An older
 /// event arriving after a newer one (the provider's `webhook_reorder`) is superseded.
@@ -83,6 +88,26 @@ impl WebhookHandler for ProviderEvents {
         .bind(event.created)
         .execute(&mut *tx)
         .await?;
+        if matches!(
+            charge.status,
+            ChargeStatus::Succeeded | ChargeStatus::Declined
+        ) {
+            let key = crate::payment_process::confirmation_key(&charge.id.to_string());
+            let payload = serde_json::json!({
+                "status": charge.status.as_str(),
+                "charge_id": charge.id,
+                "amount": charge.amount,
+                "currency": charge.currency,
+            });
+            processes::signal(
+                tx,
+                &self.schema,
+                &key,
+                &payload,
+                &format!("webhook:{}", event.id),
+            )
+            .await?;
+        }
         Ok(())
     }
 }
@@ -93,5 +118,8 @@ pub fn receiver(
     schema: Schema,
     secret: &WebhookSecret,
 ) -> WebhookReceiver<ProviderEvents> {
-    WebhookReceiver::new(pool, SOURCE, secret.0.as_bytes(), ProviderEvents).schema(schema)
+    let events = ProviderEvents {
+        schema: schema.clone(),
+    };
+    WebhookReceiver::new(pool, SOURCE, secret.0.as_bytes(), events).schema(schema)
 }

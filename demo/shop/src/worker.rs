@@ -35,6 +35,23 @@ pub struct WorkerSettings {
     #[arg(long, env = "CHARGE_DEADLINE_SECS", default_value_t = 3_600,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub charge_deadline_secs: u64,
+    /// How long a charge the provider accepted as pending (async mode) waits for its webhook
+    /// before the provider is asked (e.g. `30s`, `10m`).
+    #[arg(long, env = "PAYMENT_CONFIRMATION_TIMEOUT", default_value = "60s",
+          value_parser = humantime::parse_duration)]
+    pub payment_confirmation_timeout: Duration,
+    /// Interval of the reconciliation with the provider (`0s` switches it off).
+    #[arg(long, env = "RECONCILE_INTERVAL", default_value = "5m",
+          value_parser = humantime::parse_duration)]
+    pub reconcile_interval: Duration,
+    /// A payment still pending after this is a reconciliation case.
+    #[arg(long, env = "RECONCILE_PENDING_THRESHOLD", default_value = "1h",
+          value_parser = humantime::parse_duration)]
+    pub reconcile_pending_threshold: Duration,
+    /// Payments younger than this are left to their process by the reconciliation.
+    #[arg(long, env = "RECONCILE_SETTLE", default_value = "1m",
+          value_parser = humantime::parse_duration)]
+    pub reconcile_settle: Duration,
     /// Lease owner name; default `<hostname>-<pid>`.
     #[arg(long, env = "WORKER_ID")]
     pub worker_id: Option<String>,
@@ -95,6 +112,7 @@ impl WorkerSettings {
                 .initial(Duration::from_millis(self.charge_retry_initial_ms))
                 .max_delay(Duration::from_millis(self.charge_retry_max_delay_ms))
                 .deadline(Some(Duration::from_secs(self.charge_deadline_secs))),
+            confirmation_timeout: self.payment_confirmation_timeout,
         })
     }
 }
@@ -107,7 +125,10 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), WorkerRunError> {
     let flow = settings.flow(&config)?;
-    let registry = Registry::new().with(payment_process::definition(&flow))?;
+    let mut registry = Registry::new();
+    for d in payment_process::definitions(&flow) {
+        registry = registry.with(d)?;
+    }
     let concurrency = settings.worker_concurrency as usize;
     let pool =
         crate::connect_and_migrate(&config, concurrency as u32 + 4, "producer worker").await?;
@@ -133,7 +154,26 @@ pub async fn run(
     wc.on_database = Some(processes::DatabaseHook(std::sync::Arc::new(move |up| {
         readiness.set_postgres(up)
     })));
+    let reconciliation = (!settings.reconcile_interval.is_zero()).then(|| {
+        let cfg = crate::reconciliation::ReconcileConfig {
+            interval: settings.reconcile_interval,
+            pending_threshold: settings.reconcile_pending_threshold,
+            settle: settings.reconcile_settle,
+            ..Default::default()
+        };
+        let provider = flow.provider.clone();
+        let pool = pool.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            if let Some(provider) = provider {
+                crate::reconciliation::run(pool, provider, cfg, stop).await;
+            }
+        })
+    });
     let result = Worker::run(wc, registry, shutdown).await;
+    if let Some(r) = reconciliation {
+        let _ = r.await;
+    }
     ops.cancel();
     pool.close().await;
     Ok(result?)

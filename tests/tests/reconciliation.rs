@@ -1,0 +1,251 @@
+//! Regular reconciliation with the payment provider (issue 25, item 5): each mismatch kind,
+//! injected through the simulator's admin API (`POST /admin/charges`, `POST /admin/charges/{id}`),
+//! becomes one open case with its evidence; a second run opens none again; a mismatch that is gone
+//! closes its case; a run while another holds the lock compares nothing. No money moves: the
+//! provider's charges are the same before and after.
+
+use demo::reconciliation::{ReconcileConfig, run_once};
+use payment_provider::api::Charge;
+use payment_provider::client::Client;
+use serde_json::{Value, json};
+use std::time::Duration;
+use system_tests::{TestDb, demo_stack};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const ORDER: &str = r#"{"customer_id":"cust-1","currency":"EUR","items":[{"sku":"sku-1","quantity":2,"unit_price":250}]}"#;
+
+struct Stack {
+    db: TestDb,
+    _provider: tokio::process::Child,
+    provider_url: String,
+    admin: Client,
+    api: String,
+    key: String,
+    http: reqwest::Client,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+impl Stack {
+    async fn start() -> Self {
+        let db = TestDb::new().await;
+        let (provider, provider_url) = demo_stack::spawn_provider(&db, &[]).await;
+        let stop = CancellationToken::new();
+        let (api, key) =
+            demo_stack::start_api(&db, processes::Remote::HonoursKey, stop.clone()).await;
+        Self {
+            admin: Client::new(&provider_url, Duration::from_secs(30)).unwrap(),
+            http: reqwest::Client::new(),
+            db,
+            _provider: provider,
+            provider_url,
+            api,
+            key,
+            _stop: stop.drop_guard(),
+        }
+    }
+
+    async fn post(&self, url: String, body: &Value, key: Option<&str>) -> Value {
+        let mut r = self.http.post(url).json(body);
+        if let Some(k) = key {
+            r = r.bearer_auth(&self.key).header("Idempotency-Key", k);
+        }
+        let r = r.send().await.unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        r.json().await.unwrap()
+    }
+
+    /// A payment of 500 EUR whose local status becomes `status`, created `age` ago.
+    async fn payment(&self, n: usize, status: &str, age: Duration) -> Uuid {
+        let order: Value = serde_json::from_str(ORDER).unwrap();
+        let order = self
+            .post(
+                format!("{}/orders", self.api),
+                &order,
+                Some(&format!("o-{n}")),
+            )
+            .await;
+        let p = self
+            .post(
+                format!("{}/payments", self.api),
+                &json!({"order_id": order["id"], "amount": 500, "currency": "EUR"}),
+                Some(&format!("p-{n}")),
+            )
+            .await;
+        let id: Uuid = p["id"].as_str().unwrap().parse().unwrap();
+        sqlx::query(
+            "UPDATE demo.payments SET status = $2, created_at = now() - make_interval(secs => $3) WHERE id = $1",
+        )
+        .bind(id)
+        .bind(status)
+        .bind(age.as_secs_f64())
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+        id
+    }
+
+    /// A charge recorded at the provider through its admin API.
+    async fn charge(&self, payment: Uuid, amount: i64, currency: &str, status: &str) -> Charge {
+        let v = self
+            .post(
+                format!("{}/admin/charges", self.provider_url),
+                &json!({"reference": payment.to_string(), "amount": amount, "currency": currency, "status": status}),
+                None,
+            )
+            .await;
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// Open cases: (payment, kind).
+    async fn open(&self) -> Vec<(Uuid, String)> {
+        sqlx::query_as(
+            "SELECT payment_id, kind FROM demo.reconciliation_cases WHERE resolved_at IS NULL ORDER BY payment_id, kind",
+        )
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+}
+
+fn cfg() -> ReconcileConfig {
+    ReconcileConfig {
+        settle: Duration::ZERO,
+        pending_threshold: Duration::from_secs(3600),
+        ..ReconcileConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn each_mismatch_kind_becomes_one_case_with_evidence_and_closes_when_gone() {
+    let s = Stack::start().await;
+    let fresh = Duration::from_secs(120);
+    // charged_not_recorded: money taken, the payment failed locally.
+    let charged = s.payment(1, "failed", fresh).await;
+    s.charge(charged, 500, "EUR", "succeeded").await;
+    // recorded_not_charged: succeeded locally, nothing at the provider; and only a declined charge.
+    let absent = s.payment(2, "succeeded", fresh).await;
+    let declined = s.payment(3, "succeeded", fresh).await;
+    s.charge(declined, 500, "EUR", "declined").await;
+    // amount_mismatch: the amount, and the currency (edited after the fact).
+    let amount = s.payment(4, "succeeded", fresh).await;
+    s.charge(amount, 700, "EUR", "succeeded").await;
+    let currency = s.payment(5, "succeeded", fresh).await;
+    let c = s.charge(currency, 500, "EUR", "succeeded").await;
+    s.post(
+        format!("{}/admin/charges/{}", s.provider_url, c.id),
+        &json!({"currency": "USD"}),
+        None,
+    )
+    .await;
+    // pending_too_long: undecided for two hours.
+    let stale = s.payment(6, "pending", Duration::from_secs(7200)).await;
+    // In order: succeeded with its charge; pending and young.
+    let fine = s.payment(7, "succeeded", fresh).await;
+    s.charge(fine, 500, "EUR", "succeeded").await;
+    let young = s.payment(8, "pending", fresh).await;
+
+    let before = s.admin.admin_charges().await.unwrap();
+    let r = run_once(&s.db.pool, &s.admin, &cfg()).await.unwrap();
+    assert!(r.ran);
+    assert_eq!(r.payments, 8);
+    let mut want = vec![
+        (charged, "charged_not_recorded".to_string()),
+        (absent, "recorded_not_charged".to_string()),
+        (declined, "recorded_not_charged".to_string()),
+        (amount, "amount_mismatch".to_string()),
+        (currency, "amount_mismatch".to_string()),
+        (stale, "pending_too_long".to_string()),
+    ];
+    want.sort();
+    assert_eq!(s.open().await, want);
+    assert!(
+        !s.open()
+            .await
+            .iter()
+            .any(|(p, _)| *p == fine || *p == young)
+    );
+    let evidence: Value =
+        sqlx::query_scalar("SELECT evidence FROM demo.reconciliation_cases WHERE payment_id = $1")
+            .bind(amount)
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(evidence["payment"]["amount"], json!(500));
+    assert_eq!(evidence["provider_charges"][0]["amount"], json!(700));
+
+    // A second run finds the same and opens nothing new.
+    let r = run_once(&s.db.pool, &s.admin, &cfg()).await.unwrap();
+    assert!(r.found.is_empty(), "{r:?}");
+    assert_eq!(s.open().await, want);
+
+    // The missing charge turns up (late): its case closes.
+    s.charge(absent, 500, "EUR", "succeeded").await;
+    let r = run_once(&s.db.pool, &s.admin, &cfg()).await.unwrap();
+    assert_eq!(r.resolved.get("recorded_not_charged"), Some(&1), "{r:?}");
+    assert!(!s.open().await.iter().any(|(p, _)| *p == absent));
+
+    // It never moved money: the provider has what we injected, nothing more.
+    let after = s.admin.admin_charges().await.unwrap();
+    assert_eq!(after.len(), before.len() + 1);
+}
+
+#[tokio::test]
+async fn one_run_at_a_time() {
+    let s = Stack::start().await;
+    let p = s.payment(1, "succeeded", Duration::from_secs(120)).await;
+    let mut holder = s.db.pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended('demo.reconciliation', 0))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let r = run_once(&s.db.pool, &s.admin, &cfg()).await.unwrap();
+    assert!(!r.ran, "another instance holds the lock");
+    assert!(s.open().await.is_empty());
+    sqlx::query("SELECT pg_advisory_unlock(hashtextextended('demo.reconciliation', 0))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    drop(holder);
+    let r = run_once(&s.db.pool, &s.admin, &cfg()).await.unwrap();
+    assert!(r.ran);
+    assert_eq!(
+        s.open().await,
+        vec![(p, "recorded_not_charged".to_string())]
+    );
+}
+
+/// Run time of one reconciliation over `RECONCILE_PAYMENTS` (default 10,000) succeeded payments,
+/// each with its charge at the provider (written straight into both databases' tables: the setup
+/// is not what is measured), one lookup per payment. Prints the figure; asserts no case.
+#[tokio::test]
+async fn the_run_time_over_ten_thousand_payments() {
+    let s = Stack::start().await;
+    let n: i64 = std::env::var("RECONCILE_PAYMENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET statement_timeout = 0;
+         CREATE TEMP TABLE ids AS SELECT gen_random_uuid() AS o, gen_random_uuid() AS p FROM generate_series(1, {n});
+         INSERT INTO demo.orders (id, tenant, customer_id, currency, total_amount, status, created_at)
+             SELECT o, 'acme', 'c', 'EUR', 500, 'paid', now() - interval '2 minutes' FROM ids;
+         INSERT INTO demo.payments (id, tenant, order_id, amount, currency, status, created_at, updated_at)
+             SELECT p, 'acme', o, 500, 'EUR', 'succeeded', now() - interval '2 minutes', now() FROM ids;
+         INSERT INTO provider.charges (id, reference, amount, currency, status)
+             SELECT gen_random_uuid(), p::text, 500, 'EUR', 'succeeded' FROM ids;"
+    )))
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let r = run_once(&s.db.pool, &s.admin, &cfg()).await.unwrap();
+    let took = started.elapsed();
+    eprintln!(
+        "reconciliation of {} payments: {took:?} ({:.0} payments/s, debug build, one GET /charges?reference= each)",
+        r.payments,
+        r.payments as f64 / took.as_secs_f64()
+    );
+    assert_eq!(r.payments as i64, n);
+    assert!(s.open().await.is_empty());
+}
