@@ -47,12 +47,17 @@ ALTER TABLE {{schema}}.messages ADD CONSTRAINT messages_aggregate_seq_positive C
 -- brings a 'd' counter up to date, then increments its own counter row (locking it to commit). A
 -- deferred trigger brings the last one up to date at commit.
 --
+-- The functions run as their owner (SECURITY DEFINER, with a fixed search_path and every name
+-- schema-qualified): a producer's least-privilege role needs only INSERT on messages (or on the
+-- legacy view), not rights on the counters or the identity sequence.
+--
 -- Written with the identity sequence's name resolved now (tables adopted from the legacy layout keep
 -- their old sequence name), so each row pays one nextval and no catalog lookup.
 DO $migration$
 BEGIN
 EXECUTE format($function$
-CREATE FUNCTION {{schema}}.messages_assign_aggregate_seq() RETURNS trigger LANGUAGE plpgsql AS $body$
+CREATE FUNCTION {{schema}}.messages_assign_aggregate_seq() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $body$
 DECLARE
     key text := TG_TABLE_SCHEMA || '/' || octet_length(NEW.aggregate_type) || '/' || NEW.aggregate_type || NEW.aggregate_id;
     cache text := coalesce(current_setting('outbox.aggregate_seq_cache', true), '');
@@ -90,7 +95,8 @@ COMMENT ON FUNCTION {{schema}}.messages_assign_aggregate_seq() IS 'BEFORE INSERT
 
 -- Brings the cached aggregate's counter row up to the number the cache holds (see above). The caller
 -- passes its table's schema: a cache entry of another installation's schema is left to that one.
-CREATE FUNCTION {{schema}}.aggregate_seq_cache_flush(cache text, own_schema text) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION {{schema}}.aggregate_seq_cache_flush(cache text, own_schema text) RETURNS void LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     colon int := strpos(cache, ':');
     rest text := substr(cache, colon + 1);
@@ -114,9 +120,12 @@ BEGIN
     ignored := set_config('outbox.aggregate_seq_cache', 'c' || substr(cache, 2), true);
 END;
 $$;
+-- Only the trigger functions (running as the owner) call it: nobody may set a counter through it.
+REVOKE EXECUTE ON FUNCTION {{schema}}.aggregate_seq_cache_flush(text, text) FROM PUBLIC;
 COMMENT ON FUNCTION {{schema}}.aggregate_seq_cache_flush(text, text) IS 'Writes the number held in the transaction''s aggregate_seq cache to the aggregate''s counter row (see messages_assign_aggregate_seq).';
 
-CREATE FUNCTION {{schema}}.messages_flush_aggregate_seq() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION {{schema}}.messages_flush_aggregate_seq() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     cache text := coalesce(current_setting('outbox.aggregate_seq_cache', true), '');
 BEGIN
