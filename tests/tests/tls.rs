@@ -555,6 +555,8 @@ async fn every_binary_runs_over_verify_full_postgres_and_amqps() {
             ("AMQP_URL", &amqps),
             ("AMQP_CA_FILE", &ca_file),
             ("CONSOLE_ADDR", &console_addr.to_string()),
+            // An allowlist: the ledger's dead letters are browsable only when it is listed.
+            ("CONSOLE_CONSUMERS", "ledger"),
         ],
     );
     wait_ready("ledger", ledger_metrics.parse().unwrap(), "/readyz").await;
