@@ -389,6 +389,21 @@ pub struct Received {
 }
 
 impl Received {
+    /// A delivery as the tests look at it (the body parsed as JSON, `Null` when it is not).
+    pub fn from_delivery(d: &lapin::message::Delivery) -> Self {
+        Received {
+            message_id: d
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|m| m.as_str().to_string())
+                .unwrap_or_default(),
+            routing_key: d.routing_key.as_str().to_string(),
+            body: serde_json::from_slice(&d.data).unwrap_or(serde_json::Value::Null),
+            properties: d.properties.clone(),
+        }
+    }
+
     pub fn header(&self, name: &str) -> Option<String> {
         let h = self.properties.headers().as_ref()?;
         plumbing::amqp::header_str(h, name).map(|c| c.into_owned())
@@ -448,17 +463,7 @@ pub async fn collect_queue(
     tokio::spawn(async move {
         let _keep = ch;
         while let Some(Ok(d)) = consumer.next().await {
-            let r = Received {
-                message_id: d
-                    .properties
-                    .message_id()
-                    .as_ref()
-                    .map(|m| m.as_str().to_string())
-                    .unwrap_or_default(),
-                routing_key: d.routing_key.as_str().to_string(),
-                body: serde_json::from_slice(&d.data).unwrap_or(serde_json::Value::Null),
-                properties: d.properties.clone(),
-            };
+            let r = Received::from_delivery(&d);
             if tx.send(r).is_err() {
                 return;
             }

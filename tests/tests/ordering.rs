@@ -240,17 +240,7 @@ async fn consume(
         let _keep = ch;
         while let Some(Ok(d)) = consumer.next().await {
             tokio::time::sleep(delay).await;
-            let r = Received {
-                message_id: d
-                    .properties
-                    .message_id()
-                    .as_ref()
-                    .map(|m| m.as_str().to_string())
-                    .unwrap_or_default(),
-                routing_key: d.routing_key.as_str().to_string(),
-                body: serde_json::from_slice(&d.data).unwrap_or(serde_json::Value::Null),
-                properties: d.properties.clone(),
-            };
+            let r = Received::from_delivery(&d);
             if d.acker.ack(Default::default()).await.is_err() || tx.send(r).is_err() {
                 return;
             }
