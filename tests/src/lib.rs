@@ -493,6 +493,27 @@ pub async fn receive_n(
     out
 }
 
+/// Receives until every message id in `want` arrived at least once (copies included in the
+/// result), or panics after `timeout` in all.
+pub async fn receive_all_of(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>,
+    want: &std::collections::HashSet<String>,
+    timeout: Duration,
+) -> Vec<Received> {
+    let mut received = Vec::new();
+    let mut got = std::collections::HashSet::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !want.is_subset(&got) {
+        let r = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {} arrived", got.len(), want.len()))
+            .expect("consumer running");
+        got.insert(r.message_id.clone());
+        received.push(r);
+    }
+    received
+}
+
 /// Everything already delivered, without waiting for more than `quiet`.
 pub async fn drain(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>,

@@ -249,25 +249,6 @@ async fn consume(
     rx
 }
 
-async fn receive_all(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>,
-    want: &HashSet<String>,
-    timeout: Duration,
-) -> Vec<Received> {
-    let mut received = Vec::new();
-    let mut got = HashSet::new();
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !want.is_subset(&got) {
-        let r = tokio::time::timeout_at(deadline, rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("only {} of {} arrived", got.len(), want.len()))
-            .expect("consumer running");
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
-    received
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order() {
     let db = TestDb::new().await;
@@ -298,7 +279,7 @@ async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order()
     )
     .await;
     let want: HashSet<String> = all.iter().map(|m| m.id.to_string()).collect();
-    let received = receive_all(&mut rx, &want, Duration::from_secs(60)).await;
+    let received = receive_all_of(&mut rx, &want, Duration::from_secs(60)).await;
     relay.stop().await;
     let seqs: Vec<i64> = received.iter().filter_map(aggregate_seq).collect();
     assert_eq!(
@@ -353,7 +334,7 @@ async fn nacks_in_the_middle_of_a_pipeline_keep_every_last_copy_in_order() {
     )
     .await;
     let want: HashSet<String> = all.iter().map(|m| m.id.to_string()).collect();
-    let mut received = receive_all(&mut rx, &want, Duration::from_secs(120)).await;
+    let mut received = receive_all_of(&mut rx, &want, Duration::from_secs(120)).await;
     // Copies sent again after a refusal may still be on their way: wait until every row is
     // marked, then for the queue to go quiet.
     wait_until("every row published", Duration::from_secs(60), || async {
