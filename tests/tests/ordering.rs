@@ -326,6 +326,11 @@ async fn nacks_in_the_middle_of_a_pipeline_keep_every_last_copy_in_order() {
     let opts = RelayOptions {
         max_attempts: 1_000,
         retention_secs: 3600, // keep published rows, so their attempts show which were nacked
+        // Nacks, not timeouts, are this test's subject: a loaded machine must not time a confirm
+        // out (a link failure sends unconfirmed rows again uncharged, so a refusal among them
+        // would not show in `attempts`).
+        confirm_timeout_ms: 15_000,
+        lease_ms: 40_000,
         ..test_options()
     };
     let relay = InProcess::start(

@@ -79,6 +79,9 @@ pub(crate) struct Pipeline<'a> {
     window: Window,
     marks: Marks,
     gate: Gate,
+    /// Set after [`health::NACKS_BEFORE_RECONNECT`] nacks in a row: nothing more is sent, the
+    /// window settles (every nack charged, every ack marked), then the connection is replaced.
+    replace_link: bool,
 }
 
 impl<'a> Pipeline<'a> {
@@ -105,6 +108,7 @@ impl<'a> Pipeline<'a> {
             window: Window::new(opts.window as usize),
             marks: Marks::default(),
             gate: Gate::default(),
+            replace_link: false,
         }
     }
 
@@ -145,7 +149,15 @@ impl<'a> Pipeline<'a> {
             self.connect().await;
         }
         self.watch_blocked();
-        if !stopping {
+        if self.replace_link && self.window.is_empty() {
+            self.replace_link = false;
+            self.link_failed(
+                FailureReason::Connection,
+                "the broker nacked several publishes in a row; reconnecting",
+            )
+            .await;
+        }
+        if !stopping && !self.replace_link {
             self.rebalance().await;
             self.fill_window().await;
         }
@@ -258,6 +270,7 @@ impl<'a> Pipeline<'a> {
 
     fn claim_due(&self) -> bool {
         self.claims.more
+            && !self.replace_link
             && self.claiming.is_none()
             && self.health.retry_at().is_none()
             && self.publisher.is_connected()
@@ -516,12 +529,12 @@ impl<'a> Pipeline<'a> {
                 self.refused(row, reason, why).await;
                 if reason == FailureReason::Nack && self.health.nacked() {
                     // After a cluster node died, a channel can go on nacking although the queue
-                    // has a new leader: start over on a fresh connection (the next node).
-                    self.link_failed(
-                        FailureReason::Connection,
-                        "the broker nacked several publishes in a row; reconnecting",
-                    )
-                    .await;
+                    // has a new leader: start over on a fresh connection (the next node). First
+                    // the publishes in flight settle, so every nack among them is charged and a
+                    // later row of a refused one's aggregate is never sent again uncharged (an
+                    // overtake nobody could tell from a refusal). A channel that answers nothing
+                    // any more ends in the confirm timeout, a link failure.
+                    self.replace_link = true;
                 }
             }
             Verdict::ChannelClosed(why) if self.window.was_alone() => {
@@ -618,6 +631,7 @@ impl<'a> Pipeline<'a> {
 
     /// The link failed: every unconfirmed row goes back to the outbox, nothing is charged.
     async fn link_failed(&mut self, reason: FailureReason, error: &str) {
+        self.replace_link = false;
         self.give_back_unconfirmed(reason, error);
         self.publisher.disconnect().await;
         self.health.amqp_failed();
