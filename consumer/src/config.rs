@@ -70,6 +70,21 @@ pub struct Config {
     /// in normal operation; a database outage longer than this makes the broker take them back.
     /// Zero: not sent (the broker's default, 30 minutes).
     pub consumer_timeout: Duration,
+    /// Ordered mode (see [`crate::ordered`]): each aggregate's messages are applied in
+    /// `aggregate_seq` order across all instances; traffic is split over [`Config::partitions`]
+    /// partition queues, each consumed by one instance at a time.
+    pub ordered: bool,
+    /// Ordered mode: partition queues (`NAME.ordered.0` ..). Fixed by the consumer's first
+    /// instance; every instance must use the same count.
+    pub partitions: u16,
+    /// Ordered mode: how long a message may wait for a missing predecessor before the gap is
+    /// reported (metric, log, console). It keeps waiting: a missing message is never guessed.
+    pub gap_timeout: Duration,
+    /// Ordered mode: partition lease. An instance that dies holds its partitions at most this
+    /// long; a live one renews every quarter of it.
+    pub lease: Duration,
+    /// Ordered mode: this instance's id in the consumer group (default: host, process, random).
+    pub instance_id: String,
 }
 
 /// Default of [`Config::redelivery_warning`]: three quarters of RabbitMQ 4.x's default delivery
@@ -110,6 +125,11 @@ impl Config {
             named_statements: true,
             redelivery_warning: DEFAULT_REDELIVERY_WARNING,
             consumer_timeout: Duration::from_secs(3600),
+            ordered: false,
+            partitions: 8,
+            gap_timeout: Duration::from_secs(60),
+            lease: Duration::from_secs(10),
+            instance_id: default_instance_id(),
         }
     }
 
@@ -163,6 +183,17 @@ impl Config {
                 return Err(ConfigError::InvalidBinding(b.clone()));
             }
         }
+        if self.ordered {
+            if self.strict {
+                return Err(ConfigError::StrictOrdered);
+            }
+            if !(1..=64).contains(&self.partitions) {
+                return Err(ConfigError::Partitions(self.partitions));
+            }
+            if self.lease < Duration::from_secs(2) {
+                return Err(ConfigError::LeaseTooShort(self.lease));
+            }
+        }
         Ok(())
     }
 
@@ -184,6 +215,18 @@ impl Config {
             .unwrap_or(u32::MAX)
             .saturating_add(2)
     }
+}
+
+/// `host-pid-xxxxxxxx`: unique per process, readable in the console.
+pub fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    format!(
+        "{host}-{}-{}",
+        std::process::id(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
 }
 
 /// A consumer name becomes part of queue names: keep it to what every tool displays plainly.
@@ -251,6 +294,20 @@ pub struct Settings {
     /// from 3.11.15; `0s`: the broker's own (30 minutes by default).
     #[arg(long, env = "CONSUMER_TIMEOUT", default_value = "1h", value_parser = parse_duration)]
     pub consumer_timeout: Duration,
+    /// Ordered mode: apply each aggregate's messages in `aggregate_seq` order across all
+    /// instances (partition queues, leases; see docs/consumer.md, "Ordered consumers").
+    #[arg(long, env = "CONSUMER_ORDERED")]
+    pub ordered: bool,
+    /// Ordered mode: partition queues; every instance of the consumer must use the same count.
+    #[arg(long, env = "CONSUMER_PARTITIONS", default_value_t = 8)]
+    pub partitions: u16,
+    /// Ordered mode: how long a message waits for a missing predecessor before the gap is
+    /// reported (it keeps waiting).
+    #[arg(long, env = "CONSUMER_GAP_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub gap_timeout: Duration,
+    /// Ordered mode: partition lease; a dead instance's partitions move after at most this.
+    #[arg(long, env = "CONSUMER_LEASE", default_value = "10s", value_parser = parse_duration)]
+    pub lease: Duration,
     /// Fault injection for tests: pause between commit and ack.
     #[arg(long, hide = true, default_value = "0ms", value_parser = parse_duration)]
     pub debug_ack_delay: Duration,
@@ -285,6 +342,10 @@ impl Settings {
         c.redelivery_warning = self.redelivery_warning;
         c.consumer_timeout = self.consumer_timeout;
         c.schema = self.connections.schema;
+        c.ordered = self.ordered;
+        c.partitions = self.partitions;
+        c.gap_timeout = self.gap_timeout;
+        c.lease = self.lease;
         c.named_statements = self.connections.database_pooler == plumbing::db::Pooler::None;
         c.validate()?;
         Ok(c)

@@ -35,6 +35,16 @@ pub enum ConfigError {
         consumer_timeout: Duration,
         handler_timeout: Duration,
     },
+    #[error(
+        "strict mode and ordered mode exclude each other: in ordered mode an event without a \
+         handler advances its aggregate's position (dead-lettering it would leave a gap that holds \
+         the aggregate forever)"
+    )]
+    StrictOrdered,
+    #[error("partitions must be 1 to 64, not {0}")]
+    Partitions(u16),
+    #[error("the partition lease must be at least 2s, not {0:?}")]
+    LeaseTooShort(Duration),
 }
 
 /// Errors that end [`crate::run`]. Lost connections are not among them: the runtime reconnects.

@@ -343,6 +343,10 @@ pub mod headers {
     /// The message's position within its aggregate (1, 2, 3, ... dense, in commit order), a signed
     /// 64-bit integer: a consumer detects a missing or out-of-order message from it alone.
     pub const AGGREGATE_SEQ: &str = "aggregate_seq";
+    /// The outbox partition of the aggregate (0..63, a hash of `aggregate_id`), a signed 64-bit
+    /// integer: an ordered consumer's headers exchange splits its traffic by it, so all of one
+    /// aggregate's messages land in one of its partition queues.
+    pub const AGGREGATE_PARTITION: &str = "aggregate_partition";
     /// RFC 3339 with microseconds: the outbox row's created_at (the AMQP timestamp has seconds only).
     pub const CREATED_AT: &str = "created_at";
 }

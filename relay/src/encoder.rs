@@ -102,6 +102,10 @@ pub fn encode(row: &OutboxRow, limits: &Encoding) -> Result<Encoded, EncodeError
         h::AGGREGATE_SEQ.into(),
         AMQPValue::LongLongInt(row.aggregate_seq),
     );
+    headers.insert(
+        h::AGGREGATE_PARTITION.into(),
+        AMQPValue::LongLongInt(i64::from(row.partition)),
+    );
     let properties = BasicProperties::default()
         .with_message_id(ShortString::from(row.id.hyphenated().to_string()))
         .with_type(routing_key.clone())
@@ -147,7 +151,7 @@ fn upper_bound(row: &OutboxRow) -> usize {
             name.len() + value + 16
         })
         .sum();
-    256 + 2 * row.event_type.len() + row.aggregate_type.len() + row.aggregate_id.len() + headers
+    288 + 2 * row.event_type.len() + row.aggregate_type.len() + row.aggregate_id.len() + headers
 }
 
 /// The exact size of `properties` on the wire, measured with the protocol's own serializer.

@@ -71,6 +71,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "process waits",
         include_str!("../../migrations/0011_process_waits.sql"),
     ),
+    (
+        12,
+        "ordered consumers",
+        include_str!("../../migrations/0012_ordered_consumers.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

@@ -152,7 +152,11 @@ pub fn is_reserved_header(name: &str) -> bool {
         || lower.starts_with("cloudevents:")
         || matches!(
             lower.as_str(),
-            "aggregate_type" | "aggregate_id" | "aggregate_seq" | "created_at"
+            "aggregate_type"
+                | "aggregate_id"
+                | "aggregate_seq"
+                | "aggregate_partition"
+                | "created_at"
         )
 }
 
