@@ -39,6 +39,9 @@ pub(crate) enum Work {
     Handle(Box<Envelope>, Arc<dyn DynHandler>),
     Reject(DeadLetterKind, String),
     Ignore,
+    /// Ordered mode, no handler: the message advances its aggregate's position without an
+    /// effect (its turn still comes in order).
+    Advance(Box<Envelope>),
 }
 
 pub(crate) struct Item {
@@ -57,6 +60,10 @@ pub(crate) enum Fate {
     DeadLetter(DeadLetterKind, String),
     /// Its retry or dead-letter copy could not fit a frame: rejected without requeue.
     Discarded,
+    /// Ordered mode: stored to wait for its turn.
+    Held,
+    /// Ordered mode: at or below its aggregate's position; never applied.
+    Stale,
 }
 
 /// A failed handler run: either the message's problem or the infrastructure's.
@@ -252,7 +259,7 @@ async fn with_savepoints(
 
 /// One handler call: a single message (`handle`) or several (`handle_batch`), bounded by the
 /// handler timeout, a panic caught and counted as a permanent failure.
-async fn run_handler(
+pub(crate) async fn run_handler(
     ctx: &Ctx,
     events: &Events,
     conn: &mut PgConnection,
@@ -299,7 +306,7 @@ fn fate_of_failure(ctx: &Ctx, permanent: bool, reason: String, attempt: u32) -> 
 }
 
 /// The span every log line about one message carries.
-fn message_span(env: &Envelope, attempt: u32) -> tracing::Span {
+pub(crate) fn message_span(env: &Envelope, attempt: u32) -> tracing::Span {
     let span = tracing::info_span!(
         "message",
         message_id = %env.message_id,
@@ -333,7 +340,7 @@ impl std::fmt::Display for MessageIds<'_> {
     }
 }
 
-fn classify_db(e: sqlx::Error, context: &str) -> Failure {
+pub(crate) fn classify_db(e: sqlx::Error, context: &str) -> Failure {
     if dedup::is_infrastructure(&e) {
         Failure::Infrastructure(e)
     } else {

@@ -211,6 +211,11 @@ impl Config {
     /// Database connections [`crate::run`] uses: one per worker, one for the retention sweep and
     /// one for the health probe.
     pub fn pool_size(&self) -> u32 {
+        if self.ordered {
+            // A worker per partition held (at most all of them), the heartbeat, the sweep's read
+            // and the health probe.
+            return u32::from(self.partitions).saturating_add(3);
+        }
         u32::try_from(self.workers)
             .unwrap_or(u32::MAX)
             .saturating_add(2)

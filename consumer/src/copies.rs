@@ -165,7 +165,12 @@ pub(crate) fn copy_of(
                 "dead letter",
             )
         }
-        Fate::Processed | Fate::Duplicate | Fate::Ignored | Fate::Discarded => return Ok(None),
+        Fate::Processed
+        | Fate::Duplicate
+        | Fate::Ignored
+        | Fate::Discarded
+        | Fate::Held
+        | Fate::Stale => return Ok(None),
     };
     let properties = fit(
         d.properties

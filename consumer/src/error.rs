@@ -85,6 +85,43 @@ pub enum SessionError {
     Timeout(&'static str, Duration),
     #[error("a worker task failed")]
     Worker(#[source] tokio::task::JoinError),
+    #[error("partition {0} is no longer this instance's (lease lost or taken over)")]
+    Fenced(i16),
+    #[error("joining the consumer group failed: {0}")]
+    Group(String),
+}
+
+/// Errors of an ordered consumer's group (see [`crate::ordered`]).
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    #[error(
+        "consumer {consumer:?} has {existing} partitions, this instance is configured with {configured}: \
+         every instance of an ordered consumer must use the same count"
+    )]
+    PartitionCount {
+        consumer: String,
+        existing: u16,
+        configured: u16,
+    },
+    #[error("database error")]
+    Db(#[from] sqlx::Error),
+}
+
+/// Errors of an operator's action on an ordered consumer's aggregate.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("the aggregate has no position for this consumer")]
+    NoSuchAggregate,
+    #[error("the aggregate is not parked")]
+    NotParked,
+    #[error("nothing to skip: no message is held at the head and no gap is before the held ones")]
+    NothingHeld,
+    #[error("the broker did not accept the dead letter of message {0}")]
+    DeadLetterRefused(uuid::Uuid),
+    #[error("RabbitMQ operation failed")]
+    Amqp(#[from] lapin::Error),
+    #[error("database error")]
+    Db(#[from] sqlx::Error),
 }
 
 /// Errors of the dead-letter commands (`consumer dlq list|replay`).

@@ -2,7 +2,7 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `consumer_messages_total` | counter | `consumer`, `outcome` = processed, duplicate, retried, dead_lettered, ignored, discarded |
+//! | `consumer_messages_total` | counter | `consumer`, `outcome` = processed, duplicate, retried, dead_lettered, ignored, discarded, held (ordered: waits for its turn), stale (ordered: at or below the applied position) |
 //! | `consumer_dead_letters_total` | counter | `consumer`, `kind` = undecodable, unknown_event_type, permanent, exhausted |
 //! | `consumer_deliveries_rejected_total` | counter | `consumer`, `reason` = not_utf8, malformed_headers, too_deep, headers_too_large (dead-lettered as undecodable), copy_too_large (rejected without requeue: its copy cannot fit a frame) |
 //! | `consumer_handler_duration_seconds` | histogram | `consumer` (per handler call; a batch call counts once) |
@@ -13,6 +13,10 @@
 //! | `consumer_reconnects_total` | counter | `consumer` |
 //! | `consumer_dedup_rows_deleted_total` | counter | `consumer` |
 //! | `consumer_redeliveries_total` | counter | `consumer` (deliveries flagged `redelivered` or with an `x-delivery-count` above 0) |
+//! | `consumer_ordered_partitions` | gauge | `consumer` (ordered mode: partition queues this instance consumes) |
+//! | `consumer_ordered_parked_aggregates` | gauge | `consumer` (ordered mode: aggregates parked for an operator) |
+//! | `consumer_ordered_gap_waits` | gauge | `consumer` (ordered mode: aggregates waiting for a missing message longer than the gap timeout) |
+//! | `consumer_ordered_held_messages` | gauge | `consumer` (ordered mode: messages stored to wait for their turn) |
 //! | `consumer_deliveries_returned_total` | counter | `consumer` (buffered, never started, returned with `basic.nack` on a graceful stop) |
 //!
 //! The same counts are kept in [`Stats`], which embedding code and tests read without a recorder.
@@ -36,6 +40,24 @@ pub const RECONNECTS: &str = "consumer_reconnects_total";
 pub const DEDUP_ROWS_DELETED: &str = "consumer_dedup_rows_deleted_total";
 pub const REDELIVERIES: &str = "consumer_redeliveries_total";
 pub const DELIVERIES_RETURNED: &str = "consumer_deliveries_returned_total";
+pub const ORDERED_PARTITIONS: &str = "consumer_ordered_partitions";
+pub const ORDERED_PARKED: &str = "consumer_ordered_parked_aggregates";
+pub const ORDERED_GAPS: &str = "consumer_ordered_gap_waits";
+pub const ORDERED_HELD: &str = "consumer_ordered_held_messages";
+
+/// Ordered mode: partition queues this instance consumes now.
+pub fn owned_partitions(consumer: &str, n: usize) {
+    metrics::gauge!(ORDERED_PARTITIONS, "consumer" => consumer.to_string()).set(n as f64);
+}
+
+/// Ordered mode, the whole consumer (every instance reports the same): parked aggregates,
+/// aggregates waiting for a missing message longer than the gap timeout, held messages.
+pub fn ordered_state(consumer: &str, parked: i64, gaps: i64, held: i64) {
+    let c = consumer.to_string();
+    metrics::gauge!(ORDERED_PARKED, "consumer" => c.clone()).set(parked as f64);
+    metrics::gauge!(ORDERED_GAPS, "consumer" => c.clone()).set(gaps as f64);
+    metrics::gauge!(ORDERED_HELD, "consumer" => c).set(held as f64);
+}
 
 /// What happened to a delivery (the `outcome` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,16 +74,24 @@ pub enum Outcome {
     Ignored,
     /// Its copy could not be published (too large for a frame): rejected without requeue.
     Discarded,
+    /// Ordered mode: stored in `consumer_held` to wait for its turn (a gap, or a failing or
+    /// parked head before it), acknowledged.
+    Held,
+    /// Ordered mode: at or below its aggregate's applied position (a copy, or a message older
+    /// than one applied): never applied, acknowledged, reported.
+    Stale,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 8] = [
         Self::Processed,
         Self::Duplicate,
         Self::Retried,
         Self::DeadLettered,
         Self::Ignored,
         Self::Discarded,
+        Self::Held,
+        Self::Stale,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -72,6 +102,8 @@ impl Outcome {
             Self::DeadLettered => "dead_lettered",
             Self::Ignored => "ignored",
             Self::Discarded => "discarded",
+            Self::Held => "held",
+            Self::Stale => "stale",
         }
     }
 }
@@ -91,6 +123,8 @@ pub struct Stats {
     discarded: AtomicU64,
     returned: AtomicU64,
     redelivered: AtomicU64,
+    held: AtomicU64,
+    stale: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one moment.
@@ -112,12 +146,22 @@ pub struct StatsSnapshot {
     pub returned: u64,
     /// Deliveries the broker had delivered before (redelivered flag or `x-delivery-count`).
     pub redelivered: u64,
+    /// Ordered mode: deliveries stored to wait for their turn.
+    pub held: u64,
+    /// Ordered mode: deliveries at or below their aggregate's position (never applied).
+    pub stale: u64,
 }
 
 impl StatsSnapshot {
     /// Deliveries settled for good (everything but retries, which come back).
     pub fn settled(&self) -> u64 {
-        self.processed + self.duplicate + self.dead_lettered + self.ignored + self.discarded
+        self.processed
+            + self.duplicate
+            + self.dead_lettered
+            + self.ignored
+            + self.discarded
+            + self.held
+            + self.stale
     }
 }
 
@@ -137,6 +181,8 @@ impl Stats {
             discarded: l(&self.discarded),
             returned: l(&self.returned),
             redelivered: l(&self.redelivered),
+            held: l(&self.held),
+            stale: l(&self.stale),
         }
     }
 
@@ -148,6 +194,8 @@ impl Stats {
             Outcome::DeadLettered => &self.dead_lettered,
             Outcome::Ignored => &self.ignored,
             Outcome::Discarded => &self.discarded,
+            Outcome::Held => &self.held,
+            Outcome::Stale => &self.stale,
         }
     }
 }
@@ -156,7 +204,7 @@ impl Stats {
 #[derive(Clone)]
 pub struct Events {
     stats: Arc<Stats>,
-    outcomes: [Counter; 6],
+    outcomes: [Counter; 8],
     dead_letter_kinds: [Counter; 4],
     rejected: [Counter; 5],
     handler_duration: Histogram,

@@ -27,6 +27,9 @@
 //! - [`message`]: AMQP delivery to [`Envelope`], and the headers retries and dead letters carry.
 //! - [`dlq`]: `consumer dlq list` and `consumer dlq replay` (the `consumer` binary is this CLI; the
 //!   example application's `producer ledger` runs a consumer with a handler).
+//! - [`ordered`]: ordered mode (`Config::ordered`): per-aggregate order across instances,
+//!   partition queues and leases; its own tables (`consumer_positions`, `consumer_held`,
+//!   `consumer_partitions`, ...).
 //! - [`retention`]: the bounded, single-instance sweep of old dedup rows.
 //! - [`internal_events`]: every metric, with fixed label sets, and the in-process [`Stats`].
 //! - [`config`]: [`Config`] and the command-line [`config::Settings`].
@@ -56,6 +59,7 @@ pub mod error;
 pub mod handler;
 pub mod internal_events;
 pub mod message;
+pub mod ordered;
 pub mod retention;
 pub mod screen;
 pub mod supervisor;

@@ -30,15 +30,24 @@ impl Consumer {
     /// Validates the configuration. `pool` should allow [`Config::pool_size`] connections.
     pub fn new(config: Config, pool: PgPool, handlers: Handlers) -> Result<Self, ConfigError> {
         config.validate()?;
-        let bindings = if config.bindings.is_empty() {
-            handlers.default_bindings()
-        } else {
+        let bindings = if !config.bindings.is_empty() {
             config.bindings.clone()
+        } else if config.ordered {
+            // Ordered mode binds whole aggregate types: all of them unless named.
+            vec!["#".to_string()]
+        } else {
+            handlers.default_bindings()
         };
         if bindings.is_empty() {
             return Err(ConfigError::NoBindings);
         }
-        let topology = Topology::new(&config.name, &config.retry_delays);
+        // Ordered mode retries in place (held, see crate::ordered): no retry queues.
+        let retry_delays: &[Duration] = if config.ordered {
+            &[]
+        } else {
+            &config.retry_delays
+        };
+        let topology = Topology::new(&config.name, retry_delays);
         Ok(Self {
             ctx: Arc::new(Ctx {
                 config,
@@ -217,6 +226,9 @@ async fn consume(
     established: &AtomicBool,
 ) -> Result<(), SessionError> {
     let cfg = &ctx.config;
+    if cfg.ordered {
+        return crate::ordered::runner::consume(ctx, events, conn, shutdown, established).await;
+    }
     bounded(
         "declaring the topology",
         ctx.topology.declare(conn, &cfg.exchange, &ctx.bindings),
@@ -228,7 +240,7 @@ async fn consume(
         workers.push(
             bounded(
                 "opening a worker",
-                Worker::open(ctx.clone(), events.clone(), conn, index),
+                Worker::open(ctx.clone(), events.clone(), conn, index, None),
                 SessionError::Channel,
             )
             .await?,

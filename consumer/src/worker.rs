@@ -11,6 +11,8 @@ use crate::copies;
 use crate::error::SessionError;
 use crate::internal_events::{Events, Outcome};
 use crate::message::{self, DeadLetterKind};
+use crate::ordered::apply::ApplyError;
+use crate::ordered::group::Slot;
 use crate::screen::{self, Reason};
 use futures::{FutureExt, StreamExt};
 use lapin::message::Delivery;
@@ -77,6 +79,8 @@ pub(crate) struct Worker {
     pub(crate) consumer: lapin::Consumer,
     /// The connection's negotiated `frame_max`: a copy's properties must fit one frame.
     pub(crate) frame_max: u32,
+    /// Ordered mode: the partition this worker consumes, and the fence its transactions check.
+    pub(crate) slot: Option<Slot>,
 }
 
 impl Worker {
@@ -85,6 +89,7 @@ impl Worker {
         events: Events,
         conn: &Connection,
         index: usize,
+        slot: Option<Slot>,
     ) -> Result<Self, lapin::Error> {
         let consume_ch = conn.create_channel().await?;
         consume_ch
@@ -101,9 +106,13 @@ impl Worker {
             index,
             &Uuid::new_v4().simple().to_string()[..8]
         );
+        let queue = match slot {
+            Some(s) => crate::ordered::topology::queue(&ctx.config.name, s.partition),
+            None => ctx.topology.queue.clone(),
+        };
         let consumer = consume_ch
             .basic_consume(
-                ctx.topology.queue.as_str().into(),
+                queue.as_str().into(),
                 tag.into(),
                 BasicConsumeOptions::default(),
                 consume_arguments(&ctx.config, BrokerVersion::of(conn)),
@@ -117,6 +126,7 @@ impl Worker {
             publish_ch,
             consumer,
             frame_max: conn.configuration().frame_max(),
+            slot,
         })
     }
 
@@ -199,11 +209,17 @@ impl Worker {
 
     async fn consume_loop(&mut self, stop: &CancellationToken) -> Result<(), SessionError> {
         let batch_size = self.ctx.config.batch_size;
+        let mut sweep = tokio::time::interval(crate::ordered::SWEEP_INTERVAL);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let next = tokio::select! {
                 biased;
                 _ = stop.cancelled() => return Ok(()),
                 next = self.consumer.next() => next,
+                _ = sweep.tick(), if self.slot.is_some() => {
+                    self.sweep(stop).await?;
+                    continue;
+                }
             };
             let first = match next {
                 None => return Err(SessionError::ConsumerCancelled),
@@ -238,8 +254,17 @@ impl Worker {
             }
             Ok(()) => message::decode_screened(&delivery.properties, routing_key, &delivery.data),
         };
+        let ordered = self.slot.is_some();
         let work = match decoded {
             Err(reason) => Work::Reject(DeadLetterKind::Undecodable, reason),
+            Ok(env) if ordered && env.aggregate_seq.is_none_or(|s| s < 1) => Work::Reject(
+                DeadLetterKind::Undecodable,
+                "no aggregate_seq header (1 or more): an ordered consumer applies only numbered messages"
+                    .into(),
+            ),
+            Ok(env) if ordered && self.ctx.handlers.resolve(&env.event_type).is_none() => {
+                Work::Advance(Box::new(env))
+            }
             Ok(env) => match self.ctx.handlers.resolve(&env.event_type) {
                 Some(h) => Work::Handle(Box::new(env), h.clone()),
                 None if self.ctx.config.strict => Work::Reject(
@@ -297,12 +322,15 @@ impl Worker {
         let items: Vec<Item> = deliveries.into_iter().map(|d| self.prepare(d)).collect();
 
         let mut fates: Vec<Option<Fate>> = vec![None; items.len()];
-        if items.iter().any(|i| matches!(i.work, Work::Handle(..))) {
+        if items
+            .iter()
+            .any(|i| matches!(i.work, Work::Handle(..) | Work::Advance(_)))
+        {
             let mut failures = 0u32;
             loop {
                 let attempt = tokio::select! {
                     biased;
-                    result = batch::transact(&self.ctx, &self.events, &items) => result,
+                    result = self.transact(&items) => result?,
                     () = cancelled_by_broker(&self.consumer) => {
                         tracing::warn!(
                             worker = self.index,
@@ -387,7 +415,7 @@ impl Worker {
                         Fate::DeadLetter(*kind, reason.clone())
                     }
                     Work::Ignore => Fate::Ignored,
-                    Work::Handle(..) => {
+                    Work::Handle(..) | Work::Advance(_) => {
                         unreachable!("the transaction decides every handled message")
                     }
                 });
@@ -430,6 +458,8 @@ impl Worker {
                 Fate::Ignored => Outcome::Ignored,
                 Fate::Retry(_) => Outcome::Retried,
                 Fate::Discarded => Outcome::Discarded,
+                Fate::Held => Outcome::Held,
+                Fate::Stale => Outcome::Stale,
                 Fate::DeadLetter(kind, _) => {
                     self.events.dead_letter(*kind);
                     Outcome::DeadLettered
@@ -442,6 +472,57 @@ impl Worker {
         }
         self.events.batch(size, started.elapsed());
         Ok(BatchEnd::Settled)
+    }
+
+    /// The batch's transaction: ordered or not. `Err` ends the worker (fenced: the partition is
+    /// not ours any more; its deliveries go back to the queue when the channel closes); `Ok(Err)`
+    /// is a database failure, retried.
+    async fn transact(
+        &self,
+        items: &[Item],
+    ) -> Result<Result<Vec<Option<Fate>>, sqlx::Error>, SessionError> {
+        let Some(slot) = self.slot else {
+            return Ok(batch::transact(&self.ctx, &self.events, items).await);
+        };
+        match crate::ordered::apply::transact(&self.ctx, &self.events, slot, items, &[]).await {
+            Ok(fates) => Ok(Ok(fates)),
+            Err(ApplyError::Db(e)) => Ok(Err(e)),
+            Err(ApplyError::Fenced(p)) => Err(SessionError::Fenced(p)),
+        }
+    }
+
+    /// Ordered mode: applies held messages whose turn came (a retry's time, a gap filled by an
+    /// operator's action), a bounded number of aggregates per turn.
+    async fn sweep(&mut self, stop: &CancellationToken) -> Result<(), SessionError> {
+        let Some(slot) = self.slot else { return Ok(()) };
+        let cfg = &self.ctx.config;
+        for _ in 0..10 {
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+            let ready = async {
+                let mut conn = self.ctx.pool.acquire().await?;
+                crate::ordered::store::ready(&mut conn, &cfg.schema, &cfg.name, slot.partition, 100)
+                    .await
+            };
+            let keys = match plumbing::db::bounded(ready).await {
+                Ok(k) if k.is_empty() => return Ok(()),
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::debug!(error = %ErrorChain(&e), "ordered sweep: database unavailable");
+                    return Ok(());
+                }
+            };
+            match crate::ordered::apply::transact(&self.ctx, &self.events, slot, &[], &keys).await {
+                Ok(_) => {}
+                Err(ApplyError::Fenced(p)) => return Err(SessionError::Fenced(p)),
+                Err(ApplyError::Db(e)) => {
+                    tracing::warn!(error = %ErrorChain(&e), "ordered sweep failed; trying again at the next tick");
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Publishes the retry copies and dead letters of this batch and waits for the broker's

@@ -1,0 +1,212 @@
+//! One RabbitMQ session of an ordered consumer: declare, then every quarter lease a heartbeat
+//! (see [`super::group`]) and a worker per partition held, started when a partition is taken and
+//! stopped (gracefully: its buffered deliveries go back to the queue) before it is given back.
+
+use super::group::{self, Slot};
+use super::topology;
+use crate::context::{Ctx, bounded};
+use crate::error::SessionError;
+use crate::internal_events::Events;
+use crate::worker::Worker;
+use lapin::Connection;
+use plumbing::telemetry::ErrorChain;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+struct Running {
+    slot: Slot,
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), SessionError>>,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+pub(crate) async fn consume(
+    ctx: &Arc<Ctx>,
+    events: &Events,
+    conn: &Connection,
+    shutdown: &CancellationToken,
+    established: &AtomicBool,
+) -> Result<(), SessionError> {
+    let cfg = &ctx.config;
+    // The dead-letter exchange and queue (undecodable deliveries); the plain queue stays unbound.
+    bounded(
+        "declaring the topology",
+        ctx.topology.declare(conn, &cfg.exchange, &[]),
+        SessionError::Topology,
+    )
+    .await?;
+    bounded(
+        "declaring the partition queues",
+        topology::declare(
+            conn,
+            &cfg.exchange,
+            &cfg.name,
+            cfg.partitions,
+            &ctx.bindings,
+        ),
+        SessionError::Topology,
+    )
+    .await?;
+    if let Err(e) = group::ensure(&ctx.pool, &cfg.schema, &cfg.name, cfg.partitions).await {
+        return Err(SessionError::Group(e.to_string()));
+    }
+    ctx.readiness.set_rabbitmq(true);
+    established.store(true, Ordering::Relaxed);
+    tracing::info!(consumer = %cfg.name, instance = %cfg.instance_id, partitions = cfg.partitions, "ordered consumer joining its group");
+
+    let mut running: BTreeMap<i16, Running> = BTreeMap::new();
+    let mut tick = tokio::time::interval(cfg.lease / 4);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let result = loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            _ = tick.tick() => {}
+        }
+        // Workers that ended: fenced (the partition moved), or their channel failed.
+        let ended: Vec<i16> = running
+            .iter()
+            .filter(|(_, r)| r.task.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        for p in ended {
+            if let Some(r) = running.remove(&p) {
+                match r.task.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(partition = p, error = %ErrorChain(&e), "partition worker ended")
+                    }
+                    Err(e) => tracing::warn!(partition = p, error = %e, "partition worker failed"),
+                }
+            }
+        }
+        if !conn.status().connected() {
+            break Err(SessionError::ChannelClosed);
+        }
+        let held = match plumbing::db::bounded(group::tick(
+            &ctx.pool,
+            &cfg.schema,
+            &cfg.name,
+            &cfg.instance_id,
+            cfg.partitions,
+            cfg.lease,
+        ))
+        .await
+        {
+            Ok(h) => {
+                ctx.readiness.set_postgres(true);
+                h
+            }
+            Err(e) => {
+                ctx.readiness.set_postgres(false);
+                tracing::warn!(error = %ErrorChain(&e), "partition lease renewal failed; the fence stops every apply once a lease ends");
+                continue;
+            }
+        };
+        // Lost (taken over after a pause) or moved to another epoch: stop.
+        let lost: Vec<i16> = running
+            .iter()
+            .filter(|(p, r)| held.slots.get(p).is_none_or(|(s, _)| *s != r.slot))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in lost {
+            if let Some(r) = running.remove(&p) {
+                tracing::warn!(partition = p, "partition lost; its worker stops");
+                r.stop().await;
+            }
+        }
+        // Surplus (someone joined): stop the highest ones' workers, then give them back.
+        let surplus: Vec<i16> = held
+            .slots
+            .keys()
+            .rev()
+            .take(held.surplus)
+            .copied()
+            .collect();
+        if !surplus.is_empty() {
+            for p in &surplus {
+                if let Some(r) = running.remove(p) {
+                    r.stop().await;
+                }
+            }
+            match plumbing::db::bounded(group::release(
+                &ctx.pool,
+                &cfg.schema,
+                &cfg.name,
+                &cfg.instance_id,
+                &surplus,
+            ))
+            .await
+            {
+                Ok(()) => {
+                    tracing::info!(partitions = ?surplus, "gave partitions back for rebalancing")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %ErrorChain(&e), "giving partitions back failed; they move when their lease ends")
+                }
+            }
+        }
+        // New: start a worker each.
+        for (p, (slot, _)) in &held.slots {
+            if surplus.contains(p) || running.contains_key(p) {
+                continue;
+            }
+            let worker = bounded(
+                "opening a partition worker",
+                Worker::open(ctx.clone(), events.clone(), conn, *p as usize, Some(*slot)),
+                SessionError::Channel,
+            )
+            .await;
+            match worker {
+                Ok(w) => {
+                    let stop = shutdown.child_token();
+                    tracing::info!(partition = p, epoch = slot.epoch, "consuming partition");
+                    running.insert(
+                        *p,
+                        Running {
+                            slot: *slot,
+                            stop: stop.clone(),
+                            task: tokio::spawn(w.run(stop)),
+                        },
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(partition = p, error = %ErrorChain(&e), "could not open a partition worker; trying again at the next heartbeat")
+                }
+            }
+        }
+        crate::internal_events::owned_partitions(&cfg.name, running.len());
+    };
+    let partitions: Vec<i16> = running.keys().copied().collect();
+    for (_, r) in std::mem::take(&mut running) {
+        r.stop().await;
+    }
+    if shutdown.is_cancelled() {
+        // Hand the partitions over at once instead of after the lease.
+        let _ = plumbing::db::bounded(group::release(
+            &ctx.pool,
+            &cfg.schema,
+            &cfg.name,
+            &cfg.instance_id,
+            &partitions,
+        ))
+        .await;
+        let _ = plumbing::db::bounded(group::leave(
+            &ctx.pool,
+            &cfg.schema,
+            &cfg.name,
+            &cfg.instance_id,
+        ))
+        .await;
+        crate::internal_events::owned_partitions(&cfg.name, 0);
+    }
+    result
+}

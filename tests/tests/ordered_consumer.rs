@@ -1,0 +1,542 @@
+//! Ordered consumers (issue 22) against real PostgreSQL and RabbitMQ: order per aggregate across
+//! instances with a hot aggregate, a gap waited for, stale messages refused, a poison message
+//! that parks only its aggregate and the operator's retry and skip, and the fence that stops an
+//! instance which lost its partition.
+
+use consumer::ordered::{admin, store::AggregateKey, topology};
+use consumer::{Config, Consumer, Handler, HandlerError, Handlers, Stats};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel};
+use serde_json::json;
+use shared::{Envelope, NewMessage};
+use sqlx::PgConnection;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use system_tests::relays::{InProcess, config as relay_config, test_options};
+use system_tests::*;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const LONG: Duration = Duration::from_secs(90);
+const PARTITIONS: u16 = 4;
+
+/// Appends every applied message to `ordered_applied`; fails on payload `{"fail": "transient" |
+/// "permanent"}` while `ordered_poison` says so.
+#[derive(Clone)]
+struct Recorder;
+
+impl Handler for Recorder {
+    async fn handle(&self, tx: &mut PgConnection, msg: &Envelope) -> Result<(), HandlerError> {
+        if let Some(kind) = msg.payload.get("fail").and_then(|v| v.as_str()) {
+            let poisoned: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM ordered_poison WHERE message_id = $1)",
+            )
+            .bind(msg.message_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            if poisoned {
+                return Err(if kind == "permanent" {
+                    HandlerError::permanent("poison")
+                } else {
+                    HandlerError::transient("not yet")
+                });
+            }
+        }
+        sqlx::query(
+            "INSERT INTO ordered_applied (aggregate_type, aggregate_id, seq, message_id) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&msg.aggregate_type)
+        .bind(&msg.aggregate_id)
+        .bind(msg.aggregate_seq)
+        .bind(msg.message_id)
+        .execute(&mut *tx)
+        .await?;
+        Ok(())
+    }
+}
+
+struct Setup {
+    db: TestDb,
+    broker: TestBroker,
+    exchange: String,
+    name: String,
+}
+
+impl Setup {
+    async fn new() -> Self {
+        let db = TestDb::new().await;
+        sqlx::raw_sql(
+            "CREATE TABLE ordered_applied (position bigserial PRIMARY KEY, aggregate_type text, \
+               aggregate_id text, seq bigint, message_id uuid); \
+             CREATE TABLE ordered_poison (message_id uuid PRIMARY KEY);",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let broker = TestBroker::new();
+        let exchange = broker.exchange("outbox");
+        broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
+        broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
+        let name = unique("ord");
+        let (queues, exchanges) = topology::names(&name, PARTITIONS);
+        for q in queues {
+            broker.track_queue(&q);
+        }
+        for e in exchanges {
+            broker.track_exchange(&e);
+        }
+        let t = consumer::topology::Topology::new(&name, &[]);
+        for q in t.queues() {
+            broker.track_queue(&q);
+        }
+        for e in t.exchanges() {
+            broker.track_exchange(&e);
+        }
+        Self {
+            db,
+            broker,
+            exchange,
+            name,
+        }
+    }
+
+    fn config(&self, instance: &str) -> Config {
+        let mut c = Config::new(&self.name, amqp_url(), &self.exchange);
+        c.ordered = true;
+        c.partitions = PARTITIONS;
+        c.lease = Duration::from_secs(2);
+        c.gap_timeout = Duration::from_millis(500);
+        c.retry_delays = vec![Duration::from_millis(100), Duration::from_millis(200)];
+        c.max_attempts = 3;
+        c.batch_size = 100;
+        c.prefetch = 200;
+        c.instance_id = instance.to_string();
+        c
+    }
+
+    async fn start(&self, instance: &str) -> Instance {
+        let config = self.config(instance);
+        let pool = plumbing::db::connect(&self.db.url, config.pool_size(), "ordered-test")
+            .await
+            .unwrap();
+        let consumer =
+            Consumer::new(config, pool, Handlers::new().fallback(Recorder)).expect("config");
+        let stats = consumer.stats();
+        let readiness = consumer.readiness();
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(consumer.run(shutdown.clone()));
+        wait_until("consumer consuming", LONG, || {
+            let r = readiness.clone();
+            async move { r.rabbitmq().then_some(()) }
+        })
+        .await;
+        Instance {
+            stats,
+            shutdown,
+            handle: Some(handle),
+        }
+    }
+
+    /// (aggregate_id, seq) in the order their effects were applied.
+    async fn applied(&self) -> Vec<(String, i64)> {
+        sqlx::query_as("SELECT aggregate_id, seq FROM ordered_applied ORDER BY position")
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn applied_count(&self) -> usize {
+        self.applied().await.len()
+    }
+
+    async fn wait_applied(&self, n: usize) {
+        wait_until(&format!("{n} effects applied"), LONG, || async {
+            (self.applied_count().await >= n).then_some(())
+        })
+        .await;
+    }
+}
+
+struct Instance {
+    stats: Arc<Stats>,
+    shutdown: CancellationToken,
+    handle: Option<tokio::task::JoinHandle<Result<(), consumer::ConsumerError>>>,
+}
+
+impl Instance {
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        let h = self.handle.take().unwrap();
+        tokio::time::timeout(LONG, h)
+            .await
+            .expect("stops in time")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(h) = &self.handle {
+            h.abort();
+        }
+    }
+}
+
+/// Every aggregate's effects are 1, 2, ... n exactly once, in order.
+fn assert_in_order_once(applied: &[(String, i64)], expected: &BTreeMap<String, i64>) {
+    let mut by: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for (a, s) in applied {
+        by.entry(a.as_str()).or_default().push(*s);
+    }
+    for (aggregate, n) in expected {
+        let got = by.get(aggregate.as_str()).cloned().unwrap_or_default();
+        let want: Vec<i64> = (1..=*n).collect();
+        assert_eq!(
+            got, want,
+            "aggregate {aggregate}: effects out of order, twice or missing"
+        );
+    }
+    assert_eq!(by.len(), expected.len(), "effects of unexpected aggregates");
+}
+
+/// Publishes a numbered message straight to the outbox exchange, as the relay would.
+async fn publish(
+    ch: &Channel,
+    exchange: &str,
+    aggregate: &str,
+    seq: i64,
+    payload: serde_json::Value,
+) -> Uuid {
+    publish_with_id(ch, exchange, aggregate, seq, Uuid::now_v7(), payload).await
+}
+
+async fn publisher(s: &Setup) -> (lapin::Connection, Channel) {
+    let conn = s.broker.connect().await;
+    plumbing::amqp::declare_outbox_exchange(&conn, &s.exchange, true)
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    (conn, ch)
+}
+
+#[tokio::test]
+async fn three_instances_apply_every_aggregate_in_order_with_a_hot_one() {
+    let s = Setup::new().await;
+    let instances = [s.start("a").await, s.start("b").await, s.start("c").await];
+    let mut expected = BTreeMap::from([("hot".to_string(), 600)]);
+    let mut msgs = Vec::new();
+    for n in 0..600 {
+        msgs.push(NewMessage::new(
+            "thing",
+            "hot",
+            "thing.changed",
+            json!({ "n": n }),
+        ));
+        if n % 3 == 0 {
+            let a = format!("cold-{}", n % 90);
+            *expected.entry(a.clone()).or_default() += 1;
+            msgs.push(NewMessage::new(
+                "thing",
+                a,
+                "thing.changed",
+                json!({ "n": n }),
+            ));
+        }
+    }
+    for chunk in msgs.chunks(200) {
+        let mut tx = s.db.pool.begin().await.unwrap();
+        shared::outbox::enqueue_many(&mut *tx, chunk).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let relay = InProcess::start(
+        s.db.pool.clone(),
+        relay_config(&s.db.url, &amqp_url(), &s.exchange, test_options()),
+    )
+    .await;
+    s.wait_applied(msgs.len()).await;
+    // A moment more: anything applied twice would show now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_in_order_once(&s.applied().await, &expected);
+    // The partitions are shared evenly: 4 over 3 instances is 2, 1, 1 (within a few heartbeats).
+    wait_until("partitions spread 2, 1, 1", LONG, || async {
+        let counts: Vec<i64> = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.consumer_partitions WHERE consumer = $1 AND owner IS NOT NULL \
+             GROUP BY owner ORDER BY 1 DESC",
+        )
+        .bind(&s.name)
+        .fetch_all(&s.db.pool)
+        .await
+        .unwrap();
+        (counts == vec![2, 1, 1]).then_some(())
+    })
+    .await;
+    relay.stop().await;
+    for i in instances {
+        i.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_message_ahead_of_a_gap_waits_for_it_and_stale_ones_are_never_applied() {
+    let s = Setup::new().await;
+    let one = s.start("a").await;
+    let (_conn, ch) = publisher(&s).await;
+    publish(&ch, &s.exchange, "g", 1, json!({})).await;
+    publish(&ch, &s.exchange, "g", 3, json!({})).await;
+    publish(&ch, &s.exchange, "g", 4, json!({})).await;
+    s.wait_applied(1).await;
+    // 3 and 4 wait for 2, durably (held, acknowledged), and the gap is reported after its timeout.
+    wait_until("the gap is reported", LONG, || async {
+        let stuck = admin::stuck(
+            &s.db.pool,
+            &Default::default(),
+            &s.name,
+            Duration::from_millis(500),
+            10,
+        )
+        .await
+        .unwrap();
+        stuck
+            .iter()
+            .any(|x| {
+                x.kind == admin::StuckKind::Gap
+                    && x.aggregate_id == "g"
+                    && x.held == 2
+                    && x.applied_seq == 1
+            })
+            .then_some(())
+    })
+    .await;
+    assert_eq!(s.applied().await, vec![("g".to_string(), 1)]);
+    publish(&ch, &s.exchange, "g", 2, json!({})).await;
+    s.wait_applied(4).await;
+    // A copy of 2 and an old 1: stale, not applied.
+    publish(&ch, &s.exchange, "g", 2, json!({})).await;
+    publish(&ch, &s.exchange, "g", 1, json!({})).await;
+    wait_until("stale messages counted", LONG, || async {
+        (one.stats.snapshot().stale >= 2).then_some(())
+    })
+    .await;
+    let applied = s.applied().await;
+    assert_in_order_once(&applied, &BTreeMap::from([("g".to_string(), 4)]));
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.consumer_held")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(held, 0);
+    one.stop().await;
+}
+
+#[tokio::test]
+async fn a_poison_message_parks_only_its_aggregate_and_the_operator_retries_or_skips() {
+    let s = Setup::new().await;
+    let one = s.start("a").await;
+    let (_conn, ch) = publisher(&s).await;
+    // p1: 1, then a transient failure that goes on (parks after 3 attempts), then 3, 4.
+    // p2: 1, then a permanent failure (parks at once), then 3.
+    // ok: flows all along.
+    publish(&ch, &s.exchange, "p1", 1, json!({})).await;
+    let poison1 = Uuid::now_v7();
+    sqlx::query("INSERT INTO ordered_poison VALUES ($1)")
+        .bind(poison1)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    // The handler looks the poison up by message id: publish with that id.
+    let id1 = publish_with_id(
+        &ch,
+        &s.exchange,
+        "p1",
+        2,
+        poison1,
+        json!({"fail": "transient"}),
+    )
+    .await;
+    publish(&ch, &s.exchange, "p1", 3, json!({})).await;
+    publish(&ch, &s.exchange, "p1", 4, json!({})).await;
+    publish(&ch, &s.exchange, "p2", 1, json!({})).await;
+    let poison2 = Uuid::now_v7();
+    sqlx::query("INSERT INTO ordered_poison VALUES ($1)")
+        .bind(poison2)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    publish_with_id(
+        &ch,
+        &s.exchange,
+        "p2",
+        2,
+        poison2,
+        json!({"fail": "permanent"}),
+    )
+    .await;
+    publish(&ch, &s.exchange, "p2", 3, json!({})).await;
+    for n in 1..=5 {
+        publish(&ch, &s.exchange, "ok", n, json!({})).await;
+    }
+    let schema = shared::schema::Schema::default();
+    wait_until("both poisoned aggregates parked", LONG, || async {
+        let stuck = admin::stuck(&s.db.pool, &schema, &s.name, Duration::from_secs(3600), 10)
+            .await
+            .unwrap();
+        let parked: Vec<&str> = stuck
+            .iter()
+            .filter(|x| x.kind == admin::StuckKind::Parked)
+            .map(|x| x.aggregate_id.as_str())
+            .collect();
+        (parked.len() == 2).then_some(())
+    })
+    .await;
+    let stuck = admin::stuck(&s.db.pool, &schema, &s.name, Duration::from_secs(3600), 10)
+        .await
+        .unwrap();
+    let p1 = stuck.iter().find(|x| x.aggregate_id == "p1").unwrap();
+    assert_eq!((p1.applied_seq, p1.attempts, p1.held), (1, 3, 3), "{p1:?}");
+    assert_eq!(p1.head_message_id, Some(id1));
+    let p2 = stuck.iter().find(|x| x.aggregate_id == "p2").unwrap();
+    assert_eq!((p2.applied_seq, p2.attempts, p2.held), (1, 1, 2), "{p2:?}");
+    // The other aggregate flowed on.
+    s.wait_applied(2 + 5).await;
+    let applied = s.applied().await;
+    assert_in_order_once(
+        &applied,
+        &BTreeMap::from([("p1".into(), 1), ("p2".into(), 1), ("ok".into(), 5)]),
+    );
+
+    // Retry p1 after fixing the cause: 2, 3, 4 apply in order.
+    sqlx::query("DELETE FROM ordered_poison WHERE message_id = $1")
+        .bind(poison1)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    let key = |id: &str| AggregateKey {
+        aggregate_type: "thing".into(),
+        aggregate_id: id.into(),
+    };
+    admin::retry_head(&s.db.pool, &schema, &s.name, &key("p1"))
+        .await
+        .unwrap();
+    s.wait_applied(10).await;
+    // Skip p2's head: dead-lettered, 3 applies.
+    let conn = s.broker.connect().await;
+    let admin_ch = conn.create_channel().await.unwrap();
+    admin_ch
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let resolved = admin::skip_head(
+        &s.db.pool,
+        &schema,
+        &admin_ch,
+        &s.name,
+        &key("p2"),
+        "operator skipped a poison message",
+    )
+    .await
+    .unwrap();
+    assert_eq!(resolved.dead_lettered, vec![2]);
+    s.wait_applied(11).await;
+    let applied = s.applied().await;
+    let without_p2: Vec<(String, i64)> =
+        applied.iter().filter(|(a, _)| a != "p2").cloned().collect();
+    assert_in_order_once(
+        &without_p2,
+        &BTreeMap::from([("p1".into(), 4), ("ok".into(), 5)]),
+    );
+    let p2_seqs: Vec<i64> = applied
+        .iter()
+        .filter(|(a, _)| a == "p2")
+        .map(|(_, s)| *s)
+        .collect();
+    assert_eq!(p2_seqs, vec![1, 3], "2 was skipped, 3 applied after 1");
+    let dead = consumer::dlq::list(&amqp_url(), &Default::default(), &s.name, 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].message_id, Some(poison2.to_string()));
+    assert_eq!(dead[0].kind, "operator");
+    assert_eq!(dead[0].reason, "operator skipped a poison message");
+    one.stop().await;
+}
+
+#[tokio::test]
+async fn an_instance_that_lost_its_partition_applies_nothing_after() {
+    let s = Setup::new().await;
+    let one = s.start("a").await;
+    let (_conn, ch) = publisher(&s).await;
+    publish(&ch, &s.exchange, "f", 1, json!({})).await;
+    s.wait_applied(1).await;
+    // Another instance takes every partition over behind this one's back (as after a pause
+    // longer than the lease): a new owner, a new epoch, a fresh lease.
+    sqlx::query(
+        "UPDATE outbox.consumer_partitions SET owner = 'thief', epoch = epoch + 1, \
+         lease_until = now() + interval '1 hour' WHERE consumer = $1",
+    )
+    .bind(&s.name)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    publish(&ch, &s.exchange, "f", 2, json!({})).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        s.applied().await,
+        vec![("f".to_string(), 1)],
+        "fenced: nothing applied"
+    );
+    // The message is not lost: it waits in its queue for the owner.
+    sqlx::query("UPDATE outbox.consumer_partitions SET owner = NULL, lease_until = '-infinity' WHERE consumer = $1")
+        .bind(&s.name)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    s.wait_applied(2).await;
+    assert_in_order_once(&s.applied().await, &BTreeMap::from([("f".to_string(), 2)]));
+    one.stop().await;
+}
+
+async fn publish_with_id(
+    ch: &Channel,
+    exchange: &str,
+    aggregate: &str,
+    seq: i64,
+    id: Uuid,
+    payload: serde_json::Value,
+) -> Uuid {
+    let text = |s: &str| AMQPValue::LongString(LongString::from(s));
+    let mut h = FieldTable::default();
+    h.insert("aggregate_type".into(), text("thing"));
+    h.insert("aggregate_id".into(), text(aggregate));
+    h.insert("aggregate_seq".into(), AMQPValue::LongLongInt(seq));
+    // Any fixed partition per aggregate: the test derives it from the name.
+    let partition = i64::from(aggregate.bytes().map(u32::from).sum::<u32>() % 64);
+    h.insert(
+        "aggregate_partition".into(),
+        AMQPValue::LongLongInt(partition),
+    );
+    h.insert("created_at".into(), text("2026-12-02T00:00:00.000000Z"));
+    let props = BasicProperties::default()
+        .with_message_id(ShortString::from(id.to_string()))
+        .with_type(ShortString::from("thing.changed"))
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_headers(h);
+    ch.basic_publish(
+        exchange.into(),
+        "thing.changed".into(),
+        BasicPublishOptions::default(),
+        payload.to_string().as_bytes(),
+        props,
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    id
+}
