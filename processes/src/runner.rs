@@ -642,6 +642,25 @@ impl Run<'_> {
                 };
                 match outcome {
                     Ok(Ok(done)) => self.external_succeeded(i, done, "succeeded", started).await,
+                    // This attempt repeated one of unknown outcome with the same key. A transient
+                    // error (a 503 before the remote looked at the key, a refused connection)
+                    // says nothing about that earlier attempt: the outcome stays unknown, so the
+                    // step stays in doubt (stored as `unknown`, also for the next owner) and
+                    // running out of attempts ends in review, never in a failure whose
+                    // compensation would treat the remote as if it had not acted. (A queryable
+                    // remote's doubt was settled by the lookup before this call; a remote with
+                    // neither was not called again.)
+                    Ok(Err(e))
+                        if doubt
+                            && remote == Remote::HonoursKey
+                            && e.class == ErrorClass::Transient =>
+                    {
+                        let e = StepError::unknown(format!(
+                            "{}; the outcome of an earlier attempt is still unknown",
+                            e.message
+                        ));
+                        self.record_error(i, e, false, retry, started).await
+                    }
                     Ok(Err(e)) => self.record_error(i, e, false, retry, started).await,
                     Err(_) => {
                         let e = StepError::unknown(format!(

@@ -7,7 +7,9 @@
 //!
 //! Per-process behaviour comes from the input: `{"amount": 5, "card": "...", "charge": "...",
 //! "reject_confirm": false}`, with `charge` one of `ok`, `timeout_once` (acts, then answers after
-//! the step's timeout on the first attempt), `transient_always`, `permanent`.
+//! the step's timeout on the first attempt), `timeout_then_transient` (acts and answers too late
+//! on the first attempt, then answers 503 without looking at the key on every later one),
+//! `transient_always`, `permanent`.
 
 use processes::{
     Action, Definition, Done, ExternalStep, LocalStep, Lookup, Registry, Remote, RetryPolicy, Step,
@@ -224,6 +226,9 @@ impl ExternalStep for Charge {
             }
             match input_str(ctx, "charge") {
                 "transient_always" => return Err(StepError::transient("HTTP 503")),
+                "timeout_then_transient" if ctx.attempt > 1 => {
+                    return Err(StepError::transient("HTTP 503"));
+                }
                 "permanent" => {
                     return Err(StepError::permanent(
                         "HTTP 402 declined card 4111111111111111",
@@ -252,7 +257,11 @@ impl ExternalStep for Charge {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
-            if input_str(ctx, "charge") == "timeout_once" && ctx.attempt == 1 {
+            if matches!(
+                input_str(ctx, "charge"),
+                "timeout_once" | "timeout_then_transient"
+            ) && ctx.attempt == 1
+            {
                 tokio::time::sleep(CHARGE_TIMEOUT * 3).await;
             }
             Ok(Done::new(id.clone()).with_output(serde_json::json!({ "charge": id })))

@@ -468,6 +468,57 @@ async fn an_operator_resolves_an_unknown_charge_with_the_providers_charge_id_and
     assert_eq!(captured[0].0["charge_id"], json!(charge_id));
 }
 
+/// What could end the 200-payment run in a `compensated` payment whose money was taken: an
+/// attempt charges but its answer comes too late (unknown), and every later attempt with the same
+/// key gets a 503 before the provider looks at the key. When the attempts run out the outcome is
+/// still unknown: manual review, the order still reserved, never a failed payment and a released
+/// order with the money kept.
+#[tokio::test]
+async fn unavailable_retries_after_an_unknown_charge_end_in_review_not_in_a_failed_payment() {
+    let f = Flow::start(
+        &[
+            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
+            ("PROVIDER_TIMEOUT_DELAY", "3s"),
+        ],
+        "honours_key",
+    )
+    .await;
+    let _w = f.worker("w1", &[]);
+    let (_order, payment) = f.pay(1).await;
+    f.wait_charged(payment).await;
+    wait_until("an attempt ended with an unknown outcome", WAIT, || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.process_steps WHERE name = 'charge' AND error_class = 'unknown' AND attempts >= 1",
+        )
+        .fetch_one(&f.db.pool)
+        .await
+        .unwrap();
+        (n > 0).then_some(())
+    })
+    .await;
+    // From now on every call is refused before the provider looks at its key.
+    f.admin.set_faults("error_before_charge:100").await.unwrap();
+    f.wait_status(payment, "manual_review").await;
+    let (status, attempts, _) = f.step(payment, "forward", "charge").await;
+    assert_eq!(status, "manual_review");
+    let class: Option<String> = sqlx::query_scalar(
+        "SELECT s.error_class FROM outbox.process_steps s JOIN outbox.processes p ON p.id = s.process_id \
+         WHERE p.business_key = $1 AND s.role = 'forward' AND s.name = 'charge'",
+    )
+    .bind(payment.to_string())
+    .fetch_one(&f.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        class.as_deref(),
+        Some("unknown"),
+        "after {attempts} attempts"
+    );
+    assert_eq!(taken(&f.charges(payment).await), 1);
+    assert_eq!(f.row(payment).await, ("pending".into(), "reserved".into()));
+    assert!(f.events(payment, "payment.failed").await.is_empty());
+}
+
 #[tokio::test]
 async fn a_worker_killed_after_the_provider_charged_is_replaced_and_the_payment_charged_once() {
     // The answer is held far longer than the worker waits for it: the worker is mid-call when the

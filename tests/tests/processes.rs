@@ -789,6 +789,41 @@ async fn a_timeout_is_an_unknown_outcome_resolved_by_what_the_remote_supports() 
     close(db).await;
 }
 
+/// The first attempt acts at the remote but its answer comes too late (unknown); every retry with
+/// the same key gets a 503 before the remote looks at the key. Those answers say nothing about the
+/// first attempt, so when the attempts run out the outcome is still unknown: manual review with
+/// the charge as the evidence, never "failed" and compensated as if nothing had been taken.
+#[tokio::test]
+async fn transient_errors_after_an_unknown_outcome_keep_it_unknown_until_review() {
+    let db = setup().await;
+    let id = start(&db.pool, "order_key", "k", &input("timeout_then_transient")).await;
+    let w = InProcess::start(&db.pool, "w", registry(&db.pool));
+    wait_until(&format!("process {id} settled"), WAIT, || async {
+        let s = status(&db.pool, id).await;
+        matches!(
+            s.as_str(),
+            "succeeded" | "failed" | "compensated" | "manual_review"
+        )
+        .then_some(())
+    })
+    .await;
+    w.stop().await;
+    let s = steps(&db.pool, id).await;
+    assert_eq!(status(&db.pool, id).await, "manual_review", "{s:?}");
+    let c = step(&s, "charge", "forward");
+    assert_eq!(
+        (c.2.as_str(), c.3, c.4.as_deref()),
+        ("manual_review", 4, Some("unknown")),
+        "{s:?}"
+    );
+    assert!(
+        s.iter().all(|x| x.1 != "compensation"),
+        "the reservation is kept while the charge may exist: {s:?}"
+    );
+    assert_eq!(fx::effects(&db.pool, id).await, (1, 0), "charged once");
+    close(db).await;
+}
+
 #[tokio::test]
 async fn invalid_input_fails_permanently_without_retry() {
     let db = setup().await;
