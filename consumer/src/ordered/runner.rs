@@ -64,6 +64,7 @@ pub(crate) async fn consume(
     tracing::info!(consumer = %cfg.name, instance = %cfg.instance_id, partitions = cfg.partitions, "ordered consumer joining its group");
 
     let mut running: BTreeMap<i16, Running> = BTreeMap::new();
+    let mut last_stuck = (0, 0);
     let mut tick = tokio::time::interval(cfg.lease / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let result = loop {
@@ -184,6 +185,7 @@ pub(crate) async fn consume(
             }
         }
         crate::internal_events::owned_partitions(&cfg.name, running.len());
+        report_stuck(ctx, &mut last_stuck).await;
     };
     let partitions: Vec<i16> = running.keys().copied().collect();
     for (_, r) in std::mem::take(&mut running) {
@@ -209,4 +211,32 @@ pub(crate) async fn consume(
         crate::internal_events::owned_partitions(&cfg.name, 0);
     }
     result
+}
+
+/// The gauges of parked aggregates, gap waits and held messages (the whole consumer's, as every
+/// instance sees it), and a log line whenever the parked or gap-waiting count changes.
+async fn report_stuck(ctx: &Ctx, last: &mut (i64, i64)) {
+    let cfg = &ctx.config;
+    let counts = plumbing::db::bounded(super::admin::counts(
+        &ctx.pool,
+        &cfg.schema,
+        &cfg.name,
+        cfg.gap_timeout,
+    ))
+    .await;
+    let Ok((parked, gaps, held)) = counts else {
+        return;
+    };
+    crate::internal_events::ordered_state(&cfg.name, parked, gaps, held);
+    if (parked, gaps) != *last && (parked > 0 || gaps > 0) {
+        tracing::warn!(
+            consumer = %cfg.name,
+            parked,
+            gap_waits = gaps,
+            held,
+            gap_timeout = ?cfg.gap_timeout,
+            "ordered consumer has stuck aggregates: parked ones wait for an operator, gap waits for a missing message (see the console, or consumer::ordered::admin::stuck)"
+        );
+    }
+    *last = (parked, gaps);
 }
