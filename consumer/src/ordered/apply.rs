@@ -242,9 +242,10 @@ async fn run(
         for (seq, ixs) in &agg.arrived {
             let fate = if applied_set.contains(seq) {
                 Fate::Processed
-            } else if held_now.contains(seq) || agg.plan.already_held.contains(seq) {
-                Fate::Held
-            } else if agg.failure.is_some() && agg.held.contains(seq) {
+            } else if held_now.contains(seq)
+                || agg.plan.already_held.contains(seq)
+                || (agg.failure.is_some() && agg.held.contains(seq))
+            {
                 Fate::Held
             } else {
                 Fate::Stale
