@@ -17,6 +17,8 @@
 //! - [`provider_webhooks`]: `POST /webhooks/provider`, the provider's signed events recorded once
 //!   per payment (the `idempotency` crate's webhook receiver).
 //! - [`ledger`]: the example consumer handler (`payment.captured` moves ledger balances).
+//! - [`timeline`]: the example consumer that records the order it applies events in
+//!   (`producer timeline`, `demo.timeline`), and [`timeline::violations`] over it.
 //! - [`replay_marker`]: the `"replayed": true` the demo's replays carry in their body.
 //! - [`validation`]: strict parsing of request bodies (field errors as `{"errors": [...]}`).
 //! - [`auth`]: bearer API keys mapped to tenants, stored hashed; key creation.
@@ -48,6 +50,7 @@ pub mod provider_webhooks;
 pub mod reconciliation;
 pub mod replay_marker;
 pub mod state;
+pub mod timeline;
 pub mod trace_context;
 pub mod validation;
 pub mod worker;

@@ -1,5 +1,6 @@
 //! `producer`: the example application. Serves the orders/payments HTTP API (default), runs its
-//! ledger consumer and its payment worker, manages API keys, applies its migrations.
+//! ledger consumer, its timeline consumer and its payment worker, manages API keys, applies its
+//! migrations.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -27,6 +28,12 @@ enum Command {
     /// Run the example ledger consumer (`payment.captured` moves `demo.ledger_balances`) until
     /// SIGTERM/SIGINT.
     Ledger {
+        #[command(flatten)]
+        settings: Box<consumer::config::Settings>,
+    },
+    /// Run the example timeline consumer (every event bound is appended to `demo.timeline`, so the
+    /// order it was applied in shows from outside) until SIGTERM/SIGINT.
+    Timeline {
         #[command(flatten)]
         settings: Box<consumer::config::Settings>,
     },
@@ -94,28 +101,48 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Ledger { settings } => {
-            let shutdown = plumbing::shutdown::on_signal();
-            // DATABASE_URL may go through a transaction pooler (DATABASE_POOLER, with
-            // DATABASE_DIRECT_URL for the migrations): then the consumer and the ledger run
-            // unnamed statements in per-batch transactions, which works there.
-            let connections = settings.connections.clone();
-            let config = (*settings).into_config().context("invalid settings")?;
-            let app_name = format!("consumer {}", config.name);
-            let connect = demo::connect_and_migrate_to(
-                connections.database(),
-                config.pool_size(),
-                &app_name,
-                &connections.schema,
-                std::time::Duration::from_secs(cli.config.db_connect_deadline_secs),
-            );
-            let pool = tokio::select! {
-                pool = connect => pool.context("connecting to PostgreSQL")?,
-                _ = shutdown.cancelled() => return Ok(()),
-            };
-            let handlers = demo::ledger::handlers_with(config.named_statements);
-            let result = consumer::run(config, pool, handlers, shutdown).await;
-            plumbing::telemetry::shutdown_tracing();
-            result.context("ledger consumer failed")
+            run_consumer(&cli.config, *settings, "ledger", |config| {
+                demo::ledger::handlers_with(config.named_statements)
+            })
+            .await
+        }
+        Command::Timeline { settings } => {
+            run_consumer(&cli.config, *settings, "timeline", |config| {
+                demo::timeline::handlers(config.name.clone())
+            })
+            .await
         }
     }
+}
+
+/// Runs one of the example consumers (`what`: ledger, timeline) with the handlers `handlers`
+/// builds from its configuration, until SIGTERM/SIGINT.
+async fn run_consumer(
+    app: &demo::Config,
+    settings: consumer::config::Settings,
+    what: &str,
+    handlers: impl FnOnce(&consumer::Config) -> consumer::Handlers,
+) -> anyhow::Result<()> {
+    let shutdown = plumbing::shutdown::on_signal();
+    // DATABASE_URL may go through a transaction pooler (DATABASE_POOLER, with
+    // DATABASE_DIRECT_URL for the migrations): then the consumer and the handlers run unnamed
+    // statements in per-batch transactions, which works there.
+    let connections = settings.connections.clone();
+    let config = settings.into_config().context("invalid settings")?;
+    let app_name = format!("consumer {}", config.name);
+    let connect = demo::connect_and_migrate_to(
+        connections.database(),
+        config.pool_size(),
+        &app_name,
+        &connections.schema,
+        std::time::Duration::from_secs(app.db_connect_deadline_secs),
+    );
+    let pool = tokio::select! {
+        pool = connect => pool.context("connecting to PostgreSQL")?,
+        _ = shutdown.cancelled() => return Ok(()),
+    };
+    let handlers = handlers(&config);
+    let result = consumer::run(config, pool, handlers, shutdown).await;
+    plumbing::telemetry::shutdown_tracing();
+    result.with_context(|| format!("{what} consumer failed"))
 }

@@ -27,6 +27,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "reconciliation",
         include_str!("../migrations/0004_reconciliation.sql"),
     ),
+    (
+        5,
+        "timeline",
+        include_str!("../migrations/0005_timeline.sql"),
+    ),
 ];
 
 /// The demo's migrator; `product` is the product schema its SQL refers to.
