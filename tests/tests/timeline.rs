@@ -259,3 +259,155 @@ async fn a_batch_is_appended_in_slice_order() {
         }
     );
 }
+
+/// `producer timeline --ordered`, two instances as child processes: one is SIGKILLed mid-stream;
+/// the other takes its partitions over after the lease, and the timeline shows every event
+/// applied once and each aggregate in order. A third joins and gets its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordered_instances_keep_each_aggregate_in_order_across_a_sigkill_and_a_join() {
+    init_logging();
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let exchange = broker.exchange("outbox");
+    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
+    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
+    let name = unique("otl");
+    let (queues, exchanges) = consumer::ordered::topology::names(&name, 4);
+    let plain = consumer::topology::Topology::new(&name, &[]);
+    for q in queues.into_iter().chain(plain.queues()) {
+        broker.track_queue(&q);
+    }
+    for e in exchanges.into_iter().chain(plain.exchanges()) {
+        broker.track_exchange(&e);
+    }
+    let spawn = || {
+        let metrics = free_addr();
+        let child = Command::new(bin_path("producer"))
+            .args([
+                "timeline",
+                "--name",
+                &name,
+                "--ordered",
+                "--partitions",
+                "4",
+            ])
+            .args(["--lease", "2s", "--batch-size", "50"])
+            .args(["--database-url", &db.url, "--amqp-url", &amqp_url()])
+            .args([
+                "--exchange",
+                &exchange,
+                "--metrics-addr",
+                &metrics.to_string(),
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn producer timeline --ordered");
+        (child, metrics)
+    };
+    let (mut first, m1) = spawn();
+    let (mut second, m2) = spawn();
+    for m in [m1, m2] {
+        wait_until(
+            "an ordered timeline instance is ready",
+            LONG,
+            || async move { (http_status(m, "/readyz").await == Some(200)).then_some(()) },
+        )
+        .await;
+    }
+    let relay = InProcess::start(
+        db.pool.clone(),
+        config(&db.url, &amqp_url(), &exchange, test_options()),
+    )
+    .await;
+    let owners = |pool: sqlx::PgPool, name: String| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox.consumer_partitions WHERE consumer = $1 \
+             AND owner IS NOT NULL AND lease_until > now() GROUP BY owner ORDER BY 1 DESC",
+        )
+        .bind(name)
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    wait_until("two instances hold 2 partitions each", LONG, || {
+        let f = owners(db.pool.clone(), name.clone());
+        async move { (f.await == vec![2, 2]).then_some(()) }
+    })
+    .await;
+
+    // 800 events: a hot aggregate with half of them, the rest over 20 others, in 8 transactions.
+    let events: Vec<NewMessage> = (0..800)
+        .map(|n| {
+            let aggregate = if n % 2 == 0 {
+                "hot".to_string()
+            } else {
+                format!("agg-{}", n % 20)
+            };
+            NewMessage::new("test", aggregate, "thing.happened", json!({ "n": n }))
+        })
+        .collect();
+    let count = |pool: sqlx::PgPool, name: String| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM demo.timeline WHERE consumer = $1")
+            .bind(name)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    for (i, chunk) in events.chunks(100).enumerate() {
+        let mut tx = db.pool.begin().await.unwrap();
+        shared::outbox::enqueue_many(&mut *tx, chunk).await.unwrap();
+        tx.commit().await.unwrap();
+        if i == 3 {
+            // Mid-stream: kill the first instance (no goodbye, its leases just end).
+            wait_until("some events applied", LONG, || {
+                let f = count(db.pool.clone(), name.clone());
+                async move { (f.await >= 100).then_some(()) }
+            })
+            .await;
+            first.start_kill().unwrap();
+            let _ = first.wait().await;
+        }
+    }
+    let killed_at = std::time::Instant::now();
+    wait_until("the survivor holds all 4 partitions", LONG, || {
+        let f = owners(db.pool.clone(), name.clone());
+        async move { (f.await == vec![4]).then_some(()) }
+    })
+    .await;
+    println!("rebalanced after SIGKILL in {:?}", killed_at.elapsed());
+    // A third instance joins: the spread becomes 2/1... within a few heartbeats.
+    let (_third, m3) = spawn();
+    let joined_at = std::time::Instant::now();
+    wait_until("the third instance is ready", LONG, || async move {
+        (http_status(m3, "/readyz").await == Some(200)).then_some(())
+    })
+    .await;
+    wait_until(
+        "the partitions spread 2, 2 over two live instances",
+        LONG,
+        || {
+            let f = owners(db.pool.clone(), name.clone());
+            async move { (f.await == vec![2, 2]).then_some(()) }
+        },
+    )
+    .await;
+    println!("rebalanced after a join in {:?}", joined_at.elapsed());
+    wait_until("every event in the timeline", LONG, || {
+        let f = count(db.pool.clone(), name.clone());
+        async move { (f.await >= 800).then_some(()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.stop().await;
+    let v = violations(&db.pool, &name).await.unwrap();
+    assert_eq!(
+        v,
+        Violations::default(),
+        "order violations or effects applied twice"
+    );
+    let applied: i64 = count(db.pool.clone(), name.clone()).await;
+    assert_eq!(applied, 800, "each event exactly once");
+    let _ = second.start_kill();
+}
