@@ -247,7 +247,7 @@ async fn a_lost_webhook_is_replaced_by_the_query_at_the_confirmation_timeout() {
 async fn every_webhook_fault_with_the_charge_faults_ends_decided_or_in_review_never_charged_twice()
 {
     let s = Stack::start(
-        "webhook_lost:20,webhook_duplicate:30,webhook_reorder:20,webhook_delay:20,webhook_5xx_retry:20,timeout_after_charge:10,decline:10",
+        "webhook_lost:20,webhook_duplicate:30,webhook_reorder:20,webhook_delay:20,webhook_5xx_retry:20,timeout_after_charge:10,decline:30",
     )
     .await;
     let mut w1 = s.worker("w1");
@@ -277,5 +277,7 @@ async fn every_webhook_fault_with_the_charge_faults_ends_decided_or_in_review_ne
         .flatten()
         .filter(|c| c.status == ChargeStatus::Declined)
         .count();
+    // 30 % of at least 24 charge calls: all missing would be 0.7^24 (about 1 in 5,000). The
+    // provider's draws follow the workers' interleaving, so the seed alone does not fix them.
     assert!(declined > 0, "the decline fault struck");
 }
