@@ -83,7 +83,7 @@ pub struct Config {
     /// Ordered mode: partition lease. An instance that dies holds its partitions at most this
     /// long; a live one renews every quarter of it.
     pub lease: Duration,
-    /// Ordered mode: this instance's id in the consumer group (default: host, process, random).
+    /// Ordered mode: this instance's id in the consumer group (default: host and a random suffix).
     pub instance_id: String,
 }
 
@@ -129,7 +129,7 @@ impl Config {
             partitions: 8,
             gap_timeout: Duration::from_secs(60),
             lease: Duration::from_secs(10),
-            instance_id: default_instance_id(),
+            instance_id: plumbing::membership::instance_id(),
         }
     }
 
@@ -220,18 +220,6 @@ impl Config {
             .unwrap_or(u32::MAX)
             .saturating_add(2)
     }
-}
-
-/// `host-pid-xxxxxxxx`: unique per process, readable in the console.
-pub fn default_instance_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "host".into());
-    format!(
-        "{host}-{}-{}",
-        std::process::id(),
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    )
 }
 
 /// A consumer name becomes part of queue names: keep it to what every tool displays plainly.

@@ -87,8 +87,10 @@ pub enum SessionError {
     Worker(#[source] tokio::task::JoinError),
     #[error("partition {0} is no longer this instance's (lease lost or taken over)")]
     Fenced(i16),
-    #[error("joining the consumer group failed: {0}")]
-    Group(String),
+    #[error("joining the consumer group failed")]
+    Group(#[source] GroupError),
+    #[error("a handled message of the batch was left without a fate; the batch is redelivered")]
+    Undecided,
 }
 
 /// Errors of an ordered consumer's group (see [`crate::ordered`]).

@@ -16,6 +16,8 @@
 //!   only some versions have.
 //! - [`backoff`]: exponential backoff with full jitter, shared by retries and reconnects.
 //! - [`config`]: the connection settings (flags and env vars) every binary takes.
+//! - [`membership`]: instance ids and the fair share of partitions among live instances (relay
+//!   partitions, ordered consumer partitions).
 
 pub mod amqp;
 pub mod amqp_nodes;
@@ -24,6 +26,7 @@ pub mod backoff;
 pub mod broker_version;
 pub mod config;
 pub mod db;
+pub mod membership;
 pub mod shutdown;
 pub mod telemetry;
 pub mod trace;

@@ -1,7 +1,8 @@
 //! Partition leases: which of the 64 outbox partitions this relay may publish.
 //!
 //! Each relay heartbeats in `relay_instances`, renews the leases it holds, and aims to hold its fair
-//! share (`ceil(64 / live relays)`): it takes free or expired partitions when it holds fewer, and
+//! share ([`plumbing::membership::fair_share`]: 64 / live relays, one more for the first ones by
+//! id, so shares differ by at most one): it takes free or expired partitions when it holds fewer, and
 //! gives back the surplus when it holds more, at a safe point between batches. A relay that dies
 //! stops renewing; after the lease its partitions are expired and the others take them.
 //!
@@ -85,18 +86,23 @@ impl Leases {
              ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()",
         ))
         .bind(&self.instance_id)
-        .bind(hostname())
+        .bind(plumbing::membership::hostname())
         .persistent(false)
         .execute(&mut *tx)
         .await?;
-        let live: i64 = sqlx::query_scalar(
-            self.schema.sql("SELECT count(*) FROM {{schema}}.relay_instances WHERE heartbeat_at > now() - make_interval(secs => $1)"),
-        )
+        let live: Vec<String> = sqlx::query_scalar(self.schema.sql(
+            "SELECT instance_id FROM {{schema}}.relay_instances \
+             WHERE heartbeat_at > now() - make_interval(secs => $1) ORDER BY instance_id",
+        ))
         .bind(lease_secs)
         .persistent(false)
-        .fetch_one(&mut *tx)
+        .fetch_all(&mut *tx)
         .await?;
-        let fair = (PARTITIONS + live.max(1) - 1) / live.max(1);
+        let rank = live
+            .iter()
+            .position(|i| *i == self.instance_id)
+            .unwrap_or(0);
+        let fair = plumbing::membership::fair_share(PARTITIONS, live.len() as i64, rank as i64);
 
         let mut renewed: Vec<i16> = sqlx::query_scalar(
             self.schema.sql("UPDATE {{schema}}.relay_partitions SET lease_until = now() + make_interval(secs => $2) \
@@ -216,12 +222,6 @@ impl Leases {
         crate::internal_events::owned_partitions(0);
         Ok(())
     }
-}
-
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// Renews (and rebalances) the leases every quarter lease, reporting PostgreSQL readiness, until

@@ -112,13 +112,10 @@ pub async fn run_with_pool(
         .map(Arc::new);
     internal_events::describe();
     let opts = config.options.clone();
-    let instance_id = opts.instance_id.clone().unwrap_or_else(|| {
-        format!(
-            "{}-{}",
-            leases::hostname(),
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        )
-    });
+    let instance_id = opts
+        .instance_id
+        .clone()
+        .unwrap_or_else(plumbing::membership::instance_id);
     let span = tracing::info_span!("relay", instance = %instance_id);
     let _enter = span.enter();
     tracing::info!(exchange = %config.connections.exchange, "relay starting");

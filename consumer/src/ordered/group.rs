@@ -2,7 +2,7 @@
 //! and the fence every apply transaction checks.
 //!
 //! As the relay shares its partitions: each instance heartbeats in `consumer_instances`, renews
-//! the leases it holds and aims at its fair share (`ceil(partitions / live instances)`, so the
+//! the leases it holds and aims at its fair share ([`plumbing::membership::fair_share`], so the
 //! spread is even to ±1): it takes free or expired partitions when it holds fewer and gives back
 //! the surplus when it holds more. Taking a partition raises its `epoch`. An apply transaction
 //! locks its partition row `FOR SHARE` and checks owner, epoch and lease: a takeover (an
@@ -14,7 +14,6 @@ use shared::schema::Schema;
 use sqlx::{PgConnection, PgPool};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// A held partition: the queue's number and the epoch this instance took it at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,8 +25,9 @@ pub struct Slot {
 /// The partitions after one heartbeat.
 #[derive(Debug, Default)]
 pub struct Held {
-    /// Partition -> slot and the local instant until which it may be used.
-    pub slots: BTreeMap<i16, (Slot, Instant)>,
+    /// Partition -> slot. There is no local view of the lease's end: the fence in every apply
+    /// transaction checks the database's.
+    pub slots: BTreeMap<i16, Slot>,
     /// How many partitions to give back (held beyond the fair share).
     pub surplus: usize,
 }
@@ -76,8 +76,7 @@ pub async fn ensure(
     Ok(())
 }
 
-/// One heartbeat: register, renew, take up to the fair share. Returns what is held after it,
-/// valid locally until `started + lease - margin` (the local view ends before the database's).
+/// One heartbeat: register, renew, take up to the fair share. Returns what is held after it.
 pub async fn tick(
     pool: &PgPool,
     schema: &Schema,
@@ -86,7 +85,6 @@ pub async fn tick(
     partitions: u16,
     lease: Duration,
 ) -> Result<Held, sqlx::Error> {
-    let started = Instant::now();
     let secs = lease.as_secs_f64();
     let mut tx = pool.begin().await?;
     sqlx::query(schema.sql(
@@ -109,7 +107,8 @@ pub async fn tick(
     .fetch_all(&mut *tx)
     .await?;
     let rank = live.iter().position(|i| i == instance).unwrap_or(0);
-    let fair = fair_share(i64::from(partitions), live.len().max(1) as i64, rank as i64);
+    let fair =
+        plumbing::membership::fair_share(i64::from(partitions), live.len() as i64, rank as i64);
     let mut held: Vec<(i16, i64)> = sqlx::query_as(schema.sql(
         "UPDATE {{schema}}.consumer_partitions SET lease_until = now() + make_interval(secs => $3) \
          WHERE consumer = $1 AND owner = $2 AND lease_until > now() RETURNING partition, epoch",
@@ -150,21 +149,13 @@ pub async fn tick(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    let margin = (lease / 5).min(Duration::from_secs(1));
-    let until = started + lease - margin;
     Ok(Held {
         surplus: (held.len() as i64 - fair).max(0) as usize,
         slots: held
             .into_iter()
-            .map(|(partition, epoch)| (partition, (Slot { partition, epoch }, until)))
+            .map(|(partition, epoch)| (partition, Slot { partition, epoch }))
             .collect(),
     })
-}
-
-/// The share of the instance at `rank` (by id) among `live`: `partitions / live`, one more for
-/// the first `partitions % live`, so the shares add up and differ by at most one.
-pub fn fair_share(partitions: i64, live: i64, rank: i64) -> i64 {
-    partitions / live + i64::from(rank < partitions % live)
 }
 
 /// Gives partitions back (surplus, or all at shutdown) so another instance takes them at once.
@@ -231,27 +222,4 @@ pub async fn fence(
     .fetch_optional(&mut *conn)
     .await?;
     Ok(held.is_some())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shares_add_up_and_differ_by_at_most_one() {
-        for partitions in 1..=64 {
-            for live in 1..=10 {
-                let shares: Vec<i64> = (0..live).map(|r| fair_share(partitions, live, r)).collect();
-                assert_eq!(
-                    shares.iter().sum::<i64>(),
-                    partitions,
-                    "{partitions}/{live}"
-                );
-                let (min, max) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
-                assert!(max - min <= 1, "{partitions}/{live}: {shares:?}");
-            }
-        }
-        assert_eq!(fair_share(4, 3, 0), 2);
-        assert_eq!(fair_share(4, 3, 2), 1);
-    }
 }

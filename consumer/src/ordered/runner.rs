@@ -56,9 +56,9 @@ pub(crate) async fn consume(
         SessionError::Topology,
     )
     .await?;
-    if let Err(e) = group::ensure(&ctx.pool, &cfg.schema, &cfg.name, cfg.partitions).await {
-        return Err(SessionError::Group(e.to_string()));
-    }
+    group::ensure(&ctx.pool, &cfg.schema, &cfg.name, cfg.partitions)
+        .await
+        .map_err(SessionError::Group)?;
     ctx.readiness.set_rabbitmq(true);
     established.store(true, Ordering::Relaxed);
     tracing::info!(consumer = %cfg.name, instance = %cfg.instance_id, partitions = cfg.partitions, "ordered consumer joining its group");
@@ -115,7 +115,7 @@ pub(crate) async fn consume(
         // Lost (taken over after a pause) or moved to another epoch: stop.
         let lost: Vec<i16> = running
             .iter()
-            .filter(|(p, r)| held.slots.get(p).is_none_or(|(s, _)| *s != r.slot))
+            .filter(|(p, r)| held.slots.get(p) != Some(&r.slot))
             .map(|(p, _)| *p)
             .collect();
         for p in lost {
@@ -156,7 +156,7 @@ pub(crate) async fn consume(
             }
         }
         // New: start a worker each.
-        for (p, (slot, _)) in &held.slots {
+        for (p, slot) in &held.slots {
             if surplus.contains(p) || running.contains_key(p) {
                 continue;
             }
