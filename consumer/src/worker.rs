@@ -262,11 +262,10 @@ impl Worker {
                 "no aggregate_seq header (1 or more): an ordered consumer applies only numbered messages"
                     .into(),
             ),
-            Ok(env) if ordered && self.ctx.handlers.resolve(&env.event_type).is_none() => {
-                Work::Advance(Box::new(env))
-            }
             Ok(env) => match self.ctx.handlers.resolve(&env.event_type) {
                 Some(h) => Work::Handle(Box::new(env), h.clone()),
+                // Ordered: its turn still comes, it advances the position (strict is refused).
+                None if ordered => Work::Advance(Box::new(env)),
                 None if self.ctx.config.strict => Work::Reject(
                     DeadLetterKind::UnknownEventType,
                     format!("no handler for event type {:?}", env.event_type),
@@ -415,9 +414,9 @@ impl Worker {
                         Fate::DeadLetter(*kind, reason.clone())
                     }
                     Work::Ignore => Fate::Ignored,
-                    Work::Handle(..) | Work::Advance(_) => {
-                        unreachable!("the transaction decides every handled message")
-                    }
+                    // The transaction decides every handled message; were one left undecided,
+                    // nothing of the batch is acknowledged: the channel closes, all come back.
+                    Work::Handle(..) | Work::Advance(_) => return Err(SessionError::Undecided),
                 });
             }
         }

@@ -13,6 +13,7 @@
 //! - [`raw_amqp`]: a hand-written AMQP publisher for deliveries no client library would encode.
 //! - [`fleet`]: relays and ledger consumers as child processes, payment load, the exact ledger.
 
+pub mod consumers;
 pub mod demo_stack;
 pub mod fleet;
 pub mod ordering;
@@ -153,6 +154,15 @@ impl TestBroker {
     /// Remembers an exchange created by a component (e.g. the relay's alternate exchange).
     pub fn track_exchange(&self, name: &str) {
         self.exchanges.lock().unwrap().push(name.to_string());
+    }
+    /// A fresh outbox exchange name, remembered for deletion with the alternate exchange and
+    /// queue the relay and consumers declare beside it (`<name>.unrouted`).
+    pub fn outbox_exchange(&self, prefix: &str) -> String {
+        let n = self.exchange(prefix);
+        let unrouted = plumbing::amqp::unrouted_name(&n);
+        self.track_exchange(&unrouted);
+        self.track_queue(&unrouted);
+        n
     }
     /// A fresh queue name, remembered for deletion.
     pub fn queue(&self, prefix: &str) -> String {

@@ -3,20 +3,20 @@
 //! that parks only its aggregate and the operator's retry and skip, and the fence that stops an
 //! instance which lost its partition.
 
-use consumer::ordered::{admin, store::AggregateKey, topology};
-use consumer::{Config, Consumer, Handler, HandlerError, Handlers, Stats};
+use consumer::ordered::{admin, store::AggregateKey};
+use consumer::{Config, Handler, HandlerError, Handlers};
+use lapin::Channel;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel};
+use relay::encoder::Encoding;
+use relay::store::OutboxRow;
 use serde_json::json;
 use shared::{Envelope, NewMessage};
 use sqlx::PgConnection;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
+use system_tests::consumers::{RunningConsumer, track_consumer};
 use system_tests::relays::{InProcess, config as relay_config, test_options};
 use system_tests::*;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const LONG: Duration = Duration::from_secs(90);
@@ -76,24 +76,9 @@ impl Setup {
         .await
         .unwrap();
         let broker = TestBroker::new();
-        let exchange = broker.exchange("outbox");
-        broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-        broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
+        let exchange = broker.outbox_exchange("outbox");
         let name = unique("ord");
-        let (queues, exchanges) = topology::names(&name, PARTITIONS);
-        for q in queues {
-            broker.track_queue(&q);
-        }
-        for e in exchanges {
-            broker.track_exchange(&e);
-        }
-        let t = consumer::topology::Topology::new(&name, &[]);
-        for q in t.queues() {
-            broker.track_queue(&q);
-        }
-        for e in t.exchanges() {
-            broker.track_exchange(&e);
-        }
+        track_consumer(&broker, &name, &[], Some(PARTITIONS));
         Self {
             db,
             broker,
@@ -116,27 +101,12 @@ impl Setup {
         c
     }
 
-    async fn start(&self, instance: &str) -> Instance {
+    async fn start(&self, instance: &str) -> RunningConsumer {
         let config = self.config(instance);
         let pool = plumbing::db::connect(&self.db.url, config.pool_size(), "ordered-test")
             .await
             .unwrap();
-        let consumer =
-            Consumer::new(config, pool, Handlers::new().fallback(Recorder)).expect("config");
-        let stats = consumer.stats();
-        let readiness = consumer.readiness();
-        let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(consumer.run(shutdown.clone()));
-        wait_until("consumer consuming", LONG, || {
-            let r = readiness.clone();
-            async move { r.rabbitmq().then_some(()) }
-        })
-        .await;
-        Instance {
-            stats,
-            shutdown,
-            handle: Some(handle),
-        }
+        RunningConsumer::start(config, pool, Handlers::new().fallback(Recorder)).await
     }
 
     /// (aggregate_id, seq) in the order their effects were applied.
@@ -159,33 +129,6 @@ impl Setup {
     }
 }
 
-struct Instance {
-    stats: Arc<Stats>,
-    shutdown: CancellationToken,
-    handle: Option<tokio::task::JoinHandle<Result<(), consumer::ConsumerError>>>,
-}
-
-impl Instance {
-    async fn stop(mut self) {
-        self.shutdown.cancel();
-        let h = self.handle.take().unwrap();
-        tokio::time::timeout(LONG, h)
-            .await
-            .expect("stops in time")
-            .unwrap()
-            .unwrap();
-    }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-        if let Some(h) = &self.handle {
-            h.abort();
-        }
-    }
-}
-
 /// Every aggregate's effects are 1, 2, ... n exactly once, in order.
 fn assert_in_order_once(applied: &[(String, i64)], expected: &BTreeMap<String, i64>) {
     let mut by: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
@@ -205,13 +148,13 @@ fn assert_in_order_once(applied: &[(String, i64)], expected: &BTreeMap<String, i
 
 /// Publishes a numbered message straight to the outbox exchange, as the relay would.
 async fn publish(
+    s: &Setup,
     ch: &Channel,
-    exchange: &str,
     aggregate: &str,
     seq: i64,
     payload: serde_json::Value,
 ) -> Uuid {
-    publish_with_id(ch, exchange, aggregate, seq, Uuid::now_v7(), payload).await
+    publish_with_id(s, ch, aggregate, seq, Uuid::now_v7(), payload).await
 }
 
 async fn publisher(s: &Setup) -> (lapin::Connection, Channel) {
@@ -278,9 +221,32 @@ async fn three_instances_apply_every_aggregate_in_order_with_a_hot_one() {
     })
     .await;
     relay.stop().await;
-    for i in instances {
-        i.stop().await;
-    }
+    // A graceful stop hands the partitions over at once (not after the lease) and leaves the
+    // group; the others take them at their next heartbeat.
+    let [a, b, c] = instances;
+    a.stop().await;
+    let held_by_a: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.consumer_partitions WHERE consumer = $1 AND owner = 'a'",
+    )
+    .bind(&s.name)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(held_by_a, 0, "a stopped instance holds no partition");
+    wait_until("b and c hold all 4 partitions, 2 each", LONG, || async {
+        let counts: Vec<i64> = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.consumer_partitions WHERE consumer = $1 \
+             AND owner IN ('b', 'c') AND lease_until > now() GROUP BY owner",
+        )
+        .bind(&s.name)
+        .fetch_all(&s.db.pool)
+        .await
+        .unwrap();
+        (counts == vec![2, 2]).then_some(())
+    })
+    .await;
+    b.stop().await;
+    c.stop().await;
 }
 
 #[tokio::test]
@@ -288,9 +254,9 @@ async fn a_message_ahead_of_a_gap_waits_for_it_and_stale_ones_are_never_applied(
     let s = Setup::new().await;
     let one = s.start("a").await;
     let (_conn, ch) = publisher(&s).await;
-    publish(&ch, &s.exchange, "g", 1, json!({})).await;
-    publish(&ch, &s.exchange, "g", 3, json!({})).await;
-    publish(&ch, &s.exchange, "g", 4, json!({})).await;
+    publish(&s, &ch, "g", 1, json!({})).await;
+    publish(&s, &ch, "g", 3, json!({})).await;
+    publish(&s, &ch, "g", 4, json!({})).await;
     s.wait_applied(1).await;
     // 3 and 4 wait for 2, durably (held, acknowledged), and the gap is reported after its timeout.
     wait_until("the gap is reported", LONG, || async {
@@ -315,11 +281,11 @@ async fn a_message_ahead_of_a_gap_waits_for_it_and_stale_ones_are_never_applied(
     })
     .await;
     assert_eq!(s.applied().await, vec![("g".to_string(), 1)]);
-    publish(&ch, &s.exchange, "g", 2, json!({})).await;
+    publish(&s, &ch, "g", 2, json!({})).await;
     s.wait_applied(4).await;
     // A copy of 2 and an old 1: stale, not applied.
-    publish(&ch, &s.exchange, "g", 2, json!({})).await;
-    publish(&ch, &s.exchange, "g", 1, json!({})).await;
+    publish(&s, &ch, "g", 2, json!({})).await;
+    publish(&s, &ch, "g", 1, json!({})).await;
     wait_until("stale messages counted", LONG, || async {
         (one.stats.snapshot().stale >= 2).then_some(())
     })
@@ -342,7 +308,7 @@ async fn a_poison_message_parks_only_its_aggregate_and_the_operator_retries_or_s
     // p1: 1, then a transient failure that goes on (parks after 3 attempts), then 3, 4.
     // p2: 1, then a permanent failure (parks at once), then 3.
     // ok: flows all along.
-    publish(&ch, &s.exchange, "p1", 1, json!({})).await;
+    publish(&s, &ch, "p1", 1, json!({})).await;
     let poison1 = Uuid::now_v7();
     sqlx::query("INSERT INTO ordered_poison VALUES ($1)")
         .bind(poison1)
@@ -350,36 +316,20 @@ async fn a_poison_message_parks_only_its_aggregate_and_the_operator_retries_or_s
         .await
         .unwrap();
     // The handler looks the poison up by message id: publish with that id.
-    let id1 = publish_with_id(
-        &ch,
-        &s.exchange,
-        "p1",
-        2,
-        poison1,
-        json!({"fail": "transient"}),
-    )
-    .await;
-    publish(&ch, &s.exchange, "p1", 3, json!({})).await;
-    publish(&ch, &s.exchange, "p1", 4, json!({})).await;
-    publish(&ch, &s.exchange, "p2", 1, json!({})).await;
+    let id1 = publish_with_id(&s, &ch, "p1", 2, poison1, json!({"fail": "transient"})).await;
+    publish(&s, &ch, "p1", 3, json!({})).await;
+    publish(&s, &ch, "p1", 4, json!({})).await;
+    publish(&s, &ch, "p2", 1, json!({})).await;
     let poison2 = Uuid::now_v7();
     sqlx::query("INSERT INTO ordered_poison VALUES ($1)")
         .bind(poison2)
         .execute(&s.db.pool)
         .await
         .unwrap();
-    publish_with_id(
-        &ch,
-        &s.exchange,
-        "p2",
-        2,
-        poison2,
-        json!({"fail": "permanent"}),
-    )
-    .await;
-    publish(&ch, &s.exchange, "p2", 3, json!({})).await;
+    publish_with_id(&s, &ch, "p2", 2, poison2, json!({"fail": "permanent"})).await;
+    publish(&s, &ch, "p2", 3, json!({})).await;
     for n in 1..=5 {
-        publish(&ch, &s.exchange, "ok", n, json!({})).await;
+        publish(&s, &ch, "ok", n, json!({})).await;
     }
     let schema = shared::schema::Schema::default();
     wait_until("both poisoned aggregates parked", LONG, || async {
@@ -431,13 +381,14 @@ async fn a_poison_message_parks_only_its_aggregate_and_the_operator_retries_or_s
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
-    let resolved = admin::skip_head(
+    let resolved = admin::dead_letter(
         &s.db.pool,
         &schema,
         &admin_ch,
         &s.name,
         &key("p2"),
         "operator skipped a poison message",
+        admin::Discard::Head,
     )
     .await
     .unwrap();
@@ -471,7 +422,7 @@ async fn an_instance_that_lost_its_partition_applies_nothing_after() {
     let s = Setup::new().await;
     let one = s.start("a").await;
     let (_conn, ch) = publisher(&s).await;
-    publish(&ch, &s.exchange, "f", 1, json!({})).await;
+    publish(&s, &ch, "f", 1, json!({})).await;
     s.wait_applied(1).await;
     // Another instance takes every partition over behind this one's back (as after a pause
     // longer than the lease): a new owner, a new epoch, a fresh lease.
@@ -483,7 +434,7 @@ async fn an_instance_that_lost_its_partition_applies_nothing_after() {
     .execute(&s.db.pool)
     .await
     .unwrap();
-    publish(&ch, &s.exchange, "f", 2, json!({})).await;
+    publish(&s, &ch, "f", 2, json!({})).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         s.applied().await,
@@ -501,38 +452,47 @@ async fn an_instance_that_lost_its_partition_applies_nothing_after() {
     one.stop().await;
 }
 
+/// Publishes message `id`, number `seq` of aggregate `thing/aggregate`, with the relay's own
+/// encoder (its properties and headers, the partition as the outbox computes it), skipping the
+/// outbox so a test can send numbers out of order, twice, or never.
 async fn publish_with_id(
+    s: &Setup,
     ch: &Channel,
-    exchange: &str,
     aggregate: &str,
     seq: i64,
     id: Uuid,
     payload: serde_json::Value,
 ) -> Uuid {
-    let text = |s: &str| AMQPValue::LongString(LongString::from(s));
-    let mut h = FieldTable::default();
-    h.insert("aggregate_type".into(), text("thing"));
-    h.insert("aggregate_id".into(), text(aggregate));
-    h.insert("aggregate_seq".into(), AMQPValue::LongLongInt(seq));
-    // Any fixed partition per aggregate: the test derives it from the name.
-    let partition = i64::from(aggregate.bytes().map(u32::from).sum::<u32>() % 64);
-    h.insert(
-        "aggregate_partition".into(),
-        AMQPValue::LongLongInt(partition),
-    );
-    h.insert("created_at".into(), text("2026-12-02T00:00:00.000000Z"));
-    let props = BasicProperties::default()
-        .with_message_id(ShortString::from(id.to_string()))
-        .with_type(ShortString::from("thing.changed"))
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2)
-        .with_headers(h);
+    let row = OutboxRow {
+        seq,
+        id,
+        aggregate_type: "thing".into(),
+        aggregate_id: aggregate.into(),
+        aggregate_seq: seq,
+        event_type: "thing.changed".into(),
+        payload: payload.to_string(),
+        headers: Default::default(),
+        created_at: chrono::Utc::now(),
+        attempts: 0,
+        // messages.partition, as the outbox computes it.
+        partition: sqlx::query_scalar("SELECT (hashtextextended($1, 0) & 63)::int2")
+            .bind(aggregate)
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap(),
+    };
+    let limits = Encoding {
+        frame_max: 131_072,
+        max_payload_bytes: 1 << 20,
+        cloudevents: None,
+    };
+    let encoded = relay::encoder::encode(&row, &limits).expect("encodable");
     ch.basic_publish(
-        exchange.into(),
-        "thing.changed".into(),
+        s.exchange.as_str().into(),
+        encoded.routing_key.as_str().into(),
         BasicPublishOptions::default(),
-        payload.to_string().as_bytes(),
-        props,
+        row.payload.as_bytes(),
+        encoded.properties,
     )
     .await
     .unwrap()

@@ -9,22 +9,23 @@
 //!
 //! The actions, each one transaction on the aggregate's locked position:
 //! - [`retry_head`]: a parked aggregate's head is tried again now (attempts reset);
-//! - [`skip_head`]: the head is dead-lettered (published to `NAME.dlx` with its reason, confirmed,
+//! - [`dead_letter`] with [`Discard::Head`] (skip): the head is dead-lettered (published to `NAME.dlx` with its reason, confirmed,
 //!   before the position moves past it) and the rest is released in order; for a gap, the missing
 //!   number is passed over;
-//! - [`dead_letter_run`]: the head and everything held after it are dead-lettered; the position
-//!   moves past the last of them.
+//! - [`dead_letter`] with [`Discard::Run`]: the head and everything held after it are
+//!   dead-lettered; the position moves past the last of them.
 //!
 //! The console calls these with its audit and four-eyes rules (the skip and the dead-lettering
 //! discard effects, so they need a second person).
 
 use super::store::AggregateKey;
 use crate::error::AdminError;
-use crate::message::headers as h;
+use crate::message::{self, headers as h};
 use chrono::{DateTime, Utc};
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{FieldTable, ShortString};
+use plumbing::amqp::headers as rh;
 use serde::Serialize;
 use shared::Envelope;
 use shared::schema::Schema;
@@ -193,42 +194,30 @@ pub async fn retry_head(
     })
 }
 
-/// The head is dead-lettered (or, missing, passed over) and the rest released in order.
-pub async fn skip_head(
-    pool: &PgPool,
-    schema: &Schema,
-    channel: &lapin::Channel,
-    consumer: &str,
-    key: &AggregateKey,
-    reason: &str,
-) -> Result<Resolved, AdminError> {
-    resolve(pool, schema, channel, consumer, key, reason, false).await
+/// What [`dead_letter`] discards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Discard {
+    /// Skip the head: it is dead-lettered (or, missing, passed over) and the rest is released in
+    /// order.
+    Head,
+    /// The head and everything held after it are dead-lettered.
+    Run,
 }
 
-/// The head and everything held after it are dead-lettered.
-pub async fn dead_letter_run(
+/// Dead-letters what `discard` names, then moves the position past it (see the module docs).
+pub async fn dead_letter(
     pool: &PgPool,
     schema: &Schema,
     channel: &lapin::Channel,
     consumer: &str,
     key: &AggregateKey,
     reason: &str,
-) -> Result<Resolved, AdminError> {
-    resolve(pool, schema, channel, consumer, key, reason, true).await
-}
-
-async fn resolve(
-    pool: &PgPool,
-    schema: &Schema,
-    channel: &lapin::Channel,
-    consumer: &str,
-    key: &AggregateKey,
-    reason: &str,
-    whole_run: bool,
+    discard: Discard,
 ) -> Result<Resolved, AdminError> {
     let mut tx = pool.begin().await?;
-    let position: Option<(i64, bool)> = sqlx::query_as(schema.sql(
-        "SELECT applied_seq, parked_at IS NOT NULL FROM {{schema}}.consumer_positions \
+    let position: Option<i64> = sqlx::query_scalar(schema.sql(
+        "SELECT applied_seq FROM {{schema}}.consumer_positions \
          WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE",
     ))
     .bind(consumer)
@@ -237,7 +226,7 @@ async fn resolve(
     .persistent(false)
     .fetch_optional(&mut *tx)
     .await?;
-    let (applied, _parked) = position.ok_or(AdminError::NoSuchAggregate)?;
+    let applied = position.ok_or(AdminError::NoSuchAggregate)?;
     let held: Vec<(i64, sqlx::types::Json<Envelope>)> = sqlx::query_as(schema.sql(
         "SELECT aggregate_seq, envelope FROM {{schema}}.consumer_held \
          WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 ORDER BY aggregate_seq",
@@ -249,7 +238,7 @@ async fn resolve(
     .fetch_all(&mut *tx)
     .await?;
     let head = applied + 1;
-    let doomed: Vec<&(i64, sqlx::types::Json<Envelope>)> = if whole_run {
+    let doomed: Vec<&(i64, sqlx::types::Json<Envelope>)> = if discard == Discard::Run {
         held.iter().collect()
     } else {
         held.iter().filter(|(s, _)| *s == head).collect()
@@ -300,6 +289,8 @@ async fn resolve(
     })
 }
 
+/// Publishes `env` (number `seq`) as a dead letter of `consumer`, as the runtime writes them
+/// (`consumer dlq list` shows it, with kind `operator` and the reason), and waits for the confirm.
 async fn publish_dead_letter(
     channel: &lapin::Channel,
     consumer: &str,
@@ -308,34 +299,28 @@ async fn publish_dead_letter(
     seq: i64,
     reason: &str,
 ) -> Result<(), AdminError> {
-    let mut headers = FieldTable::default();
-    for (k, v) in &env.headers {
-        let text = match v {
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        headers.insert(
-            k.as_str().into(),
-            AMQPValue::LongString(LongString::from(text)),
-        );
+    let mut table = FieldTable::default();
+    if let Err(e) = plumbing::amqp::json_to_headers(&env.headers, &mut table) {
+        tracing::warn!(message_id = %env.message_id, error = %e, "dead letter without some of the message's headers");
     }
-    let text = |s: &str| AMQPValue::LongString(LongString::from(s));
-    headers.insert("aggregate_type".into(), text(&env.aggregate_type));
-    headers.insert("aggregate_id".into(), text(&env.aggregate_id));
-    headers.insert("aggregate_seq".into(), AMQPValue::LongLongInt(seq));
-    headers.insert(h::DEAD_LETTER_KIND.into(), text("operator"));
-    headers.insert(h::DEAD_LETTER_REASON.into(), text(reason));
-    headers.insert(h::DEAD_LETTER_CONSUMER.into(), text(consumer));
-    headers.insert(
-        h::DEAD_LETTERED_AT.into(),
-        text(&Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+    message::set_text(&mut table, rh::AGGREGATE_TYPE, &env.aggregate_type);
+    message::set_text(&mut table, rh::AGGREGATE_ID, &env.aggregate_id);
+    message::set_int(&mut table, rh::AGGREGATE_SEQ, seq);
+    message::set_text(&mut table, h::ORIGINAL_ROUTING_KEY, &env.event_type);
+    message::set_text(&mut table, h::DEAD_LETTER_KIND, "operator");
+    message::set_text(
+        &mut table,
+        h::DEAD_LETTER_REASON,
+        &message::truncate(reason, 2000),
     );
+    message::set_text(&mut table, h::DEAD_LETTERED_AT, &Utc::now().to_rfc3339());
+    message::set_text(&mut table, h::DEAD_LETTER_CONSUMER, consumer);
     let properties = BasicProperties::default()
         .with_message_id(ShortString::from(env.message_id.to_string()))
         .with_type(ShortString::from(env.event_type.as_str()))
         .with_content_type("application/json".into())
         .with_delivery_mode(2)
-        .with_headers(headers);
+        .with_headers(table);
     let body = serde_json::to_vec(&env.payload).unwrap_or_default();
     let confirm = channel
         .basic_publish(

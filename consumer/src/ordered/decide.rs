@@ -54,9 +54,10 @@ pub fn plan(position: Position, arrived: &BTreeSet<i64>, held: &BTreeSet<i64>) -
     plan
 }
 
-/// After the message `failed` (an element of `plan.apply`) failed: the ones before it stay
-/// applied, it and everything after it are held instead. Returns what must be newly held (those
-/// that came with this batch; held ones stay where they are).
+/// After the message `failed` (an element of `plan.apply`) failed, or cannot be applied now: the
+/// ones before it stay applied, it and everything after it are held instead. Returns what must be
+/// newly held (those that came with this batch; held ones stay where they are), `plan.hold`
+/// included.
 pub fn cut_at_failure(plan: &mut Plan, failed: i64, held: &BTreeSet<i64>) -> Vec<i64> {
     let at = plan
         .apply

@@ -24,13 +24,14 @@ impl AggregateKey {
     }
 }
 
-/// An aggregate's position row, locked.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct HeadState {
+/// An aggregate's position row, locked, and the numbers held for it.
+#[derive(Debug, Clone, Default)]
+pub struct Head {
     pub applied: i64,
     pub attempts: u32,
     /// Parked, or a retry whose time has not come.
     pub waits: bool,
+    pub held: BTreeSet<i64>,
 }
 
 pub struct HeldRow {
@@ -55,30 +56,53 @@ fn split(keys: &[AggregateKey]) -> (Vec<&str>, Vec<&str>) {
         .unzip()
 }
 
-/// Creates missing position rows (at 0) and locks all of `keys`, in key order (`keys` sorted),
-/// so concurrent transactions on the same aggregates queue instead of deadlocking.
+/// Locks the positions of `keys` (sorted), in key order, with the numbers held for each; rows
+/// missing (an aggregate's first message) are created at 0 first. One statement once every
+/// aggregate has a row.
 pub async fn lock_positions(
     conn: &mut PgConnection,
     schema: &Schema,
     consumer: &str,
     partition: i16,
     keys: &[AggregateKey],
-) -> Result<HashMap<AggregateKey, HeadState>, sqlx::Error> {
+) -> Result<HashMap<AggregateKey, Head>, sqlx::Error> {
+    let mut heads = lock_existing(conn, schema, consumer, keys).await?;
+    let missing: Vec<AggregateKey> = keys
+        .iter()
+        .filter(|k| !heads.contains_key(*k))
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        let (types, ids) = split(&missing);
+        sqlx::query(schema.sql(
+            "INSERT INTO {{schema}}.consumer_positions (consumer, aggregate_type, aggregate_id, partition) \
+             SELECT $1, t, i, $4 FROM unnest($2::text[], $3::text[]) AS u(t, i) \
+             ON CONFLICT DO NOTHING",
+        ))
+        .bind(consumer)
+        .bind(&types)
+        .bind(&ids)
+        .bind(partition)
+        .execute(&mut *conn)
+        .await?;
+        heads.extend(lock_existing(conn, schema, consumer, &missing).await?);
+    }
+    Ok(heads)
+}
+
+async fn lock_existing(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    consumer: &str,
+    keys: &[AggregateKey],
+) -> Result<HashMap<AggregateKey, Head>, sqlx::Error> {
     let (types, ids) = split(keys);
-    sqlx::query(schema.sql(
-        "INSERT INTO {{schema}}.consumer_positions (consumer, aggregate_type, aggregate_id, partition) \
-         SELECT $1, t, i, $4 FROM unnest($2::text[], $3::text[]) AS u(t, i) \
-         ON CONFLICT DO NOTHING",
-    ))
-    .bind(consumer)
-    .bind(&types)
-    .bind(&ids)
-    .bind(partition)
-    .execute(&mut *conn)
-    .await?;
-    let rows: Vec<(String, String, i64, i32, bool)> = sqlx::query_as(schema.sql(
+    let rows: Vec<(String, String, i64, i32, bool, Vec<i64>)> = sqlx::query_as(schema.sql(
         "SELECT p.aggregate_type, p.aggregate_id, p.applied_seq, p.attempts, \
-                (p.parked_at IS NOT NULL OR coalesce(p.retry_at > now(), false)) \
+                (p.parked_at IS NOT NULL OR coalesce(p.retry_at > now(), false)), \
+                coalesce((SELECT array_agg(h.aggregate_seq) FROM {{schema}}.consumer_held h \
+                          WHERE h.consumer = p.consumer AND h.aggregate_type = p.aggregate_type \
+                            AND h.aggregate_id = p.aggregate_id), '{}') \
          FROM {{schema}}.consumer_positions p \
          JOIN unnest($2::text[], $3::text[]) AS u(t, i) ON p.aggregate_type = u.t AND p.aggregate_id = u.i \
          WHERE p.consumer = $1 \
@@ -92,51 +116,21 @@ pub async fn lock_positions(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(t, i, applied, attempts, waits)| {
+        .map(|(t, i, applied, attempts, waits, held)| {
             (
                 AggregateKey {
                     aggregate_type: t,
                     aggregate_id: i,
                 },
-                HeadState {
+                Head {
                     applied,
                     attempts: attempts.max(0) as u32,
                     waits,
+                    held: held.into_iter().collect(),
                 },
             )
         })
         .collect())
-}
-
-/// The sequence numbers held for `keys` (an index-only read; envelopes only when released).
-pub async fn held_seqs(
-    conn: &mut PgConnection,
-    schema: &Schema,
-    consumer: &str,
-    keys: &[AggregateKey],
-) -> Result<HashMap<AggregateKey, BTreeSet<i64>>, sqlx::Error> {
-    let (types, ids) = split(keys);
-    let rows: Vec<(String, String, i64)> = sqlx::query_as(schema.sql(
-        "SELECT h.aggregate_type, h.aggregate_id, h.aggregate_seq \
-         FROM {{schema}}.consumer_held h \
-         JOIN unnest($2::text[], $3::text[]) AS u(t, i) ON h.aggregate_type = u.t AND h.aggregate_id = u.i \
-         WHERE h.consumer = $1",
-    ))
-    .bind(consumer)
-    .bind(&types)
-    .bind(&ids)
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut out: HashMap<AggregateKey, BTreeSet<i64>> = HashMap::new();
-    for (t, i, s) in rows {
-        out.entry(AggregateKey {
-            aggregate_type: t,
-            aggregate_id: i,
-        })
-        .or_default()
-        .insert(s);
-    }
-    Ok(out)
 }
 
 /// The held envelopes whose turn came.
@@ -212,21 +206,20 @@ pub async fn write(
             .iter()
             .map(|u| i32::try_from(u.attempts).unwrap_or(i32::MAX))
             .collect();
-        let retry_ms: Vec<Option<f64>> = updates
+        let retry_secs: Vec<Option<f64>> = updates
             .iter()
-            .map(|u| u.retry_in.map(|d| d.as_secs_f64() * 1000.0))
+            .map(|u| u.retry_in.map(|d| d.as_secs_f64()))
             .collect();
         let park: Vec<bool> = updates.iter().map(|u| u.park).collect();
         let errors: Vec<Option<&str>> = updates.iter().map(|u| u.last_error.as_deref()).collect();
         sqlx::query(schema.sql(
             "UPDATE {{schema}}.consumer_positions p SET \
                  applied_seq = u.applied, attempts = u.attempts, \
-                 retry_at = CASE WHEN u.retry_ms IS NULL THEN NULL \
-                                 ELSE now() + make_interval(secs => u.retry_ms / 1000) END, \
+                 retry_at = now() + make_interval(secs => u.retry_secs), \
                  parked_at = CASE WHEN u.park THEN coalesce(p.parked_at, now()) END, \
                  last_error = u.last_error, updated_at = now() \
              FROM unnest($2::text[], $3::text[], $4::int8[], $5::int4[], $6::float8[], $7::bool[], $8::text[]) \
-                 AS u(t, i, applied, attempts, retry_ms, park, last_error) \
+                 AS u(t, i, applied, attempts, retry_secs, park, last_error) \
              WHERE p.consumer = $1 AND p.aggregate_type = u.t AND p.aggregate_id = u.i",
         ))
         .bind(consumer)
@@ -234,7 +227,7 @@ pub async fn write(
         .bind(&ids)
         .bind(&applied)
         .bind(&attempts)
-        .bind(&retry_ms)
+        .bind(&retry_secs)
         .bind(&park)
         .bind(&errors)
         .execute(&mut *conn)

@@ -1,0 +1,87 @@
+//! A consumer running in the test's own process, and the broker objects a consumer declares,
+//! tracked for deletion.
+
+use crate::{TestBroker, wait_until};
+use consumer::{Config, Consumer, ConsumerError, Handlers, Stats};
+use plumbing::telemetry::Readiness;
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A consumer running in this process. A test that fails mid-way must not leave it running (it
+/// would re-declare its queues after the broker cleanup deleted them): dropping it stops it.
+pub struct RunningConsumer {
+    pub stats: Arc<Stats>,
+    pub readiness: Arc<Readiness>,
+    pub shutdown: CancellationToken,
+    pub handle: Option<tokio::task::JoinHandle<Result<(), ConsumerError>>>,
+}
+
+impl Drop for RunningConsumer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(h) = &self.handle {
+            h.abort();
+        }
+    }
+}
+
+impl RunningConsumer {
+    /// Starts it and waits until it consumes (RabbitMQ ready).
+    pub async fn start(config: Config, pool: PgPool, handlers: Handlers) -> Self {
+        let consumer = Consumer::new(config, pool, handlers).expect("valid config");
+        let stats = consumer.stats();
+        let readiness = consumer.readiness();
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(consumer.run(shutdown.clone()));
+        let r = readiness.clone();
+        wait_until("consumer consuming", LONG, || {
+            let r = r.clone();
+            async move { r.rabbitmq().then_some(()) }
+        })
+        .await;
+        Self {
+            stats,
+            readiness,
+            shutdown,
+            handle: Some(handle),
+        }
+    }
+
+    /// A graceful stop, which must end in time and without error.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        let handle = self.handle.take().expect("running");
+        tokio::time::timeout(LONG, handle)
+            .await
+            .expect("consumer stops in time")
+            .expect("consumer task")
+            .expect("consumer run");
+    }
+}
+
+/// Remembers every queue and exchange consumer `name` declares (with `retry_delays`), and, for
+/// an ordered consumer (`partitions`), its partition queues and headers exchange.
+pub fn track_consumer(
+    broker: &TestBroker,
+    name: &str,
+    retry_delays: &[Duration],
+    partitions: Option<u16>,
+) {
+    let t = consumer::topology::Topology::new(name, retry_delays);
+    let (mut queues, mut exchanges) = (t.queues(), t.exchanges());
+    if let Some(n) = partitions {
+        let (q, e) = consumer::ordered::topology::names(name, n);
+        queues.extend(q);
+        exchanges.extend(e);
+    }
+    for q in queues {
+        broker.track_queue(&q);
+    }
+    for e in exchanges {
+        broker.track_exchange(&e);
+    }
+}
