@@ -3,11 +3,10 @@
 //! replay, graceful shutdown, lost links, retention, and the whole chain with the relay.
 
 use consumer::topology::Topology;
-use consumer::{Config, Consumer, ConsumerError, Handler, HandlerError, Handlers, Stats};
+use consumer::{Config, Handler, HandlerError, Handlers};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
-use plumbing::telemetry::Readiness;
 use serde_json::json;
 use shared::{Envelope, NewMessage};
 use sqlx::{PgConnection, PgPool};
@@ -33,22 +32,14 @@ const LONG: Duration = Duration::from_secs(60);
 /// A fresh exchange and consumer name, with every broker object the consumer will create tracked
 /// for deletion.
 fn names(broker: &TestBroker) -> (String, String) {
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
+    let exchange = broker.outbox_exchange("outbox");
     let name = unique("cons");
     track_consumer(broker, &name);
     (exchange, name)
 }
 
 fn track_consumer(broker: &TestBroker, name: &str) {
-    let t = Topology::new(name, &RETRY_DELAYS);
-    for q in t.queues() {
-        broker.track_queue(&q);
-    }
-    for e in t.exchanges() {
-        broker.track_exchange(&e);
-    }
+    system_tests::consumers::track_consumer(broker, name, &RETRY_DELAYS, None);
 }
 
 fn test_config(name: &str, exchange: &str) -> Config {
@@ -67,56 +58,7 @@ async fn consumer_pool(url: &str, config: &Config) -> PgPool {
         .expect("consumer pool")
 }
 
-/// A consumer running in this process.
-struct Running {
-    stats: Arc<Stats>,
-    readiness: Arc<Readiness>,
-    shutdown: CancellationToken,
-    handle: Option<tokio::task::JoinHandle<Result<(), ConsumerError>>>,
-}
-
-/// A test that fails mid-way must not leave a consumer running: it would re-declare its queues
-/// after the broker cleanup deleted them.
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-        if let Some(h) = &self.handle {
-            h.abort();
-        }
-    }
-}
-
-impl Running {
-    async fn start(config: Config, pool: PgPool, handlers: Handlers) -> Self {
-        let consumer = Consumer::new(config, pool, handlers).expect("valid config");
-        let stats = consumer.stats();
-        let readiness = consumer.readiness();
-        let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(consumer.run(shutdown.clone()));
-        let r = readiness.clone();
-        wait_until("consumer consuming", LONG, || {
-            let r = r.clone();
-            async move { r.rabbitmq().then_some(()) }
-        })
-        .await;
-        Self {
-            stats,
-            readiness,
-            shutdown,
-            handle: Some(handle),
-        }
-    }
-
-    async fn stop(mut self) {
-        self.shutdown.cancel();
-        let handle = self.handle.take().expect("running");
-        tokio::time::timeout(LONG, handle)
-            .await
-            .expect("consumer stops in time")
-            .expect("consumer task")
-            .expect("consumer run");
-    }
-}
+use system_tests::consumers::RunningConsumer as Running;
 
 /// Publishes like the relay does (same properties and headers), with publisher confirms.
 struct Publisher {

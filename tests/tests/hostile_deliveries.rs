@@ -7,14 +7,12 @@
 
 use consumer::screen::Reason;
 use consumer::topology::Topology;
-use consumer::{Config, Consumer, ConsumerError, Envelope, Handler, HandlerError, Handlers, Stats};
+use consumer::{Config, Envelope, Handler, HandlerError, Handlers};
 use lapin::options::BasicGetOptions;
 use sqlx::{PgConnection, PgPool};
-use std::sync::Arc;
 use std::time::Duration;
 use system_tests::raw_amqp::{self, Answer, RawProperties, RawPublisher};
 use system_tests::*;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -34,32 +32,7 @@ impl Handler for Recorder {
 }
 
 /// A consumer in this process: if a delivery overflowed its stack, this test process would die.
-struct Running {
-    stats: Arc<Stats>,
-    shutdown: CancellationToken,
-    handle: Option<tokio::task::JoinHandle<Result<(), ConsumerError>>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-        if let Some(h) = &self.handle {
-            h.abort();
-        }
-    }
-}
-
-impl Running {
-    async fn stop(mut self) {
-        self.shutdown.cancel();
-        let handle = self.handle.take().expect("running");
-        tokio::time::timeout(LONG, handle)
-            .await
-            .expect("consumer stops in time")
-            .expect("consumer task")
-            .expect("consumer run");
-    }
-}
+use system_tests::consumers::RunningConsumer as Running;
 
 struct Setup {
     db: TestDb,
@@ -78,44 +51,24 @@ async fn setup() -> Setup {
         .await
         .unwrap();
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
+    let exchange = broker.outbox_exchange("outbox");
     let name = unique("hostile");
     let mut config = Config::new(&name, amqp_url(), &exchange);
     config.retry_delays = vec![Duration::from_millis(100)];
     config.workers = 1;
     let topology = Topology::new(&name, &config.retry_delays);
-    for q in topology.queues() {
-        broker.track_queue(&q);
-    }
-    for e in topology.exchanges() {
-        broker.track_exchange(&e);
-    }
+    system_tests::consumers::track_consumer(&broker, &name, &config.retry_delays, None);
     let pool = plumbing::db::connect(&db.url, config.pool_size(), "hostile-test")
         .await
         .unwrap();
-    let consumer = Consumer::new(config, pool, Handlers::new().on("hostile.#", Recorder)).unwrap();
-    let stats = consumer.stats();
-    let readiness = consumer.readiness();
-    let shutdown = CancellationToken::new();
-    let handle = tokio::spawn(consumer.run(shutdown.clone()));
-    wait_until("consumer consuming", LONG, || {
-        let r = readiness.clone();
-        async move { r.rabbitmq().then_some(()) }
-    })
-    .await;
+    let running = Running::start(config, pool, Handlers::new().on("hostile.#", Recorder)).await;
     let publisher = raw_publisher().await;
     Setup {
         db,
         broker,
         exchange,
         topology,
-        running: Running {
-            stats,
-            shutdown,
-            handle: Some(handle),
-        },
+        running,
         publisher,
     }
 }

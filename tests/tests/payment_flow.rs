@@ -342,6 +342,12 @@ async fn a_decline_fails_the_payment_and_releases_the_order() {
 
 /// The provider charges and holds its answer past the worker's timeout until the fault is cleared.
 async fn unknown_outcome_then_cleared(f: &Flow) -> Uuid {
+    unknown_outcome_then(f, "").await
+}
+
+/// A payment whose charge attempt ended with an unknown outcome (the provider charged), after
+/// which the provider's faults become `faults`.
+async fn unknown_outcome_then(f: &Flow, faults: &str) -> Uuid {
     let (_order, payment) = f.pay(1).await;
     f.wait_charged(payment).await;
     wait_until("an attempt ended with an unknown outcome", WAIT, || async {
@@ -354,7 +360,7 @@ async fn unknown_outcome_then_cleared(f: &Flow) -> Uuid {
         (n > 0).then_some(())
     })
     .await;
-    f.admin.set_faults("").await.unwrap();
+    f.admin.set_faults(faults).await.unwrap();
     payment
 }
 
@@ -484,20 +490,8 @@ async fn unavailable_retries_after_an_unknown_charge_end_in_review_not_in_a_fail
     )
     .await;
     let _w = f.worker("w1", &[]);
-    let (_order, payment) = f.pay(1).await;
-    f.wait_charged(payment).await;
-    wait_until("an attempt ended with an unknown outcome", WAIT, || async {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM outbox.process_steps WHERE name = 'charge' AND error_class = 'unknown' AND attempts >= 1",
-        )
-        .fetch_one(&f.db.pool)
-        .await
-        .unwrap();
-        (n > 0).then_some(())
-    })
-    .await;
-    // From now on every call is refused before the provider looks at its key.
-    f.admin.set_faults("error_before_charge:100").await.unwrap();
+    // From then on every call is refused before the provider looks at its key.
+    let payment = unknown_outcome_then(&f, "error_before_charge:100").await;
     f.wait_status(payment, "manual_review").await;
     let (status, attempts, _) = f.step(payment, "forward", "charge").await;
     assert_eq!(status, "manual_review");

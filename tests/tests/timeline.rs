@@ -10,6 +10,7 @@ use shared::{Envelope, NewMessage};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Stdio;
 use std::time::Duration;
+use system_tests::consumers::track_consumer;
 use system_tests::relays::{InProcess, config, test_options};
 use system_tests::*;
 use tokio::process::Command;
@@ -23,18 +24,9 @@ async fn every_event_is_appended_to_the_timeline_once_with_its_aggregate_and_seq
     init_logging();
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    // The consumer's queues and exchanges, tracked for deletion.
+    let exchange = broker.outbox_exchange("outbox");
     let name = unique("timeline");
-    let topology = consumer::topology::Topology::new(&name, &RETRY_DELAYS);
-    for q in topology.queues() {
-        broker.track_queue(&q);
-    }
-    for e in topology.exchanges() {
-        broker.track_exchange(&e);
-    }
+    track_consumer(&broker, &name, &RETRY_DELAYS, None);
 
     let metrics = free_addr();
     let mut timeline = Command::new(bin_path("producer"))
@@ -268,18 +260,9 @@ async fn ordered_instances_keep_each_aggregate_in_order_across_a_sigkill_and_a_j
     init_logging();
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
+    let exchange = broker.outbox_exchange("outbox");
     let name = unique("otl");
-    let (queues, exchanges) = consumer::ordered::topology::names(&name, 4);
-    let plain = consumer::topology::Topology::new(&name, &[]);
-    for q in queues.into_iter().chain(plain.queues()) {
-        broker.track_queue(&q);
-    }
-    for e in exchanges.into_iter().chain(plain.exchanges()) {
-        broker.track_exchange(&e);
-    }
+    track_consumer(&broker, &name, &[], Some(4));
     let spawn = || {
         let metrics = free_addr();
         let child = Command::new(bin_path("producer"))
