@@ -1,7 +1,8 @@
 //! The example consumer that makes the order of application visible from outside (issue 22,
 //! ordered consumers), run by `producer timeline`: every event it applies appends one row to
 //! `demo.timeline` (consumer, aggregate, `aggregate_seq`, `message_id`, event type), in the
-//! transaction of the event's deduplication row. Reading one aggregate's rows in `position` order
+//! transaction that records the event as applied (its deduplication row, or in ordered mode its
+//! aggregate's position). Reading one aggregate's rows in `position` order
 //! shows the order in which that consumer applied its events; [`violations`] counts what ordered,
 //! exactly-once application must never produce.
 //!
@@ -25,26 +26,12 @@ pub struct TimelineHandler {
 
 impl Handler for TimelineHandler {
     async fn handle(&self, tx: &mut PgConnection, msg: &Envelope) -> Result<(), HandlerError> {
-        sqlx::query(
-            "INSERT INTO demo.timeline \
-             (consumer, aggregate_type, aggregate_id, aggregate_seq, message_id, event_type) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(&self.consumer)
-        .bind(&msg.aggregate_type)
-        .bind(&msg.aggregate_id)
-        .bind(msg.aggregate_seq)
-        .bind(msg.message_id)
-        .bind(&msg.event_type)
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
-        Ok(())
+        self.handle_batch(tx, &[msg]).await
     }
 
     /// The whole batch as one multi-row INSERT, rows taking their `position` in the order of
-    /// `msgs` (the order the runtime applies them in). Any error makes the runtime fall back to
-    /// [`TimelineHandler::handle`] per message.
+    /// `msgs` (the order the runtime applies them in). [`TimelineHandler::handle`] is the same
+    /// statement for one message.
     async fn handle_batch(
         &self,
         tx: &mut PgConnection,
