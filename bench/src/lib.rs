@@ -4,6 +4,7 @@
 //! - [`report`]: one line per scenario (`scenario`, `value`, `unit`, `ceiling`, `ratio`, `target`, `met`), as a table or JSON.
 //! - [`env`](mod@env): a fresh bench database and exchange per run, child processes of the release binaries.
 //! - [`scenarios`]: the measurements.
+//! - [`ordered_scenario`]: ordered consumers against the same consumer unordered.
 //! - [`process_scenario`]: recoverable processes (3-step no-op) against the commit ceiling.
 //! - [`skew_scenario`]: the relay over 1 to 10,000 aggregates and Zipf-skewed keys; the producer's
 //!   insert cost of per-aggregate sequence numbers.
@@ -12,6 +13,7 @@
 //! Ratios compare with ceilings measured in the same run, because absolute numbers drift on a shared machine.
 
 pub mod env;
+pub mod ordered_scenario;
 pub mod process_scenario;
 pub mod report;
 pub mod scenarios;
@@ -30,6 +32,7 @@ pub const SCENARIOS: &[&str] = &[
     "relay-latency",
     "producer-insert",
     "consumer",
+    "consumer-ordered",
     "end-to-end",
     "api",
     "soak-memory",
@@ -42,7 +45,8 @@ pub const SCENARIOS: &[&str] = &[
 #[command(name = "bench", version, about)]
 pub struct Args {
     /// Scenarios to run (default: all): ceiling-amqp, ceiling-pg, relay-drain, relay-skew,
-    /// relay-latency, producer-insert, consumer, end-to-end, api, soak-memory, table-growth,
+    /// relay-latency, producer-insert, consumer, consumer-ordered, end-to-end, api, soak-memory,
+    /// table-growth,
     /// processes.
     pub scenarios: Vec<String>,
     /// Print one JSON object per scenario line instead of a table.

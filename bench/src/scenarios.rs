@@ -33,6 +33,7 @@ pub async fn run(name: &str, env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result
         "producer-insert" => crate::skew_scenario::producer_insert(env).await,
         "relay-latency" => relay_latency(env).await,
         "consumer" => consumer(env, c).await,
+        "consumer-ordered" => crate::ordered_scenario::consumer_ordered(env).await,
         "end-to-end" => end_to_end(env).await,
         "api" => api(env).await,
         "soak-memory" => soak_memory(env).await,
@@ -635,7 +636,7 @@ fn consumer_topology(name: &str) -> consumer::Topology {
     consumer::Topology::new(name, &delays)
 }
 
-async fn delete_consumer_topology(env: &BenchEnv, name: &str) {
+pub(crate) async fn delete_consumer_topology(env: &BenchEnv, name: &str) {
     let t = consumer_topology(name);
     for q in t.queues() {
         env.delete_queue(&q).await;
@@ -734,7 +735,7 @@ async fn consumer(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>>
     ])
 }
 
-async fn wait_queue_exists(env: &BenchEnv, queue: &str) -> anyhow::Result<()> {
+pub(crate) async fn wait_queue_exists(env: &BenchEnv, queue: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         // Consumers attached means the consumer is fully up.

@@ -87,6 +87,9 @@ pub struct Config {
     pub instance_id: String,
 }
 
+/// Default of [`Config::partitions`] (ordered mode).
+pub const DEFAULT_PARTITIONS: u16 = 8;
+
 /// Default of [`Config::redelivery_warning`]: three quarters of RabbitMQ 4.x's default delivery
 /// limit (20).
 pub const DEFAULT_REDELIVERY_WARNING: u32 = 15;
@@ -126,7 +129,7 @@ impl Config {
             redelivery_warning: DEFAULT_REDELIVERY_WARNING,
             consumer_timeout: Duration::from_secs(3600),
             ordered: false,
-            partitions: 8,
+            partitions: DEFAULT_PARTITIONS,
             gap_timeout: Duration::from_secs(60),
             lease: Duration::from_secs(10),
             instance_id: plumbing::membership::instance_id(),
@@ -292,7 +295,7 @@ pub struct Settings {
     #[arg(long, env = "CONSUMER_ORDERED")]
     pub ordered: bool,
     /// Ordered mode: partition queues; every instance of the consumer must use the same count.
-    #[arg(long, env = "CONSUMER_PARTITIONS", default_value_t = 8)]
+    #[arg(long, env = "CONSUMER_PARTITIONS", default_value_t = DEFAULT_PARTITIONS)]
     pub partitions: u16,
     /// Ordered mode: how long a message waits for a missing predecessor before the gap is
     /// reported (it keeps waiting).

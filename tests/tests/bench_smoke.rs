@@ -27,6 +27,7 @@ fn every_bench_scenario_runs_at_tiny_scale() {
         "relay-drain",
         "relay-latency",
         "consumer",
+        "consumer timeline ordered",
         "end-to-end",
         "api",
         "soak-memory",

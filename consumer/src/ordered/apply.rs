@@ -197,34 +197,30 @@ async fn begin<'a>(
     Ok(Some(Begun { tx, aggregates }))
 }
 
-/// Runs every aggregate's messages without savepoints, consecutive ones of one handler in one
-/// call. False when a handler failed (or left the transaction unusable): roll back, go isolated.
+/// Runs every aggregate's messages without savepoints: all aggregates' runs, each in its order,
+/// one after the other (aggregates are independent), so consecutive messages of one handler go
+/// in one call: one call per batch when one handler takes everything. False when a handler
+/// failed (or left the transaction unusable): roll back and go isolated.
 async fn optimistic(ctx: &Ctx, events: &Events, b: &mut Begun<'_>) -> Result<bool, ApplyError> {
-    for (key, agg) in &b.aggregates {
-        let runs = agg.run.chunk_by(|a, b| match (&a.handler, &b.handler) {
-            (Some(x), Some(y)) => Arc::ptr_eq(x, y),
-            (None, None) => true,
-            _ => false,
-        });
-        for run in runs {
-            let Some(handler) = &run[0].handler else {
-                continue; // no handler: the position advances, nothing else
-            };
-            let envs: Vec<&Envelope> = run.iter().map(Message::env).collect();
-            let span = tracing::info_span!(
-                "ordered",
-                aggregate_id = %key.aggregate_id,
-                from = envs[0].aggregate_seq,
-                messages = envs.len()
-            );
-            match batch::run_handler(ctx, events, &mut b.tx, &envs, handler)
-                .instrument(span)
-                .await
-            {
-                Ok(()) => {}
-                Err(Failure::Infrastructure(e)) => return Err(e.into()),
-                Err(Failure::Message { .. }) => return Ok(false),
-            }
+    let all: Vec<&Message<'_>> = b.aggregates.values().flat_map(|a| &a.run).collect();
+    let runs = all.chunk_by(|a, b| match (&a.handler, &b.handler) {
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+        (None, None) => true,
+        _ => false,
+    });
+    for run in runs {
+        let Some(handler) = &run[0].handler else {
+            continue; // no handler: the position advances, nothing else
+        };
+        let envs: Vec<&Envelope> = run.iter().map(|m| m.env()).collect();
+        let span = tracing::info_span!("ordered", messages = envs.len());
+        match batch::run_handler(ctx, events, &mut b.tx, &envs, handler)
+            .instrument(span)
+            .await
+        {
+            Ok(()) => {}
+            Err(Failure::Infrastructure(e)) => return Err(e.into()),
+            Err(Failure::Message { .. }) => return Ok(false),
         }
     }
     // A handler that swallowed a query error leaves the transaction aborted.
