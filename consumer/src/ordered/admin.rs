@@ -7,7 +7,8 @@
 //!   outbox, or was dead-lettered as undecodable) for longer than the gap timeout. It is reported,
 //!   never guessed: the aggregate waits.
 //!
-//! The actions, each one transaction on the aggregate's locked position:
+//! The actions, each one transaction that locks the aggregate's partition (no apply of it runs
+//! meanwhile) and its position:
 //! - [`retry_head`]: a parked aggregate's head is tried again now (attempts reset);
 //! - [`dead_letter`] with [`Discard::Head`] (skip): the head is dead-lettered (published to `NAME.dlx` with its reason, confirmed,
 //!   before the position moves past it) and the rest is released in order; for a gap, the missing
@@ -18,7 +19,7 @@
 //! The console calls these with its audit and four-eyes rules (the skip and the dead-lettering
 //! discard effects, so they need a second person).
 
-use super::store::AggregateKey;
+use super::store::{self, AggregateKey};
 use crate::error::AdminError;
 use crate::message::{self, headers as h};
 use chrono::{DateTime, Utc};
@@ -31,6 +32,10 @@ use shared::Envelope;
 use shared::schema::Schema;
 use sqlx::PgPool;
 use std::time::Duration;
+
+/// Longest wait for the broker's confirm of a dead letter (the aggregate's partition waits
+/// meanwhile).
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why an aggregate is stuck.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -175,6 +180,10 @@ pub async fn retry_head(
     consumer: &str,
     key: &AggregateKey,
 ) -> Result<Resolved, AdminError> {
+    let mut tx = pool.begin().await?;
+    store::lock_partition_of(&mut tx, schema, consumer, key)
+        .await?
+        .ok_or(AdminError::NoSuchAggregate)?;
     let applied: Option<i64> = sqlx::query_scalar(schema.sql(
         "UPDATE {{schema}}.consumer_positions \
          SET parked_at = NULL, retry_at = NULL, attempts = 0, updated_at = now() \
@@ -185,8 +194,9 @@ pub async fn retry_head(
     .bind(&key.aggregate_type)
     .bind(&key.aggregate_id)
     .persistent(false)
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?;
+    tx.commit().await?;
     let applied_seq = applied.ok_or(AdminError::NotParked)?;
     Ok(Resolved {
         dead_lettered: Vec::new(),
@@ -216,16 +226,8 @@ pub async fn dead_letter(
     discard: Discard,
 ) -> Result<Resolved, AdminError> {
     let mut tx = pool.begin().await?;
-    let position: Option<i64> = sqlx::query_scalar(schema.sql(
-        "SELECT applied_seq FROM {{schema}}.consumer_positions \
-         WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE",
-    ))
-    .bind(consumer)
-    .bind(&key.aggregate_type)
-    .bind(&key.aggregate_id)
-    .persistent(false)
-    .fetch_optional(&mut *tx)
-    .await?;
+    // No apply of the aggregate's partition runs until this commits.
+    let position = store::lock_partition_of(&mut tx, schema, consumer, key).await?;
     let applied = position.ok_or(AdminError::NoSuchAggregate)?;
     let held: Vec<(i64, sqlx::types::Json<Envelope>)> = sqlx::query_as(schema.sql(
         "SELECT aggregate_seq, envelope FROM {{schema}}.consumer_held \
@@ -333,8 +335,10 @@ async fn publish_dead_letter(
             &body,
             properties,
         )
-        .await?
         .await?;
+    let confirm = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
+        .await
+        .map_err(|_| AdminError::DeadLetterRefused(env.message_id))??;
     if !confirm.is_ack() || confirm.take_message().is_some() {
         return Err(AdminError::DeadLetterRefused(env.message_id));
     }

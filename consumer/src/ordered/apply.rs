@@ -3,8 +3,9 @@
 //!
 //! 1. `BEGIN`; the fence (see [`super::group::fence`]): not the partition's owner any more, nothing
 //!    is applied and the deliveries stay unacknowledged.
-//! 2. Lock the batch's aggregates' positions (`FOR UPDATE`, created at 0 when new), in key order,
-//!    with the numbers held for them.
+//! 2. Read the batch's aggregates' positions (created at 0 when new) with the numbers held for
+//!    them; the fence's lock makes this transaction their only writer (see
+//!    [`store::positions`]).
 //! 3. Per aggregate, [`decide::plan`]: apply what is next in line (from this batch or from the
 //!    held messages), hold what is ahead of a gap or behind a waiting head, report what is stale.
 //! 4. Run the handlers, consecutive messages of an aggregate in one call where they share a
@@ -136,7 +137,7 @@ async fn begin<'a>(
         return Err(ApplyError::Fenced(slot.partition));
     }
     let keys: Vec<AggregateKey> = aggregates.keys().cloned().collect();
-    let mut heads = plumbing::db::bounded(store::lock_positions(
+    let mut heads = plumbing::db::bounded(store::positions(
         &mut tx,
         schema,
         name,

@@ -56,17 +56,22 @@ fn split(keys: &[AggregateKey]) -> (Vec<&str>, Vec<&str>) {
         .unzip()
 }
 
-/// Locks the positions of `keys` (sorted), in key order, with the numbers held for each; rows
-/// missing (an aggregate's first message) are created at 0 first. One statement once every
-/// aggregate has a row.
-pub async fn lock_positions(
+/// The positions of `keys`, with the numbers held for each; rows missing (an aggregate's first
+/// message) are created at 0 first. One statement once every aggregate has a row.
+///
+/// No row lock: a position changes only in a transaction that holds its partition, the owner's
+/// apply (fence `FOR SHARE`, one at a time per partition) or an operator's action, which locks
+/// the partition row `FOR UPDATE` (see [`lock_partition_of`]) and so waits for the apply in
+/// flight and holds the next one back. A row lock per aggregate per batch would be a write per
+/// aggregate for nothing.
+pub async fn positions(
     conn: &mut PgConnection,
     schema: &Schema,
     consumer: &str,
     partition: i16,
     keys: &[AggregateKey],
 ) -> Result<HashMap<AggregateKey, Head>, sqlx::Error> {
-    let mut heads = lock_existing(conn, schema, consumer, keys).await?;
+    let mut heads = existing(conn, schema, consumer, keys).await?;
     let missing: Vec<AggregateKey> = keys
         .iter()
         .filter(|k| !heads.contains_key(*k))
@@ -85,12 +90,12 @@ pub async fn lock_positions(
         .bind(partition)
         .execute(&mut *conn)
         .await?;
-        heads.extend(lock_existing(conn, schema, consumer, &missing).await?);
+        heads.extend(existing(conn, schema, consumer, &missing).await?);
     }
     Ok(heads)
 }
 
-async fn lock_existing(
+async fn existing(
     conn: &mut PgConnection,
     schema: &Schema,
     consumer: &str,
@@ -106,8 +111,7 @@ async fn lock_existing(
          FROM {{schema}}.consumer_positions p \
          JOIN unnest($2::text[], $3::text[]) AS u(t, i) ON p.aggregate_type = u.t AND p.aggregate_id = u.i \
          WHERE p.consumer = $1 \
-         ORDER BY p.aggregate_type, p.aggregate_id \
-         FOR UPDATE OF p",
+         ORDER BY p.aggregate_type, p.aggregate_id",
     ))
     .bind(consumer)
     .bind(&types)
@@ -314,4 +318,32 @@ pub async fn ready(
             aggregate_id: i,
         })
         .collect())
+}
+
+/// An operator's action on aggregate `key`: locks its partition row `FOR UPDATE`, so no apply of
+/// that partition runs until the action commits (applies lock it `FOR SHARE`, see
+/// [`super::group::fence`]), then its position row. `None` when the aggregate has no position.
+pub async fn lock_partition_of(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    consumer: &str,
+    key: &AggregateKey,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(schema.sql(
+        "WITH part AS ( \
+             SELECT c.partition FROM {{schema}}.consumer_partitions c \
+             JOIN {{schema}}.consumer_positions p ON p.consumer = c.consumer AND p.partition = c.partition \
+             WHERE p.consumer = $1 AND p.aggregate_type = $2 AND p.aggregate_id = $3 \
+             FOR UPDATE OF c) \
+         SELECT applied_seq FROM {{schema}}.consumer_positions \
+         WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 \
+           AND EXISTS (SELECT 1 FROM part) \
+         FOR UPDATE",
+    ))
+    .bind(consumer)
+    .bind(&key.aggregate_type)
+    .bind(&key.aggregate_id)
+    .persistent(false)
+    .fetch_optional(&mut *conn)
+    .await
 }
