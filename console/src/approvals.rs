@@ -13,11 +13,13 @@
 use crate::actions::Change;
 use crate::audit::outcome;
 use crate::error::ConsoleError;
+use crate::ordered::{self, OrderedAction};
 use crate::processes::{ProcessAction, ProcessActionRequest};
 use crate::state::AppState;
 use crate::users::Principal;
 use crate::{dead_letters, internal_events, outbox_dead, redact};
 use chrono::{DateTime, Utc};
+use consumer::ordered::admin::Discard;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -40,6 +42,8 @@ pub enum Pending {
         action: ProcessAction,
         request: ProcessActionRequest,
     },
+    /// A skip or a dead-lettered run on an ordered consumer's aggregate.
+    OrderedDiscard(ordered::DiscardRequest),
 }
 
 impl Pending {
@@ -48,6 +52,10 @@ impl Pending {
             Pending::OutboxRequeue { .. } => "outbox.requeue",
             Pending::DlqReplay { .. } => "dlq.replay",
             Pending::Process { action, .. } => action.audit_name(),
+            Pending::OrderedDiscard(r) => match r.discard {
+                Discard::Head => OrderedAction::Skip.audit_name(),
+                Discard::Run => OrderedAction::DeadLetterRun.audit_name(),
+            },
         }
     }
 }
@@ -91,19 +99,41 @@ impl Requested {
     }
 }
 
-/// Closes as `superseded` every pending request on a process whose version moved on since the
-/// request saw it (nothing runs; nobody decided it). Returns how many.
+/// Closes as `superseded` every pending request whose subject moved on since the request saw it:
+/// a process whose version changed, an ordered consumer's aggregate whose applied position
+/// changed (nothing runs; nobody decided it). Returns how many.
 pub async fn supersede_stale(
     conn: &mut PgConnection,
     state: &AppState,
 ) -> Result<u64, ConsoleError> {
-    Ok(sqlx::query(state.schema.sql(
-        "UPDATE {{schema}}.console_approvals a SET status = 'superseded', version = a.version + 1,                 decided_at = now(),                 result = jsonb_build_object('superseded', 'the process changed since the request (version ' \
-                         || (a.request->'request'->>'version') || ', now ' || p.row_version || ')')          FROM {{schema}}.processes p          WHERE a.status = 'pending' AND a.request->>'kind' = 'process'            AND p.id = (a.request->>'id')::uuid            AND p.row_version IS DISTINCT FROM (a.request->'request'->>'version')::bigint",
+    let processes = sqlx::query(state.schema.sql(
+        "UPDATE {{schema}}.console_approvals a SET status = 'superseded', version = a.version + 1, \
+                decided_at = now(), \
+                result = jsonb_build_object('superseded', 'the process changed since the request (version ' \
+                         || (a.request->'request'->>'version') || ', now ' || p.row_version || ')') \
+         FROM {{schema}}.processes p \
+         WHERE a.status = 'pending' AND a.request->>'kind' = 'process' \
+           AND p.id = (a.request->>'id')::uuid \
+           AND p.row_version IS DISTINCT FROM (a.request->'request'->>'version')::bigint",
     ))
     .execute(&mut *conn)
     .await?
-    .rows_affected())
+    .rows_affected();
+    let aggregates = sqlx::query(state.schema.sql(
+        "UPDATE {{schema}}.console_approvals a SET status = 'superseded', version = a.version + 1, \
+                decided_at = now(), \
+                result = jsonb_build_object('superseded', 'the aggregate moved on since the request (position ' \
+                         || (a.request->>'version') || ', now ' || coalesce(p.applied_seq::text, 'gone') || ')') \
+         FROM {{schema}}.console_approvals r \
+         LEFT JOIN {{schema}}.consumer_positions p ON p.consumer = r.request->>'consumer' \
+              AND p.aggregate_type = r.request->>'aggregate_type' AND p.aggregate_id = r.request->>'aggregate_id' \
+         WHERE a.id = r.id AND a.status = 'pending' AND a.request->>'kind' = 'ordered_discard' \
+           AND p.applied_seq IS DISTINCT FROM (a.request->>'version')::bigint",
+    ))
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    Ok(processes + aggregates)
 }
 /// Body of approve and reject.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -283,7 +313,15 @@ pub async fn decide(
             .map_err(|e: crate::roles::UnknownRole| ConsoleError::Internal(e.to_string()))?,
     };
     let (mut changes, result) = if approve {
-        let (changes, result) = run(conn, state, &pending, &requester, principal).await?;
+        let (changes, result) = run(
+            conn,
+            state,
+            &pending,
+            &requester,
+            principal,
+            &requested_reason,
+        )
+        .await?;
         let changes = changes
             .into_iter()
             .map(|c| Change {
@@ -339,8 +377,16 @@ async fn run(
     pending: &Pending,
     requester: &Principal,
     approver: &Principal,
+    reason: &str,
 ) -> Result<(Vec<Change>, Value), ConsoleError> {
     match pending {
+        Pending::OrderedDiscard(request) => {
+            let why = format!(
+                "{reason} (asked by {}, approved by {})",
+                requester.name, approver.name
+            );
+            ordered::discard(conn, state, request, &why).await
+        }
         Pending::OutboxRequeue { items } => outbox_dead::requeue(conn, &state.schema, items).await,
         Pending::DlqReplay { consumer, items } => {
             dead_letters::replay(

@@ -32,6 +32,10 @@ pub struct ServeConfig {
     /// Audit entries older than this many days are purged by `audit.purge` (admin).
     #[arg(long, env = "CONSOLE_AUDIT_RETENTION_DAYS", default_value_t = 365)]
     pub audit_retention_days: u32,
+    /// An ordered consumer's aggregate waiting this many seconds for a missing message shows as
+    /// stuck (use the consumers' `--gap-timeout`).
+    #[arg(long, env = "CONSOLE_ORDERED_GAP_SECONDS", default_value_t = 60)]
+    pub ordered_gap_seconds: u64,
     /// Failed logins allowed per client address per minute.
     #[arg(long, env = "CONSOLE_LOGIN_ATTEMPTS_PER_MINUTE", default_value_t = 5)]
     pub login_attempts_per_minute: usize,

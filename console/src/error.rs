@@ -30,6 +30,9 @@ pub enum ConsoleError {
     Db(#[from] sqlx::Error),
     #[error("RabbitMQ: {0}")]
     DeadLetters(#[source] Box<consumer::DlqError>),
+    /// RabbitMQ did not take an effect (a dead letter not confirmed, no connection).
+    #[error("RabbitMQ: {0}")]
+    Broker(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -67,7 +70,7 @@ impl ConsoleError {
             {
                 StatusCode::NOT_FOUND
             }
-            Self::DeadLetters(_) => StatusCode::BAD_GATEWAY,
+            Self::DeadLetters(_) | Self::Broker(_) => StatusCode::BAD_GATEWAY,
             Self::Db(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -12,7 +12,8 @@
 //! - [`approvals`]: four eyes for sensitive actions; [`audit`]: the append-only audit log.
 //! - [`outbox_dead`], [`dead_letters`]: dead outbox rows and consumer dead letters (via
 //!   `consumer::dlq`); [`processes`]: processes and their actions, on the processes crate's
-//!   `admin` module.
+//!   `admin` module; [`ordered`]: ordered consumers' partitions and stuck aggregates, retried now
+//!   or skipped with four eyes, on the consumer crate's `ordered::admin` module.
 //! - [`api`], [`web`], [`openapi`]: the HTTP surface; [`client`]: the CLI's API client;
 //!   [`headers`]: security headers on every answer; [`origin`]: cross-site POSTs refused.
 //! - [`text`]: no control character in any text input, nor in an audit entry.
@@ -32,6 +33,7 @@ pub mod headers;
 pub mod internal_events;
 pub mod keys;
 pub mod openapi;
+pub mod ordered;
 pub mod origin;
 pub mod outbox_dead;
 pub mod processes;
@@ -113,6 +115,7 @@ pub async fn start(
             session_ttl: config.session_ttl(),
             cookie_secure: config.cookie_secure,
             audit_retention_days: config.audit_retention_days,
+            ordered_gap_after: Duration::from_secs(config.ordered_gap_seconds),
         }),
         processes: processes::Admin::new(config.db.schema.clone()),
         idempotency: keys::store(pool.clone(), config.db.schema.clone()),

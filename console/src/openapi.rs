@@ -1,7 +1,7 @@
 //! The OpenAPI document of the JSON API, generated from the handlers' annotations (utoipa),
 //! served at `/api/openapi.json`.
 
-use crate::{api, approvals, audit, dead_letters, error, outbox_dead, processes, users};
+use crate::{api, approvals, audit, dead_letters, error, ordered, outbox_dead, processes, users};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -9,18 +9,19 @@ use utoipa::{Modify, OpenApi};
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "outbox console", description = "Dead outbox rows, consumer dead letters, idempotency records, processes, approvals and the audit log. Every action takes a reason and the row version seen; more than one item needs a second person's approval."),
+    info(title = "outbox console", description = "Dead outbox rows, consumer dead letters, ordered consumers' stuck aggregates, idempotency records, processes, approvals and the audit log. Every action takes a reason and the row version seen; more than one item needs a second person's approval."),
     paths(
         api::dead_rows, api::backlog, api::requeue_one, api::requeue_many, api::dead_letter_list, api::replay,
         api::idempotency, api::audit_list, api::audit_purge, api::approval_list, api::approve, api::reject,
-        api::process_list, api::process_get, api::process_action, api::whoami
+        api::process_list, api::process_get, api::process_action, api::ordered_view, api::ordered_action, api::whoami
     ),
     components(schemas(
         error::ErrorBody, outbox_dead::DeadRow, outbox_dead::Backlog, outbox_dead::Item, outbox_dead::Planned,
         dead_letters::Letter, dead_letters::Item, dead_letters::Planned, api::RequeueOne, api::RequeueMany,
         api::Replay, api::ReasonOnly, api::IdempotencyRecord, audit::Entry, approvals::Approval, approvals::Decision,
         processes::ProcessAction, processes::ProcessActionRequest, processes::RemoteCheck, api::IdempotencyQuery,
-        users::Principal, crate::roles::Role
+        users::Principal, crate::roles::Role, ordered::ConsumerView, ordered::StuckView, ordered::HeldView,
+        ordered::PartitionView, ordered::AggregateAction, ordered::OrderedAction
     )),
     modifiers(&BearerAuth),
     security(("token" = []))

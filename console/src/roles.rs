@@ -4,6 +4,7 @@
 //! Roles are ordered: `viewer < operator < approver < admin`, and each may do everything the roles
 //! before it may. Every action names the least role it needs.
 
+use crate::ordered::OrderedAction;
 use crate::processes::ProcessAction;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -87,6 +88,9 @@ pub enum Action {
     AuditPurge,
     /// An action on a process (see [`crate::processes::ProcessAction`]).
     Process(ProcessAction),
+    /// An action on an ordered consumer's stuck aggregate (see [`crate::ordered`]): an operator
+    /// retries, or asks for a skip or a dead-lettered run that an approver must approve.
+    Ordered(OrderedAction),
 }
 
 impl Action {
@@ -100,6 +104,7 @@ impl Action {
             Action::ApprovalReject => "approval.reject",
             Action::AuditPurge => "audit.purge",
             Action::Process(p) => p.audit_name(),
+            Action::Ordered(o) => o.audit_name(),
         }
     }
 
@@ -111,6 +116,7 @@ impl Action {
             Action::ApprovalApprove | Action::ApprovalReject => Role::Approver,
             Action::AuditPurge => Role::Admin,
             Action::Process(p) => p.min_role(),
+            Action::Ordered(_) => Role::Operator,
         }
     }
 
@@ -125,6 +131,7 @@ impl Action {
             Action::AuditPurge,
         ];
         v.extend(ProcessAction::ALL.iter().map(|p| Action::Process(*p)));
+        v.extend(OrderedAction::ALL.iter().map(|o| Action::Ordered(*o)));
         v
     }
 }

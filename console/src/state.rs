@@ -20,6 +20,8 @@ pub struct Settings {
     pub cookie_secure: bool,
     /// Audit entries older than this are purged (admin action `audit.purge`).
     pub audit_retention_days: u32,
+    /// An ordered consumer's aggregate waiting this long for a missing message shows as stuck.
+    pub ordered_gap_after: Duration,
 }
 
 /// The handlers' state.

@@ -7,6 +7,7 @@
 //! `processes`: the process list and the process page.
 
 mod notice;
+mod ordered;
 mod processes;
 
 pub use notice::{Notice, NoticeQuery};
@@ -47,6 +48,12 @@ pub fn router() -> Router<AppState> {
         .route(
             "/idempotency",
             get(idempotency_page).post(idempotency_lookup),
+        )
+        .route("/ordered", get(ordered::index))
+        .route("/consumers/{consumer}/ordered", get(ordered::page_of))
+        .route(
+            "/ui/consumers/{consumer}/ordered/{action}",
+            post(ordered::action),
         )
         .route("/processes", get(processes::list_page))
         .route("/processes/{id}", get(processes::process_page))
@@ -175,12 +182,14 @@ th{background:#f3f3f3}nav a{margin-right:1em}.notice{background:#eef7ee;border:1
 .error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}td code{word-break:break-all}input[type=text]{width:24em}\
 form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}form.inline{display:inline}\
 .warning{background:#fff4e0;border:2px solid #e0a030;padding:.5em;margin:.5em 0}\
-.card{border:1px solid #bbb;border-radius:4px;padding:.5em .75em;margin:.5em 0;max-width:60em}.amount{font-size:1.1em}.safe{color:#2a7a2a;font-weight:bold}";
+.card{border:1px solid #bbb;border-radius:4px;padding:.5em .75em;margin:.5em 0;max-width:60em}\
+.partitions{display:flex;flex-wrap:wrap;gap:4px;margin:.5em 0 1em}.partition{width:7.5em;padding:.3em;border:2px solid #999;border-radius:3px;font-size:.8em;overflow:hidden}\
+.partition.held{border-color:#c33}.card.stuck{border-left:6px solid #c33}.amount{font-size:1.1em}.safe{color:#2a7a2a;font-weight:bold}";
 
 fn page(session: Option<&Session>, title: &str, body: &str) -> Html<String> {
     let nav = match session {
         Some(s) => format!(
-            "<nav><a href=\"/\">Overview</a><a href=\"/processes\">Processes</a><a href=\"/dead-letters\">Dead letters</a>\
+            "<nav><a href=\"/\">Overview</a><a href=\"/processes\">Processes</a><a href=\"/dead-letters\">Dead letters</a><a href=\"/ordered\">Ordered consumers</a>\
              <a href=\"/idempotency\">Idempotency</a><a href=\"/audit\">Audit</a> \
              signed in as <b id=\"whoami\">{}</b> ({})\
              <form method=\"post\" action=\"/logout\" class=\"inline\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
@@ -507,7 +516,7 @@ fn approvals_table(session: &Session, list: &[approvals::Approval], back: Option
         let decided = match (&a.decided_by, a.status.as_str()) {
             (Some(by), _) => format!(" by {}", esc(by)),
             (None, "superseded") => {
-                " (the process changed since the request: nothing ran; ask again if still needed)"
+                " (what it was about changed since the request: nothing ran; ask again if still needed)"
                     .to_string()
             }
             _ => String::new(),
@@ -544,6 +553,19 @@ fn approval_title(a: &approvals::Approval) -> String {
             "Replay {n} dead letters of {}",
             r["consumer"].as_str().unwrap_or("?")
         ),
+        Some("ordered_discard") => {
+            let what = if r["discard"] == json!("run") {
+                "Dead-letter everything held"
+            } else {
+                "Skip the head"
+            };
+            format!(
+                "{what} of {}/{} (ordered consumer {})",
+                r["aggregate_type"].as_str().unwrap_or("?"),
+                r["aggregate_id"].as_str().unwrap_or("?"),
+                r["consumer"].as_str().unwrap_or("?")
+            )
+        }
         Some("process") => {
             let step = &r["request"]["step"];
             let what = match r["action"].as_str() {
@@ -565,6 +587,9 @@ fn approval_title(a: &approvals::Approval) -> String {
 /// A process request in business terms: amount and currency, order, customer, payment, the
 /// process as it is now (status, version) with a link, and the evidence given.
 fn approval_terms(a: &approvals::Approval) -> String {
+    if a.request["kind"] == json!("ordered_discard") {
+        return ordered_terms(&a.request);
+    }
     let Some(p) = &a.process else {
         return String::new();
     };
@@ -617,6 +642,40 @@ fn approval_terms(a: &approvals::Approval) -> String {
         ));
     }
     format!("<p class=\"terms\">{}</p>", terms.join(" · "))
+}
+
+/// A skip or dead-lettered run in the approver's terms: the aggregate and the position seen, and
+/// each message it dead-letters (number, event, payload as it was when asked), or the missing
+/// number it passes over.
+fn ordered_terms(r: &Value) -> String {
+    let consumer = r["consumer"].as_str().unwrap_or("");
+    let mut h = format!(
+        "<p class=\"terms\">consumer <a href=\"/consumers/{}/ordered\">{}</a> · aggregate <code>{}/{}</code> · applied up to <b>{}</b> when asked</p>",
+        html(&url_encode(consumer)),
+        esc(consumer),
+        esc(r["aggregate_type"].as_str().unwrap_or("")),
+        esc(r["aggregate_id"].as_str().unwrap_or("")),
+        esc(&r["version"].to_string()),
+    );
+    let messages = r["messages"].as_array().cloned().unwrap_or_default();
+    if messages.is_empty() {
+        h.push_str(&format!(
+            "<p class=\"warning\">Passes over the missing message {}: it will never be applied if it arrives later.</p>",
+            r["version"].as_i64().map(|v| v + 1).unwrap_or_default()
+        ));
+    } else {
+        h.push_str("<p class=\"warning\">These messages will be dead-lettered: their effects are not applied.</p><table><tr><th>seq</th><th>event</th><th>payload</th></tr>");
+        for m in &messages {
+            h.push_str(&format!(
+                "<tr><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+                esc(&m["aggregate_seq"].to_string()),
+                esc(m["event_type"].as_str().unwrap_or("")),
+                esc(&m["payload"].to_string())
+            ));
+        }
+        h.push_str("</table>");
+    }
+    h
 }
 
 /// Percent-encodes `text` for a URL's path segment or query value.
@@ -829,9 +888,7 @@ async fn decide(s: AppState, session: Session, id: Uuid, f: Fields, approve: boo
     let body = json!({"reason": field(&f, "reason").unwrap_or(""), "version": version});
     // Back to the page the form was on: the overview, or a process page.
     let back = field(&f, "back")
-        .and_then(|b| b.strip_prefix("/processes/"))
-        .and_then(|id| id.parse::<Uuid>().ok())
-        .map(|id| format!("/processes/{id}"))
+        .and_then(back_page)
         .unwrap_or_else(|| "/".to_string());
     match submit(
         &s,
@@ -845,6 +902,20 @@ async fn decide(s: AppState, session: Session, id: Uuid, f: Fields, approve: boo
         (status, v) if status.is_success() => notice_redirect_to(&back, &v),
         (status, v) => answer_page(&session, status, &v),
     }
+}
+
+/// The console page a decision form may return to: a process page or an ordered consumer's page
+/// (rebuilt from what it names, so no form can send the browser elsewhere).
+fn back_page(back: &str) -> Option<String> {
+    if let Some(id) = back.strip_prefix("/processes/") {
+        return id.parse::<Uuid>().ok().map(|id| format!("/processes/{id}"));
+    }
+    let consumer = back.strip_prefix("/consumers/")?.strip_suffix("/ordered")?;
+    let plain = !consumer.is_empty()
+        && consumer
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    plain.then(|| format!("/consumers/{consumer}/ordered"))
 }
 
 async fn approve(

@@ -116,6 +116,8 @@ pub enum AdminError {
     NoSuchAggregate,
     #[error("the aggregate is not parked")]
     NotParked,
+    #[error("the aggregate moved on since position {seen} was seen (now {now})")]
+    Moved { seen: i64, now: i64 },
     #[error("nothing to skip: no message is held at the head and no gap is before the held ones")]
     NothingHeld,
     #[error("the broker did not accept the dead letter of message {0}")]

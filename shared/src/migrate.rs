@@ -76,6 +76,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "ordered consumers",
         include_str!("../../migrations/0012_ordered_consumers.sql"),
     ),
+    (
+        13,
+        "console actions on ordered consumers",
+        include_str!("../../migrations/0013_console_ordered_actions.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

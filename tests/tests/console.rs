@@ -52,6 +52,7 @@ impl Console {
             session_ttl_seconds: 3600,
             cookie_secure: false,
             audit_retention_days: 365,
+            ordered_gap_seconds: 60,
             login_attempts_per_minute: login_attempts,
             secret_fields: vec!["customer_secret".into()],
         };
@@ -274,6 +275,13 @@ fn request_for(action: Action) -> (String, Value) {
         Action::Process(p) => (
             format!("/api/processes/{nobody}/actions/{}", p.name()),
             json!({"reason": "matrix", "version": 1}),
+        ),
+        Action::Ordered(o) => (
+            format!(
+                "/api/consumers/no_such_consumer_for_matrix/ordered/actions/{}",
+                o.as_str()
+            ),
+            json!({"reason": "matrix", "aggregate_type": "t", "aggregate_id": "a", "version": 1}),
         ),
     }
 }

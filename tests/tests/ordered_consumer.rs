@@ -370,9 +370,27 @@ async fn a_poison_message_parks_only_its_aggregate_and_the_operator_retries_or_s
         aggregate_type: "thing".into(),
         aggregate_id: id.into(),
     };
-    admin::retry_head(&s.db.pool, &schema, &s.name, &key("p1"))
-        .await
-        .unwrap();
+    let p1_key = key("p1");
+    let mut tx = s.db.pool.begin().await.unwrap();
+    // A position that moved since it was seen is refused and changes nothing.
+    let seen_long_ago = admin::Target {
+        consumer: &s.name,
+        key: &p1_key,
+        seen: Some(0),
+    };
+    assert!(matches!(
+        admin::retry_head(&mut tx, &schema, &seen_long_ago).await,
+        Err(consumer::error::AdminError::Moved { seen: 0, now: 1 })
+    ));
+    tx.rollback().await.unwrap();
+    let mut tx = s.db.pool.begin().await.unwrap();
+    let target = admin::Target {
+        consumer: &s.name,
+        key: &p1_key,
+        seen: Some(1),
+    };
+    admin::retry_head(&mut tx, &schema, &target).await.unwrap();
+    tx.commit().await.unwrap();
     s.wait_applied(10).await;
     // Skip p2's head: dead-lettered, 3 applies.
     let conn = s.broker.connect().await;
@@ -381,17 +399,28 @@ async fn a_poison_message_parks_only_its_aggregate_and_the_operator_retries_or_s
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
+    let p2_key = key("p2");
+    let target = admin::Target {
+        consumer: &s.name,
+        key: &p2_key,
+        seen: Some(1),
+    };
+    let mut tx = s.db.pool.begin().await.unwrap();
+    let preview = admin::preview(&mut tx, &schema, &target, admin::Discard::Head)
+        .await
+        .unwrap();
+    assert_eq!((preview.dead_letter, preview.applied_seq), (vec![2], 2));
     let resolved = admin::dead_letter(
-        &s.db.pool,
+        &mut tx,
         &schema,
         &admin_ch,
-        &s.name,
-        &key("p2"),
+        &target,
         "operator skipped a poison message",
         admin::Discard::Head,
     )
     .await
     .unwrap();
+    tx.commit().await.unwrap();
     assert_eq!(resolved.dead_lettered, vec![2]);
     s.wait_applied(11).await;
     let applied = s.applied().await;
@@ -499,4 +528,377 @@ async fn publish_with_id(
     .await
     .unwrap();
     id
+}
+
+/// A console on the test's database that shows `consumers` (CONSOLE_CONSUMERS); gaps count as
+/// stuck after one second.
+struct Console {
+    base: String,
+    http: reqwest::Client,
+    shutdown: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Console {
+    async fn start(s: &Setup) -> Self {
+        let config = console::ServeConfig {
+            db: console::config::DbConfig {
+                database_url: s.db.url.clone(),
+                schema: shared::schema::Schema::default(),
+            },
+            amqp_url: amqp_url(),
+            amqp_tls: Default::default(),
+            addr: "127.0.0.1:0".parse().unwrap(),
+            consumers: vec![s.name.clone()],
+            session_ttl_seconds: 3600,
+            cookie_secure: false,
+            audit_retention_days: 365,
+            ordered_gap_seconds: 1,
+            login_attempts_per_minute: 5,
+            secret_fields: vec![],
+        };
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let running = console::start(config, shutdown.clone()).await.unwrap();
+        Self {
+            base: format!("http://{}", running.addr),
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+            shutdown,
+        }
+    }
+
+    async fn get(&self, token: &str, path: &str) -> (u16, serde_json::Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+
+    /// The web page at `path` as the user of `token` (logged in with it).
+    async fn page(&self, token: &str, path: &str) -> String {
+        let login = self
+            .http
+            .post(format!("{}/login", self.base))
+            .form(&[("token", token)])
+            .send()
+            .await
+            .unwrap();
+        let cookie = login
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|v| v.starts_with("console_session="))
+            .and_then(|v| v.split(';').next())
+            .expect("a session cookie")
+            .to_string();
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        r.text().await.unwrap()
+    }
+
+    async fn post(
+        &self,
+        token: &str,
+        path: &str,
+        body: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+}
+
+/// The console's side of issue 22: a viewer sees the parked aggregate and its held messages
+/// (redacted) but may not act; an operator's retry runs at once; a skip is only a request until
+/// another person approves it (the requester cannot), on the position seen; the dead letter names
+/// both people; a request whose aggregate moved on meanwhile is superseded and cannot be approved.
+/// Every step is in the audit log.
+#[tokio::test]
+async fn the_console_retries_now_and_skips_only_after_a_second_person_approves() {
+    let s = Setup::new().await;
+    let one = s.start("a").await;
+    let (_conn, ch) = publisher(&s).await;
+    let schema = shared::schema::Schema::default();
+    publish(&s, &ch, "p1", 1, json!({})).await;
+    let poison = Uuid::now_v7();
+    sqlx::query("INSERT INTO ordered_poison VALUES ($1)")
+        .bind(poison)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    publish_with_id(
+        &s,
+        &ch,
+        "p1",
+        2,
+        poison,
+        json!({"fail": "permanent", "card_number": "4111111111111111"}),
+    )
+    .await;
+    publish(&s, &ch, "p1", 3, json!({})).await;
+    let c = Console::start(&s).await;
+    let token = |name: &'static str, role| {
+        let pool = s.db.pool.clone();
+        let schema = schema.clone();
+        async move {
+            console::users::create(&pool, &schema, name, role)
+                .await
+                .unwrap()
+                .1
+        }
+    };
+    use console::roles::Role;
+    let viewer = token("vera", Role::Viewer).await;
+    let operator = token("otto", Role::Operator).await;
+    let approver = token("anna", Role::Approver).await;
+    let view_path = format!("/api/consumers/{}/ordered", s.name);
+    let p1 = wait_until("p1 parked in the console", LONG, || async {
+        let (status, v) = c.get(&viewer, &view_path).await;
+        assert_eq!(status, 200, "{v}");
+        v["stuck"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["aggregate_id"] == "p1").cloned())
+            .filter(|x| x["kind"] == "parked")
+    })
+    .await;
+    assert_eq!(p1["version"], 1);
+    let held: Vec<i64> = p1["first_held"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["aggregate_seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(held, vec![2, 3]);
+    assert!(
+        !p1.to_string().contains("4111111111111111"),
+        "a card number reached the console's answer: {p1}"
+    );
+    let (_, v) = c.get(&viewer, &view_path).await;
+    assert_eq!(
+        v["partitions"].as_array().unwrap().len(),
+        PARTITIONS as usize
+    );
+    assert_eq!(v["parked"], 1);
+    // The web page: the partition strip and the card; forms only for who may act.
+    let page_path = format!("/consumers/{}/ordered", s.name);
+    let seen_by_operator = c.page(&operator, &page_path).await;
+    for part in [
+        "id=\"partitions\"",
+        "id=\"stuck-thing%2Fp1\"",
+        "id=\"retry-thing%2Fp1\"",
+        "id=\"skip-thing%2Fp1\"",
+    ] {
+        assert!(
+            seen_by_operator.contains(part),
+            "the operator's page lacks {part}"
+        );
+    }
+    assert!(!seen_by_operator.contains("4111111111111111"));
+    let seen_by_viewer = c.page(&viewer, &page_path).await;
+    assert!(seen_by_viewer.contains("id=\"stuck-thing%2Fp1\""));
+    assert!(
+        !seen_by_viewer.contains("id=\"retry-thing%2Fp1\""),
+        "a viewer gets no forms"
+    );
+
+    let act = |action: &str| format!("/api/consumers/{}/ordered/actions/{action}", s.name);
+    let body = |version: i64, reason: &str| json!({"aggregate_type": "thing", "aggregate_id": "p1", "version": version, "reason": reason});
+    // A viewer may not act; an unknown consumer is a 404; a stale version a 409.
+    let (status, _) = c.post(&viewer, &act("retry"), body(1, "look")).await;
+    assert_eq!(status, 403);
+    let (status, v) = c
+        .post(
+            &operator,
+            "/api/consumers/nobody/ordered/actions/retry",
+            body(1, "x"),
+        )
+        .await;
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = c.post(&operator, &act("skip"), body(0, "old view")).await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v.as_object().unwrap().keys().collect::<Vec<_>>(), ["error"]);
+
+    // Retry runs now: the head fails again (still poisoned) and parks again.
+    let (status, v) = c
+        .post(&operator, &act("retry"), body(1, "try once more"))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    wait_until("the retried head parked again", LONG, || async {
+        let attempts: i32 = sqlx::query_scalar(
+            "SELECT attempts FROM outbox.consumer_positions WHERE consumer = $1 AND aggregate_id = 'p1' AND parked_at IS NOT NULL",
+        )
+        .bind(&s.name)
+        .fetch_optional(&s.db.pool)
+        .await
+        .unwrap()?;
+        (attempts >= 1).then_some(())
+    })
+    .await;
+    // The dry run says what a skip would dead-letter; the skip itself is a request.
+    let mut dry = body(1, "poison");
+    dry["dry_run"] = json!(true);
+    let (status, v) = c.post(&operator, &act("skip"), dry).await;
+    assert_eq!(
+        (status, v["would_dead_letter"].clone()),
+        (200, json!([2])),
+        "{v}"
+    );
+    let (status, v) = c
+        .post(
+            &operator,
+            &act("skip"),
+            body(1, "poison message, ticket 42"),
+        )
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let approval = v["approval"].as_str().unwrap().to_string();
+    let decide = |verb: &str| format!("/api/approvals/{approval}/{verb}");
+    let (status, _) = c
+        .post(
+            &operator,
+            &decide("approve"),
+            json!({"reason": "me", "version": 1}),
+        )
+        .await;
+    assert_eq!(status, 403, "nobody approves their own request");
+    assert_eq!(s.applied().await.len(), 1, "nothing moved before approval");
+    let (status, v) = c
+        .post(
+            &approver,
+            &decide("approve"),
+            json!({"reason": "checked the payload", "version": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    s.wait_applied(2).await;
+    assert_eq!(
+        s.applied().await,
+        vec![("p1".to_string(), 1), ("p1".to_string(), 3)]
+    );
+    let dead = consumer::dlq::list(&amqp_url(), &Default::default(), &s.name, 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].message_id, Some(poison.to_string()));
+    assert_eq!(dead[0].kind, "operator");
+    assert!(
+        dead[0].reason.contains("ticket 42")
+            && dead[0].reason.contains("otto")
+            && dead[0].reason.contains("anna"),
+        "{}",
+        dead[0].reason
+    );
+
+    // A gap on p2: a skip is asked, then the missing message arrives: the request is superseded
+    // and approving it is refused.
+    publish(&s, &ch, "p2", 1, json!({})).await;
+    publish(&s, &ch, "p2", 3, json!({})).await;
+    let gap = wait_until("p2 waits for a gap in the console", LONG, || async {
+        let (_, v) = c.get(&viewer, &view_path).await;
+        v["stuck"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["aggregate_id"] == "p2").cloned())
+    })
+    .await;
+    assert_eq!(
+        (gap["kind"].clone(), gap["version"].clone()),
+        (json!("gap"), json!(1))
+    );
+    let mut skip_gap = body(1, "2 is lost");
+    skip_gap["aggregate_id"] = json!("p2");
+    let (status, v) = c.post(&operator, &act("skip"), skip_gap).await;
+    assert_eq!(status, 202, "{v}");
+    let stale = v["approval"].as_str().unwrap().to_string();
+    publish(&s, &ch, "p2", 2, json!({})).await;
+    s.wait_applied(5).await;
+    let (status, v) = c
+        .post(
+            &approver,
+            &format!("/api/approvals/{stale}/approve"),
+            json!({"reason": "ok", "version": 1}),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM outbox.console_approvals WHERE id = $1::uuid")
+            .bind(&stale)
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "superseded");
+    let p2: Vec<i64> = s
+        .applied()
+        .await
+        .into_iter()
+        .filter(|(a, _)| a == "p2")
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(
+        p2,
+        vec![1, 2, 3],
+        "the late message applied in order, nothing skipped"
+    );
+
+    // The audit log has each step: the denial, the conflict, the retry, the request, the
+    // approval with both names.
+    let entries = console::audit::list(
+        &s.db.pool,
+        &schema,
+        &console::audit::Filter {
+            target: Some(format!("ordered:{}/thing/p1", s.name)),
+            ..Default::default()
+        },
+        true,
+    )
+    .await
+    .unwrap();
+    let seen: Vec<(String, String)> = entries
+        .iter()
+        .map(|e| (e.action.clone(), e.outcome.clone()))
+        .collect();
+    for want in [
+        ("ordered.retry", "denied"),
+        ("ordered.skip", "conflict"),
+        ("ordered.retry", "succeeded"),
+        ("ordered.skip", "requested"),
+        ("ordered.skip", "succeeded"),
+    ] {
+        assert!(
+            seen.iter().any(|(a, o)| a == want.0 && o == want.1),
+            "no {want:?} audit entry in {seen:?}"
+        );
+    }
+    let done = entries
+        .iter()
+        .find(|e| e.action == "ordered.skip" && e.outcome == "succeeded")
+        .unwrap();
+    assert_eq!(
+        (done.actor_name.as_str(), done.approver.as_deref()),
+        ("otto", Some("anna"))
+    );
+    one.stop().await;
 }

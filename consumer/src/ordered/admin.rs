@@ -7,17 +7,19 @@
 //!   outbox, or was dead-lettered as undecodable) for longer than the gap timeout. It is reported,
 //!   never guessed: the aggregate waits.
 //!
-//! The actions, each one transaction that locks the aggregate's partition (no apply of it runs
-//! meanwhile) and its position:
+//! The actions run on the caller's connection, in its transaction (the console commits its audit
+//! entry with the effect); each locks the aggregate's partition (no apply of it runs until the
+//! caller commits) and its position, and checks the position the operator saw ([`Target::seen`]):
 //! - [`retry_head`]: a parked aggregate's head is tried again now (attempts reset);
-//! - [`dead_letter`] with [`Discard::Head`] (skip): the head is dead-lettered (published to `NAME.dlx` with its reason, confirmed,
-//!   before the position moves past it) and the rest is released in order; for a gap, the missing
-//!   number is passed over;
+//! - [`dead_letter`] with [`Discard::Head`] (skip): the head is dead-lettered (published to
+//!   `NAME.dlx` with its reason, confirmed, before the position moves past it) and the rest is
+//!   released in order; for a gap, the missing number is passed over;
 //! - [`dead_letter`] with [`Discard::Run`]: the head and everything held after it are
 //!   dead-lettered; the position moves past the last of them.
 //!
-//! The console calls these with its audit and four-eyes rules (the skip and the dead-lettering
-//! discard effects, so they need a second person).
+//! [`preview`] says what a discard would do without doing it. The console calls these with its
+//! audit and four-eyes rules (the skip and the dead-lettering discard effects, so they need a
+//! second person).
 
 use super::store::{self, AggregateKey};
 use crate::error::AdminError;
@@ -30,7 +32,7 @@ use plumbing::amqp::headers as rh;
 use serde::Serialize;
 use shared::Envelope;
 use shared::schema::Schema;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 
 /// Longest wait for the broker's confirm of a dead letter (the aggregate's partition waits
@@ -164,6 +166,102 @@ pub async fn counts(
     .await
 }
 
+/// Who holds a partition of an ordered consumer.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionOwner {
+    pub partition: i16,
+    /// The instance holding the lease (none when it was given up or never taken).
+    pub owner: Option<String>,
+    /// Raised at every change of hands (the fence).
+    pub epoch: i64,
+    pub lease_until: DateTime<Utc>,
+    /// Whether the lease is current (database clock).
+    pub live: bool,
+    /// Aggregates of this partition with a position, and messages held in it.
+    pub aggregates: i64,
+    pub held: i64,
+}
+
+/// The partitions of `consumer`, in order.
+pub async fn partitions(
+    pool: &PgPool,
+    schema: &Schema,
+    consumer: &str,
+) -> Result<Vec<PartitionOwner>, sqlx::Error> {
+    type Row = (i16, Option<String>, i64, DateTime<Utc>, bool, i64, i64);
+    let rows: Vec<Row> = sqlx::query_as(schema.sql(
+        "SELECT c.partition, c.owner, c.epoch, c.lease_until, c.owner IS NOT NULL AND c.lease_until > now(), \
+                (SELECT count(*) FROM {{schema}}.consumer_positions p \
+                  WHERE p.consumer = c.consumer AND p.partition = c.partition), \
+                (SELECT count(*) FROM {{schema}}.consumer_held h \
+                  WHERE h.consumer = c.consumer AND h.partition = c.partition) \
+         FROM {{schema}}.consumer_partitions c WHERE c.consumer = $1 ORDER BY c.partition",
+    ))
+    .bind(consumer)
+    .persistent(false)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(partition, owner, epoch, lease_until, live, aggregates, held)| PartitionOwner {
+                partition,
+                owner,
+                epoch,
+                lease_until,
+                live,
+                aggregates,
+                held,
+            },
+        )
+        .collect())
+}
+
+/// A message held for an aggregate, as an operator inspects it before deciding.
+#[derive(Debug, Clone, Serialize)]
+pub struct Held {
+    pub aggregate_seq: i64,
+    pub message_id: uuid::Uuid,
+    pub event_type: String,
+    pub payload: serde_json::Value,
+    pub held_at: DateTime<Utc>,
+}
+
+/// The first `limit` messages held for aggregate `key` of `consumer`, in order.
+pub async fn held(
+    pool: &PgPool,
+    schema: &Schema,
+    consumer: &str,
+    key: &AggregateKey,
+    limit: i64,
+) -> Result<Vec<Held>, sqlx::Error> {
+    let rows: Vec<(i64, sqlx::types::Json<Envelope>, DateTime<Utc>)> = sqlx::query_as(schema.sql(
+        "SELECT aggregate_seq, envelope, held_at FROM {{schema}}.consumer_held \
+         WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 \
+         ORDER BY aggregate_seq LIMIT $4",
+    ))
+    .bind(consumer)
+    .bind(&key.aggregate_type)
+    .bind(&key.aggregate_id)
+    .bind(limit)
+    .persistent(false)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(aggregate_seq, env, held_at)| {
+            let env = env.0;
+            Held {
+                aggregate_seq,
+                message_id: env.message_id,
+                event_type: env.event_type,
+                payload: env.payload,
+                held_at,
+            }
+        })
+        .collect())
+}
+
 /// What an action did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Resolved {
@@ -173,30 +271,53 @@ pub struct Resolved {
     pub applied_seq: i64,
 }
 
-/// A parked aggregate's head is tried again at once, with its attempts reset.
-pub async fn retry_head(
-    pool: &PgPool,
+/// What an operator acts on: one aggregate of one ordered consumer, and the applied position the
+/// operator saw (`None`: whatever it is now). A position that moved since answers
+/// [`AdminError::Moved`] and changes nothing: the operator decided on something that is no longer
+/// there (four eyes: a request approved minutes later must still be about the same head).
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub consumer: &'a str,
+    pub key: &'a AggregateKey,
+    pub seen: Option<i64>,
+}
+
+/// Locks the target's partition and position (see [`store::lock_partition_of`]) and checks the
+/// position seen; returns the applied position.
+async fn lock(
+    conn: &mut PgConnection,
     schema: &Schema,
-    consumer: &str,
-    key: &AggregateKey,
-) -> Result<Resolved, AdminError> {
-    let mut tx = pool.begin().await?;
-    store::lock_partition_of(&mut tx, schema, consumer, key)
+    target: &Target<'_>,
+) -> Result<i64, AdminError> {
+    let applied = store::lock_partition_of(conn, schema, target.consumer, target.key)
         .await?
         .ok_or(AdminError::NoSuchAggregate)?;
+    match target.seen {
+        Some(seen) if seen != applied => Err(AdminError::Moved { seen, now: applied }),
+        _ => Ok(applied),
+    }
+}
+
+/// A parked aggregate's head is tried again at once, with its attempts reset. Runs on `conn`, in
+/// the caller's transaction (the console commits its audit entry with it).
+pub async fn retry_head(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    target: &Target<'_>,
+) -> Result<Resolved, AdminError> {
+    lock(conn, schema, target).await?;
     let applied: Option<i64> = sqlx::query_scalar(schema.sql(
         "UPDATE {{schema}}.consumer_positions \
          SET parked_at = NULL, retry_at = NULL, attempts = 0, updated_at = now() \
          WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND parked_at IS NOT NULL \
          RETURNING applied_seq",
     ))
-    .bind(consumer)
-    .bind(&key.aggregate_type)
-    .bind(&key.aggregate_id)
+    .bind(target.consumer)
+    .bind(&target.key.aggregate_type)
+    .bind(&target.key.aggregate_id)
     .persistent(false)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut *conn)
     .await?;
-    tx.commit().await?;
     let applied_seq = applied.ok_or(AdminError::NotParked)?;
     Ok(Resolved {
         dead_lettered: Vec::new(),
@@ -205,7 +326,7 @@ pub async fn retry_head(
 }
 
 /// What [`dead_letter`] discards.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Discard {
     /// Skip the head: it is dead-lettered (or, missing, passed over) and the rest is released in
@@ -215,61 +336,103 @@ pub enum Discard {
     Run,
 }
 
-/// Dead-letters what `discard` names, then moves the position past it (see the module docs).
-pub async fn dead_letter(
-    pool: &PgPool,
-    schema: &Schema,
-    channel: &lapin::Channel,
-    consumer: &str,
-    key: &AggregateKey,
-    reason: &str,
+/// What a [`dead_letter`] would do, decided from the position and the held numbers alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DiscardPlan {
+    /// The sequence numbers that would be dead-lettered, in order.
+    pub dead_letter: Vec<i64>,
+    /// The applied position afterwards.
+    pub applied_seq: i64,
+}
+
+/// The decision of [`dead_letter`]: `held` are the held numbers in order, `applied` the position.
+/// Skipping a missing head passes the number over; skipping a held head dead-letters it; a run
+/// takes every held number. Nothing held at the head and no gap: nothing to do.
+pub fn plan_discard(
+    applied: i64,
+    held: &[i64],
     discard: Discard,
-) -> Result<Resolved, AdminError> {
-    let mut tx = pool.begin().await?;
-    // No apply of the aggregate's partition runs until this commits.
-    let position = store::lock_partition_of(&mut tx, schema, consumer, key).await?;
-    let applied = position.ok_or(AdminError::NoSuchAggregate)?;
-    let held: Vec<(i64, sqlx::types::Json<Envelope>)> = sqlx::query_as(schema.sql(
+) -> Result<DiscardPlan, AdminError> {
+    let head = applied + 1;
+    let dead_letter: Vec<i64> = match discard {
+        Discard::Run => held.to_vec(),
+        Discard::Head => held.iter().copied().filter(|s| *s == head).collect(),
+    };
+    if dead_letter.is_empty() && held.first().is_none_or(|s| *s == head) {
+        return Err(AdminError::NothingHeld);
+    }
+    let applied_seq = dead_letter.last().copied().unwrap_or(head);
+    Ok(DiscardPlan {
+        dead_letter,
+        applied_seq,
+    })
+}
+
+async fn held_of(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    target: &Target<'_>,
+) -> Result<Vec<(i64, sqlx::types::Json<Envelope>)>, sqlx::Error> {
+    sqlx::query_as(schema.sql(
         "SELECT aggregate_seq, envelope FROM {{schema}}.consumer_held \
          WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 ORDER BY aggregate_seq",
     ))
-    .bind(consumer)
-    .bind(&key.aggregate_type)
-    .bind(&key.aggregate_id)
+    .bind(target.consumer)
+    .bind(&target.key.aggregate_type)
+    .bind(&target.key.aggregate_id)
     .persistent(false)
-    .fetch_all(&mut *tx)
-    .await?;
-    let head = applied + 1;
-    let doomed: Vec<&(i64, sqlx::types::Json<Envelope>)> = if discard == Discard::Run {
-        held.iter().collect()
-    } else {
-        held.iter().filter(|(s, _)| *s == head).collect()
-    };
-    if doomed.is_empty() && held.first().is_none_or(|(s, _)| *s == head) {
-        // Nothing to skip: no held head and no gap before the held ones.
-        return Err(AdminError::NothingHeld);
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// What [`dead_letter`] would do now, without doing it (the console's dry run, and its check
+/// before it records a request for a second person). Locks like the action, on `conn`.
+pub async fn preview(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    target: &Target<'_>,
+    discard: Discard,
+) -> Result<DiscardPlan, AdminError> {
+    let applied = lock(conn, schema, target).await?;
+    let held: Vec<i64> = held_of(conn, schema, target)
+        .await?
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    plan_discard(applied, &held, discard)
+}
+
+/// Dead-letters what `discard` names, then moves the position past it (see the module docs). Runs
+/// on `conn`, in the caller's transaction: the dead letters are confirmed by the broker before it
+/// returns, the position moves when the caller commits (a failure in between leaves a dead letter
+/// of a message still held: a copy, never a loss).
+pub async fn dead_letter(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    channel: &lapin::Channel,
+    target: &Target<'_>,
+    reason: &str,
+    discard: Discard,
+) -> Result<Resolved, AdminError> {
+    // No apply of the aggregate's partition runs until the caller commits.
+    let applied = lock(conn, schema, target).await?;
+    let held = held_of(conn, schema, target).await?;
+    let numbers: Vec<i64> = held.iter().map(|(s, _)| *s).collect();
+    let plan = plan_discard(applied, &numbers, discard)?;
+    let dlx = format!("{}.dlx", target.consumer);
+    for (seq, env) in held.iter().filter(|(s, _)| plan.dead_letter.contains(s)) {
+        publish_dead_letter(channel, target.consumer, &dlx, env, *seq, reason).await?;
     }
-    // Dead letters first, confirmed; the position moves only after (a failure in between leaves
-    // a dead letter of a message still held: a copy, never a loss).
-    let dlx = format!("{consumer}.dlx");
-    for (seq, env) in &doomed {
-        publish_dead_letter(channel, consumer, &dlx, env, *seq, reason).await?;
-    }
-    let new_applied = match doomed.last() {
-        Some((last, _)) => *last,
-        None => head, // a gap: the missing number is passed over
-    };
-    let seqs: Vec<i64> = doomed.iter().map(|(s, _)| *s).collect();
     sqlx::query(schema.sql(
         "DELETE FROM {{schema}}.consumer_held \
          WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND aggregate_seq = ANY($4)",
     ))
-    .bind(consumer)
-    .bind(&key.aggregate_type)
-    .bind(&key.aggregate_id)
-    .bind(&seqs)
+    .bind(target.consumer)
+    .bind(&target.key.aggregate_type)
+    .bind(&target.key.aggregate_id)
+    .bind(&plan.dead_letter)
     .persistent(false)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await?;
     sqlx::query(schema.sql(
         "UPDATE {{schema}}.consumer_positions \
@@ -277,17 +440,16 @@ pub async fn dead_letter(
              updated_at = now() \
          WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3",
     ))
-    .bind(consumer)
-    .bind(&key.aggregate_type)
-    .bind(&key.aggregate_id)
-    .bind(new_applied)
+    .bind(target.consumer)
+    .bind(&target.key.aggregate_type)
+    .bind(&target.key.aggregate_id)
+    .bind(plan.applied_seq)
     .persistent(false)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await?;
-    tx.commit().await?;
     Ok(Resolved {
-        dead_lettered: seqs,
-        applied_seq: new_applied,
+        dead_lettered: plan.dead_letter,
+        applied_seq: plan.applied_seq,
     })
 }
 
@@ -343,4 +505,45 @@ async fn publish_dead_letter(
         return Err(AdminError::DeadLetterRefused(env.message_id));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skipping_a_held_head_dead_letters_it_and_releases_the_rest() {
+        let plan = plan_discard(4, &[5, 6, 7], Discard::Head).unwrap();
+        assert_eq!(plan.dead_letter, vec![5]);
+        assert_eq!(plan.applied_seq, 5);
+    }
+
+    #[test]
+    fn skipping_a_missing_head_passes_its_number_over() {
+        let plan = plan_discard(4, &[6, 7], Discard::Head).unwrap();
+        assert!(plan.dead_letter.is_empty());
+        assert_eq!(plan.applied_seq, 5);
+    }
+
+    #[test]
+    fn a_run_dead_letters_everything_held() {
+        let plan = plan_discard(4, &[5, 6, 9], Discard::Run).unwrap();
+        assert_eq!(plan.dead_letter, vec![5, 6, 9]);
+        assert_eq!(plan.applied_seq, 9);
+        // Behind a gap, the run still takes what is held and moves past its last.
+        let plan = plan_discard(4, &[7, 8], Discard::Run).unwrap();
+        assert_eq!((plan.dead_letter, plan.applied_seq), (vec![7, 8], 8));
+    }
+
+    #[test]
+    fn nothing_held_and_no_gap_is_nothing_to_do() {
+        assert!(matches!(
+            plan_discard(4, &[], Discard::Head),
+            Err(AdminError::NothingHeld)
+        ));
+        assert!(matches!(
+            plan_discard(4, &[], Discard::Run),
+            Err(AdminError::NothingHeld)
+        ));
+    }
 }
