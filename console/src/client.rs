@@ -137,6 +137,45 @@ pub fn print_dead_letters(rows: &Value, out: &mut impl Write) -> std::io::Result
     writeln!(out, "{} dead letter(s)", rows.len())
 }
 
+/// Prints an ordered consumer: its partitions and its stuck aggregates with their versions.
+pub fn print_ordered(v: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "parked {}  gap waits {}  held {}",
+        s(v, "parked"),
+        s(v, "gap_waits"),
+        s(v, "held")
+    )?;
+    for p in v["partitions"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "partition {}  owner {}  epoch {}  live {}  aggregates {}  held {}",
+            s(p, "partition"),
+            s(p, "owner"),
+            s(p, "epoch"),
+            s(p, "live"),
+            s(p, "aggregates"),
+            s(p, "held")
+        )?;
+    }
+    let stuck = v["stuck"].as_array().cloned().unwrap_or_default();
+    for a in &stuck {
+        writeln!(
+            out,
+            "{} {}/{}  version={}  held {}  attempts {}  since {}  {}",
+            s(a, "kind"),
+            s(a, "aggregate_type"),
+            s(a, "aggregate_id"),
+            s(a, "version"),
+            s(a, "held"),
+            s(a, "attempts"),
+            s(a, "since"),
+            s(a, "reason")
+        )?;
+    }
+    writeln!(out, "{} stuck aggregate(s)", stuck.len())
+}
+
 /// Prints approval requests.
 pub fn print_approvals(rows: &Value, out: &mut impl Write) -> std::io::Result<()> {
     let rows = rows.as_array().cloned().unwrap_or_default();

@@ -43,6 +43,13 @@ enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Ordered consumers' stuck aggregates (through the API).
+    Ordered {
+        #[command(flatten)]
+        client: ClientConfig,
+        #[command(subcommand)]
+        command: OrderedCommand,
+    },
     /// Approval requests (through the API).
     Approvals {
         #[command(flatten)]
@@ -126,6 +133,34 @@ enum DlqCommand {
         dry_run: bool,
         #[arg(required = true)]
         items: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum OrderedCommand {
+    /// An ordered consumer's partitions and stuck aggregates, with their versions.
+    Show {
+        #[arg(long)]
+        consumer: String,
+    },
+    /// Act on a stuck aggregate: retry (runs now), skip or dead_letter_run (create an approval
+    /// request; `--dry-run` says what they would dead-letter).
+    Act {
+        #[arg(long)]
+        consumer: String,
+        /// retry, skip, dead_letter_run.
+        action: String,
+        #[arg(long)]
+        aggregate_type: String,
+        #[arg(long)]
+        aggregate_id: String,
+        /// The applied position you saw (`show`).
+        #[arg(long)]
+        version: i64,
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -416,6 +451,37 @@ async fn main() -> anyhow::Result<()> {
                     }
                     let path = format!(
                         "/api/processes/{id}/actions/{}",
+                        console::web::url_encode(&action)
+                    );
+                    let (status, body) = api.post(&path, &body, &key()).await?;
+                    client::print_outcome(status, &body, &mut out)?;
+                }
+            }
+        }
+        Command::Ordered { client: c, command } => {
+            let api = Client::new(&c.url, &c.token);
+            match command {
+                OrderedCommand::Show { consumer } => {
+                    let path = format!(
+                        "/api/consumers/{}/ordered",
+                        console::web::url_encode(&consumer)
+                    );
+                    client::print_ordered(&api.get(&path).await?, &mut out)?;
+                }
+                OrderedCommand::Act {
+                    consumer,
+                    action,
+                    aggregate_type,
+                    aggregate_id,
+                    version,
+                    reason,
+                    dry_run,
+                } => {
+                    let body = json!({"aggregate_type": aggregate_type, "aggregate_id": aggregate_id,
+                        "version": version, "reason": reason, "dry_run": dry_run});
+                    let path = format!(
+                        "/api/consumers/{}/ordered/actions/{}",
+                        console::web::url_encode(&consumer),
                         console::web::url_encode(&action)
                     );
                     let (status, body) = api.post(&path, &body, &key()).await?;

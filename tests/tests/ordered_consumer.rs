@@ -718,6 +718,27 @@ async fn the_console_retries_now_and_skips_only_after_a_second_person_approves()
         );
     }
     assert!(!seen_by_operator.contains("4111111111111111"));
+    // The CLI, a client of the same API.
+    let shown = tokio::process::Command::new(bin_path("console"))
+        .args([
+            "ordered",
+            "--url",
+            &c.base,
+            "--token",
+            &viewer,
+            "show",
+            "--consumer",
+            &s.name,
+        ])
+        .output()
+        .await
+        .unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout).to_string();
+    assert!(
+        shown.contains("parked thing/p1  version=1  held 2")
+            && shown.contains("1 stuck aggregate(s)"),
+        "{shown}"
+    );
     let seen_by_viewer = c.page(&viewer, &page_path).await;
     assert!(seen_by_viewer.contains("id=\"stuck-thing%2Fp1\""));
     assert!(
