@@ -33,6 +33,7 @@ pub const SCENARIOS: &[&str] = &[
     "producer-insert",
     "consumer",
     "consumer-ordered",
+    "consumer-ordered-scale",
     "end-to-end",
     "api",
     "soak-memory",
@@ -45,7 +46,7 @@ pub const SCENARIOS: &[&str] = &[
 #[command(name = "bench", version, about)]
 pub struct Args {
     /// Scenarios to run (default: all): ceiling-amqp, ceiling-pg, relay-drain, relay-skew,
-    /// relay-latency, producer-insert, consumer, consumer-ordered, end-to-end, api, soak-memory,
+    /// relay-latency, producer-insert, consumer, consumer-ordered, consumer-ordered-scale, end-to-end, api, soak-memory,
     /// table-growth,
     /// processes.
     pub scenarios: Vec<String>,

@@ -4,7 +4,7 @@
 
 use crate::env::{self, BenchEnv};
 use crate::report::Line;
-use crate::scenarios::{delete_consumer_topology, payload, pending, wait_queue_exists};
+use crate::scenarios::{delete_consumer_topology, payload, pending, wait_queue_consumed};
 use shared::NewMessage;
 use std::time::{Duration, Instant};
 
@@ -15,8 +15,15 @@ pub async fn consumer_ordered(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let mut lines = Vec::new();
     for (aggregates, target) in [(1000u64, 0.7), (1, 0.4)] {
         let plural = if aggregates == 1 { "" } else { "s" };
-        let unordered = drain(env, n, aggregates, false).await?;
-        let ordered = drain(env, n, aggregates, true).await?;
+        let run = |ordered| Drain {
+            n,
+            aggregates,
+            ordered,
+            instances: 1,
+            cluster: None,
+        };
+        let unordered = drain(env, &run(false)).await?;
+        let ordered = drain(env, &run(true)).await?;
         lines.push(
             Line::new(
                 &format!("consumer timeline unordered ({aggregates} aggregate{plural})"),
@@ -42,23 +49,107 @@ pub async fn consumer_ordered(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     Ok(lines)
 }
 
-/// Declares the consumer (start, stop), lets the relay publish `n` messages over `aggregates`
-/// into its queues, then times the consumer draining them (from its first effect to its last).
-async fn drain(env: &BenchEnv, n: u64, aggregates: u64, ordered: bool) -> anyhow::Result<f64> {
+/// One drain: `n` messages over `aggregates`, by `instances` consumer processes, ordered or not,
+/// on the bench's broker or on `cluster`.
+struct Drain<'a> {
+    n: u64,
+    aggregates: u64,
+    ordered: bool,
+    instances: usize,
+    cluster: Option<&'a Cluster>,
+}
+
+/// A RabbitMQ cluster of the bench's own nodes (removed when dropped).
+pub struct Cluster {
+    /// Every node's URL, comma-separated (`AMQP_URL` of the processes).
+    url: String,
+    conn: lapin::Connection,
+    _nodes: Vec<system_tests::private_rabbit::RabbitNode>,
+}
+
+impl Cluster {
+    /// Starts `size` nodes (a few tens of seconds on 2 cores) and joins them.
+    async fn start(size: usize) -> anyhow::Result<Self> {
+        let names: Vec<String> = (0..size).map(|i| format!("bench{i}")).collect();
+        let nodes = tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            system_tests::private_rabbit::start_cluster(&refs, &[])
+        })
+        .await?;
+        let url = nodes
+            .iter()
+            .map(|n| n.amqp_url())
+            .collect::<Vec<_>>()
+            .join(",");
+        let conn =
+            plumbing::amqp::connect(&nodes[0].amqp_url(), &Default::default(), "bench cluster")
+                .await?;
+        Ok(Self {
+            url,
+            conn,
+            _nodes: nodes,
+        })
+    }
+}
+
+/// `consumer-ordered-scale`: 4 ordered instances against one, on a 3-node quorum-queue cluster of
+/// the bench's own (issue 22: ≥ 2.5×, "if the 2 cores allow a meaningful figure").
+pub async fn consumer_ordered_scale(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
+    let n = env.n(20_000, 500);
+    let cluster = Cluster::start(3).await?;
+    let run = |instances| Drain {
+        n,
+        aggregates: 1000,
+        ordered: true,
+        instances,
+        cluster: Some(&cluster),
+    };
+    let one = drain(env, &run(1)).await?;
+    let four = drain(env, &run(4)).await?;
+    Ok(vec![
+        Line::new("consumer timeline ordered, 1 instance (3-node cluster)", one, "msg/s").note(
+            format!("{n} messages over 1,000 aggregates published by the relay to a 3-node cluster of the bench's own nodes (quorum partition queues, 3 replicas), then drained by one `producer timeline --ordered --lease 2s`"),
+        ),
+        Line::new("consumer timeline ordered, 4 instances (3-node cluster)", four, "msg/s")
+            .vs_ceiling(one, Some(2.5))
+            .note(format!(
+                "the same with 4 instances sharing the 8 partitions (2 each once spread; the spread happens during the drain); ceiling = one instance; {} cores on this machine",
+                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            )),
+    ])
+}
+
+/// Declares the consumer (start, stop), lets the relay publish the messages into its queues,
+/// then times the consumer instances draining them (from the first effect to the last).
+async fn drain(env: &BenchEnv, d: &Drain<'_>) -> anyhow::Result<f64> {
+    let (n, aggregates, ordered) = (d.n, d.aggregates, d.ordered);
     env.reset_outbox().await?;
     let mode = if ordered { "o" } else { "u" };
-    let name = format!("{}-tl-{mode}{aggregates}", env.exchange.replace('.', "-"));
+    let name = format!(
+        "{}-tl-{mode}{aggregates}-{}",
+        env.exchange.replace('.', "-"),
+        d.instances
+    );
     let mut args = vec!["timeline", "--name", name.as_str(), "--bind", "#"];
     if ordered {
         args.push("--ordered");
     }
+    if d.cluster.is_some() {
+        // Both cluster runs: a spread over 4 instances settles within a few seconds.
+        args.extend(["--lease", "2s"]);
+    }
+    let amqp: Vec<(&str, &str)> = match d.cluster {
+        Some(c) => vec![("AMQP_URL", c.url.as_str())],
+        None => Vec::new(),
+    };
+    let conn = d.cluster.map(|c| &c.conn).unwrap_or(&env.conn);
     let probe = if ordered {
         consumer::ordered::topology::queue(&name, 0)
     } else {
         name.clone()
     };
-    let first = env.spawn("producer", &args, &[])?;
-    wait_queue_exists(env, &probe).await?;
+    let first = env.spawn("producer", &args, &amqp)?;
+    wait_queue_consumed(conn, &probe).await?;
     env::stop(first).await;
 
     // Aggregates named after the run, so their numbers start at 1 for this consumer.
@@ -80,7 +171,7 @@ async fn drain(env: &BenchEnv, n: u64, aggregates: u64, ordered: bool) -> anyhow
         tx.commit().await?;
         done += k;
     }
-    let relay = env.spawn_relay(&[])?;
+    let relay = env.spawn("relay", &[], &amqp)?;
     let deadline = Instant::now() + Duration::from_secs(300);
     while pending(env).await? > 0 {
         anyhow::ensure!(Instant::now() < deadline, "relay did not publish in 300 s");
@@ -89,7 +180,10 @@ async fn drain(env: &BenchEnv, n: u64, aggregates: u64, ordered: bool) -> anyhow
     env::stop(relay).await;
     env.settle().await?;
 
-    let consumer = env.spawn("producer", &args, &[])?;
+    let mut consumers = Vec::new();
+    for _ in 0..d.instances {
+        consumers.push(env.spawn("producer", &args, &amqp)?);
+    }
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut t0 = None;
     loop {
@@ -112,13 +206,21 @@ async fn drain(env: &BenchEnv, n: u64, aggregates: u64, ordered: bool) -> anyhow
     }
     let (t0, first) = t0.ok_or_else(|| anyhow::anyhow!("no progress"))?;
     let rate = (n - first as u64) as f64 / t0.elapsed().as_secs_f64().max(1e-6);
-    env::stop(consumer).await;
+    for c in consumers {
+        env::stop(c).await;
+    }
     if ordered {
         let v = demo::timeline::violations(&env.pool, &name).await?;
         anyhow::ensure!(
             v == demo::timeline::Violations::default(),
             "{name}: {v:?} in demo.timeline"
         );
+    }
+    if d.cluster.is_some() {
+        // The cluster goes with its nodes.
+        return Ok(rate);
+    }
+    if ordered {
         let (queues, exchanges) =
             consumer::ordered::topology::names(&name, consumer::config::DEFAULT_PARTITIONS);
         for q in queues {

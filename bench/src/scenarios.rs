@@ -34,6 +34,7 @@ pub async fn run(name: &str, env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result
         "relay-latency" => relay_latency(env).await,
         "consumer" => consumer(env, c).await,
         "consumer-ordered" => crate::ordered_scenario::consumer_ordered(env).await,
+        "consumer-ordered-scale" => crate::ordered_scenario::consumer_ordered_scale(env).await,
         "end-to-end" => end_to_end(env).await,
         "api" => api(env).await,
         "soak-memory" => soak_memory(env).await,
@@ -736,10 +737,18 @@ async fn consumer(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>>
 }
 
 pub(crate) async fn wait_queue_exists(env: &BenchEnv, queue: &str) -> anyhow::Result<()> {
+    wait_queue_consumed(&env.conn, queue).await
+}
+
+/// Waits until `queue` exists on the broker of `conn` with a consumer attached.
+pub(crate) async fn wait_queue_consumed(
+    conn: &lapin::Connection,
+    queue: &str,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         // Consumers attached means the consumer is fully up.
-        if let Ok(q) = plumbing::amqp::inspect_queue(&env.conn, queue).await
+        if let Ok(q) = plumbing::amqp::inspect_queue(conn, queue).await
             && q.consumer_count() > 0
         {
             return Ok(());

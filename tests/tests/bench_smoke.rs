@@ -28,6 +28,7 @@ fn every_bench_scenario_runs_at_tiny_scale() {
         "relay-latency",
         "consumer",
         "consumer timeline ordered",
+        "consumer timeline ordered, 4 instances (3-node cluster)",
         "end-to-end",
         "api",
         "soak-memory",
