@@ -18,6 +18,7 @@ pub mod process_scenario;
 pub mod report;
 pub mod scenarios;
 pub mod skew_scenario;
+pub mod webhook_scenario;
 pub mod wire_count;
 
 use clap::Parser;
@@ -34,6 +35,7 @@ pub const SCENARIOS: &[&str] = &[
     "consumer",
     "consumer-ordered",
     "consumer-ordered-scale",
+    "webhook-ingest",
     "end-to-end",
     "api",
     "soak-memory",
@@ -46,7 +48,7 @@ pub const SCENARIOS: &[&str] = &[
 #[command(name = "bench", version, about)]
 pub struct Args {
     /// Scenarios to run (default: all): ceiling-amqp, ceiling-pg, relay-drain, relay-skew,
-    /// relay-latency, producer-insert, consumer, consumer-ordered, consumer-ordered-scale, end-to-end, api, soak-memory,
+    /// relay-latency, producer-insert, consumer, consumer-ordered, consumer-ordered-scale, webhook-ingest, end-to-end, api, soak-memory,
     /// table-growth,
     /// processes.
     pub scenarios: Vec<String>,

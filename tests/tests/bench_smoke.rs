@@ -29,6 +29,7 @@ fn every_bench_scenario_runs_at_tiny_scale() {
         "consumer",
         "consumer timeline ordered",
         "consumer timeline ordered, 4 instances (3-node cluster)",
+        "webhook ingest",
         "end-to-end",
         "api",
         "soak-memory",
