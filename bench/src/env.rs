@@ -369,6 +369,13 @@ impl CpuSnapshot {
         self.machine_busy.saturating_sub(earlier.machine_busy) as f64 / total as f64
     }
 
+    /// CPU milliseconds used by `group` (rabbitmq, postgres, relay, ...) since `earlier`.
+    pub fn group_ms_since(&self, earlier: &CpuSnapshot, group: &str) -> f64 {
+        let now = self.groups.get(group).copied().unwrap_or(0);
+        let before = earlier.groups.get(group).copied().unwrap_or(0);
+        now.saturating_sub(before) as f64 / CLK_TCK * 1000.0
+    }
+
     /// "machine 97% busy; cpu ms per 1000 msgs: rabbitmq 80, postgres 40, relay 30".
     pub fn report_since(&self, earlier: &CpuSnapshot, messages: u64) -> String {
         self.report_per(earlier, messages, "msgs")

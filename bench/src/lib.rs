@@ -18,6 +18,7 @@ pub mod process_scenario;
 pub mod report;
 pub mod scenarios;
 pub mod skew_scenario;
+pub mod waiting_scenario;
 pub mod webhook_scenario;
 pub mod wire_count;
 
@@ -41,6 +42,7 @@ pub const SCENARIOS: &[&str] = &[
     "soak-memory",
     "table-growth",
     "processes",
+    "processes-waiting",
 ];
 
 /// Measures the relay, the consumer and the API against the same run's PostgreSQL and RabbitMQ ceilings.
@@ -49,8 +51,7 @@ pub const SCENARIOS: &[&str] = &[
 pub struct Args {
     /// Scenarios to run (default: all): ceiling-amqp, ceiling-pg, relay-drain, relay-skew,
     /// relay-latency, producer-insert, consumer, consumer-ordered, consumer-ordered-scale, webhook-ingest, end-to-end, api, soak-memory,
-    /// table-growth,
-    /// processes.
+    /// table-growth, processes, processes-waiting.
     pub scenarios: Vec<String>,
     /// Print one JSON object per scenario line instead of a table.
     #[arg(long)]

@@ -30,6 +30,7 @@ fn every_bench_scenario_runs_at_tiny_scale() {
         "consumer timeline ordered",
         "consumer timeline ordered, 4 instances (3-node cluster)",
         "webhook ingest",
+        "processes waiting",
         "end-to-end",
         "api",
         "soak-memory",
