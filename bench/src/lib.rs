@@ -15,6 +15,7 @@
 pub mod env;
 pub mod ordered_scenario;
 pub mod process_scenario;
+pub mod reconciliation_scenario;
 pub mod report;
 pub mod scenarios;
 pub mod skew_scenario;
@@ -43,6 +44,7 @@ pub const SCENARIOS: &[&str] = &[
     "table-growth",
     "processes",
     "processes-waiting",
+    "reconciliation",
 ];
 
 /// Measures the relay, the consumer and the API against the same run's PostgreSQL and RabbitMQ ceilings.
@@ -51,7 +53,7 @@ pub const SCENARIOS: &[&str] = &[
 pub struct Args {
     /// Scenarios to run (default: all): ceiling-amqp, ceiling-pg, relay-drain, relay-skew,
     /// relay-latency, producer-insert, consumer, consumer-ordered, consumer-ordered-scale, webhook-ingest, end-to-end, api, soak-memory,
-    /// table-growth, processes, processes-waiting.
+    /// table-growth, processes, processes-waiting, reconciliation.
     pub scenarios: Vec<String>,
     /// Print one JSON object per scenario line instead of a table.
     #[arg(long)]

@@ -37,6 +37,7 @@ pub async fn run(name: &str, env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result
         "consumer-ordered-scale" => crate::ordered_scenario::consumer_ordered_scale(env).await,
         "webhook-ingest" => crate::webhook_scenario::webhook_ingest(env).await,
         "processes-waiting" => crate::waiting_scenario::processes_waiting(env).await,
+        "reconciliation" => crate::reconciliation_scenario::reconciliation(env).await,
         "end-to-end" => end_to_end(env).await,
         "api" => api(env).await,
         "soak-memory" => soak_memory(env).await,

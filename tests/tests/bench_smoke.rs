@@ -31,6 +31,7 @@ fn every_bench_scenario_runs_at_tiny_scale() {
         "consumer timeline ordered, 4 instances (3-node cluster)",
         "webhook ingest",
         "processes waiting",
+        "reconciliation run",
         "end-to-end",
         "api",
         "soak-memory",
