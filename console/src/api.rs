@@ -355,9 +355,11 @@ pub struct Replay {
     pub dry_run: bool,
 }
 
-/// Replay dead letters: one runs now, more than one needs approval.
+/// Replay dead letters: one runs now, more than one needs approval. An ordered consumer's dead
+/// letters are never replayed: 409, with what to do instead.
 #[utoipa::path(post, path = "/api/dead-letters/{consumer}/actions/replay", tag = "dead-letters", request_body = Replay,
-    params(("consumer" = String, Path)), responses((status = 200), (status = 202)))]
+    params(("consumer" = String, Path)), responses((status = 200), (status = 202),
+        (status = 409, description = "a version changed, or the consumer is ordered", body = crate::error::ErrorBody)))]
 pub async fn replay(
     State(s): State<AppState>,
     Bearer(p): Bearer,

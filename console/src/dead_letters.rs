@@ -134,7 +134,7 @@ async fn judge(
         .collect())
 }
 
-/// The dry run.
+/// The dry run (an ordered consumer's dead letters are never replayed: a 409 says why).
 pub async fn plan(
     amqp_url: &str,
     tls: &plumbing::amqp_tls::AmqpTls,
@@ -142,10 +142,11 @@ pub async fn plan(
     items: &[Item],
 ) -> Result<Vec<Planned>, ConsoleError> {
     check_consumer(consumer)?;
+    dlq::refuse_ordered(amqp_url, tls, consumer).await?;
     judge(amqp_url, tls, consumer, items).await
 }
 
-/// Checks every item is there in the version seen.
+/// Checks the consumer is not ordered (409) and every item is there in the version seen.
 pub async fn check(
     amqp_url: &str,
     tls: &plumbing::amqp_tls::AmqpTls,
@@ -156,6 +157,7 @@ pub async fn check(
     if items.is_empty() {
         return Err(ConsoleError::BadRequest("no messages given".into()));
     }
+    dlq::refuse_ordered(amqp_url, tls, consumer).await?;
     for p in judge(amqp_url, tls, consumer, items).await? {
         match p.would.as_str() {
             "replay" => {}

@@ -39,7 +39,11 @@ pub enum ConsoleError {
 
 impl From<consumer::DlqError> for ConsoleError {
     fn from(e: consumer::DlqError) -> Self {
-        Self::DeadLetters(Box::new(e))
+        match e {
+            // The request is fine, the consumer's mode refuses it: a 409 that says what to do.
+            consumer::DlqError::Ordered { .. } => Self::Conflict(e.to_string()),
+            e => Self::DeadLetters(Box::new(e)),
+        }
     }
 }
 

@@ -5,6 +5,10 @@
 //! original properties, message id included, and acknowledges the dead letter only after the
 //! broker confirmed the copy: a replay interrupted in between leaves both, and deduplication
 //! applies the effect once anyway.
+//!
+//! An ordered consumer's dead letters are listed but never replayed ([`DlqError::Ordered`]): it
+//! consumes its partition queues, not `NAME`, and deduplicates by position, so a copy of a message
+//! its aggregate has moved past could never be applied in order.
 
 use crate::broker_headers;
 use crate::error::DlqError;
@@ -12,10 +16,11 @@ use crate::message::{self, headers};
 use crate::topology::Topology;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    QueueDeclareOptions,
+    ExchangeDeclareOptions, QueueDeclareOptions,
 };
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection};
+use lapin::{Channel, Connection, ExchangeKind};
 use plumbing::amqp::{header_str, headers_to_json};
 use plumbing::amqp_tls::AmqpTls;
 use serde::Serialize;
@@ -121,12 +126,65 @@ pub async fn replay(
     result
 }
 
+/// Refuses consumer `name` if it is an ordered consumer ([`DlqError::Ordered`]): what
+/// [`replay`] checks first, for callers that check before they ask for a replay (the console,
+/// before an approval is requested).
+pub async fn refuse_ordered(amqp_url: &str, tls: &AmqpTls, name: &str) -> Result<(), DlqError> {
+    let conn =
+        plumbing::amqp_nodes::connect(amqp_url, tls, &format!("consumer {name} dlq check")).await?;
+    let result = not_ordered(&conn, name).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
+    result
+}
+
+/// An ordered consumer has its headers exchange `NAME.ordered` (declared by every instance at
+/// every connection, never deleted by the runtime): a passive declare on a channel of its own
+/// (the broker closes it when the exchange is missing) tells.
+async fn not_ordered(conn: &Connection, name: &str) -> Result<(), DlqError> {
+    let exchange = crate::ordered::topology::exchange(name);
+    let ch = conn.create_channel().await?;
+    let declared = bounded(
+        "looking for the ordered consumer's exchange",
+        ch.exchange_declare(
+            exchange.as_str().into(),
+            ExchangeKind::Headers,
+            ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        ),
+    )
+    .await;
+    match declared {
+        Ok(()) => {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), ch.close(200, "checked".into())).await;
+            Err(DlqError::Ordered {
+                consumer: name.to_string(),
+                exchange,
+            })
+        }
+        Err(DlqError::Amqp(e)) if not_found(&e) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn not_found(e: &lapin::Error) -> bool {
+    matches!(
+        e.kind(),
+        lapin::ErrorKind::ProtocolError(amqp)
+            if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
+}
+
 async fn replay_on(
     conn: &Connection,
     name: &str,
     t: &Topology,
     selection: &Selection,
 ) -> Result<ReplayReport, DlqError> {
+    not_ordered(conn, name).await?;
     let check = conn.create_channel().await?;
     check
         .queue_declare(

@@ -150,6 +150,16 @@ pub enum DlqError {
     Amqp(#[from] lapin::Error),
     #[error("the broker did not accept the replayed message {0}")]
     NotConfirmed(String),
+    #[error(
+        "consumer {consumer:?} is an ordered consumer (its exchange {exchange} exists): replay refused. \
+         A replayed copy would go to its queue {consumer}, which it does not consume, and even if \
+         routed to its partitions it would arrive after its aggregate's position passed it and be \
+         dropped as stale. To have the effect applied, publish a new event from the producer (it \
+         takes the aggregate's next number); for an aggregate that is parked or waiting, use the \
+         ordered admin actions (retry the head, or skip it). If the consumer is no longer \
+         ordered, delete exchange {exchange} first"
+    )]
+    Ordered { consumer: String, exchange: String },
     #[error("{0} timed out after {1:?}")]
     Timeout(&'static str, Duration),
 }

@@ -1,6 +1,8 @@
 //! `relay verify`: after an incident, did every message committed in a time window reach a
 //! consumer? Reconciles the outbox's published rows (kept when `--retention-secs` is on) against
-//! the consumer's `processed_messages` rows.
+//! the consumer's `processed_messages` rows, or, for an ordered consumer (which writes none), its
+//! aggregates' positions in `consumer_positions`: a message its aggregate's position has reached
+//! is processed (it has no processing time, so it stays out of the lag).
 //!
 //! Reported: the rows of the window by state (published, pending, dead); the published ones the
 //! consumer has no record of (**missing**; rows published in the last `settle` are counted apart,
@@ -87,6 +89,16 @@ impl VerifyReport {
 const FILTER: &str = "m.created_at >= $1 AND m.created_at < $2 \
      AND (cardinality($3::text[]) = 0 OR m.event_type = ANY($3))";
 
+/// Message `m` reached consumer `$4`: a `processed_messages` row (an unordered consumer's), or an
+/// ordered consumer's position at or past its `aggregate_seq` (ordered mode writes no
+/// `processed_messages` rows; its position moves past a message only once it was applied, or
+/// dead-lettered by an operator's skip).
+const RECORDED: &str = "(EXISTS (SELECT 1 FROM {{schema}}.processed_messages p \
+                 WHERE p.consumer = $4 AND p.message_id = m.id) \
+     OR EXISTS (SELECT 1 FROM {{schema}}.consumer_positions c \
+                 WHERE c.consumer = $4 AND c.aggregate_type = m.aggregate_type \
+                   AND c.aggregate_id = m.aggregate_id AND c.applied_seq >= m.aggregate_seq))";
+
 /// Runs the reconciliation (read-only; a handful of statements over the window).
 pub async fn verify(
     pool: &PgPool,
@@ -108,8 +120,7 @@ pub async fn verify(
     .await?;
     let unprocessed = format!(
         "FROM {{{{schema}}}}.messages m WHERE {FILTER} AND m.state = 'published' \
-         AND NOT EXISTS (SELECT 1 FROM {{{{schema}}}}.processed_messages p \
-                         WHERE p.consumer = $4 AND p.message_id = m.id)"
+         AND NOT {RECORDED}"
     );
     let (missing, in_flight): (i64, i64) = sqlx::query_as(schema.sql(&format!(
         "SELECT count(*) FILTER (WHERE m.published_at IS NULL OR m.published_at < $5), \
@@ -157,9 +168,11 @@ pub async fn verify(
         .collect();
     let (processed, p50, p99, max): (i64, Option<f64>, Option<f64>, Option<f64>) =
         sqlx::query_as(schema.sql(&format!(
-            "WITH lag AS (SELECT extract(epoch FROM p.processed_at - m.created_at)::float8 AS s \
-               FROM {{{{schema}}}}.messages m JOIN {{{{schema}}}}.processed_messages p \
-                 ON p.consumer = $4 AND p.message_id = m.id WHERE {FILTER}) \
+            // The lag needs a processing time: an ordered consumer's messages count, without one.
+            "WITH lag AS (SELECT (SELECT extract(epoch FROM p.processed_at - m.created_at)::float8 \
+                 FROM {{{{schema}}}}.processed_messages p \
+                 WHERE p.consumer = $4 AND p.message_id = m.id) AS s \
+               FROM {{{{schema}}}}.messages m WHERE {FILTER} AND {RECORDED}) \
              SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY s), \
                     percentile_cont(0.99) WITHIN GROUP (ORDER BY s), max(s) FROM lag"
         )))

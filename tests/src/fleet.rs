@@ -79,6 +79,45 @@ impl Component {
         )
     }
 
+    /// The example timeline consumer in ordered mode (`producer timeline --ordered`) named `name`,
+    /// with `partitions` partition queues, a 2 s lease, batches of 50, retries after 100 ms and
+    /// 200 ms, and `extra` flags.
+    pub fn ordered_timeline(
+        database_url: &str,
+        amqp_url: &str,
+        exchange: &str,
+        name: &str,
+        partitions: u16,
+        extra: &[&str],
+    ) -> Self {
+        let partitions = partitions.to_string();
+        let args = [
+            "timeline",
+            "--name",
+            name,
+            "--ordered",
+            "--partitions",
+            &partitions,
+            "--lease",
+            "2s",
+            "--batch-size",
+            "50",
+            "--retry-delays",
+            "100ms,200ms",
+            "--database-url",
+            database_url,
+            "--amqp-url",
+            amqp_url,
+            "--exchange",
+            exchange,
+        ];
+        Self::new(
+            "producer",
+            args.iter().chain(extra).map(|s| s.to_string()).collect(),
+            Vec::new(),
+        )
+    }
+
     /// A `process_worker` (the test definitions of `process_fixtures`) named `id`.
     pub fn process_worker(database_url: &str, id: &str) -> Self {
         Self::new(

@@ -1964,6 +1964,93 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     let _ = conn.close(200, "done".into()).await;
 }
 
+/// An ordered consumer's dead letters are listed, but a replay (dry run, one now, or several for
+/// approval) answers 409 with only an `error` that says why and what to do instead; the letter
+/// stays in the dead-letter queue and nothing reaches the consumer's plain queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_consumers_dead_letters_are_listed_but_replay_answers_409() {
+    use lapin::BasicProperties;
+    use lapin::options::BasicPublishOptions;
+    use lapin::types::FieldTable;
+    let broker = system_tests::TestBroker::new();
+    let name = broker.queue("console.ord");
+    let c = Console::start_with(5, &[&name]).await;
+    let op = c.user("olga", Role::Operator).await;
+    let exchange = broker.outbox_exchange("console.events");
+    system_tests::consumers::track_consumer(&broker, &name, &[], Some(2));
+    let conn = broker.connect().await;
+    // The topology an ordered consumer declares: its plain queues and its partition routing.
+    let topology = consumer::Topology::new(&name, &[]);
+    topology.declare(&conn, &exchange, &[]).await.unwrap();
+    consumer::ordered::topology::declare(&conn, &exchange, &name, 2, &["#".to_string()])
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    let ids: Vec<String> = (0..2).map(|_| Uuid::new_v4().to_string()).collect();
+    for id in &ids {
+        let mut h = FieldTable::default();
+        consumer::message::set_text(
+            &mut h,
+            consumer::message::headers::DEAD_LETTER_KIND,
+            "operator",
+        );
+        consumer::message::set_text(
+            &mut h,
+            consumer::message::headers::DEAD_LETTERED_AT,
+            "2026-12-01T10:00:00Z",
+        );
+        ch.basic_publish(
+            "".into(),
+            topology.dead_letter_queue.as_str().into(),
+            BasicPublishOptions::default(),
+            b"{}",
+            BasicProperties::default()
+                .with_message_id(id.as_str().into())
+                .with_type("thing.changed".into())
+                .with_headers(h),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    let (s, listed) = c
+        .get(&op, &format!("/api/dead-letters?consumer={name}"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{listed}");
+    assert_eq!(
+        serde_json::from_str::<Vec<Value>>(&listed).unwrap().len(),
+        2
+    );
+
+    let path = format!("/api/dead-letters/{name}/actions/replay");
+    let item = |i: usize| json!({"message_id": ids[i], "version": "2026-12-01T10:00:00Z"});
+    for body in [
+        json!({"reason": "look", "items": [item(0)], "dry_run": true}),
+        json!({"reason": "fixed", "items": [item(0)]}),
+        json!({"reason": "fixed", "items": [item(0), item(1)]}),
+    ] {
+        let (s, answer, _) = c.post(&op, &path, body.clone(), None).await;
+        assert_eq!(s, StatusCode::CONFLICT, "{body}: {answer}");
+        let fields: Vec<&String> = answer.as_object().unwrap().keys().collect();
+        assert_eq!(fields, ["error"], "{answer}");
+        let error = answer["error"].as_str().unwrap();
+        assert!(
+            error.contains("ordered consumer") && error.contains("publish a new event"),
+            "{error}"
+        );
+    }
+    for (queue, want) in [(topology.dead_letter_queue.clone(), 2), (name.clone(), 0)] {
+        let n = plumbing::amqp::inspect_queue(&conn, &queue)
+            .await
+            .map(|q| q.message_count())
+            .unwrap();
+        assert_eq!(n, want, "{queue}");
+    }
+    let _ = conn.close(200, "done".into()).await;
+}
+
 /// The demo's payment flow on the console's database: the payment-provider simulator (a child
 /// process), the demo API and a payment worker (both in this process).
 struct Payments {

@@ -923,3 +923,98 @@ async fn the_console_retries_now_and_skips_only_after_a_second_person_approves()
     );
     one.stop().await;
 }
+
+/// A dead letter of an ordered consumer (here a delivery without `aggregate_seq`, dead-lettered
+/// as undecodable) is listed, but `dlq replay` refuses it with a reason and what to do instead:
+/// the copy would go to `NAME`, which an ordered consumer does not consume, and the letter stays
+/// in `NAME.dlq`.
+#[tokio::test]
+async fn a_dead_letter_of_an_ordered_consumer_is_listed_but_replay_is_refused() {
+    let s = Setup::new().await;
+    let one = s.start("a").await;
+    let (_conn, ch) = publisher(&s).await;
+    // As the relay encodes it, without its number.
+    let id = Uuid::now_v7();
+    let row = OutboxRow {
+        seq: 1,
+        id,
+        aggregate_type: "thing".into(),
+        aggregate_id: "x".into(),
+        aggregate_seq: 1,
+        event_type: "thing.changed".into(),
+        payload: "{}".into(),
+        headers: Default::default(),
+        created_at: chrono::Utc::now(),
+        attempts: 0,
+        partition: 0,
+    };
+    let limits = Encoding {
+        frame_max: 131_072,
+        max_payload_bytes: 1 << 20,
+        cloudevents: None,
+    };
+    let encoded = relay::encoder::encode(&row, &limits).expect("encodable");
+    let mut headers = encoded.properties.headers().clone().unwrap_or_default();
+    consumer::message::remove(&mut headers, &[plumbing::amqp::headers::AGGREGATE_SEQ]);
+    ch.basic_publish(
+        s.exchange.as_str().into(),
+        encoded.routing_key.as_str().into(),
+        BasicPublishOptions::default(),
+        row.payload.as_bytes(),
+        encoded.properties.clone().with_headers(headers),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let amqp = amqp_url();
+    let tls = Default::default();
+    let dead = wait_until("the delivery dead-lettered", LONG, || async {
+        let d = consumer::dlq::list(&amqp, &tls, &s.name, 10).await.ok()?;
+        (!d.is_empty()).then_some(d)
+    })
+    .await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].message_id, Some(id.to_string()));
+    assert_eq!(dead[0].kind, "undecodable");
+
+    for selection in [
+        consumer::dlq::Selection::All,
+        consumer::dlq::Selection::Ids(vec![id.to_string()]),
+    ] {
+        let refused = consumer::dlq::replay(&amqp, &tls, &s.name, &selection).await;
+        let Err(e @ consumer::DlqError::Ordered { .. }) = refused else {
+            panic!("replay into an ordered consumer must be refused: {refused:?}");
+        };
+        let text = e.to_string();
+        for what in ["ordered consumer", "publish a new event", "retry", "skip"] {
+            assert!(text.contains(what), "{what:?} not in: {text}");
+        }
+    }
+    assert!(matches!(
+        consumer::dlq::refuse_ordered(&amqp, &tls, &s.name).await,
+        Err(consumer::DlqError::Ordered { .. })
+    ));
+    // Nothing moved: the letter is still in the DLQ, the plain queue is empty.
+    let dead = consumer::dlq::list(&amqp, &tls, &s.name, 10).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let conn = s.broker.connect().await;
+    let check = conn.create_channel().await.unwrap();
+    let plain = check
+        .queue_declare(
+            s.name.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(plain.message_count(), 0, "nothing replayed into {}", s.name);
+    // An unordered consumer's name is not refused by the check.
+    consumer::dlq::refuse_ordered(&amqp, &tls, &unique("plain"))
+        .await
+        .expect("no ordered exchange: replay allowed");
+    one.stop().await;
+}

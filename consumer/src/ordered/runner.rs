@@ -65,6 +65,7 @@ pub(crate) async fn consume(
 
     let mut running: BTreeMap<i16, Running> = BTreeMap::new();
     let mut last_stuck = (0, 0);
+    let mut renewed_at = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(cfg.lease / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let result = loop {
@@ -92,17 +93,31 @@ pub(crate) async fn consume(
         if !conn.status().connected() {
             break Err(SessionError::ChannelClosed);
         }
-        let held = match plumbing::db::bounded(group::tick(
+        // The leases this instance renewed last end, at the latest, a lease after that renewal
+        // began. Once that passed without a renewal, another instance may have taken the
+        // partitions, and on a single-active-consumer queue its consumer receives nothing while
+        // ours stays subscribed: the workers stop then, even while the renewal still hangs (the
+        // fence already keeps them from applying anything).
+        let began = tokio::time::Instant::now();
+        let tick = plumbing::db::bounded(group::tick(
             &ctx.pool,
             &cfg.schema,
             &cfg.name,
             &cfg.instance_id,
             cfg.partitions,
             cfg.lease,
-        ))
-        .await
-        {
+        ));
+        tokio::pin!(tick);
+        let renewal = tokio::select! {
+            r = &mut tick => r,
+            _ = tokio::time::sleep_until(renewed_at + cfg.lease), if !running.is_empty() => {
+                stop_unrenewed(ctx, &mut running).await;
+                tick.await
+            }
+        };
+        let held = match renewal {
             Ok(h) => {
+                renewed_at = began;
                 ctx.readiness.set_postgres(true);
                 h
             }
@@ -211,6 +226,26 @@ pub(crate) async fn consume(
         crate::internal_events::owned_partitions(&cfg.name, 0);
     }
     result
+}
+
+/// Stops every partition worker after the leases ended unrenewed (PostgreSQL unreachable): their
+/// queues' deliveries go back to the broker for the instances that take the partitions over.
+async fn stop_unrenewed(ctx: &Ctx, running: &mut BTreeMap<i16, Running>) {
+    let cfg = &ctx.config;
+    // Not renewed for a whole lease: PostgreSQL does not answer. Said before the stop, so that a
+    // worker waiting on its batch's transaction leaves the batch to redelivery at once.
+    ctx.readiness.set_postgres(false);
+    let partitions: Vec<i16> = running.keys().copied().collect();
+    tracing::warn!(
+        consumer = %cfg.name,
+        ?partitions,
+        lease = ?cfg.lease,
+        "partition leases ended without renewal (PostgreSQL unreachable): stopping their workers so that the instances taking the partitions over receive their queues"
+    );
+    for (_, r) in std::mem::take(running) {
+        r.stop().await;
+    }
+    crate::internal_events::owned_partitions(&cfg.name, 0);
 }
 
 /// The gauges of parked aggregates, gap waits and held messages (the whole consumer's, as every
