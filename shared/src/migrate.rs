@@ -81,6 +81,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "console actions on ordered consumers",
         include_str!("../../migrations/0013_console_ordered_actions.sql"),
     ),
+    (
+        14,
+        "aggregate numbers: one cache per schema, no number for a repeated id, one flush per transaction",
+        include_str!("../../migrations/0014_aggregate_seq_fixes.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

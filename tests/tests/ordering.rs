@@ -141,6 +141,141 @@ async fn a_second_transaction_on_one_aggregate_waits_and_commits_after_the_first
     assert_eq!(numbers, vec![(1, 1), (2, 2)]);
 }
 
+/// Numbers of `aggregate` in `schema`, in outbox order.
+async fn seqs_in(pool: &sqlx::PgPool, schema: &str, aggregate: &str) -> Vec<i64> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT aggregate_seq FROM {schema}.messages WHERE aggregate_id = $1 ORDER BY seq"
+    )))
+    .bind(aggregate)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+async fn insert_in(conn: &mut sqlx::PgConnection, schema: &str, aggregate: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {schema}.messages (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('test', $1, 'thing.happened', '{{}}')"
+    )))
+    .bind(aggregate)
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+/// Two installations (schemas) written in one transaction, in every interleaving that leaves one
+/// schema's counter behind in the transaction's cache: the next transactions continue both counts
+/// with no number handed out twice. (Migration 8 lost the first schema's counter update here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_schemas_in_one_transaction_keep_both_counts() {
+    let db = TestDb::new().await;
+    let second = shared::schema::Schema::new("second_outbox").unwrap();
+    shared::migrate::run(&db.pool, &second).await.unwrap();
+    let schemas = ["outbox", "second_outbox"];
+    for (first, other) in [(0, 1), (1, 0)] {
+        let (a, b) = (schemas[first], schemas[other]);
+        let mut tx = db.pool.begin().await.unwrap();
+        insert_in(&mut tx, a, "k").await;
+        insert_in(&mut tx, a, "k").await; // a's counter is now behind, its number cached
+        insert_in(&mut tx, b, "k").await;
+        insert_in(&mut tx, b, "k").await;
+        insert_in(&mut tx, a, "k").await;
+        insert_in(&mut tx, a, "j").await; // a's own switch writes k's counter
+        insert_in(&mut tx, b, "k").await; // b takes the cache over from a current entry
+        insert_in(&mut tx, b, "k").await; // and leaves its own counter behind at commit
+        tx.commit().await.unwrap();
+        let mut conn = db.pool.acquire().await.unwrap();
+        insert_in(&mut conn, a, "k").await;
+        insert_in(&mut conn, b, "k").await;
+    }
+    for schema in schemas {
+        assert_eq!(
+            seqs_in(&db.pool, schema, "k").await,
+            (1..=9).collect::<Vec<i64>>(),
+            "{schema}: dense, each number once"
+        );
+        assert_eq!(seqs_in(&db.pool, schema, "j").await, vec![1]);
+    }
+}
+
+/// A row that repeats a message id takes no number: `ON CONFLICT (id) DO NOTHING` leaves no gap,
+/// and a plain INSERT still fails on the unique id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_message_id_takes_no_number() {
+    let db = TestDb::new().await;
+    let id = uuid::Uuid::new_v4();
+    let insert = "INSERT INTO outbox.messages (id, aggregate_type, aggregate_id, event_type, payload) \
+                  VALUES ($1, 'test', 'r', 'thing.happened', '{}')";
+    sqlx::query(insert).bind(id).execute(&db.pool).await.unwrap();
+    for _ in 0..3 {
+        let skipped = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "{insert} ON CONFLICT (id) DO NOTHING"
+        )))
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(skipped.rows_affected(), 0);
+    }
+    let refused = sqlx::query(insert).bind(id).execute(&db.pool).await;
+    let code = refused
+        .expect_err("a repeated id is refused")
+        .as_database_error()
+        .and_then(|e| e.code().map(|c| c.to_string()));
+    assert_eq!(code.as_deref(), Some("23505"), "a unique violation, as before");
+    // In a transaction with other rows of the aggregate, and in a batch.
+    let mut tx = db.pool.begin().await.unwrap();
+    insert_in(&mut tx, "outbox", "r").await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("{insert} ON CONFLICT (id) DO NOTHING")))
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    insert_in(&mut tx, "outbox", "r").await;
+    tx.commit().await.unwrap();
+    insert_in(&mut db.pool.acquire().await.unwrap(), "outbox", "r").await;
+    assert_eq!(seqs_of(&db.pool, "r").await, vec![1, 2, 3, 4]);
+}
+
+/// The commit-time counter write is queued once per transaction; a flush forced early
+/// (`SET CONSTRAINTS ALL IMMEDIATE`) and a rolled-back savepoint must still leave the counter
+/// right for the next transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counter_is_written_after_an_early_flush_and_a_rolled_back_savepoint() {
+    let db = TestDb::new().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    for _ in 0..3 {
+        insert_in(&mut tx, "outbox", "f").await;
+    }
+    sqlx::query("SET CONSTRAINTS ALL IMMEDIATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SET CONSTRAINTS ALL DEFERRED")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        insert_in(&mut tx, "outbox", "f").await; // numbers 4..6, counter behind again
+    }
+    sqlx::query("SAVEPOINT s").execute(&mut *tx).await.unwrap();
+    for _ in 0..2 {
+        insert_in(&mut tx, "outbox", "f").await;
+    }
+    insert_in(&mut tx, "outbox", "g").await;
+    sqlx::query("ROLLBACK TO SAVEPOINT s")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    insert_in(&mut tx, "outbox", "f").await; // 7
+    tx.commit().await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    insert_in(&mut conn, "outbox", "f").await; // 8
+    insert_in(&mut conn, "outbox", "g").await; // 1
+    assert_eq!(seqs_of(&db.pool, "f").await, (1..=8).collect::<Vec<i64>>());
+    assert_eq!(seqs_of(&db.pool, "g").await, vec![1]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upgrade_numbers_pending_rows_and_refuses_the_names_it_reserves() {
     let db = TestDb::new_unmigrated().await;
