@@ -76,6 +76,22 @@ pub struct StepView {
     pub result_ref: Option<String>,
     pub last_reason: String,
     pub last_actor: String,
+    /// For a wait step: the correlation key of the awaited event, set when the wait began.
+    pub wait_key: Option<String>,
+    /// For wait and timer steps: when the wait began.
+    pub wait_since: Option<DateTime<Utc>>,
+    /// For a wait step: its deadline (then the remote is queried, or the step goes to manual
+    /// review); for a timer: when the process continues.
+    pub wait_until: Option<DateTime<Utc>>,
+}
+
+impl StepView {
+    /// A wait step whose process is parked on it: no event yet, its deadline not handled yet.
+    pub fn is_waiting(&self) -> bool {
+        self.execution == "wait"
+            && self.wait_until.is_some()
+            && matches!(self.status.as_str(), "running" | "retryable")
+    }
 }
 
 /// One recorded transition.
@@ -240,11 +256,14 @@ impl Action {
     }
 }
 
-/// Whether `s` is an external step in manual review whose last outcome is unknown.
+/// Whether the remote may have acted on `s` with nobody knowing the outcome: an external step in
+/// manual review whose last outcome is unknown, or a wait step still waiting for its event (the
+/// call it waits on was made; its answer has not come).
 fn in_doubt(s: &StepView) -> bool {
-    s.status == "manual_review"
-        && s.execution == "external"
-        && s.error_class.as_deref() == Some("unknown")
+    (s.status == "manual_review"
+        && matches!(s.execution.as_str(), "external" | "wait")
+        && s.error_class.as_deref() == Some("unknown"))
+        || s.is_waiting()
 }
 
 /// What `action` needs on a process with `steps`, as they are now.
@@ -280,6 +299,12 @@ pub fn doubts(steps: &[StepView]) -> Vec<Doubt> {
         .map(|s| {
             let remote = s.remote.as_deref().and_then(Remote::parse);
             let (safe_action, how) = match remote {
+                _ if s.is_waiting() => (
+                    (remote == Some(Remote::Queryable)).then_some(Action::QueryRemote { seq: s.seq }),
+                    "it waits for the remote's event: let it wait (at the deadline the remote is \
+                     queried, or the step goes to manual review), or query the remote now where it \
+                     can be queried",
+                ),
                 Some(Remote::HonoursKey) => (
                     Some(Action::RerunStep { seq: s.seq }),
                     "rerun it: the remote deduplicates by the same key, so it cannot act twice and \
@@ -479,7 +504,7 @@ async fn steps_of(
     sqlx::query(schema.sql(
         "SELECT seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, attempts, \
          max_attempts, next_attempt_at, first_attempt_at, last_attempt_at, finished_at, error_class, \
-         error_message, remote_ref, result_ref, last_reason, last_actor \
+         error_message, remote_ref, result_ref, last_reason, last_actor, wait_key, wait_since, wait_until \
          FROM {{schema}}.process_steps WHERE process_id = $1 ORDER BY seq",
     ))
     .bind(id)
@@ -509,6 +534,9 @@ async fn steps_of(
             result_ref: r.try_get("result_ref")?,
             last_reason: r.try_get("last_reason")?,
             last_actor: r.try_get("last_actor")?,
+            wait_key: r.try_get("wait_key")?,
+            wait_since: r.try_get("wait_since")?,
+            wait_until: r.try_get("wait_until")?,
         })
     })
     .collect()
@@ -544,6 +572,17 @@ pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
                     }
                 }
                 _ => {}
+            }
+            out.push(Action::ResolveSucceeded { seq: s.seq });
+            out.push(Action::ResolveFailed { seq: s.seq });
+        }
+    }
+    if p.status == "waiting" {
+        // A parked wait: query the remote now rather than at the deadline, or decide with the
+        // evidence a person has (as for a step in doubt: the remote may have acted).
+        for s in steps.iter().filter(|s| s.is_waiting()) {
+            if s.remote.as_deref().and_then(Remote::parse) == Some(Remote::Queryable) {
+                out.push(Action::QueryRemote { seq: s.seq });
             }
             out.push(Action::ResolveSucceeded { seq: s.seq });
             out.push(Action::ResolveFailed { seq: s.seq });
@@ -725,6 +764,23 @@ pub async fn act_in(
         Action::Cancel => take_process(tx, schema, id, "cancelled", &reason, &req.actor).await?,
         Action::RerunStep { seq } => {
             set_step(tx, schema, id, *seq, "pending", None, &reason, &req.actor).await?;
+            take_process(tx, schema, id, "running", &reason, &req.actor).await?;
+        }
+        Action::QueryRemote { seq } if step(*seq).is_some_and(StepView::is_waiting) => {
+            // A parked wait: its deadline is now. The worker finds no event, so it queries the
+            // remote by the wait's key, as it would have at the deadline.
+            sqlx::query(schema.sql(
+                "UPDATE {{schema}}.process_steps SET wait_until = least(wait_until, now()), \
+                 next_attempt_at = CASE WHEN status = 'retryable' THEN now() ELSE next_attempt_at END, \
+                 last_reason = $3, last_actor = $4, updated_at = now() \
+                 WHERE process_id = $1 AND seq = $2",
+            ))
+            .bind(id)
+            .bind(seq)
+            .bind(&reason)
+            .bind(&req.actor)
+            .execute(&mut *tx)
+            .await?;
             take_process(tx, schema, id, "running", &reason, &req.actor).await?;
         }
         Action::QueryRemote { seq } => {
@@ -962,7 +1018,72 @@ mod tests {
             result_ref: None,
             last_reason: String::new(),
             last_actor: "system".into(),
+            wait_key: None,
+            wait_since: None,
+            wait_until: None,
         }
+    }
+
+    fn waiting(seq: i32, remote: Remote, status: &str) -> StepView {
+        let now = Utc::now();
+        StepView {
+            execution: "wait".into(),
+            status: status.into(),
+            error_class: None,
+            wait_key: Some("charge:ch_1".into()),
+            wait_since: Some(now),
+            wait_until: Some(now + chrono::TimeDelta::minutes(5)),
+            ..step(seq, Some(remote), None)
+        }
+    }
+
+    /// A process parked on a wait: query now where the remote can be queried, and resolve either
+    /// way only with the evidence and the second person a step in doubt needs (the call it waits
+    /// on was made: the remote may have acted). A timer offers none of these.
+    #[test]
+    fn a_waiting_step_offers_query_now_and_guarded_resolutions() {
+        let p = process("waiting");
+        for (remote, status) in [
+            (Remote::Queryable, "running"),
+            (Remote::Queryable, "retryable"),
+            (Remote::Neither, "running"),
+        ] {
+            let steps = [waiting(2, remote, status)];
+            let allowed = allowed_actions(&p, &steps);
+            let query = Action::QueryRemote { seq: 2 };
+            assert_eq!(
+                allowed.contains(&query),
+                remote == Remote::Queryable,
+                "{remote:?}: {allowed:?}"
+            );
+            assert!(allowed.contains(&Action::Cancel) && allowed.contains(&Action::Escalate));
+            let d = doubts(&steps);
+            assert_eq!(d.len(), 1);
+            assert_eq!(
+                d[0].safe_action,
+                (remote == Remote::Queryable).then_some(query)
+            );
+            let failed = requirements(&Action::ResolveFailed { seq: 2 }, &steps);
+            assert!(failed.remote_check && failed.second_person);
+            let succeeded = requirements(&Action::ResolveSucceeded { seq: 2 }, &steps);
+            assert!(succeeded.evidence && succeeded.second_person);
+        }
+        // The wait ended (the event came): nothing to decide on it.
+        let done = [waiting(2, Remote::Queryable, "succeeded")];
+        assert!(doubts(&done).is_empty());
+        assert!(!allowed_actions(&p, &done).contains(&Action::ResolveFailed { seq: 2 }));
+        // A timer is not in doubt.
+        let timer = [StepView {
+            execution: "timer".into(),
+            remote: None,
+            wait_key: None,
+            ..waiting(2, Remote::Queryable, "running")
+        }];
+        assert!(doubts(&timer).is_empty());
+        assert_eq!(
+            allowed_actions(&p, &timer),
+            vec![Action::Escalate, Action::Pause, Action::Cancel]
+        );
     }
 
     /// For each remote capability, an unknown outcome names the doubt and its safe action, which

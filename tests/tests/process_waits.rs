@@ -348,6 +348,140 @@ async fn at_the_deadline_the_remote_is_queried_and_neither_goes_to_manual_review
     db.pool.close().await;
 }
 
+fn operator(
+    action: processes::admin::Action,
+    seen_version: i64,
+    remote_check: Option<processes::admin::RemoteCheck>,
+    approved_by: Option<&str>,
+) -> processes::admin::Request {
+    processes::admin::Request {
+        action,
+        reason: "the customer called".into(),
+        seen_version,
+        actor: "alice".into(),
+        evidence: None,
+        remote_check,
+        approved_by: approved_by.map(String::from),
+    }
+}
+
+/// An operator acts on a parked wait through the audited process actions: "query now" asks a
+/// queryable remote at once (not at the deadline an hour away); a remote that cannot be queried
+/// offers no query, and resolving the wait as failed needs what was checked at the remote and a
+/// second person, as any step whose outcome is unknown. An event that comes after changes nothing.
+#[tokio::test]
+async fn an_operator_queries_a_parked_wait_now_or_resolves_it_with_evidence() {
+    use processes::admin::{Action, RemoteCheck};
+    let db = setup().await;
+    sqlx::query("INSERT INTO fake_remote.outcomes (charge, status) VALUES ('asked', 'succeeded')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let asked = start(&db.pool, "await_query", "asked").await;
+    let blind = start(&db.pool, "await_none", "blind").await;
+    let w = InProcess::start(&db.pool, "w");
+    wait_parked(&db.pool, asked).await;
+    wait_parked(&db.pool, blind).await;
+
+    let view = processes::admin::get(&db.pool, &schema(), asked)
+        .await
+        .unwrap();
+    let step = view
+        .steps
+        .iter()
+        .find(|s| s.is_waiting())
+        .expect("the parked wait");
+    assert_eq!(step.wait_key.as_deref(), Some("charge:asked"));
+    assert!(step.wait_since.is_some() && step.wait_until > step.wait_since);
+    assert_eq!(view.doubts.len(), 1, "the remote may have acted");
+    let query = Action::QueryRemote { seq: step.seq };
+    assert_eq!(view.doubts[0].safe_action.as_ref(), Some(&query));
+    assert_eq!(view.allowed.first(), Some(&query), "the safe action first");
+    let done = processes::admin::act(
+        &db.pool,
+        &schema(),
+        asked,
+        &operator(query, view.process.row_version, None, None),
+    )
+    .await
+    .unwrap();
+    assert!(done.audit_ref > 0);
+    wait_status(&db.pool, asked, "succeeded").await;
+    let (_, _, reference, reason) = wait_step(&db.pool, asked).await;
+    assert_eq!(reference.as_deref(), Some("charge:asked"));
+    assert!(reason.contains("status query found"), "{reason}");
+    assert_eq!(confirmations(&db.pool, asked).await, 1);
+
+    let view = processes::admin::get(&db.pool, &schema(), blind)
+        .await
+        .unwrap();
+    let seq = view
+        .steps
+        .iter()
+        .find(|s| s.is_waiting())
+        .expect("the parked wait")
+        .seq;
+    let version = view.process.row_version;
+    assert!(!view.allowed.contains(&Action::QueryRemote { seq }));
+    assert!(view.doubts[0].safe_action.is_none());
+    let refused = [
+        operator(Action::QueryRemote { seq }, version, None, None),
+        operator(Action::ResolveFailed { seq }, version, None, Some("bob")),
+    ];
+    for req in refused {
+        let e = processes::admin::act(&db.pool, &schema(), blind, &req)
+            .await
+            .expect_err("refused");
+        eprintln!("refused as expected: {e}");
+    }
+    let check = RemoteCheck {
+        checked: "provider dashboard, charges by reference blind".into(),
+        answer: "no charge".into(),
+    };
+    let lone = operator(
+        Action::ResolveFailed { seq },
+        version,
+        Some(check.clone()),
+        None,
+    );
+    assert!(
+        processes::admin::act(&db.pool, &schema(), blind, &lone)
+            .await
+            .is_err(),
+        "one person"
+    );
+    assert_eq!(status(&db.pool, blind).await, "waiting", "nothing changed");
+    processes::admin::act(
+        &db.pool,
+        &schema(),
+        blind,
+        &operator(
+            Action::ResolveFailed { seq },
+            version,
+            Some(check),
+            Some("bob"),
+        ),
+    )
+    .await
+    .unwrap();
+    let p = db.pool.clone();
+    wait_until("the resolved process ends", WAIT, || {
+        let p = p.clone();
+        async move {
+            let s = status(&p, blind).await;
+            matches!(s.as_str(), "failed" | "compensated").then_some(s)
+        }
+    })
+    .await;
+    assert_eq!(wait_step(&db.pool, blind).await.0, "failed");
+    // The event that comes after wakes nothing and confirms nothing.
+    let late = signal(&db.pool, "blind", "succeeded").await;
+    assert!(late.woken.is_empty());
+    assert_eq!(confirmations(&db.pool, blind).await, 0);
+    w.stop().await;
+    db.pool.close().await;
+}
+
 #[tokio::test]
 async fn a_worker_killed_while_a_process_waits_leaves_nothing_held_and_another_finishes_it() {
     let db = setup().await;
