@@ -735,6 +735,53 @@ async fn the_purge_forgets_old_events_but_their_objects_keep_them_from_moving_ba
     assert_eq!(local(&db, charge).await, Some(("succeeded".into(), 1)));
 }
 
+/// The background purge (the demo API runs it every `PURGE_INTERVAL_SECS` with
+/// `WEBHOOK_INBOX_RETENTION`) keeps what is younger than the retention and deletes what is older,
+/// and stops with its shutdown.
+#[tokio::test]
+async fn the_purge_loop_keeps_events_younger_than_the_retention() {
+    let db = TestDb::new().await;
+    let r = Receiver::start(&db).await;
+    let body = event_body("evt_loop", Uuid::new_v4(), "charge.succeeded", "succeeded");
+    let signed = sign(SECRET.as_bytes(), Utc::now().timestamp(), body.as_bytes());
+    assert_eq!(r.post(&body, Some(&signed)).await.1["outcome"], "applied");
+    let run = |retention: Duration| {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(idempotency::webhooks::inbox::purge_loop(
+            db.pool.clone(),
+            shared::schema::Schema::default(),
+            retention,
+            Duration::from_millis(50),
+            100,
+            stop.clone().cancelled_owned(),
+        ));
+        (stop, task)
+    };
+    let (stop, task) = run(Duration::from_secs(3600));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    task.await.unwrap();
+    assert_eq!(r.inbox(&db).await.len(), 1, "younger than an hour: kept");
+    let (stop, task) = run(Duration::ZERO);
+    let p = db.pool.clone();
+    wait_until("the inbox purged", Duration::from_secs(10), || {
+        let p = p.clone();
+        async move {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.webhook_inbox")
+                .fetch_one(&p)
+                .await
+                .unwrap();
+            (n == 0).then_some(())
+        }
+    })
+    .await;
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the loop stops at shutdown")
+        .unwrap();
+}
+
 /// POSTs `body` to the demo API with its key and an Idempotency-Key.
 async fn api_post(api: &str, key: &str, path: &str, idempotency_key: &str, body: &Value) -> Value {
     let response = reqwest::Client::new()

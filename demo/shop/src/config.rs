@@ -53,6 +53,12 @@ pub struct Config {
     #[arg(long, env = "PURGE_BATCH_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub purge_batch_size: u32,
+    /// How long received webhook events are kept in the inbox (their duplicates are recognised
+    /// that long); older ones are purged every PURGE_INTERVAL_SECS. Keep it well beyond the
+    /// provider's retry period (Stripe retries for 3 days).
+    #[arg(long, env = "WEBHOOK_INBOX_RETENTION", default_value = "7d",
+          value_parser = humantime::parse_duration)]
+    pub webhook_inbox_retention: Duration,
     /// What the payment provider supports, for the payment process's charge step:
     /// `honours_key` (PROVIDER_IDEMPOTENCY=on), `queryable` (keys off, PROVIDER_STATUS_QUERY=on)
     /// or `none` (both off: an unknown outcome goes to manual review). The API records it with
@@ -76,6 +82,7 @@ impl Config {
             purge_interval: Some(Duration::from_secs(self.purge_interval_secs)),
             purge_batch_size: self.purge_batch_size,
             purge_max_batches: 100,
+            webhook_inbox_retention: self.webhook_inbox_retention,
             readiness_interval: Duration::from_secs(5),
             schema: self.schema.clone(),
             payment_remote: self.payment_remote,
@@ -103,6 +110,8 @@ pub struct Settings {
     pub purge_batch_size: u32,
     /// Statements per purge run (bounds one run; the next run continues).
     pub purge_max_batches: u32,
+    /// How long received webhook events stay in the inbox (purged with `purge_interval`).
+    pub webhook_inbox_retention: Duration,
     /// Interval of the PostgreSQL check behind `/readyz`.
     pub readiness_interval: Duration,
     /// The product schema that holds the idempotency records (`outbox` by default).
@@ -122,6 +131,7 @@ impl Default for Settings {
             purge_interval: Some(Duration::from_secs(60)),
             purge_batch_size: 1000,
             purge_max_batches: 100,
+            webhook_inbox_retention: Duration::from_secs(7 * 86_400),
             readiness_interval: Duration::from_secs(5),
             schema: Schema::default(),
             payment_remote: processes::Remote::HonoursKey,

@@ -143,6 +143,16 @@ pub async fn start(
             purge,
             shutdown.clone().cancelled_owned(),
         ));
+        if state.settings.provider_webhook_secret.is_some() {
+            tokio::spawn(idempotency::webhooks::inbox::purge_loop(
+                state.pool.clone(),
+                state.settings.schema.clone(),
+                state.settings.webhook_inbox_retention,
+                interval,
+                i64::from(state.settings.purge_batch_size),
+                shutdown.clone().cancelled_owned(),
+            ));
+        }
     }
     tokio::spawn(readiness_loop(state.clone(), shutdown.clone()));
     let router = app(state);

@@ -132,3 +132,32 @@ pub async fn purge(
         }
     }
 }
+
+/// Runs [`purge`] every `interval` with the horizon `now - retention`, until `shutdown`. A failed
+/// run is logged and tried again at the next interval (it deletes nothing it should keep: the
+/// horizon only moves forward).
+pub async fn purge_loop(
+    pool: PgPool,
+    schema: Schema,
+    retention: std::time::Duration,
+    interval: std::time::Duration,
+    batch: i64,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::TimeDelta::MAX);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let before = Utc::now()
+            .checked_sub_signed(retention)
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
+        match purge(&pool, &schema, before, batch).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, %before, "webhook inbox purged"),
+            Err(e) => tracing::warn!(error = %e, "webhook inbox purge failed; next run retries"),
+        }
+    }
+}
