@@ -4,7 +4,9 @@
 # small load generator, as in docker-compose.yml. Ctrl-C or SIGTERM stops everything within 10 s.
 #
 #   scripts/up.sh            # runs until Ctrl-C
-#   UP_SECONDS=30 scripts/up.sh   # runs 30 s, prints what happened, stops
+#   UP_SECONDS=30 scripts/up.sh   # runs 30 s, stops the load, waits until every payment is
+#                                 # decided or in review (UP_SETTLE_SECONDS, default 120), prints
+#                                 # what happened and fails if a payment is undecided or charged twice
 #   PROVIDER_FAULTS=timeout_after_charge:10,decline:5 scripts/up.sh   # a misbehaving provider
 #   UP_KEEP_DB=1 scripts/up.sh   # keep the demo database of the last run (default: a fresh one)
 #
@@ -104,15 +106,40 @@ running:
 load: deploy/loadgen.sh places an order and pays it every 200 ms (with replays, conflicts, mismatches)
 EOT
 
-API_KEY="$API_KEY" API_ADDR="$API_ADDR" deploy/loadgen.sh >"$LOG_DIR/loadgen.log" 2>&1 & pids+=($!)
+API_KEY="$API_KEY" API_ADDR="$API_ADDR" deploy/loadgen.sh >"$LOG_DIR/loadgen.log" 2>&1 & loadgen=$!; pids+=($loadgen)
+
+# Payments not decided (succeeded or failed) with no open review: their process is not in
+# manual_review and reconciliation has no open case for them. And references the provider charged
+# more than once (more than one charge that took money).
+undecided_sql="SELECT count(*) FROM demo.payments p
+    LEFT JOIN outbox.processes pr ON pr.kind = 'payment' AND pr.business_key = p.id::text AND pr.revision = 0
+    WHERE p.status = 'pending' AND pr.status IS DISTINCT FROM 'manual_review'
+      AND NOT EXISTS (SELECT 1 FROM demo.reconciliation_cases c WHERE c.payment_id = p.id AND c.resolved_at IS NULL)"
+charged_twice_sql="SELECT count(*) FROM (SELECT reference FROM provider.charges
+    WHERE status IN ('succeeded', 'refunded') GROUP BY reference HAVING count(*) > 1) t"
 
 if [[ -n "${UP_SECONDS:-}" ]]; then
     job sleep "$UP_SECONDS"
-    echo "--- after ${UP_SECONDS}s"
+    echo "--- after ${UP_SECONDS}s: load stopped, waiting up to ${UP_SETTLE_SECONDS:-120}s for every payment to be decided or in review"
+    kill -TERM "$loadgen" 2>/dev/null || true
+    settle_until=$((SECONDS + ${UP_SETTLE_SECONDS:-120}))
+    while (( $(psql "$DATABASE_URL" -tAc "$undecided_sql") > 0 )) && ((SECONDS < settle_until)); do
+        job sleep 2
+    done
     psql "$DATABASE_URL" -c "SELECT (SELECT count(*) FROM demo.orders) AS orders, (SELECT count(*) FROM demo.payments) AS payments,
         (SELECT count(*) FROM demo.payments WHERE status = 'succeeded') AS succeeded,
+        (SELECT count(*) FROM demo.payments WHERE status = 'failed') AS failed,
+        (SELECT count(*) FROM outbox.processes WHERE kind = 'payment' AND status = 'manual_review') AS in_review,
+        (SELECT count(*) FROM demo.reconciliation_cases WHERE resolved_at IS NULL) AS open_cases,
         (SELECT count(*) FROM outbox.messages WHERE state = 'pending') AS outbox_pending,
         (SELECT coalesce(sum(updates), 0) FROM demo.ledger_balances) AS ledger_updates"
+    undecided=$(psql "$DATABASE_URL" -tAc "$undecided_sql")
+    charged_twice=$(psql "$DATABASE_URL" -tAc "$charged_twice_sql")
+    echo "undecided without review: $undecided; charged twice: $charged_twice"
+    if ((undecided > 0 || charged_twice > 0)); then
+        echo "FAILED: every payment must be decided or in review, and none charged twice"
+        exit 1
+    fi
 else
     wait
 fi
