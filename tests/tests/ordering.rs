@@ -206,7 +206,11 @@ async fn a_repeated_message_id_takes_no_number() {
     let id = uuid::Uuid::new_v4();
     let insert = "INSERT INTO outbox.messages (id, aggregate_type, aggregate_id, event_type, payload) \
                   VALUES ($1, 'test', 'r', 'thing.happened', '{}')";
-    sqlx::query(insert).bind(id).execute(&db.pool).await.unwrap();
+    sqlx::query(insert)
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
     for _ in 0..3 {
         let skipped = sqlx::query(sqlx::AssertSqlSafe(format!(
             "{insert} ON CONFLICT (id) DO NOTHING"
@@ -222,15 +226,21 @@ async fn a_repeated_message_id_takes_no_number() {
         .expect_err("a repeated id is refused")
         .as_database_error()
         .and_then(|e| e.code().map(|c| c.to_string()));
-    assert_eq!(code.as_deref(), Some("23505"), "a unique violation, as before");
+    assert_eq!(
+        code.as_deref(),
+        Some("23505"),
+        "a unique violation, as before"
+    );
     // In a transaction with other rows of the aggregate, and in a batch.
     let mut tx = db.pool.begin().await.unwrap();
     insert_in(&mut tx, "outbox", "r").await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("{insert} ON CONFLICT (id) DO NOTHING")))
-        .bind(id)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "{insert} ON CONFLICT (id) DO NOTHING"
+    )))
+    .bind(id)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
     insert_in(&mut tx, "outbox", "r").await;
     tx.commit().await.unwrap();
     insert_in(&mut db.pool.acquire().await.unwrap(), "outbox", "r").await;
