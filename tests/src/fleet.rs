@@ -175,9 +175,7 @@ impl Component {
             return true;
         };
         if let Some(pid) = child.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
+            crate::signals::try_signal_pid(pid, "TERM");
         }
         match tokio::time::timeout(Duration::from_secs(60), child.wait()).await {
             Ok(Ok(status)) => status.success(),

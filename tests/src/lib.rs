@@ -12,6 +12,9 @@
 //! - [`process_fixtures`]: test process definitions, a fake remote that counts effects, failpoints.
 //! - [`raw_amqp`]: a hand-written AMQP publisher for deliveries no client library would encode.
 //! - [`fleet`]: relays and ledger consumers as child processes, payment load, the exact ledger.
+//! - [`workers`]: `process_worker` child processes, waiting for a process's status.
+//! - [`signals`]: SIGTERM and SIGKILL to child processes and process groups.
+//! - [`relays`]: a relay in the test's process, or the `relay` binary as a child process.
 
 pub mod consumers;
 pub mod demo_stack;
@@ -23,9 +26,11 @@ pub mod private_rabbit;
 pub mod process_fixtures;
 pub mod raw_amqp;
 pub mod relays;
+pub mod signals;
 pub mod tls_pg;
 pub mod tls_rabbit;
 pub mod wait_fixtures;
+pub mod workers;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use sqlx::PgPool;
@@ -511,17 +516,47 @@ pub async fn receive_all_of(
     timeout: Duration,
 ) -> Vec<Received> {
     let mut received = Vec::new();
-    let mut got = std::collections::HashSet::new();
-    let deadline = tokio::time::Instant::now() + timeout;
+    receive_rest(rx, &mut received, want, Patience::InAll(timeout), "arrived").await;
+    received
+}
+
+/// How long [`receive_rest`] waits before it panics.
+#[derive(Debug, Clone, Copy)]
+pub enum Patience {
+    /// For all the missing messages together.
+    InAll(Duration),
+    /// For each next message.
+    Each(Duration),
+}
+
+/// Receives into `received` until every message id in `want` is in it (what `received` already
+/// holds counts; copies are kept), or panics saying `what` (`only 3 of 5 {what}`) when
+/// `patience` runs out.
+pub async fn receive_rest(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>,
+    received: &mut Vec<Received>,
+    want: &std::collections::HashSet<String>,
+    patience: Patience,
+    what: &str,
+) {
+    let mut got: std::collections::HashSet<String> =
+        received.iter().map(|r| r.message_id.clone()).collect();
+    let started = tokio::time::Instant::now();
     while !want.is_subset(&got) {
+        let deadline = match patience {
+            Patience::InAll(timeout) => started + timeout,
+            Patience::Each(timeout) => tokio::time::Instant::now() + timeout,
+        };
         let r = tokio::time::timeout_at(deadline, rx.recv())
             .await
-            .unwrap_or_else(|_| panic!("only {} of {} arrived", got.len(), want.len()))
-            .expect("consumer running");
+            .unwrap_or_else(|_| {
+                let have = want.intersection(&got).count();
+                panic!("only {have} of {} {what} ({patience:?})", want.len())
+            })
+            .expect("queue consumer running");
         got.insert(r.message_id.clone());
         received.push(r);
     }
-    received
 }
 
 /// Everything already delivered, without waiting for more than `quiet`.

@@ -16,6 +16,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
@@ -329,12 +330,7 @@ impl ConsumerProcess {
     }
 
     fn sigterm(&self) {
-        let pid = self.child.id().expect("child running");
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        signals::sigterm(&self.child);
     }
 
     async fn exit_status(&mut self) -> std::process::ExitStatus {
@@ -1140,24 +1136,13 @@ async fn retention_deletes_old_rows_in_batches_one_instance_at_a_time() {
 // ---------------------------------------------------------------------------------------------
 
 fn spawn_relay(db_url: &str, exchange: &str) -> Child {
-    Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--poll-interval-ms",
-            "100",
-            "--confirm-timeout-ms",
-            "800",
-        ])
-        .env("DATABASE_URL", db_url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", free_addr().to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn relay")
+    relays::spawn_relay(
+        db_url,
+        &amqp_url(),
+        exchange,
+        free_addr(),
+        &FAST_FLAGS[..6], // lease, poll and confirm timeout
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1213,12 +1198,7 @@ async fn end_to_end_with_a_relay_killed_mid_stream_balances_are_exact() {
     let s = running.stats.snapshot();
     assert_eq!(s.dead_lettered, 0, "{s:?}");
 
-    let pid = survivor.id().expect("relay running");
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signals::sigterm(&survivor);
     let _ = tokio::time::timeout(LONG, survivor.wait()).await;
     running.stop().await;
 }

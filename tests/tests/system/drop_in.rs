@@ -14,6 +14,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
+use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
 use tokio::process::{Child, Command};
 
@@ -111,23 +112,9 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 }
 
 fn spawn_relay(db_url: &str, schema: &str, exchange: &str, metrics: SocketAddr) -> Child {
-    Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--poll-interval-ms",
-            "100",
-            "--confirm-timeout-ms",
-            "800",
-        ])
-        .env("DATABASE_URL", db_url)
+    relays::relay_command(db_url, &amqp_url(), exchange, metrics)
+        .args(&FAST_FLAGS[..6]) // lease, poll and confirm timeout
         .env("OUTBOX_SCHEMA", schema)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn relay")
 }

@@ -9,6 +9,7 @@ use shared::outbox::EnqueueError;
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 use std::time::Duration;
+use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
 use tokio::process::{Child, Command};
 
@@ -201,20 +202,8 @@ async fn the_door_refuses_what_can_never_be_published_with_named_reasons() {
 }
 
 fn spawn_relay(db_url: &str, exchange: &str, metrics: std::net::SocketAddr) -> Child {
-    Command::new(bin_path("relay"))
-        .args(["--lease-ms", "2000", "--poll-interval-ms", "100"])
-        .args(["--confirm-timeout-ms", "800", "--max-attempts", "3"])
-        .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
-        .args(["--stats-interval-ms", "200"])
-        .env("DATABASE_URL", db_url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn relay")
+    let flags = [&FAST_FLAGS[..], &["--max-attempts", "3"]].concat();
+    relays::spawn_relay(db_url, &amqp_url(), exchange, metrics, &flags)
 }
 
 /// Drops the publishability constraints, as a team's own migration might: from now on only the
@@ -280,17 +269,10 @@ async fn receive_all(
 ) -> Vec<Received> {
     let want: HashSet<String> = good.iter().map(|m| m.id.to_string()).collect();
     let mut got = Vec::new();
-    let mut seen = HashSet::new();
     // Generous: a row behind a refused 128 MiB message in its partition waits until that one is
     // dead, and each attempt sends the whole message again (slow on a loaded 2-core machine).
-    while !want.is_subset(&seen) {
-        let r = tokio::time::timeout(Duration::from_secs(120), rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("only {} of {} good rows arrived", seen.len(), want.len()))
-            .unwrap();
-        seen.insert(r.message_id.clone());
-        got.push(r);
-    }
+    let each = Patience::Each(Duration::from_secs(120));
+    receive_rest(rx, &mut got, &want, each, "good rows arrived").await;
     got.extend(drain(rx, Duration::from_millis(300)).await);
     got
 }

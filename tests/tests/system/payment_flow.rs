@@ -14,6 +14,7 @@ use shared::schema::Schema;
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
+use system_tests::signals::sigkill;
 use system_tests::{TestDb, bin_path, demo_stack, free_addr, wait_until};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
@@ -266,10 +267,6 @@ impl Drop for Flow {
         self.shutdown.cancel();
         let _ = self.provider.start_kill();
     }
-}
-
-fn sigkill(child: &mut Child) {
-    child.start_kill().expect("SIGKILL");
 }
 
 /// Money taken: succeeded (or refunded) charges.

@@ -16,18 +16,11 @@ const LONG: Duration = Duration::from_secs(120);
 const N: i64 = 3000;
 
 fn spawn_relay(db_url: &str, direct_url: Option<&str>, exchange: &str) -> Child {
-    let mut cmd = Command::new(bin_path("relay"));
+    let mut cmd = relays::relay_command(db_url, &amqp_url(), exchange, free_addr());
     cmd.args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
         .args(["--poll-interval-ms", "200", "--stats-interval-ms", "200"])
         .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
-        .env("DATABASE_URL", db_url)
-        .env("DATABASE_POOLER", "transaction")
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", free_addr().to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
+        .env("DATABASE_POOLER", "transaction");
     if let Some(direct) = direct_url {
         cmd.env("DATABASE_DIRECT_URL", direct);
     }

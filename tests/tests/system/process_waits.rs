@@ -8,11 +8,11 @@ use processes::{Registry, Worker, WorkerConfig};
 use serde_json::json;
 use shared::schema::Schema;
 use sqlx::{PgPool, Row};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use system_tests::process_fixtures::{self as fx, Failpoint};
 use system_tests::wait_fixtures::{self as wf, key};
-use system_tests::{TestDb, bin_path, init_logging, wait_until};
+use system_tests::workers::{ChildWorker, status, wait_status};
+use system_tests::{TestDb, init_logging, wait_until};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -96,66 +96,6 @@ impl InProcess {
         self.stop.cancel();
         self.handle.await.unwrap();
     }
-}
-
-/// A `process_worker` child process (which knows the waiting kinds).
-struct ChildWorker(Child);
-
-impl ChildWorker {
-    fn spawn(db: &TestDb, id: &str, failpoint: Option<&str>) -> Self {
-        let mut cmd = Command::new(bin_path("process_worker"));
-        cmd.env("DATABASE_URL", &db.url)
-            .env("WORKER_ID", id)
-            .env("LEASE_MS", "1500")
-            .env("RUST_LOG", "info")
-            .env_remove("PROCESS_VERSION")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        match failpoint {
-            Some(f) => cmd.env("PROCESS_FAILPOINT", f),
-            None => cmd.env_remove("PROCESS_FAILPOINT"),
-        };
-        Self(cmd.spawn().expect("spawn process_worker"))
-    }
-    fn sigkill(&mut self) {
-        self.0.kill().expect("SIGKILL");
-        self.0.wait().expect("reap");
-    }
-    /// Waits for the worker to die by itself (a failpoint aborts it).
-    async fn exited(&mut self) -> std::process::ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(s) = self.0.try_wait().expect("try_wait") {
-                return s;
-            }
-            assert!(started.elapsed() < WAIT, "the worker did not die");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for ChildWorker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn status(pool: &PgPool, id: Uuid) -> String {
-    sqlx::query_scalar("SELECT status FROM outbox.processes WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-async fn wait_status(pool: &PgPool, id: Uuid, want: &str) {
-    let p = pool.clone();
-    wait_until(&format!("process {id} {want}"), WAIT, || {
-        let p = p.clone();
-        async move { (status(&p, id).await == want).then_some(()) }
-    })
-    .await;
 }
 
 /// The process is parked at its wait: status waiting, no lease, the step running with its key.
@@ -352,12 +292,12 @@ async fn at_the_deadline_the_remote_is_queried_and_neither_goes_to_manual_review
 async fn a_worker_killed_while_a_process_waits_leaves_nothing_held_and_another_finishes_it() {
     let db = setup().await;
     let id = start(&db.pool, "await_query", "k1").await;
-    let mut a = ChildWorker::spawn(&db, "a", None);
+    let mut a = ChildWorker::spawn(&db, "a", &[]);
     wait_parked(&db.pool, id).await;
     a.sigkill();
     let s = signal(&db.pool, "k1", "succeeded").await;
     assert_eq!(s.woken, vec![id]);
-    let _b = ChildWorker::spawn(&db, "b", None);
+    let _b = ChildWorker::spawn(&db, "b", &[]);
     wait_status(&db.pool, id, "succeeded").await;
     assert_eq!(confirmations(&db.pool, id).await, 1);
     let reasons: Vec<String> = sqlx::query_scalar(
@@ -378,7 +318,7 @@ async fn a_worker_killed_while_a_process_waits_leaves_nothing_held_and_another_f
 async fn a_worker_killed_at_the_moment_of_wake_up_is_taken_over_and_the_event_applied_once() {
     let db = setup().await;
     let id = start(&db.pool, "await_query", "k2").await;
-    let mut a = ChildWorker::spawn(&db, "a", Some("die_on:received"));
+    let mut a = ChildWorker::spawn(&db, "a", &[("PROCESS_FAILPOINT", "die_on:received")]);
     wait_parked(&db.pool, id).await;
     signal(&db.pool, "k2", "succeeded").await;
     let died = a.exited().await;
@@ -389,7 +329,7 @@ async fn a_worker_killed_at_the_moment_of_wake_up_is_taken_over_and_the_event_ap
         "claimed by the dead worker"
     );
     assert_eq!(wait_step(&db.pool, id).await.0, "running");
-    let _b = ChildWorker::spawn(&db, "b", None);
+    let _b = ChildWorker::spawn(&db, "b", &[]);
     wait_status(&db.pool, id, "succeeded").await;
     assert_eq!(confirmations(&db.pool, id).await, 1);
     let (_, attempts, reference, _) = wait_step(&db.pool, id).await;
@@ -406,7 +346,7 @@ async fn a_timer_survives_a_worker_restart() {
         .unwrap()
         .id;
     tx.commit().await.unwrap();
-    let mut a = ChildWorker::spawn(&db, "a", None);
+    let mut a = ChildWorker::spawn(&db, "a", &[]);
     wait_parked(&db.pool, id).await;
     let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
         "SELECT wait_until FROM outbox.process_steps WHERE process_id = $1 AND name = 'timer'",
@@ -416,7 +356,7 @@ async fn a_timer_survives_a_worker_restart() {
     .await
     .unwrap();
     a.sigkill();
-    let _b = ChildWorker::spawn(&db, "b", None);
+    let _b = ChildWorker::spawn(&db, "b", &[]);
     wait_status(&db.pool, id, "succeeded").await;
     let finished: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT finished_at FROM outbox.processes WHERE id = $1")

@@ -8,12 +8,10 @@ use processes::{Registry, Remote, Worker, WorkerConfig};
 use serde_json::json;
 use shared::schema::Schema;
 use sqlx::{PgPool, Row};
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use system_tests::process_fixtures::{self as fx, Failpoint};
-use system_tests::{TestDb, bin_path, init_logging, wait_until};
+use system_tests::workers::{ChildWorker, status, wait_status};
+use system_tests::{TestDb, init_logging, wait_until};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -86,91 +84,6 @@ impl InProcess {
 
 fn registry(pool: &PgPool) -> Registry {
     fx::registry(pool, &Failpoint::default())
-}
-
-/// A `process_worker` child process whose stderr the test reads.
-struct ChildWorker {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl ChildWorker {
-    fn spawn(db: &TestDb, id: &str, env: &[(&str, &str)]) -> Self {
-        let mut cmd = Command::new(bin_path("process_worker"));
-        cmd.env("DATABASE_URL", &db.url)
-            .env("WORKER_ID", id)
-            .env("LEASE_MS", "1500")
-            .env("RUST_LOG", "info")
-            .env_remove("PROCESS_FAILPOINT")
-            .env_remove("PROCESS_VERSION")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn process_worker");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().expect("stderr");
-        let l = lines.clone();
-        let name = id.to_string();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                eprintln!("[{name}] {line}");
-                l.lock().unwrap().push(line);
-            }
-        });
-        Self { child, lines }
-    }
-    fn said(&self, needle: &str) -> bool {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(needle))
-    }
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("kill");
-        assert!(ok.success(), "kill -{sig}");
-    }
-    fn sigkill(&mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("reap");
-    }
-    fn sigterm_and_wait(&mut self) -> std::process::ExitStatus {
-        self.signal("TERM");
-        self.child.wait().expect("reap")
-    }
-}
-
-impl Drop for ChildWorker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn status(pool: &PgPool, id: Uuid) -> String {
-    sqlx::query_scalar("SELECT status FROM outbox.processes WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-async fn wait_status(pool: &PgPool, id: Uuid, want: &str) {
-    let p = pool.clone();
-    wait_until(&format!("process {id} {want}"), WAIT, || {
-        let p = p.clone();
-        async move { (status(&p, id).await == want).then_some(()) }
-    })
-    .await;
 }
 
 async fn wait_failpoint(pool: &PgPool, name: &str) {

@@ -5,11 +5,11 @@ use relay::RelayOptions;
 use serde_json::json;
 use shared::NewMessage;
 use std::collections::{HashMap, HashSet};
-use std::process::Stdio;
 use std::time::Duration;
-use system_tests::relays::{InProcess, config, test_options};
+use system_tests::relays::{FAST_FLAGS, InProcess, config, test_options};
+use system_tests::signals::sigterm;
 use system_tests::*;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 fn spawn_relay(
     db_url: &str,
@@ -17,42 +17,13 @@ fn spawn_relay(
     metrics: std::net::SocketAddr,
     extra: &[&str],
 ) -> Child {
-    Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--poll-interval-ms",
-            "100",
-            "--confirm-timeout-ms",
-            "800",
-        ])
-        .args([
-            "--retry-base-ms",
-            "50",
-            "--retry-max-ms",
-            "200",
-            "--stats-interval-ms",
-            "200",
-        ])
-        .args(extra)
-        .env("DATABASE_URL", db_url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn relay")
-}
-
-fn sigterm(child: &Child) {
-    let pid = child.id().expect("child running");
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    relays::spawn_relay(
+        db_url,
+        &amqp_url(),
+        exchange,
+        metrics,
+        &[&FAST_FLAGS[..], extra].concat(),
+    )
 }
 
 /// Exchange (with its alternate exchange) and a queue bound to everything.
@@ -334,22 +305,15 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
     a.wait().await.unwrap();
     // The survivor takes the dead relay's partitions after the 2 s lease and publishes everything.
     let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
-    let mut got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !want.is_subset(&got) {
-        let r = tokio::time::timeout_at(deadline, rx.recv())
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "only {} of {} published after the kill",
-                    got.len(),
-                    want.len()
-                )
-            })
-            .unwrap();
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
+    let within = Patience::InAll(Duration::from_secs(60));
+    receive_rest(
+        &mut rx,
+        &mut received,
+        &want,
+        within,
+        "published after the kill",
+    )
+    .await;
     let owner: Vec<Option<String>> =
         sqlx::query_scalar("SELECT DISTINCT owner FROM outbox.relay_partitions")
             .fetch_all(&db.pool)
@@ -439,16 +403,15 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
     proxy.set_mode(ProxyMode::Pass);
 
     let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
-    let mut got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !want.is_subset(&got) {
-        let r = tokio::time::timeout_at(deadline, rx.recv())
-            .await
-            .expect("everything published after the link is back")
-            .unwrap();
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
+    let within = Patience::InAll(Duration::from_secs(60));
+    receive_rest(
+        &mut rx,
+        &mut received,
+        &want,
+        within,
+        "published after the link is back",
+    )
+    .await;
     wait_until("outbox empty", Duration::from_secs(20), || async {
         (outbox_count(&db.pool, "pending").await == 0).then_some(())
     })
@@ -500,16 +463,15 @@ async fn a_cut_database_link_recovers_without_loss() {
     proxy.set_mode(ProxyMode::Pass);
 
     let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
-    let mut got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !want.is_subset(&got) {
-        let r = tokio::time::timeout_at(deadline, rx.recv())
-            .await
-            .expect("everything published after the link is back")
-            .unwrap();
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
+    let within = Patience::InAll(Duration::from_secs(60));
+    receive_rest(
+        &mut rx,
+        &mut received,
+        &want,
+        within,
+        "published after the link is back",
+    )
+    .await;
     wait_until("outbox empty", Duration::from_secs(30), || async {
         (outbox_count(&db.pool, "pending").await == 0).then_some(())
     })
@@ -717,15 +679,15 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
         .chain([x[0].id.to_string()])
         .collect();
     let mut received: Vec<Received> = Vec::new();
-    let mut got: HashSet<String> = HashSet::new();
-    while !outside.is_subset(&got) {
-        let r = tokio::time::timeout(Duration::from_secs(30), rx.recv())
-            .await
-            .expect("other partitions flow")
-            .unwrap();
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
+    let each = Patience::Each(Duration::from_secs(30));
+    receive_rest(
+        &mut rx,
+        &mut received,
+        &outside,
+        each,
+        "of other partitions flowed",
+    )
+    .await;
     wait_until("x.1 retried", Duration::from_secs(20), || async {
         let attempts: i32 = sqlx::query_scalar(
             "SELECT attempts FROM outbox.messages WHERE aggregate_id = 'x' AND event_type = 'thing.later'",
@@ -762,15 +724,7 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
         .chain(others.iter())
         .map(|m| m.id.to_string())
         .collect();
-    let mut got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
-    while !all.is_subset(&got) {
-        let r = tokio::time::timeout(Duration::from_secs(30), rx.recv())
-            .await
-            .expect("held rows flow after the fix")
-            .unwrap();
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
+    receive_rest(&mut rx, &mut received, &all, each, "flowed after the fix").await;
     // x.2's second copy may still be on its way: wait until every row is marked, then drain.
     wait_until("every row published", Duration::from_secs(30), || async {
         (outbox_count(&db.pool, "pending").await == 0).then_some(())

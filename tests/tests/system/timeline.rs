@@ -89,12 +89,7 @@ async fn every_event_is_appended_to_the_timeline_once_with_its_aggregate_and_seq
     relay.stop().await;
     // SIGTERM: batches in flight finish (commit, then ack) before it exits 0, so a late second
     // application would be in the table by now.
-    let pid = timeline.id().expect("producer timeline running");
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    signals::sigterm(&timeline);
     let status = tokio::time::timeout(LONG, timeline.wait())
         .await
         .expect("producer timeline exits in time")

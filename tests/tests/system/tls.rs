@@ -208,17 +208,10 @@ fn spawn_relay(
     exchange: &str,
     extra: &[&str],
 ) -> Child {
-    let mut cmd = Command::new(bin_path("relay"));
+    let mut cmd = relays::relay_command(db_url, amqp_url, exchange, free_addr());
     cmd.args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
         .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
-        .args(extra)
-        .env("DATABASE_URL", db_url)
-        .env("AMQP_URL", amqp_url)
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", free_addr().to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
+        .args(extra);
     if let Some(ca) = amqp_ca {
         cmd.env("AMQP_CA_FILE", ca);
     }

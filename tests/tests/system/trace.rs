@@ -6,6 +6,7 @@ use shared::NewMessage;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use system_tests::signals::sigterm;
 use system_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -26,16 +27,6 @@ fn field(v: &Value, name: &str) -> Option<String> {
     v.get(name)
         .or_else(|| v.get("span").and_then(|s| s.get(name)))
         .and_then(|f| f.as_str().map(str::to_string))
-}
-
-fn sigterm(pid: u32) {
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,8 +143,8 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
     )
     .await;
 
-    sigterm(relay.id().unwrap());
-    sigterm(consumer.id().unwrap());
+    sigterm(&relay);
+    sigterm(&consumer);
     let relay_out = relay.wait_with_output().await.unwrap();
     let consumer_out = consumer.wait_with_output().await.unwrap();
     assert!(relay_out.status.success() && consumer_out.status.success());
@@ -266,7 +257,7 @@ async fn with_otlp_on_the_relay_exports_its_publish_span_under_the_messages_trac
         (outbox_count(&db.pool, "pending").await == 0).then_some(())
     })
     .await;
-    sigterm(relay.id().unwrap()); // shutdown flushes the exporter
+    sigterm(&relay); // shutdown flushes the exporter
     assert!(relay.wait_with_output().await.unwrap().status.success());
 
     let requests = got.lock().unwrap().clone();

@@ -1,0 +1,118 @@
+//! `process_worker` child processes (they know the test definitions of [`crate::process_fixtures`]
+//! and [`crate::wait_fixtures`]), and waiting for a process's status.
+
+use crate::{TestDb, bin_path, signals, wait_until};
+use sqlx::PgPool;
+use std::io::BufRead;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// How long the process tests wait for a status or a worker.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// A `process_worker` child process, 1.5 s leases, whose stderr the test reads (and echoes,
+/// prefixed with the worker's id). Killed when dropped.
+pub struct ChildWorker {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl ChildWorker {
+    /// Starts worker `id` on `db` with `env` (`PROCESS_FAILPOINT`, `PROCESS_VERSION`: neither is
+    /// inherited from the environment).
+    pub fn spawn(db: &TestDb, id: &str, env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(bin_path("process_worker"));
+        cmd.env("DATABASE_URL", &db.url)
+            .env("WORKER_ID", id)
+            .env("LEASE_MS", "1500")
+            .env("RUST_LOG", "info")
+            .env_remove("PROCESS_FAILPOINT")
+            .env_remove("PROCESS_VERSION")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn process_worker");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let l = lines.clone();
+        let name = id.to_string();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                eprintln!("[{name}] {line}");
+                l.lock().unwrap().push(line);
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// Whether a line of its stderr so far contains `needle`.
+    pub fn said(&self, needle: &str) -> bool {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
+    }
+
+    /// Sends `sig` (`STOP`, `CONT`, `TERM`, ...).
+    pub fn signal(&self, sig: &str) {
+        signals::signal_pid(self.child.id(), sig);
+    }
+
+    /// SIGKILL, and reap it.
+    pub fn sigkill(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGTERM, and its exit status.
+    pub fn sigterm_and_wait(&mut self) -> ExitStatus {
+        self.signal("TERM");
+        self.child.wait().expect("reap")
+    }
+
+    /// Waits (up to [`WAIT`]) for the worker to die by itself (a failpoint aborts it).
+    pub async fn exited(&mut self) -> ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(started.elapsed() < WAIT, "the worker did not die");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for ChildWorker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The status of process `id`.
+pub async fn status(pool: &PgPool, id: Uuid) -> String {
+    sqlx::query_scalar("SELECT status FROM outbox.processes WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Waits (up to [`WAIT`]) until process `id` has status `want`.
+pub async fn wait_status(pool: &PgPool, id: Uuid, want: &str) {
+    let p = pool.clone();
+    wait_until(&format!("process {id} {want}"), WAIT, || {
+        let p = p.clone();
+        async move { (status(&p, id).await == want).then_some(()) }
+    })
+    .await;
+}
