@@ -12,10 +12,13 @@
 //! - [`process_fixtures`]: test process definitions, a fake remote that counts effects, failpoints.
 //! - [`raw_amqp`]: a hand-written AMQP publisher for deliveries no client library would encode.
 //! - [`fleet`]: relays and ledger consumers as child processes, payment load, the exact ledger.
+//! - [`browser`]: headless Chromium through chromedriver, for the console's browser tests.
+//! - [`TempDir`]: a temporary directory removed when dropped.
 //! - [`workers`]: `process_worker` child processes, waiting for a process's status.
 //! - [`signals`]: SIGTERM and SIGKILL to child processes and process groups.
 //! - [`relays`]: a relay in the test's process, or the `relay` binary as a child process.
 
+pub mod browser;
 pub mod consumers;
 pub mod demo_stack;
 pub mod fleet;
@@ -168,6 +171,16 @@ impl TestBroker {
         self.track_exchange(&unrouted);
         self.track_queue(&unrouted);
         n
+    }
+    /// A fresh outbox exchange ([`Self::outbox_exchange`]) declared as the relay declares it,
+    /// with its alternate exchange when `alternate`, and the connection that declared it.
+    pub async fn declared_outbox(&self, alternate: bool) -> (lapin::Connection, String) {
+        let exchange = self.outbox_exchange("outbox");
+        let conn = self.connect().await;
+        plumbing::amqp::declare_outbox_exchange(&conn, &exchange, alternate)
+            .await
+            .unwrap();
+        (conn, exchange)
     }
     /// A fresh queue name, remembered for deletion.
     pub fn queue(&self, prefix: &str) -> String {
@@ -333,6 +346,43 @@ pub async fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
         .await
         .ok()
         .map(|r| r.status().as_u16())
+}
+
+/// A fresh directory under the system's temporary directory, removed (with its contents) when
+/// dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `<tmp>/<prefix>_<random>`.
+    pub fn new(prefix: &str) -> Self {
+        let dir = std::env::temp_dir().join(unique(prefix));
+        std::fs::create_dir_all(&dir).expect("create a temporary directory");
+        Self(dir)
+    }
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+    /// Writes file `name` with `contents` into the directory; returns its path.
+    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits (up to `timeout`) until `GET http://{addr}{path}` answers 200 (a child's `/readyz` or
+/// `/healthz`), or panics saying `what`.
+pub async fn wait_http_ok(what: &str, addr: SocketAddr, path: &str, timeout: Duration) {
+    wait_until(what, timeout, || async move {
+        (http_status(addr, path).await == Some(200)).then_some(())
+    })
+    .await;
 }
 
 /// Path of a workspace binary built next to the test executable (`cargo build --bins` first;

@@ -42,13 +42,7 @@ fn read_with_the_sdk(queue: &str, count: usize) -> Vec<Value> {
 async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("ce");
     let ch = conn.create_channel().await.unwrap();
     ch.queue_declare(
@@ -198,13 +192,7 @@ async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
 async fn a_row_with_an_attribute_over_4096_bytes_goes_dead_with_the_reason() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("ce");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
 

@@ -323,10 +323,7 @@ impl ConsumerProcess {
 
     async fn wait_ready(&self) {
         let addr = self.metrics;
-        wait_until("consumer /readyz", LONG, || async move {
-            (http_status(addr, "/readyz").await == Some(200)).then_some(())
-        })
-        .await;
+        wait_http_ok("consumer /readyz", addr, "/readyz", LONG).await;
     }
 
     fn sigterm(&self) {

@@ -120,10 +120,7 @@ fn spawn_relay(db_url: &str, schema: &str, exchange: &str, metrics: SocketAddr) 
 }
 
 async fn wait_ready(what: &str, addr: SocketAddr) {
-    wait_until(what, LONG, || async move {
-        (http_status(addr, "/readyz").await == Some(200)).then_some(())
-    })
-    .await;
+    wait_http_ok(what, addr, "/readyz", LONG).await;
 }
 
 fn event(aggregate: &str, event_type: &str, payload: serde_json::Value) -> NewMessage {

@@ -319,11 +319,7 @@ async fn assert_dead_with_reasons(pool: &sqlx::PgPool, bad: &HashMap<uuid::Uuid,
 async fn rows_past_the_door_go_dead_while_the_same_relay_publishes_everything_else_once() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     drop_the_door(&db.pool).await;
@@ -439,11 +435,7 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
 

@@ -253,11 +253,7 @@ async fn consume(
 async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let queue = unique("q"); // exclusive: gone with its connection
     let mut rx = consume(
         &conn,
@@ -297,11 +293,7 @@ async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order()
 async fn nacks_in_the_middle_of_a_pipeline_keep_every_last_copy_in_order() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let queue = unique("full"); // exclusive: gone with its connection
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongInt(20));

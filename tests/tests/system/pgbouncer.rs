@@ -53,13 +53,7 @@ async fn setup() -> Setup {
     let db = TestDb::new().await;
     let bouncer = PgBouncer::start(5432, "transaction", &["default_pool_size = 2"]);
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("pgbouncer");
     let rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     Setup {
@@ -190,10 +184,7 @@ async fn producers_relays_and_a_consumer_all_through_transaction_pooling() {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn the ledger consumer");
-    wait_until("the ledger consumer is ready", LONG, || async move {
-        (http_status(metrics, "/readyz").await == Some(200)).then_some(())
-    })
-    .await;
+    wait_http_ok("the ledger consumer is ready", metrics, "/readyz", LONG).await;
     let _a = spawn_relay(&bouncer_url, Some(&s.db.url), &s.exchange);
     let _b = spawn_relay(&bouncer_url, Some(&s.db.url), &s.exchange);
 

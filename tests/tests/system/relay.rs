@@ -26,18 +26,6 @@ fn spawn_relay(
     )
 }
 
-/// Exchange (with its alternate exchange) and a queue bound to everything.
-async fn topology(broker: &TestBroker, alternate: bool) -> (lapin::Connection, String) {
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, alternate)
-        .await
-        .unwrap();
-    (conn, exchange)
-}
-
 fn msg(aggregate: &str, event_type: &str, n: i64) -> NewMessage {
     NewMessage::new(
         "test",
@@ -90,7 +78,7 @@ fn assert_first_occurrences_in_order(received: &[Received]) {
 async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
 
@@ -164,7 +152,7 @@ async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
 async fn the_plain_sql_contract_works_for_any_language() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["order.*"]).await;
 
@@ -207,7 +195,7 @@ async fn three_relays_publish_10k_rows_once_each_in_aggregate_order() {
     // An empty database: the three relays migrate it concurrently.
     let db = TestDb::new_unmigrated().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let metrics: Vec<_> = (0..3).map(|_| free_addr()).collect();
@@ -268,7 +256,7 @@ async fn three_relays_publish_10k_rows_once_each_in_aggregate_order() {
 async fn a_killed_relays_rows_are_published_by_the_other() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let mut a = spawn_relay(
@@ -345,7 +333,7 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
 async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
@@ -436,7 +424,7 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
 async fn a_cut_database_link_recovers_without_loss() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
@@ -485,7 +473,7 @@ async fn a_cut_database_link_recovers_without_loss() {
 async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, false).await; // no alternate exchange: returns are failures
+    let (conn, exchange) = broker.declared_outbox(false).await; // no alternate exchange: returns are failures
     // A queue that refuses everything: publishes routed to it are nacked.
     let full = broker.queue("full");
     let ch = conn.create_channel().await.unwrap();
@@ -623,7 +611,7 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
 async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, false).await;
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["thing.ok"]).await;
 
@@ -756,7 +744,7 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
 async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let ids = produce(&db.pool, 100, 0..200, 1000).await;
@@ -818,7 +806,7 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
 async fn published_rows_are_kept_for_the_retention_then_removed() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let opts = RelayOptions {
@@ -855,7 +843,7 @@ async fn published_rows_are_kept_for_the_retention_then_removed() {
 async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
@@ -875,9 +863,12 @@ async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes
     let got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
     assert!(ids.iter().all(|id| got.contains(&id.to_string())));
     assert_first_occurrences_in_order(&received);
-    wait_until("/readyz answers 200", Duration::from_secs(20), || async {
-        (http_status(metrics, "/readyz").await == Some(200)).then_some(())
-    })
+    wait_http_ok(
+        "/readyz answers 200",
+        metrics,
+        "/readyz",
+        Duration::from_secs(20),
+    )
     .await;
     sigterm(&relay);
     assert!(relay.wait().await.unwrap().success());
@@ -887,7 +878,7 @@ async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes
 async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_bounded_time() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
@@ -937,7 +928,7 @@ async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_b
 async fn sigterm_with_the_database_black_holed_exits_in_bounded_time_and_loses_nothing() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;

@@ -44,10 +44,7 @@ async fn every_event_is_appended_to_the_timeline_once_with_its_aggregate_and_seq
         .kill_on_drop(true)
         .spawn()
         .expect("spawn producer timeline");
-    wait_until("the timeline consumer is ready", LONG, || async move {
-        (http_status(metrics, "/readyz").await == Some(200)).then_some(())
-    })
-    .await;
+    wait_http_ok("the timeline consumer is ready", metrics, "/readyz", LONG).await;
     let relay = InProcess::start(
         db.pool.clone(),
         config(&db.url, &amqp_url(), &exchange, test_options()),
@@ -287,12 +284,7 @@ async fn ordered_instances_keep_each_aggregate_in_order_across_a_sigkill_and_a_j
     let (mut first, m1) = spawn();
     let (mut second, m2) = spawn();
     for m in [m1, m2] {
-        wait_until(
-            "an ordered timeline instance is ready",
-            LONG,
-            || async move { (http_status(m, "/readyz").await == Some(200)).then_some(()) },
-        )
-        .await;
+        wait_http_ok("an ordered timeline instance is ready", m, "/readyz", LONG).await;
     }
     let relay = InProcess::start(
         db.pool.clone(),
@@ -358,10 +350,7 @@ async fn ordered_instances_keep_each_aggregate_in_order_across_a_sigkill_and_a_j
     // A third instance joins: the spread becomes 2/1... within a few heartbeats.
     let (_third, m3) = spawn();
     let joined_at = std::time::Instant::now();
-    wait_until("the third instance is ready", LONG, || async move {
-        (http_status(m3, "/readyz").await == Some(200)).then_some(())
-    })
-    .await;
+    wait_http_ok("the third instance is ready", m3, "/readyz", LONG).await;
     wait_until(
         "the partitions spread 2, 2 over two live instances",
         LONG,

@@ -33,15 +33,9 @@ fn field(v: &Value, name: &str) -> Option<String> {
 async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_message_ids() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    // The consumer asks for the alternate exchange too (and then uses the exchange as it is).
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    // No alternate exchange: the unbound event is returned, and the relay logs the failure.
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
-        .await
-        .unwrap();
+    // No alternate exchange: the unbound event is returned, and the relay logs the failure. (The
+    // consumer asks for the alternate exchange too, then uses the exchange as it is: tracked.)
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let name = unique("traced").replace('_', "-");
     let topology = consumer::Topology::new(&name, &[Duration::from_millis(100)]);
     for q in topology.queues() {
