@@ -2,11 +2,13 @@
 //! and [`crate::wait_fixtures`]), and waiting for a process's status.
 
 use crate::{TestDb, bin_path, signals, wait_until};
+use processes::{Registry, Worker, WorkerConfig};
 use sqlx::PgPool;
 use std::io::BufRead;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// How long the process tests wait for a status or a worker.
@@ -95,6 +97,40 @@ impl Drop for ChildWorker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A process worker in the test's process (schema `outbox`): 3 s leases, 500 ms heartbeats,
+/// 100 ms polls, 200 ms stats.
+pub struct InProcessWorker {
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl InProcessWorker {
+    pub fn start(pool: &PgPool, id: &str, registry: Registry) -> Self {
+        let mut config = WorkerConfig::new(pool.clone(), Default::default(), id);
+        config.lease = Duration::from_secs(3);
+        config.heartbeat = Duration::from_millis(500);
+        config.poll_interval = Duration::from_millis(100);
+        config.stats_interval = Duration::from_millis(200);
+        Self::start_with(config, registry)
+    }
+
+    /// A worker with `config` as it is.
+    pub fn start_with(config: WorkerConfig, registry: Registry) -> Self {
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        let handle = tokio::spawn(async move {
+            Worker::run(config, registry, s).await.expect("worker runs");
+        });
+        Self { stop, handle }
+    }
+
+    /// Stops it and waits until it has.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.handle.await.unwrap();
     }
 }
 

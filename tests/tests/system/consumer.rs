@@ -16,9 +16,11 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use system_tests::consumers::example_consumer_command;
+use system_tests::fleet::metric;
 use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -244,27 +246,6 @@ async fn wait_for_updates(pool: &PgPool, n: i64, timeout: Duration) {
     .await;
 }
 
-/// Value of one Prometheus series (None when absent).
-async fn metric(addr: SocketAddr, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let body = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let rest = series.strip_prefix(name)?;
-            let matches = rest.starts_with('{')
-                && labels
-                    .iter()
-                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
-            if matches { value.parse().ok() } else { None }
-        })
-}
-
 async fn outcome(addr: SocketAddr, consumer: &str, outcome: &str) -> f64 {
     metric(
         addr,
@@ -295,29 +276,18 @@ impl ConsumerProcess {
         log: Stdio,
     ) -> Self {
         let metrics = free_addr();
-        let child = Command::new(bin_path("producer"))
-            .args(["ledger", "--name", name, "--bind", "payment.captured"])
-            .args([
-                "--database-url",
-                db_url,
-                "--amqp-url",
-                &amqp_url(),
-                "--exchange",
-                exchange,
-            ])
-            .args([
-                "--metrics-addr",
-                &metrics.to_string(),
-                "--retry-delays",
-                "100ms,200ms",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn consumer");
+        let child =
+            example_consumer_command("ledger", name, db_url, &amqp_url(), exchange, metrics)
+                .args([
+                    "--bind",
+                    "payment.captured",
+                    "--retry-delays",
+                    "100ms,200ms",
+                ])
+                .args(extra)
+                .stderr(log)
+                .spawn()
+                .expect("spawn consumer");
         Self { child, metrics }
     }
 

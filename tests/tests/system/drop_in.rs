@@ -14,6 +14,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
+use system_tests::consumers::example_consumer_command;
 use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
 use tokio::process::{Child, Command};
@@ -166,16 +167,17 @@ async fn a_service_database_keeps_its_tables_and_history_while_relay_consumer_an
         .spawn()
         .expect("spawn demo API");
     let ledger_metrics = free_addr();
-    let _ledger = Command::new(bin_path("producer"))
-        .args(["ledger", "--name", "ledger", "--bind", "payment.captured"])
-        .args(["--database-url", &db.url, "--amqp-url", &amqp_url()])
-        .args(["--exchange", &exchange])
-        .args(["--metrics-addr", &ledger_metrics.to_string()])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ledger consumer");
+    let _ledger = example_consumer_command(
+        "ledger",
+        "ledger",
+        &db.url,
+        &amqp_url(),
+        &exchange,
+        ledger_metrics,
+    )
+    .args(["--bind", "payment.captured"])
+    .spawn()
+    .expect("spawn ledger consumer");
     broker.track_queue("ledger");
     for q in [
         "ledger.dlq",

@@ -6,11 +6,11 @@
 use serde_json::json;
 use shared::NewMessage;
 use std::collections::HashSet;
-use std::process::Stdio;
 use std::time::Duration;
+use system_tests::consumers::example_consumer_command;
 use system_tests::pgbouncer::PgBouncer;
 use system_tests::*;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const LONG: Duration = Duration::from_secs(120);
 const N: i64 = 3000;
@@ -170,20 +170,20 @@ async fn producers_relays_and_a_consumer_all_through_transaction_pooling() {
         s._broker.track_exchange(&e);
     }
     let metrics = free_addr();
-    let _ledger = Command::new(bin_path("producer"))
-        .args(["ledger", "--name", &name, "--bind", "payment.captured"])
-        .args(["--retry-delays", "100ms,200ms", "--workers", "2"])
-        .env("DATABASE_URL", &bouncer_url)
-        .env("DATABASE_POOLER", "transaction")
-        .env("DATABASE_DIRECT_URL", &s.db.url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", &s.exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the ledger consumer");
+    let _ledger = example_consumer_command(
+        "ledger",
+        &name,
+        &bouncer_url,
+        &amqp_url(),
+        &s.exchange,
+        metrics,
+    )
+    .args(["--bind", "payment.captured"])
+    .args(["--retry-delays", "100ms,200ms", "--workers", "2"])
+    .env("DATABASE_POOLER", "transaction")
+    .env("DATABASE_DIRECT_URL", &s.db.url)
+    .spawn()
+    .expect("spawn the ledger consumer");
     wait_http_ok("the ledger consumer is ready", metrics, "/readyz", LONG).await;
     let _a = spawn_relay(&bouncer_url, Some(&s.db.url), &s.exchange);
     let _b = spawn_relay(&bouncer_url, Some(&s.db.url), &s.exchange);

@@ -4,16 +4,15 @@
 //! at the moment of its wake-up, a timer across a restart, and what 100,000 waiting processes
 //! cost.
 
-use processes::{Registry, Worker, WorkerConfig};
+use processes::{Registry, WorkerConfig};
 use serde_json::json;
 use shared::schema::Schema;
 use sqlx::{PgPool, Row};
 use std::time::{Duration, Instant};
 use system_tests::process_fixtures::{self as fx, Failpoint};
 use system_tests::wait_fixtures::{self as wf, key};
-use system_tests::workers::{ChildWorker, status, wait_status};
+use system_tests::workers::{ChildWorker, InProcessWorker, status, wait_status};
 use system_tests::{TestDb, init_logging, wait_until};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -70,32 +69,6 @@ async fn signal(pool: &PgPool, charge: &str, status: &str) -> processes::Signall
     .unwrap();
     tx.commit().await.unwrap();
     s
-}
-
-struct InProcess {
-    stop: CancellationToken,
-    handle: tokio::task::JoinHandle<()>,
-}
-
-impl InProcess {
-    fn start(pool: &PgPool, id: &str) -> Self {
-        let mut config = WorkerConfig::new(pool.clone(), schema(), id);
-        config.lease = Duration::from_secs(3);
-        config.heartbeat = Duration::from_millis(500);
-        config.poll_interval = Duration::from_millis(100);
-        config.stats_interval = Duration::from_millis(200);
-        let stop = CancellationToken::new();
-        let s = stop.clone();
-        let registry = registry(pool);
-        let handle = tokio::spawn(async move {
-            Worker::run(config, registry, s).await.expect("worker runs");
-        });
-        Self { stop, handle }
-    }
-    async fn stop(self) {
-        self.stop.cancel();
-        self.handle.await.unwrap();
-    }
 }
 
 /// The process is parked at its wait: status waiting, no lease, the step running with its key.
@@ -158,7 +131,7 @@ async fn an_event_before_the_wait_is_kept_and_taken_when_the_process_gets_there(
     let again = signal(&db.pool, "early", "failed").await;
     assert!(!again.stored, "the first event for a key wins: {again:?}");
     let id = start(&db.pool, "await_none", "early").await;
-    let w = InProcess::start(&db.pool, "w");
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_status(&db.pool, id, "succeeded").await;
     w.stop().await;
     let (st, attempts, reference, reason) = wait_step(&db.pool, id).await;
@@ -174,7 +147,7 @@ async fn an_event_before_the_wait_is_kept_and_taken_when_the_process_gets_there(
 async fn the_wake_up_commits_with_the_callers_transaction_and_a_rollback_wakes_nothing() {
     let db = setup().await;
     let id = start(&db.pool, "await_none", "c1").await;
-    let w = InProcess::start(&db.pool, "w");
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_parked(&db.pool, id).await;
 
     // The caller's transaction rolls back: no event, no wake-up.
@@ -240,7 +213,7 @@ async fn at_the_deadline_the_remote_is_queried_and_neither_goes_to_manual_review
     let declined = start(&db.pool, "await_query_short", "declined").await;
     let unknown = start(&db.pool, "await_query_short", "unknown").await;
     let blind = start(&db.pool, "await_none_short", "blind").await;
-    let w = InProcess::start(&db.pool, "w");
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     // "pending" at the provider is an unknown outcome: queried again with backoff.
     let p = db.pool.clone();
     wait_until("a second query of the pending charge", WAIT, || {
@@ -408,7 +381,7 @@ async fn the_cost_of_100k_waiting_processes_is_rows() {
         .unwrap_or(100_000);
     // One real process parked by a worker, as the template of the others' rows.
     let first = start(&db.pool, "await_query", "c-0").await;
-    let w = InProcess::start(&db.pool, "w");
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_parked(&db.pool, first).await;
     w.stop().await;
     let made = Instant::now();
@@ -497,14 +470,8 @@ async fn the_cost_of_100k_waiting_processes_is_rows() {
     );
 
     // A worker with the default settings over them, idle for 10 s: its CPU and the claims it makes.
-    let stop = CancellationToken::new();
     let config = WorkerConfig::new(db.pool.clone(), schema(), "idle");
-    let s = stop.clone();
-    let registry = registry(&db.pool);
-    let handle = tokio::spawn(async move {
-        Worker::run(config, registry, s).await.expect("worker runs");
-    });
-    let w = InProcess { stop, handle };
+    let w = InProcessWorker::start_with(config, registry(&db.pool));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (cpu0, wall0) = (cpu_time(), Instant::now());
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -8,12 +8,10 @@ use demo::timeline::{TimelineHandler, Violations, violations};
 use serde_json::json;
 use shared::{Envelope, NewMessage};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::process::Stdio;
 use std::time::Duration;
-use system_tests::consumers::track_consumer;
+use system_tests::consumers::{example_consumer_command, track_consumer};
 use system_tests::relays::{InProcess, config, test_options};
 use system_tests::*;
-use tokio::process::Command;
 use uuid::Uuid;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -29,21 +27,11 @@ async fn every_event_is_appended_to_the_timeline_once_with_its_aggregate_and_seq
     track_consumer(&broker, &name, &RETRY_DELAYS, None);
 
     let metrics = free_addr();
-    let mut timeline = Command::new(bin_path("producer"))
-        .args(["timeline", "--name", &name, "--bind", "#"])
-        .args(["--database-url", &db.url, "--amqp-url", &amqp_url()])
-        .args([
-            "--exchange",
-            &exchange,
-            "--metrics-addr",
-            &metrics.to_string(),
-        ])
-        .args(["--retry-delays", "100ms,200ms"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn producer timeline");
+    let mut timeline =
+        example_consumer_command("timeline", &name, &db.url, &amqp_url(), &exchange, metrics)
+            .args(["--bind", "#", "--retry-delays", "100ms,200ms"])
+            .spawn()
+            .expect("spawn producer timeline");
     wait_http_ok("the timeline consumer is ready", metrics, "/readyz", LONG).await;
     let relay = InProcess::start(
         db.pool.clone(),
@@ -257,28 +245,12 @@ async fn ordered_instances_keep_each_aggregate_in_order_across_a_sigkill_and_a_j
     track_consumer(&broker, &name, &[], Some(4));
     let spawn = || {
         let metrics = free_addr();
-        let child = Command::new(bin_path("producer"))
-            .args([
-                "timeline",
-                "--name",
-                &name,
-                "--ordered",
-                "--partitions",
-                "4",
-            ])
-            .args(["--lease", "2s", "--batch-size", "50"])
-            .args(["--database-url", &db.url, "--amqp-url", &amqp_url()])
-            .args([
-                "--exchange",
-                &exchange,
-                "--metrics-addr",
-                &metrics.to_string(),
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn producer timeline --ordered");
+        let child =
+            example_consumer_command("timeline", &name, &db.url, &amqp_url(), &exchange, metrics)
+                .args(["--ordered", "--partitions", "4"])
+                .args(["--lease", "2s", "--batch-size", "50"])
+                .spawn()
+                .expect("spawn producer timeline --ordered");
         (child, metrics)
     };
     let (mut first, m1) = spawn();
