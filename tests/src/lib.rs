@@ -621,6 +621,15 @@ pub async fn drain(
     out
 }
 
+/// Waits (up to `timeout`) until no row of the outbox is pending (every row published, dead or
+/// removed).
+pub async fn wait_no_pending(pool: &PgPool, timeout: Duration) {
+    wait_until("no pending row in the outbox", timeout, || async {
+        (outbox_count(pool, "pending").await == 0).then_some(())
+    })
+    .await;
+}
+
 /// Number of rows still in the outbox with the given state.
 pub async fn outbox_count(pool: &PgPool, state: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM outbox.messages WHERE state = $1")

@@ -437,10 +437,7 @@ async fn backlog_alerts_fire_while_the_broker_link_is_cut_and_resolve_when_it_is
 
     // The link is back: the rows go out and the alerts resolve.
     proxy.set_mode(ProxyMode::Pass);
-    wait_until("outbox drained", Duration::from_secs(60), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(60)).await;
     prometheus
         .wait_for_alerts(
             "the oldest-age alerts and RelayNotReady resolved",

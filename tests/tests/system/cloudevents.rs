@@ -98,10 +98,7 @@ async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
         config(&db.url, &amqp_url(), &exchange, options),
     )
     .await;
-    wait_until("outbox published", Duration::from_secs(30), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(30)).await;
     relay.stop().await;
     assert_eq!(outbox_count(&db.pool, "dead").await, 0);
 

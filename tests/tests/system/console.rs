@@ -2040,6 +2040,35 @@ impl Payments {
         r.json().await.unwrap()
     }
 
+    /// Places an order of `quantity` × sku-1 at `unit_price` for `customer` and requests its
+    /// payment (idempotency keys `order-{key}` and `pay-{key}`): (order id, payment id).
+    async fn order_and_pay(
+        &self,
+        key: &str,
+        customer: &str,
+        quantity: i64,
+        unit_price: i64,
+    ) -> (Uuid, String) {
+        let items = json!([{"sku": "sku-1", "quantity": quantity, "unit_price": unit_price}]);
+        let order = self
+            .post(
+                "/orders",
+                &format!("order-{key}"),
+                json!({"customer_id": customer, "currency": "EUR", "items": items}),
+            )
+            .await;
+        let order_id: Uuid = order["id"].as_str().unwrap().parse().unwrap();
+        let amount = quantity * unit_price;
+        let payment = self
+            .post(
+                "/payments",
+                &format!("pay-{key}"),
+                json!({"order_id": order_id, "amount": amount, "currency": "EUR"}),
+            )
+            .await;
+        (order_id, payment["id"].as_str().unwrap().to_string())
+    }
+
     /// The provider's charges for `payment`.
     async fn charges(&self, payment: &str) -> Vec<payment_provider::api::Charge> {
         self.admin
@@ -2100,22 +2129,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
 
     // A payment whose order support cancels while the charge's answer is outstanding: charged,
     // the capture refused, the (sensitive) refund waits in manual review.
-    let order = pay
-        .post(
-            "/orders",
-            "order-1",
-            json!({"customer_id": "cust-1", "currency": "EUR", "items": [{"sku": "sku-1", "quantity": 2, "unit_price": 250}]}),
-        )
-        .await;
-    let order_id: Uuid = order["id"].as_str().unwrap().parse().unwrap();
-    let payment = pay
-        .post(
-            "/payments",
-            "pay-1",
-            json!({"order_id": order_id, "amount": 500, "currency": "EUR"}),
-        )
-        .await;
-    let payment = payment["id"].as_str().unwrap().to_string();
+    let (order_id, payment) = pay.order_and_pay("1", "cust-1", 2, 250).await;
     wait_until("the provider charged", Duration::from_secs(90), || async {
         (!pay.charges(&payment).await.is_empty()).then_some(())
     })
@@ -2526,22 +2540,7 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
     let bob = c.user("bob", Role::Approver).await;
     let olga = c.user("olga", Role::Operator).await;
     let pay = Payments::start_with(&c.db, 2).await;
-    let order = pay
-        .post(
-            "/orders",
-            "order-doubt",
-            json!({"customer_id": "cust-9", "currency": "EUR", "items": [{"sku": "sku-1", "quantity": 1, "unit_price": 700}]}),
-        )
-        .await;
-    let order_id: Uuid = order["id"].as_str().unwrap().parse().unwrap();
-    let payment = pay
-        .post(
-            "/payments",
-            "pay-doubt",
-            json!({"order_id": order_id, "amount": 700, "currency": "EUR"}),
-        )
-        .await;
-    let payment = payment["id"].as_str().unwrap().to_string();
+    let (_, payment) = pay.order_and_pay("doubt", "cust-9", 1, 700).await;
     let pid: Uuid = wait_until("the payment's process", Duration::from_secs(30), || async {
         sqlx::query_scalar(
             "SELECT id FROM outbox.processes WHERE kind = 'payment' AND business_key = $1",

@@ -334,10 +334,7 @@ async fn nacks_in_the_middle_of_a_pipeline_keep_every_last_copy_in_order() {
     let mut received = receive_all_of(&mut rx, &want, Duration::from_secs(120)).await;
     // Copies sent again after a refusal may still be on their way: wait until every row is
     // marked, then for the queue to go quiet.
-    wait_until("every row published", Duration::from_secs(60), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(60)).await;
     received.extend(drain(&mut rx, Duration::from_millis(1500)).await);
     relay.stop().await;
 

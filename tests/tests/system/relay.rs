@@ -105,10 +105,7 @@ async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
     )
     .await;
     let received = receive_n(&mut rx, 201, Duration::from_secs(30)).await;
-    wait_until("outbox empty", Duration::from_secs(10), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(10)).await;
     assert!(relay.readiness.ready());
     relay.stop().await;
     let late = drain(&mut rx, Duration::from_millis(300)).await;
@@ -400,10 +397,7 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
         "published after the link is back",
     )
     .await;
-    wait_until("outbox empty", Duration::from_secs(20), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(20)).await;
     // The README's table, "link cut" and "confirm timeout": everything unconfirmed is sent
     // again, so a queue sees copies of a suffix, never a first copy out of order.
     assert_first_occurrences_in_order(&received);
@@ -460,10 +454,7 @@ async fn a_cut_database_link_recovers_without_loss() {
         "published after the link is back",
     )
     .await;
-    wait_until("outbox empty", Duration::from_secs(30), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(30)).await;
     assert!(relay.readiness.postgres());
     assert_first_occurrences_in_order(&received);
     relay.stop().await;
@@ -714,10 +705,7 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
         .collect();
     receive_rest(&mut rx, &mut received, &all, each, "flowed after the fix").await;
     // x.2's second copy may still be on its way: wait until every row is marked, then drain.
-    wait_until("every row published", Duration::from_secs(30), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(30)).await;
     received.extend(drain(&mut rx, Duration::from_millis(500)).await);
     let x_order: Vec<i64> = received
         .iter()

@@ -372,10 +372,7 @@ async fn relay_and_consumer_over_amqps_with_a_ca_file_and_a_wrong_ca_is_refused(
     })
     .await;
     // The relay marks a row after the broker's confirm, which may come after the consumer's commit.
-    wait_until("every row marked published", LONG, || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, LONG).await;
     relay.kill().await.unwrap();
 
     stop.cancel();

@@ -247,10 +247,7 @@ async fn with_otlp_on_the_relay_exports_its_publish_span_under_the_messages_trac
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    wait_until("the row is published", Duration::from_secs(30), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(30)).await;
     sigterm(&relay); // shutdown flushes the exporter
     assert!(relay.wait_with_output().await.unwrap().status.success());
 
