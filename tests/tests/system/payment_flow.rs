@@ -509,7 +509,7 @@ async fn a_worker_killed_after_the_provider_charged_is_replaced_and_the_payment_
     let (_order, payment) = f.pay(1).await;
     f.wait_charged(payment).await;
     assert_eq!(f.step(payment, "forward", "charge").await.0, "running");
-    sigkill(&mut a);
+    sigkill(&a);
     let _ = a.wait().await;
     f.admin.set_faults("").await.unwrap();
     let _b = f.worker("b", &[]);
@@ -622,7 +622,7 @@ async fn two_hundred_payments_under_random_faults_and_worker_kills_end_consisten
         })
         .await;
         let i = rng.random_range(0..workers.len());
-        sigkill(&mut workers[i]);
+        sigkill(&workers[i]);
         let _ = workers[i].wait().await;
         println!("killed worker {i} after {} finished", finished().await);
         workers[i] = f.worker(&format!("w{i}-{k}"), &[]);
