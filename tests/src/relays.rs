@@ -70,6 +70,16 @@ pub fn spawn_relay(
         .expect("spawn relay")
 }
 
+/// Runs the `relay` command line (`dead list`, `dead requeue --all`, ...) on `db_url`'s outbox
+/// and returns what it printed and its status.
+pub fn relay_cli(db_url: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin_path("relay"))
+        .args(args)
+        .env("DATABASE_URL", db_url)
+        .output()
+        .expect("run relay")
+}
+
 pub fn config(db_url: &str, amqp_url: &str, exchange: &str, options: RelayOptions) -> RelayConfig {
     RelayConfig {
         connections: Connections {

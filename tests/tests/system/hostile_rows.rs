@@ -7,11 +7,10 @@ use serde_json::{Value, json};
 use shared::NewMessage;
 use shared::outbox::EnqueueError;
 use std::collections::{HashMap, HashSet};
-use std::process::Stdio;
 use std::time::Duration;
 use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 /// The outbox's publishability constraints, as migration 0004 names them.
 const CONSTRAINTS: [&str; 8] = [
@@ -367,11 +366,7 @@ async fn rows_past_the_door_go_dead_while_the_same_relay_publishes_everything_el
             .any(|l| l.starts_with("relay_publish_failures_total{reason=\"unpublishable\"}")),
         "{body}"
     );
-    let out = std::process::Command::new(bin_path("relay"))
-        .args(["dead", "requeue", "--all"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = relays::relay_cli(&db.url, &["dead", "requeue", "--all"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("0 row(s) requeued"), "{text}");
@@ -395,11 +390,7 @@ async fn control_characters_cannot_forge_lines_in_relay_dead_list() {
     .execute(&db.pool)
     .await
     .unwrap();
-    let out = std::process::Command::new(bin_path("relay"))
-        .args(["dead", "list"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = relays::relay_cli(&db.url, &["dead", "list"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(!text.contains('\u{1b}'), "{text}");
@@ -463,18 +454,11 @@ async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
     }
 
     let metrics = free_addr();
-    let mut relay = Command::new(bin_path("relay"))
+    let mut relay = relays::relay_command(&db.url, &amqp_url(), &exchange, metrics)
         .args(["--lease-ms", "20000", "--poll-interval-ms", "100"])
         .args(["--confirm-timeout-ms", "10000", "--max-attempts", "2"])
         .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
         .args(["--max-payload-bytes", "200000000"])
-        .env("DATABASE_URL", &db.url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", &exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn relay");
     let received = receive_all(&mut rx, &good).await;

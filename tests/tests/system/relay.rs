@@ -543,11 +543,7 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
     );
 
     // The CLI shows them.
-    let out = std::process::Command::new(bin_path("relay"))
-        .args(["dead", "list"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = relays::relay_cli(&db.url, &["dead", "list"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -567,21 +563,13 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         .await
         .unwrap();
     let mut rx2 = collect_queue(&conn, &exchange, &full, &["thing.nacked"]).await;
-    let out = std::process::Command::new(bin_path("relay"))
-        .args(["dead", "requeue", &unroutable.to_string()])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = relays::relay_cli(&db.url, &["dead", "requeue", &unroutable.to_string()]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 row(s) requeued"));
     assert_eq!(
         receive_n(&mut rx, 1, Duration::from_secs(20)).await[0].message_id,
         unroutable.to_string()
     );
-    let out = std::process::Command::new(bin_path("relay"))
-        .args(["dead", "requeue", "--all"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = relays::relay_cli(&db.url, &["dead", "requeue", "--all"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 row(s) requeued"));
     assert_eq!(
         receive_n(&mut rx2, 1, Duration::from_secs(20)).await[0].message_id,

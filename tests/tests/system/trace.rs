@@ -93,25 +93,13 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
         }
     })
     .await;
-    let relay = Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--confirm-timeout-ms",
-            "800",
-            "--poll-interval-ms",
-            "100",
-        ])
+    let relay = relays::relay_command(&db.url, &amqp_url(), &exchange, free_addr())
+        .args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
+        .args(["--poll-interval-ms", "100"])
         .args(["--alternate-exchange", "false", "--max-attempts", "1"])
-        .env("DATABASE_URL", &db.url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", &exchange)
-        .env("METRICS_ADDR", free_addr().to_string())
         .env("LOG_FORMAT", "json")
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
 
@@ -227,24 +215,12 @@ async fn with_otlp_on_the_relay_exports_its_publish_span_under_the_messages_trac
     let msg = NewMessage::new("order", "o-1", "order.placed", json!({}))
         .with_header("traceparent", TRACEPARENT);
     shared::outbox::enqueue(&db.pool, &msg).await.unwrap();
-    let relay = Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--confirm-timeout-ms",
-            "800",
-            "--poll-interval-ms",
-            "100",
-        ])
-        .env("DATABASE_URL", &db.url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", &exchange)
-        .env("METRICS_ADDR", free_addr().to_string())
+    let relay = relays::relay_command(&db.url, &amqp_url(), &exchange, free_addr())
+        .args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
+        .args(["--poll-interval-ms", "100"])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"))
         .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     wait_no_pending(&db.pool, Duration::from_secs(30)).await;
