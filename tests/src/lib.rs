@@ -487,28 +487,11 @@ pub async fn collect_queue(
     use futures::StreamExt;
     use lapin::options::*;
     use lapin::types::FieldTable;
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    for k in keys {
-        ch.queue_bind(
-            queue.into(),
-            exchange.into(),
-            (*k).into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    }
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let ch = declare_bound_queue(conn, exchange, queue, keys, durable, FieldTable::default()).await;
     ch.basic_qos(1000, BasicQosOptions::default())
         .await
         .unwrap();
@@ -535,6 +518,34 @@ pub async fn collect_queue(
         }
     });
     rx
+}
+
+/// Declares `queue` with `options` and `arguments` on a new channel of `conn`, binds it to
+/// `exchange` with each of `keys`, and returns the channel.
+pub async fn declare_bound_queue(
+    conn: &lapin::Connection,
+    exchange: &str,
+    queue: &str,
+    keys: &[&str],
+    options: lapin::options::QueueDeclareOptions,
+    arguments: lapin::types::FieldTable,
+) -> lapin::Channel {
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(queue.into(), options, arguments)
+        .await
+        .unwrap();
+    for k in keys {
+        ch.queue_bind(
+            queue.into(),
+            exchange.into(),
+            (*k).into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    }
+    ch
 }
 
 /// Receives until `n` messages arrived, or panics after `timeout`.

@@ -4,7 +4,7 @@
 //! (`.ci/run` installs them); without them the test fails, it never skips.
 
 use chrono::{DateTime, Utc};
-use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use relay::cloudevents::Mode;
 use serde_json::{Value, json};
@@ -44,26 +44,19 @@ async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
     let broker = TestBroker::new();
     let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("ce");
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(
-        queue.as_str().into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    declare_bound_queue(
+        &conn,
+        &exchange,
+        &queue,
+        &["#"],
+        durable,
         FieldTable::default(),
     )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        queue.as_str().into(),
-        exchange.as_str().into(),
-        "#".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    .await;
 
     // Two events of one aggregate whose id needs percent-encoding (the first with trace context),
     // and one with an empty aggregate id (no partition key).

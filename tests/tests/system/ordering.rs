@@ -4,7 +4,7 @@
 //! pipeline. (Returns, link cuts and a killed relay are checked in relay.rs, a channel closed by
 //! the broker in hostile_rows.rs.)
 
-use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use relay::RelayOptions;
 use serde_json::json;
@@ -205,26 +205,11 @@ async fn consume(
     delay: Duration,
 ) -> tokio::sync::mpsc::UnboundedReceiver<Received> {
     use futures::StreamExt;
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            exclusive: true,
-            ..Default::default()
-        },
-        arguments,
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        queue.into(),
-        exchange.into(),
-        "#".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    let exclusive = QueueDeclareOptions {
+        exclusive: true,
+        ..Default::default()
+    };
+    let ch = declare_bound_queue(conn, exchange, queue, &["#"], exclusive, arguments).await;
     ch.basic_qos(1, BasicQosOptions::default()).await.unwrap();
     let mut consumer = ch
         .basic_consume(

@@ -467,7 +467,6 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
     let (conn, exchange) = broker.declared_outbox(false).await; // no alternate exchange: returns are failures
     // A queue that refuses everything: publishes routed to it are nacked.
     let full = broker.queue("full");
-    let ch = conn.create_channel().await.unwrap();
     let mut args = lapin::types::FieldTable::default();
     args.insert("x-max-length".into(), lapin::types::AMQPValue::LongInt(0));
     args.insert(
@@ -475,25 +474,11 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         lapin::types::AMQPValue::LongString("reject-publish".into()),
     );
     // Durable: RabbitMQ 4.3 refuses transient non-exclusive queues.
-    ch.queue_declare(
-        full.as_str().into(),
-        lapin::options::QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        args,
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        full.as_str().into(),
-        exchange.as_str().into(),
-        "thing.nacked".into(),
-        Default::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let durable = lapin::options::QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let ch = declare_bound_queue(&conn, &exchange, &full, &["thing.nacked"], durable, args).await;
 
     let mut tx = db.pool.begin().await.unwrap();
     let unroutable = shared::outbox::enqueue(&mut *tx, &msg("u", "thing.unbound", 0))
