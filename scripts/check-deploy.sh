@@ -97,7 +97,7 @@ for f, r in alerts:
     if n not in silent:
         errors.append(f"{n}: no promtool test where it stays silent")
     if "for" not in r:
-        errors.append(f"{n}: no for: (tests/tests/alerts.rs shortens every for:)")
+        errors.append(f"{n}: no for: (tests/tests/system/alerts.rs shortens every for:)")
 for n in sorted(firing | silent):
     if n not in names:
         errors.append(f"tests refer to unknown alert {n}")

@@ -1,10 +1,12 @@
 //! A consumer running in the test's own process, and the broker objects a consumer declares,
 //! tracked for deletion.
 
-use crate::{TestBroker, wait_until};
+use crate::{TestBroker, bin_path, wait_until};
 use consumer::{Config, Consumer, ConsumerError, Handlers, Stats};
 use plumbing::telemetry::Readiness;
 use sqlx::PgPool;
+use std::net::SocketAddr;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -61,6 +63,33 @@ impl RunningConsumer {
             .expect("consumer task")
             .expect("consumer run");
     }
+}
+
+/// One of the example application's consumers, `producer <subcommand>` (`ledger` or
+/// `timeline`), named `name`, as a child process: on `db_url`'s database and `exchange` at
+/// `amqp_url`, metrics on `metrics`, warnings only, stdout dropped, killed when dropped. The
+/// test adds its bindings, retry delays and other flags, then spawns it.
+pub fn example_consumer_command(
+    subcommand: &str,
+    name: &str,
+    db_url: &str,
+    amqp_url: &str,
+    exchange: &str,
+    metrics: SocketAddr,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin_path("producer"));
+    cmd.args([subcommand, "--name", name])
+        .args(["--database-url", db_url, "--amqp-url", amqp_url])
+        .args([
+            "--exchange",
+            exchange,
+            "--metrics-addr",
+            &metrics.to_string(),
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    cmd
 }
 
 /// Remembers every queue and exchange consumer `name` declares (with `retry_delays`), and, for

@@ -1,7 +1,7 @@
 //! The example application's payment stack for the tests that pay: the payment provider simulator
 //! as a child process and the demo API in the test process, on one test database.
 
-use crate::{TestDb, bin_path, free_addr, http_status, wait_until};
+use crate::{TestDb, bin_path, free_addr, wait_http_ok};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::process::{Child, Command};
@@ -46,13 +46,38 @@ pub async fn spawn_provider(db: &TestDb, env: &[(&str, &str)]) -> (Child, String
         .kill_on_drop(true)
         .spawn()
         .expect("spawn payment-provider (cargo build --bins)");
-    wait_until(
+    wait_http_ok(
         "the provider answers /healthz",
+        addr,
+        "/healthz",
         Duration::from_secs(90),
-        || async move { (http_status(addr, "/healthz").await == Some(200)).then_some(()) },
     )
     .await;
     (child, format!("http://{addr}"))
+}
+
+/// A `producer worker` child process named `name` on `db`, charging through the provider at
+/// `provider_url` with payment remote `remote`: 2 s leases, 400 ms heartbeats, 200 ms polls, a
+/// 1 s provider call timeout, warnings only, no trace export, stdout dropped, killed when
+/// dropped. The test adds its charge retry settings (and any other), then spawns it.
+pub fn worker_command(db: &TestDb, provider_url: &str, remote: &str, name: &str) -> Command {
+    let mut cmd = Command::new(bin_path("producer"));
+    cmd.arg("worker")
+        .env("DATABASE_URL", &db.url)
+        .env("PROVIDER_URL", provider_url)
+        .env("PAYMENT_REMOTE", remote)
+        .env("METRICS_ADDR", free_addr().to_string())
+        .env("WORKER_ID", name)
+        .env("WORKER_LEASE_MS", "2000")
+        .env("WORKER_HEARTBEAT_MS", "400")
+        .env("WORKER_POLL_MS", "200")
+        .env("PROVIDER_CALL_TIMEOUT_MS", "1000")
+        .env("RUST_LOG", "warn")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    cmd
 }
 
 /// The demo API in this process on `db`, its payments against `remote`, until `shutdown`;

@@ -8,6 +8,8 @@ use sqlx::PgPool;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::process::{Child, Command};
 
@@ -175,9 +177,7 @@ impl Component {
             return true;
         };
         if let Some(pid) = child.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
+            crate::signals::try_signal_pid(pid, "TERM");
         }
         match tokio::time::timeout(Duration::from_secs(60), child.wait()).await {
             Ok(Ok(status)) => status.success(),
@@ -195,10 +195,7 @@ impl Component {
     /// Waits until /readyz answers 200 (panics after `timeout`).
     pub async fn wait_ready(&self, what: &str, timeout: Duration) {
         let addr = self.metrics;
-        crate::wait_until(&format!("{what} /readyz 200"), timeout, || async move {
-            (http_status(addr, "/readyz").await == Some(200)).then_some(())
-        })
-        .await;
+        crate::wait_http_ok(&format!("{what} /readyz 200"), addr, "/readyz", timeout).await;
     }
 }
 
@@ -232,6 +229,73 @@ pub async fn enqueue_payments(pool: &PgPool, n: usize, accounts: usize, salt: u6
         tokio::time::timeout(Duration::from_secs(10), committed).await,
         Ok(Some(()))
     )
+}
+
+/// Steady payment load: every 50 ms a transaction of 20 payments over `accounts` accounts
+/// ([`enqueue_payments`]), until `stop` is set. A commit that fails (the database is down) is
+/// simply not made, and not counted.
+pub struct PaymentLoad {
+    committed: Arc<AtomicU64>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl PaymentLoad {
+    pub fn start(pool: PgPool, accounts: usize, stop: Arc<AtomicBool>) -> Self {
+        let committed = Arc::new(AtomicU64::new(0));
+        let c = committed.clone();
+        let handle = tokio::spawn(async move {
+            let mut salt = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                salt += 1;
+                if enqueue_payments(&pool, 20, accounts, salt).await {
+                    c.fetch_add(20, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        Self { committed, handle }
+    }
+
+    /// Payments committed so far.
+    pub fn committed(&self) -> u64 {
+        self.committed.load(Ordering::Relaxed)
+    }
+
+    /// Waits (up to `timeout`) until at least `n` payments were committed.
+    pub async fn wait_committed(&self, what: &str, n: u64, timeout: Duration) {
+        let c = self.committed.clone();
+        crate::wait_until(what, timeout, || {
+            let c = c.clone();
+            async move { (c.load(Ordering::Relaxed) >= n).then_some(()) }
+        })
+        .await;
+    }
+
+    /// Waits for the load to end (after `stop` was set).
+    pub async fn join(self) {
+        self.handle.await.unwrap();
+    }
+}
+
+/// Waits (up to `timeout`) until the outbox is drained and the ledger consumers applied every
+/// published payment, asserting on the way that nothing was applied twice (`context` is added
+/// to that failure, e.g. the seed).
+pub async fn wait_drained(pool: &PgPool, timeout: Duration, context: &str) {
+    crate::wait_until("outbox drained and the ledger caught up", timeout, || {
+        let p = pool.clone();
+        async move {
+            let pending = outbox_rows(&p, "pending").await?;
+            let published = outbox_rows(&p, "published").await?;
+            let updates = total_updates(&p).await?;
+            assert!(
+                updates <= published + pending,
+                "applied twice: {updates} updates for {} events{context}",
+                published + pending
+            );
+            (pending == 0 && updates == published).then_some(())
+        }
+    })
+    .await;
 }
 
 /// What the ledger must show: every payment committed to the outbox (the relay keeps published

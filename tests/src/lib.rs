@@ -12,7 +12,13 @@
 //! - [`process_fixtures`]: test process definitions, a fake remote that counts effects, failpoints.
 //! - [`raw_amqp`]: a hand-written AMQP publisher for deliveries no client library would encode.
 //! - [`fleet`]: relays and ledger consumers as child processes, payment load, the exact ledger.
+//! - [`browser`]: headless Chromium through chromedriver, for the console's browser tests.
+//! - [`TempDir`]: a temporary directory removed when dropped.
+//! - [`workers`]: `process_worker` child processes, waiting for a process's status.
+//! - [`signals`]: SIGTERM and SIGKILL to child processes and process groups.
+//! - [`relays`]: a relay in the test's process, or the `relay` binary as a child process.
 
+pub mod browser;
 pub mod consumers;
 pub mod demo_stack;
 pub mod fleet;
@@ -23,9 +29,11 @@ pub mod private_rabbit;
 pub mod process_fixtures;
 pub mod raw_amqp;
 pub mod relays;
+pub mod signals;
 pub mod tls_pg;
 pub mod tls_rabbit;
 pub mod wait_fixtures;
+pub mod workers;
 
 use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use sqlx::PgPool;
@@ -163,6 +171,16 @@ impl TestBroker {
         self.track_exchange(&unrouted);
         self.track_queue(&unrouted);
         n
+    }
+    /// A fresh outbox exchange ([`Self::outbox_exchange`]) declared as the relay declares it,
+    /// with its alternate exchange when `alternate`, and the connection that declared it.
+    pub async fn declared_outbox(&self, alternate: bool) -> (lapin::Connection, String) {
+        let exchange = self.outbox_exchange("outbox");
+        let conn = self.connect().await;
+        plumbing::amqp::declare_outbox_exchange(&conn, &exchange, alternate)
+            .await
+            .unwrap();
+        (conn, exchange)
     }
     /// A fresh queue name, remembered for deletion.
     pub fn queue(&self, prefix: &str) -> String {
@@ -330,6 +348,43 @@ pub async fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
         .map(|r| r.status().as_u16())
 }
 
+/// A fresh directory under the system's temporary directory, removed (with its contents) when
+/// dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `<tmp>/<prefix>_<random>`.
+    pub fn new(prefix: &str) -> Self {
+        let dir = std::env::temp_dir().join(unique(prefix));
+        std::fs::create_dir_all(&dir).expect("create a temporary directory");
+        Self(dir)
+    }
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+    /// Writes file `name` with `contents` into the directory; returns its path.
+    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits (up to `timeout`) until `GET http://{addr}{path}` answers 200 (a child's `/readyz` or
+/// `/healthz`), or panics saying `what`.
+pub async fn wait_http_ok(what: &str, addr: SocketAddr, path: &str, timeout: Duration) {
+    wait_until(what, timeout, || async move {
+        (http_status(addr, path).await == Some(200)).then_some(())
+    })
+    .await;
+}
+
 /// Path of a workspace binary built next to the test executable (`cargo build --bins` first;
 /// `scripts/test.sh` does).
 pub fn bin_path(name: &str) -> PathBuf {
@@ -432,28 +487,11 @@ pub async fn collect_queue(
     use futures::StreamExt;
     use lapin::options::*;
     use lapin::types::FieldTable;
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    for k in keys {
-        ch.queue_bind(
-            queue.into(),
-            exchange.into(),
-            (*k).into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    }
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let ch = declare_bound_queue(conn, exchange, queue, keys, durable, FieldTable::default()).await;
     ch.basic_qos(1000, BasicQosOptions::default())
         .await
         .unwrap();
@@ -480,6 +518,34 @@ pub async fn collect_queue(
         }
     });
     rx
+}
+
+/// Declares `queue` with `options` and `arguments` on a new channel of `conn`, binds it to
+/// `exchange` with each of `keys`, and returns the channel.
+pub async fn declare_bound_queue(
+    conn: &lapin::Connection,
+    exchange: &str,
+    queue: &str,
+    keys: &[&str],
+    options: lapin::options::QueueDeclareOptions,
+    arguments: lapin::types::FieldTable,
+) -> lapin::Channel {
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(queue.into(), options, arguments)
+        .await
+        .unwrap();
+    for k in keys {
+        ch.queue_bind(
+            queue.into(),
+            exchange.into(),
+            (*k).into(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    }
+    ch
 }
 
 /// Receives until `n` messages arrived, or panics after `timeout`.
@@ -511,17 +577,47 @@ pub async fn receive_all_of(
     timeout: Duration,
 ) -> Vec<Received> {
     let mut received = Vec::new();
-    let mut got = std::collections::HashSet::new();
-    let deadline = tokio::time::Instant::now() + timeout;
+    receive_rest(rx, &mut received, want, Patience::InAll(timeout), "arrived").await;
+    received
+}
+
+/// How long [`receive_rest`] waits before it panics.
+#[derive(Debug, Clone, Copy)]
+pub enum Patience {
+    /// For all the missing messages together.
+    InAll(Duration),
+    /// For each next message.
+    Each(Duration),
+}
+
+/// Receives into `received` until every message id in `want` is in it (what `received` already
+/// holds counts; copies are kept), or panics saying `what` (`only 3 of 5 {what}`) when
+/// `patience` runs out.
+pub async fn receive_rest(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>,
+    received: &mut Vec<Received>,
+    want: &std::collections::HashSet<String>,
+    patience: Patience,
+    what: &str,
+) {
+    let mut got: std::collections::HashSet<String> =
+        received.iter().map(|r| r.message_id.clone()).collect();
+    let started = tokio::time::Instant::now();
     while !want.is_subset(&got) {
+        let deadline = match patience {
+            Patience::InAll(timeout) => started + timeout,
+            Patience::Each(timeout) => tokio::time::Instant::now() + timeout,
+        };
         let r = tokio::time::timeout_at(deadline, rx.recv())
             .await
-            .unwrap_or_else(|_| panic!("only {} of {} arrived", got.len(), want.len()))
-            .expect("consumer running");
+            .unwrap_or_else(|_| {
+                let have = want.intersection(&got).count();
+                panic!("only {have} of {} {what} ({patience:?})", want.len())
+            })
+            .expect("queue consumer running");
         got.insert(r.message_id.clone());
         received.push(r);
     }
-    received
 }
 
 /// Everything already delivered, without waiting for more than `quiet`.
@@ -534,6 +630,15 @@ pub async fn drain(
         out.push(r);
     }
     out
+}
+
+/// Waits (up to `timeout`) until no row of the outbox is pending (every row published, dead or
+/// removed).
+pub async fn wait_no_pending(pool: &PgPool, timeout: Duration) {
+    wait_until("no pending row in the outbox", timeout, || async {
+        (outbox_count(pool, "pending").await == 0).then_some(())
+    })
+    .await;
 }
 
 /// Number of rows still in the outbox with the given state.

@@ -89,9 +89,9 @@ impl Drop for PgBouncer {
     fn drop(&mut self) {
         if let Some(pid) = self.pid() {
             // SIGINT: PgBouncer's immediate shutdown (SIGTERM would wait for clients to leave).
-            let _ = std::process::Command::new("kill")
-                .args(["-INT", &pid])
-                .status();
+            if let Ok(pid) = pid.parse() {
+                crate::signals::try_signal_pid(pid, "INT");
+            }
             let deadline = Instant::now() + Duration::from_secs(10);
             while std::path::Path::new(&format!("/proc/{pid}")).exists()
                 && Instant::now() < deadline

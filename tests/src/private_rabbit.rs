@@ -179,15 +179,11 @@ impl RabbitNode {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        let pgid = child.id();
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{pgid}")])
-            .status();
-        if let Ok(pid) = std::fs::read_to_string(self.dir.join("pid")) {
-            let _ = Command::new("kill")
-                .args(["-KILL", pid.trim()])
-                .stderr(Stdio::null())
-                .status();
+        crate::signals::signal_group(child.id(), "KILL");
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("pid"))
+            && let Ok(pid) = pid.trim().parse()
+        {
+            crate::signals::try_signal_pid(pid, "KILL");
         }
         let _ = child.wait();
         // The VM is gone once its port no longer accepts (bounded).

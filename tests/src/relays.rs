@@ -1,11 +1,15 @@
-//! A relay in the test's own process, with settings that make failures show quickly.
+//! A relay in the test's own process, or the `relay` binary as a child process, with settings
+//! that make failures show quickly.
 
-use crate::free_addr;
+use crate::{bin_path, free_addr};
 use plumbing::config::Connections;
 use plumbing::telemetry::Readiness;
 use relay::{RelayConfig, RelayOptions};
+use std::net::SocketAddr;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 /// Short lease, poll, confirm timeout and retry backoff.
@@ -19,6 +23,61 @@ pub fn test_options() -> RelayOptions {
         stats_interval_ms: 200,
         ..RelayOptions::default()
     }
+}
+
+/// [`test_options`] as the `relay` binary's flags.
+pub const FAST_FLAGS: [&str; 12] = [
+    "--lease-ms",
+    "2000",
+    "--poll-interval-ms",
+    "100",
+    "--confirm-timeout-ms",
+    "800",
+    "--retry-base-ms",
+    "50",
+    "--retry-max-ms",
+    "200",
+    "--stats-interval-ms",
+    "200",
+];
+
+/// The `relay` binary publishing `db_url`'s outbox to `exchange` on `amqp_url`, metrics on
+/// `metrics`, warnings only, stdout dropped, killed when dropped. No flags yet: add them (for
+/// example [`FAST_FLAGS`]) and the test's own settings, then spawn.
+pub fn relay_command(db_url: &str, amqp_url: &str, exchange: &str, metrics: SocketAddr) -> Command {
+    let mut cmd = Command::new(bin_path("relay"));
+    cmd.env("DATABASE_URL", db_url)
+        .env("AMQP_URL", amqp_url)
+        .env("OUTBOX_EXCHANGE", exchange)
+        .env("METRICS_ADDR", metrics.to_string())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// [`relay_command`] with `flags`, started.
+pub fn spawn_relay(
+    db_url: &str,
+    amqp_url: &str,
+    exchange: &str,
+    metrics: SocketAddr,
+    flags: &[&str],
+) -> Child {
+    relay_command(db_url, amqp_url, exchange, metrics)
+        .args(flags)
+        .spawn()
+        .expect("spawn relay")
+}
+
+/// Runs the `relay` command line (`dead list`, `dead requeue --all`, ...) on `db_url`'s outbox
+/// and returns what it printed and its status.
+pub fn relay_cli(db_url: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin_path("relay"))
+        .args(args)
+        .env("DATABASE_URL", db_url)
+        .output()
+        .expect("run relay")
 }
 
 pub fn config(db_url: &str, amqp_url: &str, exchange: &str, options: RelayOptions) -> RelayConfig {

@@ -6,7 +6,7 @@
 use crate::tls_pg::{as_user, chown};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running private RabbitMQ node (user guest/guest, allowed from anywhere). Killed and removed
@@ -95,9 +95,7 @@ impl RabbitNode {
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             // The node runs in a process group of its own, led by the child we started.
-            let _ = Command::new("kill")
-                .args(["-KILL", "--", &format!("-{}", child.id())])
-                .status();
+            crate::signals::signal_group(child.id(), "KILL");
             let _ = child.wait();
         }
     }

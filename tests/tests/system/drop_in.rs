@@ -14,6 +14,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
+use system_tests::consumers::example_consumer_command;
+use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
 use tokio::process::{Child, Command};
 
@@ -111,32 +113,15 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 }
 
 fn spawn_relay(db_url: &str, schema: &str, exchange: &str, metrics: SocketAddr) -> Child {
-    Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--poll-interval-ms",
-            "100",
-            "--confirm-timeout-ms",
-            "800",
-        ])
-        .env("DATABASE_URL", db_url)
+    relays::relay_command(db_url, &amqp_url(), exchange, metrics)
+        .args(&FAST_FLAGS[..6]) // lease, poll and confirm timeout
         .env("OUTBOX_SCHEMA", schema)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn relay")
 }
 
 async fn wait_ready(what: &str, addr: SocketAddr) {
-    wait_until(what, LONG, || async move {
-        (http_status(addr, "/readyz").await == Some(200)).then_some(())
-    })
-    .await;
+    wait_http_ok(what, addr, "/readyz", LONG).await;
 }
 
 fn event(aggregate: &str, event_type: &str, payload: serde_json::Value) -> NewMessage {
@@ -182,16 +167,17 @@ async fn a_service_database_keeps_its_tables_and_history_while_relay_consumer_an
         .spawn()
         .expect("spawn demo API");
     let ledger_metrics = free_addr();
-    let _ledger = Command::new(bin_path("producer"))
-        .args(["ledger", "--name", "ledger", "--bind", "payment.captured"])
-        .args(["--database-url", &db.url, "--amqp-url", &amqp_url()])
-        .args(["--exchange", &exchange])
-        .args(["--metrics-addr", &ledger_metrics.to_string()])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ledger consumer");
+    let _ledger = example_consumer_command(
+        "ledger",
+        "ledger",
+        &db.url,
+        &amqp_url(),
+        &exchange,
+        ledger_metrics,
+    )
+    .args(["--bind", "payment.captured"])
+    .spawn()
+    .expect("spawn ledger consumer");
     broker.track_queue("ledger");
     for q in [
         "ledger.dlq",

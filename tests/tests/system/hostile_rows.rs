@@ -7,10 +7,10 @@ use serde_json::{Value, json};
 use shared::NewMessage;
 use shared::outbox::EnqueueError;
 use std::collections::{HashMap, HashSet};
-use std::process::Stdio;
 use std::time::Duration;
+use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 /// The outbox's publishability constraints, as migration 0004 names them.
 const CONSTRAINTS: [&str; 8] = [
@@ -201,20 +201,8 @@ async fn the_door_refuses_what_can_never_be_published_with_named_reasons() {
 }
 
 fn spawn_relay(db_url: &str, exchange: &str, metrics: std::net::SocketAddr) -> Child {
-    Command::new(bin_path("relay"))
-        .args(["--lease-ms", "2000", "--poll-interval-ms", "100"])
-        .args(["--confirm-timeout-ms", "800", "--max-attempts", "3"])
-        .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
-        .args(["--stats-interval-ms", "200"])
-        .env("DATABASE_URL", db_url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn relay")
+    let flags = [&FAST_FLAGS[..], &["--max-attempts", "3"]].concat();
+    relays::spawn_relay(db_url, &amqp_url(), exchange, metrics, &flags)
 }
 
 /// Drops the publishability constraints, as a team's own migration might: from now on only the
@@ -280,17 +268,10 @@ async fn receive_all(
 ) -> Vec<Received> {
     let want: HashSet<String> = good.iter().map(|m| m.id.to_string()).collect();
     let mut got = Vec::new();
-    let mut seen = HashSet::new();
     // Generous: a row behind a refused 128 MiB message in its partition waits until that one is
     // dead, and each attempt sends the whole message again (slow on a loaded 2-core machine).
-    while !want.is_subset(&seen) {
-        let r = tokio::time::timeout(Duration::from_secs(120), rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("only {} of {} good rows arrived", seen.len(), want.len()))
-            .unwrap();
-        seen.insert(r.message_id.clone());
-        got.push(r);
-    }
+    let each = Patience::Each(Duration::from_secs(120));
+    receive_rest(rx, &mut got, &want, each, "good rows arrived").await;
     got.extend(drain(rx, Duration::from_millis(300)).await);
     got
 }
@@ -337,11 +318,7 @@ async fn assert_dead_with_reasons(pool: &sqlx::PgPool, bad: &HashMap<uuid::Uuid,
 async fn rows_past_the_door_go_dead_while_the_same_relay_publishes_everything_else_once() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     drop_the_door(&db.pool).await;
@@ -389,11 +366,7 @@ async fn rows_past_the_door_go_dead_while_the_same_relay_publishes_everything_el
             .any(|l| l.starts_with("relay_publish_failures_total{reason=\"unpublishable\"}")),
         "{body}"
     );
-    let out = std::process::Command::new(bin_path("relay"))
-        .args(["dead", "requeue", "--all"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = relays::relay_cli(&db.url, &["dead", "requeue", "--all"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("0 row(s) requeued"), "{text}");
@@ -417,11 +390,7 @@ async fn control_characters_cannot_forge_lines_in_relay_dead_list() {
     .execute(&db.pool)
     .await
     .unwrap();
-    let out = std::process::Command::new(bin_path("relay"))
-        .args(["dead", "list"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = relays::relay_cli(&db.url, &["dead", "list"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(!text.contains('\u{1b}'), "{text}");
@@ -457,11 +426,7 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
 
@@ -489,18 +454,11 @@ async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
     }
 
     let metrics = free_addr();
-    let mut relay = Command::new(bin_path("relay"))
+    let mut relay = relays::relay_command(&db.url, &amqp_url(), &exchange, metrics)
         .args(["--lease-ms", "20000", "--poll-interval-ms", "100"])
         .args(["--confirm-timeout-ms", "10000", "--max-attempts", "2"])
         .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
         .args(["--max-payload-bytes", "200000000"])
-        .env("DATABASE_URL", &db.url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", &exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn relay");
     let received = receive_all(&mut rx, &good).await;

@@ -16,8 +16,11 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use system_tests::consumers::example_consumer_command;
+use system_tests::fleet::metric;
+use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -243,27 +246,6 @@ async fn wait_for_updates(pool: &PgPool, n: i64, timeout: Duration) {
     .await;
 }
 
-/// Value of one Prometheus series (None when absent).
-async fn metric(addr: SocketAddr, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let body = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let rest = series.strip_prefix(name)?;
-            let matches = rest.starts_with('{')
-                && labels
-                    .iter()
-                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
-            if matches { value.parse().ok() } else { None }
-        })
-}
-
 async fn outcome(addr: SocketAddr, consumer: &str, outcome: &str) -> f64 {
     metric(
         addr,
@@ -294,47 +276,28 @@ impl ConsumerProcess {
         log: Stdio,
     ) -> Self {
         let metrics = free_addr();
-        let child = Command::new(bin_path("producer"))
-            .args(["ledger", "--name", name, "--bind", "payment.captured"])
-            .args([
-                "--database-url",
-                db_url,
-                "--amqp-url",
-                &amqp_url(),
-                "--exchange",
-                exchange,
-            ])
-            .args([
-                "--metrics-addr",
-                &metrics.to_string(),
-                "--retry-delays",
-                "100ms,200ms",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn consumer");
+        let child =
+            example_consumer_command("ledger", name, db_url, &amqp_url(), exchange, metrics)
+                .args([
+                    "--bind",
+                    "payment.captured",
+                    "--retry-delays",
+                    "100ms,200ms",
+                ])
+                .args(extra)
+                .stderr(log)
+                .spawn()
+                .expect("spawn consumer");
         Self { child, metrics }
     }
 
     async fn wait_ready(&self) {
         let addr = self.metrics;
-        wait_until("consumer /readyz", LONG, || async move {
-            (http_status(addr, "/readyz").await == Some(200)).then_some(())
-        })
-        .await;
+        wait_http_ok("consumer /readyz", addr, "/readyz", LONG).await;
     }
 
     fn sigterm(&self) {
-        let pid = self.child.id().expect("child running");
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        signals::sigterm(&self.child);
     }
 
     async fn exit_status(&mut self) -> std::process::ExitStatus {
@@ -1140,24 +1103,13 @@ async fn retention_deletes_old_rows_in_batches_one_instance_at_a_time() {
 // ---------------------------------------------------------------------------------------------
 
 fn spawn_relay(db_url: &str, exchange: &str) -> Child {
-    Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--poll-interval-ms",
-            "100",
-            "--confirm-timeout-ms",
-            "800",
-        ])
-        .env("DATABASE_URL", db_url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", free_addr().to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn relay")
+    relays::spawn_relay(
+        db_url,
+        &amqp_url(),
+        exchange,
+        free_addr(),
+        &FAST_FLAGS[..6], // lease, poll and confirm timeout
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1213,12 +1165,7 @@ async fn end_to_end_with_a_relay_killed_mid_stream_balances_are_exact() {
     let s = running.stats.snapshot();
     assert_eq!(s.dead_lettered, 0, "{s:?}");
 
-    let pid = survivor.id().expect("relay running");
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signals::sigterm(&survivor);
     let _ = tokio::time::timeout(LONG, survivor.wait()).await;
     running.stop().await;
 }

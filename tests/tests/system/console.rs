@@ -10,6 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use shared::schema::Schema;
 use std::time::Duration;
+use system_tests::browser::{chromedriver, click, type_into, wait_for};
 use system_tests::process_fixtures as fx;
 use system_tests::{TestDb, amqp_url, bin_path, wait_until};
 use tokio_util::sync::CancellationToken;
@@ -1602,101 +1603,6 @@ async fn metrics_health_readiness_and_openapi() {
 // ---------------------------------------------------------------------------------------------
 // A real browser.
 
-struct Chromedriver {
-    child: std::process::Child,
-    url: String,
-    _profile: tempdir::Dir,
-}
-
-mod tempdir {
-    /// A directory removed on drop.
-    pub struct Dir(pub std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-impl Drop for Chromedriver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn chromedriver() -> (Chromedriver, fantoccini::Client) {
-    for bin in ["/usr/bin/chromedriver", "/usr/bin/chromium"] {
-        assert!(
-            std::path::Path::new(bin).exists(),
-            "{bin} missing: apt-get install -y chromium chromium-driver (.ci/run does)"
-        );
-    }
-    let port = system_tests::free_addr().port();
-    let child = std::process::Command::new("/usr/bin/chromedriver")
-        .arg(format!("--port={port}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start chromedriver");
-    let profile = tempdir::Dir(std::env::temp_dir().join(system_tests::unique("chromium_profile")));
-    std::fs::create_dir_all(&profile.0).unwrap();
-    let url = format!("http://127.0.0.1:{port}");
-    let driver = Chromedriver {
-        child,
-        url: url.clone(),
-        _profile: profile,
-    };
-    wait_until("chromedriver listens", Duration::from_secs(60), || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()
-    })
-    .await;
-    let mut caps = serde_json::Map::new();
-    caps.insert("browserName".into(), json!("chrome"));
-    caps.insert(
-        "goog:chromeOptions".into(),
-        json!({
-            "binary": "/usr/bin/chromium",
-            "args": [
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", "--window-size=1400,1800",
-                format!("--user-data-dir={}", driver._profile.0.display()),
-            ]
-        }),
-    );
-    let client =
-        fantoccini::ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-            .capabilities(caps)
-            .connect(&driver.url)
-            .await
-            .expect("a chromium session");
-    (driver, client)
-}
-
-/// Waits for the element with `id`; on timeout fails with the page the browser shows.
-async fn wait_for(b: &fantoccini::Client, id: &str) -> fantoccini::elements::Element {
-    match b
-        .wait()
-        .at_most(Duration::from_secs(60))
-        .for_element(fantoccini::Locator::Id(id))
-        .await
-    {
-        Ok(e) => e,
-        Err(e) => {
-            let url = b
-                .current_url()
-                .await
-                .map(|u| u.to_string())
-                .unwrap_or_default();
-            let source = b.source().await.unwrap_or_default();
-            panic!("#{id} did not appear ({e}); the browser shows {url}:\n{source}");
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_approves() {
     use fantoccini::Locator;
@@ -2134,6 +2040,35 @@ impl Payments {
         r.json().await.unwrap()
     }
 
+    /// Places an order of `quantity` × sku-1 at `unit_price` for `customer` and requests its
+    /// payment (idempotency keys `order-{key}` and `pay-{key}`): (order id, payment id).
+    async fn order_and_pay(
+        &self,
+        key: &str,
+        customer: &str,
+        quantity: i64,
+        unit_price: i64,
+    ) -> (Uuid, String) {
+        let items = json!([{"sku": "sku-1", "quantity": quantity, "unit_price": unit_price}]);
+        let order = self
+            .post(
+                "/orders",
+                &format!("order-{key}"),
+                json!({"customer_id": customer, "currency": "EUR", "items": items}),
+            )
+            .await;
+        let order_id: Uuid = order["id"].as_str().unwrap().parse().unwrap();
+        let amount = quantity * unit_price;
+        let payment = self
+            .post(
+                "/payments",
+                &format!("pay-{key}"),
+                json!({"order_id": order_id, "amount": amount, "currency": "EUR"}),
+            )
+            .await;
+        (order_id, payment["id"].as_str().unwrap().to_string())
+    }
+
     /// The provider's charges for `payment`.
     async fn charges(&self, payment: &str) -> Vec<payment_provider::api::Charge> {
         self.admin
@@ -2168,24 +2103,6 @@ async fn log_out(b: &fantoccini::Client) {
     wait_for(b, "token").await;
 }
 
-async fn click(b: &fantoccini::Client, id: &str) {
-    b.find(fantoccini::Locator::Id(id))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-}
-
-async fn type_into(b: &fantoccini::Client, id: &str, text: &str) {
-    b.find(fantoccini::Locator::Id(id))
-        .await
-        .unwrap()
-        .send_keys(text)
-        .await
-        .unwrap();
-}
-
 /// Saves the page as `target/<file>` and checks it is a PNG; closes the browser.
 async fn screenshot_and_close(b: fantoccini::Client, file: &str) {
     let png = b.screenshot().await.unwrap();
@@ -2212,22 +2129,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
 
     // A payment whose order support cancels while the charge's answer is outstanding: charged,
     // the capture refused, the (sensitive) refund waits in manual review.
-    let order = pay
-        .post(
-            "/orders",
-            "order-1",
-            json!({"customer_id": "cust-1", "currency": "EUR", "items": [{"sku": "sku-1", "quantity": 2, "unit_price": 250}]}),
-        )
-        .await;
-    let order_id: Uuid = order["id"].as_str().unwrap().parse().unwrap();
-    let payment = pay
-        .post(
-            "/payments",
-            "pay-1",
-            json!({"order_id": order_id, "amount": 500, "currency": "EUR"}),
-        )
-        .await;
-    let payment = payment["id"].as_str().unwrap().to_string();
+    let (order_id, payment) = pay.order_and_pay("1", "cust-1", 2, 250).await;
     wait_until("the provider charged", Duration::from_secs(90), || async {
         (!pay.charges(&payment).await.is_empty()).then_some(())
     })
@@ -2638,22 +2540,7 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
     let bob = c.user("bob", Role::Approver).await;
     let olga = c.user("olga", Role::Operator).await;
     let pay = Payments::start_with(&c.db, 2).await;
-    let order = pay
-        .post(
-            "/orders",
-            "order-doubt",
-            json!({"customer_id": "cust-9", "currency": "EUR", "items": [{"sku": "sku-1", "quantity": 1, "unit_price": 700}]}),
-        )
-        .await;
-    let order_id: Uuid = order["id"].as_str().unwrap().parse().unwrap();
-    let payment = pay
-        .post(
-            "/payments",
-            "pay-doubt",
-            json!({"order_id": order_id, "amount": 700, "currency": "EUR"}),
-        )
-        .await;
-    let payment = payment["id"].as_str().unwrap().to_string();
+    let (_, payment) = pay.order_and_pay("doubt", "cust-9", 1, 700).await;
     let pid: Uuid = wait_until("the payment's process", Duration::from_secs(30), || async {
         sqlx::query_scalar(
             "SELECT id FROM outbox.processes WHERE kind = 'payment' AND business_key = $1",

@@ -4,17 +4,14 @@
 //! asserts the stored state and the number of effects the fake remote recorded.
 
 use processes::admin::{self, Action as AdminAction, Request};
-use processes::{Registry, Remote, Worker, WorkerConfig};
+use processes::{Registry, Remote};
 use serde_json::json;
 use shared::schema::Schema;
 use sqlx::{PgPool, Row};
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use system_tests::process_fixtures::{self as fx, Failpoint};
-use system_tests::{TestDb, bin_path, init_logging, wait_until};
-use tokio_util::sync::CancellationToken;
+use system_tests::workers::{ChildWorker, InProcessWorker, status, wait_status};
+use system_tests::{TestDb, init_logging, wait_until};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -59,118 +56,8 @@ async fn start(pool: &PgPool, kind: &str, key: &str, input: &serde_json::Value) 
 }
 
 /// A worker in this test process.
-struct InProcess {
-    stop: CancellationToken,
-    handle: tokio::task::JoinHandle<()>,
-}
-
-impl InProcess {
-    fn start(pool: &PgPool, id: &str, registry: Registry) -> Self {
-        let mut config = WorkerConfig::new(pool.clone(), schema(), id);
-        config.lease = Duration::from_secs(3);
-        config.heartbeat = Duration::from_millis(500);
-        config.poll_interval = Duration::from_millis(100);
-        config.stats_interval = Duration::from_millis(200);
-        let stop = CancellationToken::new();
-        let s = stop.clone();
-        let handle = tokio::spawn(async move {
-            Worker::run(config, registry, s).await.expect("worker runs");
-        });
-        Self { stop, handle }
-    }
-    async fn stop(self) {
-        self.stop.cancel();
-        self.handle.await.unwrap();
-    }
-}
-
 fn registry(pool: &PgPool) -> Registry {
     fx::registry(pool, &Failpoint::default())
-}
-
-/// A `process_worker` child process whose stderr the test reads.
-struct ChildWorker {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl ChildWorker {
-    fn spawn(db: &TestDb, id: &str, env: &[(&str, &str)]) -> Self {
-        let mut cmd = Command::new(bin_path("process_worker"));
-        cmd.env("DATABASE_URL", &db.url)
-            .env("WORKER_ID", id)
-            .env("LEASE_MS", "1500")
-            .env("RUST_LOG", "info")
-            .env_remove("PROCESS_FAILPOINT")
-            .env_remove("PROCESS_VERSION")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn process_worker");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().expect("stderr");
-        let l = lines.clone();
-        let name = id.to_string();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                eprintln!("[{name}] {line}");
-                l.lock().unwrap().push(line);
-            }
-        });
-        Self { child, lines }
-    }
-    fn said(&self, needle: &str) -> bool {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(needle))
-    }
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("kill");
-        assert!(ok.success(), "kill -{sig}");
-    }
-    fn sigkill(&mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("reap");
-    }
-    fn sigterm_and_wait(&mut self) -> std::process::ExitStatus {
-        self.signal("TERM");
-        self.child.wait().expect("reap")
-    }
-}
-
-impl Drop for ChildWorker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn status(pool: &PgPool, id: Uuid) -> String {
-    sqlx::query_scalar("SELECT status FROM outbox.processes WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-async fn wait_status(pool: &PgPool, id: Uuid, want: &str) {
-    let p = pool.clone();
-    wait_until(&format!("process {id} {want}"), WAIT, || {
-        let p = p.clone();
-        async move { (status(&p, id).await == want).then_some(()) }
-    })
-    .await;
 }
 
 async fn wait_failpoint(pool: &PgPool, name: &str) {
@@ -261,7 +148,7 @@ async fn a_process_runs_its_steps_once_and_a_second_start_returns_it() {
         .unwrap();
     tx.rollback().await.unwrap();
 
-    let w = InProcess::start(&db.pool, "w1", registry(&db.pool));
+    let w = InProcessWorker::start(&db.pool, "w1", registry(&db.pool));
     wait_status(&db.pool, first.id, "succeeded").await;
     w.stop().await;
 
@@ -761,7 +648,7 @@ async fn a_timeout_is_an_unknown_outcome_resolved_by_what_the_remote_supports() 
     let key = start(&db.pool, "order_key", "k1", &input("timeout_once")).await;
     let query = start(&db.pool, "order_query", "k2", &input("timeout_once")).await;
     let none = start(&db.pool, "order_none", "k3", &input("timeout_once")).await;
-    let w = InProcess::start(&db.pool, "w", registry(&db.pool));
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_status(&db.pool, key, "succeeded").await;
     wait_status(&db.pool, query, "succeeded").await;
     wait_status(&db.pool, none, "manual_review").await;
@@ -797,7 +684,7 @@ async fn a_timeout_is_an_unknown_outcome_resolved_by_what_the_remote_supports() 
 async fn transient_errors_after_an_unknown_outcome_keep_it_unknown_until_review() {
     let db = setup().await;
     let id = start(&db.pool, "order_key", "k", &input("timeout_then_transient")).await;
-    let w = InProcess::start(&db.pool, "w", registry(&db.pool));
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_until(&format!("process {id} settled"), WAIT, || async {
         let s = status(&db.pool, id).await;
         matches!(
@@ -830,7 +717,7 @@ async fn invalid_input_fails_permanently_without_retry() {
     let mut i = input("ok");
     i["amount"] = json!(0);
     let id = start(&db.pool, "order_key", "k", &i).await;
-    let w = InProcess::start(&db.pool, "w", registry(&db.pool));
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_status(&db.pool, id, "failed").await;
     w.stop().await;
     let s = steps(&db.pool, id).await;
@@ -856,7 +743,7 @@ async fn retry_limits_then_compensation_and_the_deadline() {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let w = InProcess::start(
+    let w = InProcessWorker::start(
         &db.pool,
         "w",
         registry(&db.pool)
@@ -973,7 +860,7 @@ async fn a_revision_is_a_new_process_linked_to_the_old_one() {
     let mut bad = input("ok");
     bad["amount"] = json!(0);
     let old = start(&db.pool, "order_key", "order-9", &bad).await;
-    let w = InProcess::start(&db.pool, "w", registry(&db.pool));
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_status(&db.pool, old, "failed").await;
     let d = def(&db.pool, "order_key");
     let new = processes::revise(
@@ -1033,7 +920,7 @@ async fn a_sensitive_compensation_waits_for_approval() {
     let mut i = input("ok");
     i["reject_confirm"] = json!(true);
     let id = processes::start(&db.pool, &d, "k", &i).await.unwrap().id;
-    let w = InProcess::start(&db.pool, "w", registry(&db.pool));
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_status(&db.pool, id, "manual_review").await;
     assert_eq!(
         fx::effects(&db.pool, id).await,
@@ -1095,7 +982,7 @@ async fn operator_actions_pause_resume_escalate_and_cancel() {
     )
     .await
     .unwrap();
-    let w = InProcess::start(&db.pool, "w", registry(&db.pool));
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     // A worker never claims a paused process; the only way to see that is to let another one finish first.
     let other = start(&db.pool, "order_key", "k2", &input("ok")).await;
     wait_status(&db.pool, other, "succeeded").await;

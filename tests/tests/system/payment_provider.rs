@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
-use system_tests::{TestDb, bin_path, free_addr, http_status, wait_until};
+use system_tests::{TestDb, bin_path, free_addr, http_status, signals, wait_http_ok, wait_until};
 use tokio::process::{Child, Command};
 
 /// Generous: the machine is shared and loaded.
@@ -41,10 +41,7 @@ impl Provider {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn payment-provider");
-        wait_until("the provider answers /healthz", STARTUP, || async move {
-            (http_status(addr, "/healthz").await == Some(200)).then_some(())
-        })
-        .await;
+        wait_http_ok("the provider answers /healthz", addr, "/healthz", STARTUP).await;
         let base = format!("http://{addr}");
         Self {
             addr,
@@ -759,12 +756,7 @@ async fn sigterm_sends_held_answers_and_exits_zero() {
         async move { p.charges().await.into_iter().next() }
     })
     .await;
-    let pid = p.child.id().expect("the provider runs");
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signals::sigterm(&p.child);
     // The held answer goes out at shutdown instead of an hour later.
     let answered = held.await.unwrap().expect("the held answer");
     assert_eq!(answered, charge);

@@ -6,28 +6,21 @@
 use serde_json::json;
 use shared::NewMessage;
 use std::collections::HashSet;
-use std::process::Stdio;
 use std::time::Duration;
+use system_tests::consumers::example_consumer_command;
 use system_tests::pgbouncer::PgBouncer;
 use system_tests::*;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const LONG: Duration = Duration::from_secs(120);
 const N: i64 = 3000;
 
 fn spawn_relay(db_url: &str, direct_url: Option<&str>, exchange: &str) -> Child {
-    let mut cmd = Command::new(bin_path("relay"));
+    let mut cmd = relays::relay_command(db_url, &amqp_url(), exchange, free_addr());
     cmd.args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
         .args(["--poll-interval-ms", "200", "--stats-interval-ms", "200"])
         .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
-        .env("DATABASE_URL", db_url)
-        .env("DATABASE_POOLER", "transaction")
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", free_addr().to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
+        .env("DATABASE_POOLER", "transaction");
     if let Some(direct) = direct_url {
         cmd.env("DATABASE_DIRECT_URL", direct);
     }
@@ -60,13 +53,7 @@ async fn setup() -> Setup {
     let db = TestDb::new().await;
     let bouncer = PgBouncer::start(5432, "transaction", &["default_pool_size = 2"]);
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("pgbouncer");
     let rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     Setup {
@@ -183,24 +170,21 @@ async fn producers_relays_and_a_consumer_all_through_transaction_pooling() {
         s._broker.track_exchange(&e);
     }
     let metrics = free_addr();
-    let _ledger = Command::new(bin_path("producer"))
-        .args(["ledger", "--name", &name, "--bind", "payment.captured"])
-        .args(["--retry-delays", "100ms,200ms", "--workers", "2"])
-        .env("DATABASE_URL", &bouncer_url)
-        .env("DATABASE_POOLER", "transaction")
-        .env("DATABASE_DIRECT_URL", &s.db.url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", &s.exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the ledger consumer");
-    wait_until("the ledger consumer is ready", LONG, || async move {
-        (http_status(metrics, "/readyz").await == Some(200)).then_some(())
-    })
-    .await;
+    let _ledger = example_consumer_command(
+        "ledger",
+        &name,
+        &bouncer_url,
+        &amqp_url(),
+        &s.exchange,
+        metrics,
+    )
+    .args(["--bind", "payment.captured"])
+    .args(["--retry-delays", "100ms,200ms", "--workers", "2"])
+    .env("DATABASE_POOLER", "transaction")
+    .env("DATABASE_DIRECT_URL", &s.db.url)
+    .spawn()
+    .expect("spawn the ledger consumer");
+    wait_http_ok("the ledger consumer is ready", metrics, "/readyz", LONG).await;
     let _a = spawn_relay(&bouncer_url, Some(&s.db.url), &s.exchange);
     let _b = spawn_relay(&bouncer_url, Some(&s.db.url), &s.exchange);
 

@@ -3,7 +3,7 @@
 //! within a bounded time after the database returns; nothing is lost, nothing applied twice.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use system_tests::fleet::{self, Component};
 use system_tests::private_pg::PrivatePg;
@@ -27,20 +27,7 @@ async fn relay_and_consumer_survive_an_immediate_postgres_stop() {
 
     // Steady load; commits that fail while the database is down are simply not made.
     let stop = Arc::new(AtomicBool::new(false));
-    let committed = Arc::new(AtomicU64::new(0));
-    let load = {
-        let (pool, stop, committed) = (pool.clone(), stop.clone(), committed.clone());
-        tokio::spawn(async move {
-            let mut salt = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                salt += 1;
-                if fleet::enqueue_payments(&pool, 20, 25, salt).await {
-                    committed.fetch_add(20, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    };
+    let load = fleet::PaymentLoad::start(pool.clone(), 25, stop.clone());
     let p = pool.clone();
     wait_until("300 payments applied", LONG, || {
         let p = p.clone();
@@ -55,30 +42,12 @@ async fn relay_and_consumer_survive_an_immediate_postgres_stop() {
     );
 
     // More load after the restart, then drain.
-    let before = committed.load(Ordering::Relaxed);
-    let c2 = committed.clone();
-    wait_until("payments committed after the restart", LONG, || {
-        let c2 = c2.clone();
-        async move { (c2.load(Ordering::Relaxed) >= before + 200).then_some(()) }
-    })
-    .await;
+    let before = load.committed();
+    load.wait_committed("payments committed after the restart", before + 200, LONG)
+        .await;
     stop.store(true, Ordering::Relaxed);
-    load.await.unwrap();
-    let p = pool.clone();
-    wait_until("outbox drained and ledger caught up", LONG, || {
-        let p = p.clone();
-        async move {
-            let pending = fleet::outbox_rows(&p, "pending").await?;
-            let published = fleet::outbox_rows(&p, "published").await?;
-            let updates = fleet::total_updates(&p).await?;
-            assert!(
-                updates <= published + pending,
-                "applied twice: {updates} updates"
-            );
-            (pending == 0 && updates == published).then_some(())
-        }
-    })
-    .await;
+    load.join().await;
+    fleet::wait_drained(&pool, LONG, "").await;
     assert_eq!(fleet::outbox_rows(&pool, "dead").await, Some(0));
     assert_eq!(
         fleet::ledger(&pool).await,

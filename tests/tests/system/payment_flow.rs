@@ -12,10 +12,10 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use shared::schema::Schema;
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::Duration;
-use system_tests::{TestDb, bin_path, demo_stack, free_addr, wait_until};
-use tokio::process::{Child, Command};
+use system_tests::signals::sigkill;
+use system_tests::{TestDb, demo_stack, wait_until};
+use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -62,31 +62,15 @@ impl Flow {
 
     /// A `producer worker` child process; `env` overrides the test defaults.
     fn worker(&self, name: &str, env: &[(&str, &str)]) -> Child {
-        let mut cmd = Command::new(bin_path("producer"));
-        cmd.arg("worker")
-            .env("DATABASE_URL", &self.db.url)
-            .env("PROVIDER_URL", &self.provider_url)
-            .env("PAYMENT_REMOTE", self.remote)
-            .env("METRICS_ADDR", free_addr().to_string())
-            .env("WORKER_ID", name)
-            .env("WORKER_CONCURRENCY", "8")
-            .env("WORKER_LEASE_MS", "2000")
-            .env("WORKER_HEARTBEAT_MS", "400")
-            .env("WORKER_POLL_MS", "200")
-            .env("PROVIDER_CALL_TIMEOUT_MS", "1000")
+        let mut cmd = demo_stack::worker_command(&self.db, &self.provider_url, self.remote, name);
+        cmd.env("WORKER_CONCURRENCY", "8")
             .env("CHARGE_MAX_ATTEMPTS", "30")
             .env("CHARGE_RETRY_INITIAL_MS", "100")
-            .env("CHARGE_RETRY_MAX_DELAY_MS", "800")
-            .env("RUST_LOG", "warn")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+            .env("CHARGE_RETRY_MAX_DELAY_MS", "800");
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn producer worker")
+        cmd.spawn().expect("spawn producer worker")
     }
 
     async fn post(&self, path: &str, key: &str, body: &str) -> (u16, Value) {
@@ -266,10 +250,6 @@ impl Drop for Flow {
         self.shutdown.cancel();
         let _ = self.provider.start_kill();
     }
-}
-
-fn sigkill(child: &mut Child) {
-    child.start_kill().expect("SIGKILL");
 }
 
 /// Money taken: succeeded (or refunded) charges.
@@ -529,7 +509,7 @@ async fn a_worker_killed_after_the_provider_charged_is_replaced_and_the_payment_
     let (_order, payment) = f.pay(1).await;
     f.wait_charged(payment).await;
     assert_eq!(f.step(payment, "forward", "charge").await.0, "running");
-    sigkill(&mut a);
+    sigkill(&a);
     let _ = a.wait().await;
     f.admin.set_faults("").await.unwrap();
     let _b = f.worker("b", &[]);
@@ -642,7 +622,7 @@ async fn two_hundred_payments_under_random_faults_and_worker_kills_end_consisten
         })
         .await;
         let i = rng.random_range(0..workers.len());
-        sigkill(&mut workers[i]);
+        sigkill(&workers[i]);
         let _ = workers[i].wait().await;
         println!("killed worker {i} after {} finished", finished().await);
         workers[i] = f.worker(&format!("w{i}-{k}"), &[]);

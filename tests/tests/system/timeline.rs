@@ -8,12 +8,10 @@ use demo::timeline::{TimelineHandler, Violations, violations};
 use serde_json::json;
 use shared::{Envelope, NewMessage};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::process::Stdio;
 use std::time::Duration;
-use system_tests::consumers::track_consumer;
+use system_tests::consumers::{example_consumer_command, track_consumer};
 use system_tests::relays::{InProcess, config, test_options};
 use system_tests::*;
-use tokio::process::Command;
 use uuid::Uuid;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -29,25 +27,12 @@ async fn every_event_is_appended_to_the_timeline_once_with_its_aggregate_and_seq
     track_consumer(&broker, &name, &RETRY_DELAYS, None);
 
     let metrics = free_addr();
-    let mut timeline = Command::new(bin_path("producer"))
-        .args(["timeline", "--name", &name, "--bind", "#"])
-        .args(["--database-url", &db.url, "--amqp-url", &amqp_url()])
-        .args([
-            "--exchange",
-            &exchange,
-            "--metrics-addr",
-            &metrics.to_string(),
-        ])
-        .args(["--retry-delays", "100ms,200ms"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn producer timeline");
-    wait_until("the timeline consumer is ready", LONG, || async move {
-        (http_status(metrics, "/readyz").await == Some(200)).then_some(())
-    })
-    .await;
+    let mut timeline =
+        example_consumer_command("timeline", &name, &db.url, &amqp_url(), &exchange, metrics)
+            .args(["--bind", "#", "--retry-delays", "100ms,200ms"])
+            .spawn()
+            .expect("spawn producer timeline");
+    wait_http_ok("the timeline consumer is ready", metrics, "/readyz", LONG).await;
     let relay = InProcess::start(
         db.pool.clone(),
         config(&db.url, &amqp_url(), &exchange, test_options()),
@@ -89,12 +74,7 @@ async fn every_event_is_appended_to_the_timeline_once_with_its_aggregate_and_seq
     relay.stop().await;
     // SIGTERM: batches in flight finish (commit, then ack) before it exits 0, so a late second
     // application would be in the table by now.
-    let pid = timeline.id().expect("producer timeline running");
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    signals::sigterm(&timeline);
     let status = tokio::time::timeout(LONG, timeline.wait())
         .await
         .expect("producer timeline exits in time")
@@ -265,39 +245,18 @@ async fn ordered_instances_keep_each_aggregate_in_order_across_a_sigkill_and_a_j
     track_consumer(&broker, &name, &[], Some(4));
     let spawn = || {
         let metrics = free_addr();
-        let child = Command::new(bin_path("producer"))
-            .args([
-                "timeline",
-                "--name",
-                &name,
-                "--ordered",
-                "--partitions",
-                "4",
-            ])
-            .args(["--lease", "2s", "--batch-size", "50"])
-            .args(["--database-url", &db.url, "--amqp-url", &amqp_url()])
-            .args([
-                "--exchange",
-                &exchange,
-                "--metrics-addr",
-                &metrics.to_string(),
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn producer timeline --ordered");
+        let child =
+            example_consumer_command("timeline", &name, &db.url, &amqp_url(), &exchange, metrics)
+                .args(["--ordered", "--partitions", "4"])
+                .args(["--lease", "2s", "--batch-size", "50"])
+                .spawn()
+                .expect("spawn producer timeline --ordered");
         (child, metrics)
     };
     let (mut first, m1) = spawn();
     let (mut second, m2) = spawn();
     for m in [m1, m2] {
-        wait_until(
-            "an ordered timeline instance is ready",
-            LONG,
-            || async move { (http_status(m, "/readyz").await == Some(200)).then_some(()) },
-        )
-        .await;
+        wait_http_ok("an ordered timeline instance is ready", m, "/readyz", LONG).await;
     }
     let relay = InProcess::start(
         db.pool.clone(),
@@ -363,10 +322,7 @@ async fn ordered_instances_keep_each_aggregate_in_order_across_a_sigkill_and_a_j
     // A third instance joins: the spread becomes 2/1... within a few heartbeats.
     let (_third, m3) = spawn();
     let joined_at = std::time::Instant::now();
-    wait_until("the third instance is ready", LONG, || async move {
-        (http_status(m3, "/readyz").await == Some(200)).then_some(())
-    })
-    .await;
+    wait_http_ok("the third instance is ready", m3, "/readyz", LONG).await;
     wait_until(
         "the partitions spread 2, 2 over two live instances",
         LONG,

@@ -25,7 +25,7 @@
 //! printed: publishes nacked, the consumers' outcomes (`consumer_messages_total{outcome}`: stale
 //! copies, held messages) during it, how long the takeover took. Every wait is a bounded poll.
 
-use lapin::options::{QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::json;
 use shared::NewMessage;
@@ -283,7 +283,6 @@ async fn every_event_applied_once_in_order_through_relay_kills_link_cuts_and_nac
     // 1. Nacks in the middle of the pipelines.
     let before = consumers.total().await;
     let conn = broker.connect().await;
-    let ch = conn.create_channel().await.unwrap();
     let full = unique("full");
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongInt(10));
@@ -291,25 +290,11 @@ async fn every_event_applied_once_in_order_through_relay_kills_link_cuts_and_nac
         "x-overflow".into(),
         AMQPValue::LongString("reject-publish".into()),
     );
-    ch.queue_declare(
-        full.as_str().into(),
-        QueueDeclareOptions {
-            exclusive: true,
-            ..Default::default()
-        },
-        args,
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        full.as_str().into(),
-        exchange.as_str().into(),
-        "#".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    let exclusive = QueueDeclareOptions {
+        exclusive: true,
+        ..Default::default()
+    };
+    let ch = declare_bound_queue(&conn, &exchange, &full, &["#"], exclusive, args).await;
     let draining = Arc::new(AtomicBool::new(true));
     let drainer = {
         let (ch, full, draining) = (ch.clone(), full.clone(), draining.clone());

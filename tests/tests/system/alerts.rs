@@ -18,8 +18,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
+use system_tests::relays::{FAST_FLAGS, spawn_relay};
 use system_tests::*;
-use tokio::process::{Child, Command};
 
 /// The deployed rules file.
 const RULES: &str = concat!(
@@ -266,33 +266,6 @@ fn firing(alerts: &[Alert], name: &str) -> bool {
     find(alerts, name).is_some_and(|a| a.state == "firing")
 }
 
-fn spawn_relay(db_url: &str, amqp_url: &str, exchange: &str, metrics: SocketAddr) -> Child {
-    Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--poll-interval-ms",
-            "100",
-            "--confirm-timeout-ms",
-            "800",
-            "--retry-base-ms",
-            "50",
-            "--retry-max-ms",
-            "200",
-            "--stats-interval-ms",
-            "200",
-        ])
-        .env("DATABASE_URL", db_url)
-        .env("AMQP_URL", amqp_url)
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn relay")
-}
-
 async fn relay_ready(http: &reqwest::Client, metrics: SocketAddr) -> bool {
     http.get(format!("http://{metrics}/readyz"))
         .send()
@@ -325,7 +298,7 @@ async fn backlog_alerts_fire_while_the_broker_link_is_cut_and_resolve_when_it_is
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
     let amqp_via_proxy = amqp_url().replace("127.0.0.1:5672", &proxy.addr.to_string());
     let metrics = free_addr();
-    let _relay = spawn_relay(&db.url, &amqp_via_proxy, &exchange, metrics);
+    let _relay = spawn_relay(&db.url, &amqp_via_proxy, &exchange, metrics, &FAST_FLAGS);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
@@ -464,10 +437,7 @@ async fn backlog_alerts_fire_while_the_broker_link_is_cut_and_resolve_when_it_is
 
     // The link is back: the rows go out and the alerts resolve.
     proxy.set_mode(ProxyMode::Pass);
-    wait_until("outbox drained", Duration::from_secs(60), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(60)).await;
     prometheus
         .wait_for_alerts(
             "the oldest-age alerts and RelayNotReady resolved",

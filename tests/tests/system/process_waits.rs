@@ -4,16 +4,15 @@
 //! at the moment of its wake-up, a timer across a restart, and what 100,000 waiting processes
 //! cost.
 
-use processes::{Registry, Worker, WorkerConfig};
+use processes::{Registry, WorkerConfig};
 use serde_json::json;
 use shared::schema::Schema;
 use sqlx::{PgPool, Row};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use system_tests::process_fixtures::{self as fx, Failpoint};
 use system_tests::wait_fixtures::{self as wf, key};
-use system_tests::{TestDb, bin_path, init_logging, wait_until};
-use tokio_util::sync::CancellationToken;
+use system_tests::workers::{ChildWorker, InProcessWorker, status, wait_status};
+use system_tests::{TestDb, init_logging, wait_until};
 use uuid::Uuid;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -70,92 +69,6 @@ async fn signal(pool: &PgPool, charge: &str, status: &str) -> processes::Signall
     .unwrap();
     tx.commit().await.unwrap();
     s
-}
-
-struct InProcess {
-    stop: CancellationToken,
-    handle: tokio::task::JoinHandle<()>,
-}
-
-impl InProcess {
-    fn start(pool: &PgPool, id: &str) -> Self {
-        let mut config = WorkerConfig::new(pool.clone(), schema(), id);
-        config.lease = Duration::from_secs(3);
-        config.heartbeat = Duration::from_millis(500);
-        config.poll_interval = Duration::from_millis(100);
-        config.stats_interval = Duration::from_millis(200);
-        let stop = CancellationToken::new();
-        let s = stop.clone();
-        let registry = registry(pool);
-        let handle = tokio::spawn(async move {
-            Worker::run(config, registry, s).await.expect("worker runs");
-        });
-        Self { stop, handle }
-    }
-    async fn stop(self) {
-        self.stop.cancel();
-        self.handle.await.unwrap();
-    }
-}
-
-/// A `process_worker` child process (which knows the waiting kinds).
-struct ChildWorker(Child);
-
-impl ChildWorker {
-    fn spawn(db: &TestDb, id: &str, failpoint: Option<&str>) -> Self {
-        let mut cmd = Command::new(bin_path("process_worker"));
-        cmd.env("DATABASE_URL", &db.url)
-            .env("WORKER_ID", id)
-            .env("LEASE_MS", "1500")
-            .env("RUST_LOG", "info")
-            .env_remove("PROCESS_VERSION")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        match failpoint {
-            Some(f) => cmd.env("PROCESS_FAILPOINT", f),
-            None => cmd.env_remove("PROCESS_FAILPOINT"),
-        };
-        Self(cmd.spawn().expect("spawn process_worker"))
-    }
-    fn sigkill(&mut self) {
-        self.0.kill().expect("SIGKILL");
-        self.0.wait().expect("reap");
-    }
-    /// Waits for the worker to die by itself (a failpoint aborts it).
-    async fn exited(&mut self) -> std::process::ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(s) = self.0.try_wait().expect("try_wait") {
-                return s;
-            }
-            assert!(started.elapsed() < WAIT, "the worker did not die");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for ChildWorker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn status(pool: &PgPool, id: Uuid) -> String {
-    sqlx::query_scalar("SELECT status FROM outbox.processes WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-async fn wait_status(pool: &PgPool, id: Uuid, want: &str) {
-    let p = pool.clone();
-    wait_until(&format!("process {id} {want}"), WAIT, || {
-        let p = p.clone();
-        async move { (status(&p, id).await == want).then_some(()) }
-    })
-    .await;
 }
 
 /// The process is parked at its wait: status waiting, no lease, the step running with its key.
@@ -218,7 +131,7 @@ async fn an_event_before_the_wait_is_kept_and_taken_when_the_process_gets_there(
     let again = signal(&db.pool, "early", "failed").await;
     assert!(!again.stored, "the first event for a key wins: {again:?}");
     let id = start(&db.pool, "await_none", "early").await;
-    let w = InProcess::start(&db.pool, "w");
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_status(&db.pool, id, "succeeded").await;
     w.stop().await;
     let (st, attempts, reference, reason) = wait_step(&db.pool, id).await;
@@ -234,7 +147,7 @@ async fn an_event_before_the_wait_is_kept_and_taken_when_the_process_gets_there(
 async fn the_wake_up_commits_with_the_callers_transaction_and_a_rollback_wakes_nothing() {
     let db = setup().await;
     let id = start(&db.pool, "await_none", "c1").await;
-    let w = InProcess::start(&db.pool, "w");
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_parked(&db.pool, id).await;
 
     // The caller's transaction rolls back: no event, no wake-up.
@@ -300,7 +213,7 @@ async fn at_the_deadline_the_remote_is_queried_and_neither_goes_to_manual_review
     let declined = start(&db.pool, "await_query_short", "declined").await;
     let unknown = start(&db.pool, "await_query_short", "unknown").await;
     let blind = start(&db.pool, "await_none_short", "blind").await;
-    let w = InProcess::start(&db.pool, "w");
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     // "pending" at the provider is an unknown outcome: queried again with backoff.
     let p = db.pool.clone();
     wait_until("a second query of the pending charge", WAIT, || {
@@ -486,12 +399,12 @@ async fn an_operator_queries_a_parked_wait_now_or_resolves_it_with_evidence() {
 async fn a_worker_killed_while_a_process_waits_leaves_nothing_held_and_another_finishes_it() {
     let db = setup().await;
     let id = start(&db.pool, "await_query", "k1").await;
-    let mut a = ChildWorker::spawn(&db, "a", None);
+    let mut a = ChildWorker::spawn(&db, "a", &[]);
     wait_parked(&db.pool, id).await;
     a.sigkill();
     let s = signal(&db.pool, "k1", "succeeded").await;
     assert_eq!(s.woken, vec![id]);
-    let _b = ChildWorker::spawn(&db, "b", None);
+    let _b = ChildWorker::spawn(&db, "b", &[]);
     wait_status(&db.pool, id, "succeeded").await;
     assert_eq!(confirmations(&db.pool, id).await, 1);
     let reasons: Vec<String> = sqlx::query_scalar(
@@ -512,7 +425,7 @@ async fn a_worker_killed_while_a_process_waits_leaves_nothing_held_and_another_f
 async fn a_worker_killed_at_the_moment_of_wake_up_is_taken_over_and_the_event_applied_once() {
     let db = setup().await;
     let id = start(&db.pool, "await_query", "k2").await;
-    let mut a = ChildWorker::spawn(&db, "a", Some("die_on:received"));
+    let mut a = ChildWorker::spawn(&db, "a", &[("PROCESS_FAILPOINT", "die_on:received")]);
     wait_parked(&db.pool, id).await;
     signal(&db.pool, "k2", "succeeded").await;
     let died = a.exited().await;
@@ -523,7 +436,7 @@ async fn a_worker_killed_at_the_moment_of_wake_up_is_taken_over_and_the_event_ap
         "claimed by the dead worker"
     );
     assert_eq!(wait_step(&db.pool, id).await.0, "running");
-    let _b = ChildWorker::spawn(&db, "b", None);
+    let _b = ChildWorker::spawn(&db, "b", &[]);
     wait_status(&db.pool, id, "succeeded").await;
     assert_eq!(confirmations(&db.pool, id).await, 1);
     let (_, attempts, reference, _) = wait_step(&db.pool, id).await;
@@ -540,7 +453,7 @@ async fn a_timer_survives_a_worker_restart() {
         .unwrap()
         .id;
     tx.commit().await.unwrap();
-    let mut a = ChildWorker::spawn(&db, "a", None);
+    let mut a = ChildWorker::spawn(&db, "a", &[]);
     wait_parked(&db.pool, id).await;
     let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
         "SELECT wait_until FROM outbox.process_steps WHERE process_id = $1 AND name = 'timer'",
@@ -550,7 +463,7 @@ async fn a_timer_survives_a_worker_restart() {
     .await
     .unwrap();
     a.sigkill();
-    let _b = ChildWorker::spawn(&db, "b", None);
+    let _b = ChildWorker::spawn(&db, "b", &[]);
     wait_status(&db.pool, id, "succeeded").await;
     let finished: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT finished_at FROM outbox.processes WHERE id = $1")
@@ -602,7 +515,7 @@ async fn the_cost_of_100k_waiting_processes_is_rows() {
         .unwrap_or(100_000);
     // One real process parked by a worker, as the template of the others' rows.
     let first = start(&db.pool, "await_query", "c-0").await;
-    let w = InProcess::start(&db.pool, "w");
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_parked(&db.pool, first).await;
     w.stop().await;
     let made = Instant::now();
@@ -691,14 +604,8 @@ async fn the_cost_of_100k_waiting_processes_is_rows() {
     );
 
     // A worker with the default settings over them, idle for 10 s: its CPU and the claims it makes.
-    let stop = CancellationToken::new();
     let config = WorkerConfig::new(db.pool.clone(), schema(), "idle");
-    let s = stop.clone();
-    let registry = registry(&db.pool);
-    let handle = tokio::spawn(async move {
-        Worker::run(config, registry, s).await.expect("worker runs");
-    });
-    let w = InProcess { stop, handle };
+    let w = InProcessWorker::start_with(config, registry(&db.pool));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (cpu0, wall0) = (cpu_time(), Instant::now());
     tokio::time::sleep(Duration::from_secs(10)).await;

@@ -6,6 +6,7 @@ use shared::NewMessage;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use system_tests::signals::sigterm;
 use system_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -28,29 +29,13 @@ fn field(v: &Value, name: &str) -> Option<String> {
         .and_then(|f| f.as_str().map(str::to_string))
 }
 
-fn sigterm(pid: u32) {
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_message_ids() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    // The consumer asks for the alternate exchange too (and then uses the exchange as it is).
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    // No alternate exchange: the unbound event is returned, and the relay logs the failure.
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
-        .await
-        .unwrap();
+    // No alternate exchange: the unbound event is returned, and the relay logs the failure. (The
+    // consumer asks for the alternate exchange too, then uses the exchange as it is: tracked.)
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let name = unique("traced").replace('_', "-");
     let topology = consumer::Topology::new(&name, &[Duration::from_millis(100)]);
     for q in topology.queues() {
@@ -108,25 +93,13 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
         }
     })
     .await;
-    let relay = Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--confirm-timeout-ms",
-            "800",
-            "--poll-interval-ms",
-            "100",
-        ])
+    let relay = relays::relay_command(&db.url, &amqp_url(), &exchange, free_addr())
+        .args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
+        .args(["--poll-interval-ms", "100"])
         .args(["--alternate-exchange", "false", "--max-attempts", "1"])
-        .env("DATABASE_URL", &db.url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", &exchange)
-        .env("METRICS_ADDR", free_addr().to_string())
         .env("LOG_FORMAT", "json")
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
 
@@ -152,8 +125,8 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
     )
     .await;
 
-    sigterm(relay.id().unwrap());
-    sigterm(consumer.id().unwrap());
+    sigterm(&relay);
+    sigterm(&consumer);
     let relay_out = relay.wait_with_output().await.unwrap();
     let consumer_out = consumer.wait_with_output().await.unwrap();
     assert!(relay_out.status.success() && consumer_out.status.success());
@@ -242,31 +215,16 @@ async fn with_otlp_on_the_relay_exports_its_publish_span_under_the_messages_trac
     let msg = NewMessage::new("order", "o-1", "order.placed", json!({}))
         .with_header("traceparent", TRACEPARENT);
     shared::outbox::enqueue(&db.pool, &msg).await.unwrap();
-    let relay = Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--confirm-timeout-ms",
-            "800",
-            "--poll-interval-ms",
-            "100",
-        ])
-        .env("DATABASE_URL", &db.url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", &exchange)
-        .env("METRICS_ADDR", free_addr().to_string())
+    let relay = relays::relay_command(&db.url, &amqp_url(), &exchange, free_addr())
+        .args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
+        .args(["--poll-interval-ms", "100"])
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"))
         .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
-    wait_until("the row is published", Duration::from_secs(30), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
-    sigterm(relay.id().unwrap()); // shutdown flushes the exporter
+    wait_no_pending(&db.pool, Duration::from_secs(30)).await;
+    sigterm(&relay); // shutdown flushes the exporter
     assert!(relay.wait_with_output().await.unwrap().status.success());
 
     let requests = got.lock().unwrap().clone();

@@ -5,11 +5,11 @@ use relay::RelayOptions;
 use serde_json::json;
 use shared::NewMessage;
 use std::collections::{HashMap, HashSet};
-use std::process::Stdio;
 use std::time::Duration;
-use system_tests::relays::{InProcess, config, test_options};
+use system_tests::relays::{FAST_FLAGS, InProcess, config, test_options};
+use system_tests::signals::sigterm;
 use system_tests::*;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 fn spawn_relay(
     db_url: &str,
@@ -17,54 +17,13 @@ fn spawn_relay(
     metrics: std::net::SocketAddr,
     extra: &[&str],
 ) -> Child {
-    Command::new(bin_path("relay"))
-        .args([
-            "--lease-ms",
-            "2000",
-            "--poll-interval-ms",
-            "100",
-            "--confirm-timeout-ms",
-            "800",
-        ])
-        .args([
-            "--retry-base-ms",
-            "50",
-            "--retry-max-ms",
-            "200",
-            "--stats-interval-ms",
-            "200",
-        ])
-        .args(extra)
-        .env("DATABASE_URL", db_url)
-        .env("AMQP_URL", amqp_url())
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", metrics.to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn relay")
-}
-
-fn sigterm(child: &Child) {
-    let pid = child.id().expect("child running");
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-/// Exchange (with its alternate exchange) and a queue bound to everything.
-async fn topology(broker: &TestBroker, alternate: bool) -> (lapin::Connection, String) {
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, alternate)
-        .await
-        .unwrap();
-    (conn, exchange)
+    relays::spawn_relay(
+        db_url,
+        &amqp_url(),
+        exchange,
+        metrics,
+        &[&FAST_FLAGS[..], extra].concat(),
+    )
 }
 
 fn msg(aggregate: &str, event_type: &str, n: i64) -> NewMessage {
@@ -119,7 +78,7 @@ fn assert_first_occurrences_in_order(received: &[Received]) {
 async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
 
@@ -146,10 +105,7 @@ async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
     )
     .await;
     let received = receive_n(&mut rx, 201, Duration::from_secs(30)).await;
-    wait_until("outbox empty", Duration::from_secs(10), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(10)).await;
     assert!(relay.readiness.ready());
     relay.stop().await;
     let late = drain(&mut rx, Duration::from_millis(300)).await;
@@ -193,7 +149,7 @@ async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
 async fn the_plain_sql_contract_works_for_any_language() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["order.*"]).await;
 
@@ -236,7 +192,7 @@ async fn three_relays_publish_10k_rows_once_each_in_aggregate_order() {
     // An empty database: the three relays migrate it concurrently.
     let db = TestDb::new_unmigrated().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let metrics: Vec<_> = (0..3).map(|_| free_addr()).collect();
@@ -297,7 +253,7 @@ async fn three_relays_publish_10k_rows_once_each_in_aggregate_order() {
 async fn a_killed_relays_rows_are_published_by_the_other() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let mut a = spawn_relay(
@@ -334,22 +290,15 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
     a.wait().await.unwrap();
     // The survivor takes the dead relay's partitions after the 2 s lease and publishes everything.
     let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
-    let mut got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !want.is_subset(&got) {
-        let r = tokio::time::timeout_at(deadline, rx.recv())
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "only {} of {} published after the kill",
-                    got.len(),
-                    want.len()
-                )
-            })
-            .unwrap();
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
+    let within = Patience::InAll(Duration::from_secs(60));
+    receive_rest(
+        &mut rx,
+        &mut received,
+        &want,
+        within,
+        "published after the kill",
+    )
+    .await;
     let owner: Vec<Option<String>> =
         sqlx::query_scalar("SELECT DISTINCT owner FROM outbox.relay_partitions")
             .fetch_all(&db.pool)
@@ -381,7 +330,7 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
 async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
@@ -439,20 +388,16 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
     proxy.set_mode(ProxyMode::Pass);
 
     let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
-    let mut got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !want.is_subset(&got) {
-        let r = tokio::time::timeout_at(deadline, rx.recv())
-            .await
-            .expect("everything published after the link is back")
-            .unwrap();
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
-    wait_until("outbox empty", Duration::from_secs(20), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
+    let within = Patience::InAll(Duration::from_secs(60));
+    receive_rest(
+        &mut rx,
+        &mut received,
+        &want,
+        within,
+        "published after the link is back",
+    )
     .await;
+    wait_no_pending(&db.pool, Duration::from_secs(20)).await;
     // The README's table, "link cut" and "confirm timeout": everything unconfirmed is sent
     // again, so a queue sees copies of a suffix, never a first copy out of order.
     assert_first_occurrences_in_order(&received);
@@ -473,7 +418,7 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
 async fn a_cut_database_link_recovers_without_loss() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
@@ -500,20 +445,16 @@ async fn a_cut_database_link_recovers_without_loss() {
     proxy.set_mode(ProxyMode::Pass);
 
     let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
-    let mut got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !want.is_subset(&got) {
-        let r = tokio::time::timeout_at(deadline, rx.recv())
-            .await
-            .expect("everything published after the link is back")
-            .unwrap();
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
-    wait_until("outbox empty", Duration::from_secs(30), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
+    let within = Patience::InAll(Duration::from_secs(60));
+    receive_rest(
+        &mut rx,
+        &mut received,
+        &want,
+        within,
+        "published after the link is back",
+    )
     .await;
+    wait_no_pending(&db.pool, Duration::from_secs(30)).await;
     assert!(relay.readiness.postgres());
     assert_first_occurrences_in_order(&received);
     relay.stop().await;
@@ -523,10 +464,9 @@ async fn a_cut_database_link_recovers_without_loss() {
 async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, false).await; // no alternate exchange: returns are failures
+    let (conn, exchange) = broker.declared_outbox(false).await; // no alternate exchange: returns are failures
     // A queue that refuses everything: publishes routed to it are nacked.
     let full = broker.queue("full");
-    let ch = conn.create_channel().await.unwrap();
     let mut args = lapin::types::FieldTable::default();
     args.insert("x-max-length".into(), lapin::types::AMQPValue::LongInt(0));
     args.insert(
@@ -534,25 +474,11 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         lapin::types::AMQPValue::LongString("reject-publish".into()),
     );
     // Durable: RabbitMQ 4.3 refuses transient non-exclusive queues.
-    ch.queue_declare(
-        full.as_str().into(),
-        lapin::options::QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        args,
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        full.as_str().into(),
-        exchange.as_str().into(),
-        "thing.nacked".into(),
-        Default::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let durable = lapin::options::QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    let ch = declare_bound_queue(&conn, &exchange, &full, &["thing.nacked"], durable, args).await;
 
     let mut tx = db.pool.begin().await.unwrap();
     let unroutable = shared::outbox::enqueue(&mut *tx, &msg("u", "thing.unbound", 0))
@@ -602,11 +528,7 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
     );
 
     // The CLI shows them.
-    let out = std::process::Command::new(bin_path("relay"))
-        .args(["dead", "list"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = relays::relay_cli(&db.url, &["dead", "list"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -626,21 +548,13 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         .await
         .unwrap();
     let mut rx2 = collect_queue(&conn, &exchange, &full, &["thing.nacked"]).await;
-    let out = std::process::Command::new(bin_path("relay"))
-        .args(["dead", "requeue", &unroutable.to_string()])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = relays::relay_cli(&db.url, &["dead", "requeue", &unroutable.to_string()]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 row(s) requeued"));
     assert_eq!(
         receive_n(&mut rx, 1, Duration::from_secs(20)).await[0].message_id,
         unroutable.to_string()
     );
-    let out = std::process::Command::new(bin_path("relay"))
-        .args(["dead", "requeue", "--all"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
+    let out = relays::relay_cli(&db.url, &["dead", "requeue", "--all"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 row(s) requeued"));
     assert_eq!(
         receive_n(&mut rx2, 1, Duration::from_secs(20)).await[0].message_id,
@@ -661,7 +575,7 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
 async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, false).await;
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["thing.ok"]).await;
 
@@ -717,15 +631,15 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
         .chain([x[0].id.to_string()])
         .collect();
     let mut received: Vec<Received> = Vec::new();
-    let mut got: HashSet<String> = HashSet::new();
-    while !outside.is_subset(&got) {
-        let r = tokio::time::timeout(Duration::from_secs(30), rx.recv())
-            .await
-            .expect("other partitions flow")
-            .unwrap();
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
+    let each = Patience::Each(Duration::from_secs(30));
+    receive_rest(
+        &mut rx,
+        &mut received,
+        &outside,
+        each,
+        "of other partitions flowed",
+    )
+    .await;
     wait_until("x.1 retried", Duration::from_secs(20), || async {
         let attempts: i32 = sqlx::query_scalar(
             "SELECT attempts FROM outbox.messages WHERE aggregate_id = 'x' AND event_type = 'thing.later'",
@@ -762,20 +676,9 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
         .chain(others.iter())
         .map(|m| m.id.to_string())
         .collect();
-    let mut got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
-    while !all.is_subset(&got) {
-        let r = tokio::time::timeout(Duration::from_secs(30), rx.recv())
-            .await
-            .expect("held rows flow after the fix")
-            .unwrap();
-        got.insert(r.message_id.clone());
-        received.push(r);
-    }
+    receive_rest(&mut rx, &mut received, &all, each, "flowed after the fix").await;
     // x.2's second copy may still be on its way: wait until every row is marked, then drain.
-    wait_until("every row published", Duration::from_secs(30), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(30)).await;
     received.extend(drain(&mut rx, Duration::from_millis(500)).await);
     let x_order: Vec<i64> = received
         .iter()
@@ -802,7 +705,7 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
 async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let ids = produce(&db.pool, 100, 0..200, 1000).await;
@@ -864,7 +767,7 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
 async fn published_rows_are_kept_for_the_retention_then_removed() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let opts = RelayOptions {
@@ -901,7 +804,7 @@ async fn published_rows_are_kept_for_the_retention_then_removed() {
 async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
@@ -921,9 +824,12 @@ async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes
     let got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
     assert!(ids.iter().all(|id| got.contains(&id.to_string())));
     assert_first_occurrences_in_order(&received);
-    wait_until("/readyz answers 200", Duration::from_secs(20), || async {
-        (http_status(metrics, "/readyz").await == Some(200)).then_some(())
-    })
+    wait_http_ok(
+        "/readyz answers 200",
+        metrics,
+        "/readyz",
+        Duration::from_secs(20),
+    )
     .await;
     sigterm(&relay);
     assert!(relay.wait().await.unwrap().success());
@@ -933,7 +839,7 @@ async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes
 async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_bounded_time() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
@@ -983,7 +889,7 @@ async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_b
 async fn sigterm_with_the_database_black_holed_exits_in_bounded_time_and_loses_nothing() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let (conn, exchange) = topology(&broker, true).await;
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;

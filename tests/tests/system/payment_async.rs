@@ -9,10 +9,9 @@ use payment_provider::api::{Charge, ChargeStatus};
 use payment_provider::client::Client;
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::time::Duration;
-use system_tests::{TestDb, bin_path, demo_stack, free_addr, wait_until};
-use tokio::process::{Child, Command};
+use system_tests::{TestDb, demo_stack, wait_until};
+use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -74,26 +73,11 @@ impl Stack {
     }
 
     fn worker(&self, name: &str) -> Child {
-        Command::new(bin_path("producer"))
-            .arg("worker")
-            .env("DATABASE_URL", &self.db.url)
-            .env("PROVIDER_URL", &self.provider_url)
-            .env("PAYMENT_REMOTE", "honours_key")
+        demo_stack::worker_command(&self.db, &self.provider_url, "honours_key", name)
             .env("PAYMENT_CONFIRMATION_TIMEOUT", "2s")
-            .env("METRICS_ADDR", free_addr().to_string())
-            .env("WORKER_ID", name)
-            .env("WORKER_LEASE_MS", "2000")
-            .env("WORKER_HEARTBEAT_MS", "400")
-            .env("WORKER_POLL_MS", "200")
-            .env("PROVIDER_CALL_TIMEOUT_MS", "1000")
             .env("CHARGE_MAX_ATTEMPTS", "8")
             .env("CHARGE_RETRY_INITIAL_MS", "200")
             .env("CHARGE_RETRY_MAX_DELAY_MS", "1000")
-            .env("RUST_LOG", "warn")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn producer worker")
     }

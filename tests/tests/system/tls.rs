@@ -8,7 +8,7 @@ use plumbing::telemetry::ErrorChain;
 use serde_json::json;
 use shared::{Envelope, NewMessage};
 use sqlx::{PgConnection, PgPool};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 use system_tests::tls_pg::PrivatePg;
@@ -71,28 +71,6 @@ fn wrong_ca() -> String {
         .pem()
 }
 
-/// A temporary directory of client-side files, removed when dropped.
-struct Files(PathBuf);
-
-impl Files {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(unique("tls_files"));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-    fn write(&self, name: &str, contents: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, contents).unwrap();
-        path
-    }
-}
-
-impl Drop for Files {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn tls_pg(pki: &Pki) -> PrivatePg {
     PrivatePg::start_with_files(
         &[
@@ -138,7 +116,7 @@ async fn postgres_sslmodes_require_verify_ca_and_verify_full_connect_and_a_wrong
     init_logging();
     let pki = pki();
     let pg = tls_pg(&pki);
-    let files = Files::new();
+    let files = TempDir::new("tls_files");
     let ca = files.write("ca.pem", &pki.ca);
     let wrong = files.write("wrong-ca.pem", &wrong_ca());
     let url = pg.url("postgres");
@@ -208,17 +186,10 @@ fn spawn_relay(
     exchange: &str,
     extra: &[&str],
 ) -> Child {
-    let mut cmd = Command::new(bin_path("relay"));
+    let mut cmd = relays::relay_command(db_url, amqp_url, exchange, free_addr());
     cmd.args(["--lease-ms", "2000", "--confirm-timeout-ms", "800"])
         .args(["--retry-base-ms", "50", "--retry-max-ms", "200"])
-        .args(extra)
-        .env("DATABASE_URL", db_url)
-        .env("AMQP_URL", amqp_url)
-        .env("OUTBOX_EXCHANGE", exchange)
-        .env("METRICS_ADDR", free_addr().to_string())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
+        .args(extra);
     if let Some(ca) = amqp_ca {
         cmd.env("AMQP_CA_FILE", ca);
     }
@@ -239,7 +210,7 @@ async fn relay_binary_publishes_over_verify_full_with_every_connection_encrypted
     init_logging();
     let pki = pki();
     let pg = tls_pg(&pki);
-    let files = Files::new();
+    let files = TempDir::new("tls_files");
     let ca = files.write("ca.pem", &pki.ca);
     create_app_database(&pg).await;
     let url = with_tls(&pg.url("app"), "verify-full", Some(&ca));
@@ -254,13 +225,7 @@ async fn relay_binary_publishes_over_verify_full_with_every_connection_encrypted
     .unwrap();
 
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("tls");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
 
@@ -342,7 +307,7 @@ async fn relay_and_consumer_over_amqps_with_a_ca_file_and_a_wrong_ca_is_refused(
     init_logging();
     let pki = pki();
     let node = tls_node(&pki);
-    let files = Files::new();
+    let files = TempDir::new("tls_files");
     let ca = files.write("ca.pem", &pki.ca);
     let wrong = files.write("wrong-ca.pem", &wrong_ca());
     let not_pem = files.write("not-pem.txt", "hello\n");
@@ -407,10 +372,7 @@ async fn relay_and_consumer_over_amqps_with_a_ca_file_and_a_wrong_ca_is_refused(
     })
     .await;
     // The relay marks a row after the broker's confirm, which may come after the consumer's commit.
-    wait_until("every row marked published", LONG, || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, LONG).await;
     relay.kill().await.unwrap();
 
     stop.cancel();
@@ -452,10 +414,7 @@ fn daemon(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
 }
 
 async fn wait_ready(what: &str, addr: std::net::SocketAddr, path: &str) {
-    wait_until(what, LONG, || async move {
-        (http_status(addr, path).await == Some(200)).then_some(())
-    })
-    .await;
+    wait_http_ok(what, addr, path, LONG).await;
 }
 
 /// Every binary of the system with `sslmode=verify-full` against the test's CA, and every one
@@ -469,7 +428,7 @@ async fn every_binary_runs_over_verify_full_postgres_and_amqps() {
     let pki = pki();
     let pg = tls_pg(&pki);
     let node = tls_node(&pki);
-    let files = Files::new();
+    let files = TempDir::new("tls_files");
     let ca = files.write("ca.pem", &pki.ca);
     let ca_file = ca.to_str().unwrap().to_string();
     create_app_database(&pg).await;

@@ -4,7 +4,7 @@
 //! (`.ci/run` installs them); without them the test fails, it never skips.
 
 use chrono::{DateTime, Utc};
-use lapin::options::{QueueBindOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use relay::cloudevents::Mode;
 use serde_json::{Value, json};
@@ -42,34 +42,21 @@ fn read_with_the_sdk(queue: &str, count: usize) -> Vec<Value> {
 async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("ce");
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(
-        queue.as_str().into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    declare_bound_queue(
+        &conn,
+        &exchange,
+        &queue,
+        &["#"],
+        durable,
         FieldTable::default(),
     )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        queue.as_str().into(),
-        exchange.as_str().into(),
-        "#".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    .await;
 
     // Two events of one aggregate whose id needs percent-encoding (the first with trace context),
     // and one with an empty aggregate id (no partition key).
@@ -104,10 +91,7 @@ async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
         config(&db.url, &amqp_url(), &exchange, options),
     )
     .await;
-    wait_until("outbox published", Duration::from_secs(30), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(30)).await;
     relay.stop().await;
     assert_eq!(outbox_count(&db.pool, "dead").await, 0);
 
@@ -198,13 +182,7 @@ async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
 async fn a_row_with_an_attribute_over_4096_bytes_goes_dead_with_the_reason() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    broker.track_exchange(&plumbing::amqp::unrouted_name(&exchange));
-    broker.track_queue(&plumbing::amqp::unrouted_name(&exchange));
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(true).await;
     let queue = broker.queue("ce");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
 

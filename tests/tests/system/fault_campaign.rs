@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use system_tests::fleet::{self, Component};
@@ -170,20 +170,7 @@ async fn nothing_lost_nothing_applied_twice_under_faults() {
     println!("set up in {:?}", started.elapsed());
 
     let stop = Arc::new(AtomicBool::new(false));
-    let committed = Arc::new(AtomicU64::new(0));
-    let load = {
-        let (pool, stop, committed) = (pool.clone(), stop.clone(), committed.clone());
-        tokio::spawn(async move {
-            let mut salt = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                salt += 1;
-                if fleet::enqueue_payments(&pool, 20, 50, salt).await {
-                    committed.fetch_add(20, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    };
+    let load = fleet::PaymentLoad::start(pool.clone(), 50, stop.clone());
     let publish_log = PublishLog::start(pool.clone(), stop.clone());
     wait_progress(&pool, 200, "the first payments").await;
 
@@ -204,7 +191,7 @@ async fn nothing_lost_nothing_applied_twice_under_faults() {
         .unwrap_or(2);
     let db_restart_at = rng.random_range(1..=rounds.max(1));
     let mut round = 0;
-    while round < rounds || committed.load(Ordering::Relaxed) < target_messages {
+    while round < rounds || load.committed() < target_messages {
         round += 1;
         if round == db_restart_at {
             // PostgreSQL crashes and comes back; every component must be ready again.
@@ -309,22 +296,8 @@ async fn nothing_lost_nothing_applied_twice_under_faults() {
         c.wait_ready("component at the end", LONG).await;
     }
     stop.store(true, Ordering::Relaxed);
-    load.await.unwrap();
-    wait_until("outbox drained and the ledger caught up", LONG, || {
-        let p = pool.clone();
-        async move {
-            let pending = fleet::outbox_rows(&p, "pending").await?;
-            let published = fleet::outbox_rows(&p, "published").await?;
-            let updates = fleet::total_updates(&p).await?;
-            assert!(
-                updates <= published + pending,
-                "applied twice: {updates} updates for {} events (seed {seed})",
-                published + pending
-            );
-            (pending == 0 && updates == published).then_some(())
-        }
-    })
-    .await;
+    load.join().await;
+    fleet::wait_drained(&pool, LONG, &format!(" (seed {seed})")).await;
     let published = fleet::outbox_rows(&pool, "published").await.unwrap_or(-1);
     let dead = fleet::outbox_rows(&pool, "dead").await.unwrap_or(-1);
     assert_eq!(dead, 0, "rows went dead (seed {seed})");

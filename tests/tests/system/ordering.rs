@@ -4,7 +4,7 @@
 //! pipeline. (Returns, link cuts and a killed relay are checked in relay.rs, a channel closed by
 //! the broker in hostile_rows.rs.)
 
-use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use relay::RelayOptions;
 use serde_json::json;
@@ -350,26 +350,11 @@ async fn consume(
     delay: Duration,
 ) -> tokio::sync::mpsc::UnboundedReceiver<Received> {
     use futures::StreamExt;
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            exclusive: true,
-            ..Default::default()
-        },
-        arguments,
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        queue.into(),
-        exchange.into(),
-        "#".into(),
-        QueueBindOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    let exclusive = QueueDeclareOptions {
+        exclusive: true,
+        ..Default::default()
+    };
+    let ch = declare_bound_queue(conn, exchange, queue, &["#"], exclusive, arguments).await;
     ch.basic_qos(1, BasicQosOptions::default()).await.unwrap();
     let mut consumer = ch
         .basic_consume(
@@ -398,11 +383,7 @@ async fn consume(
 async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let queue = unique("q"); // exclusive: gone with its connection
     let mut rx = consume(
         &conn,
@@ -442,11 +423,7 @@ async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order()
 async fn nacks_in_the_middle_of_a_pipeline_keep_every_last_copy_in_order() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
-    let exchange = broker.exchange("outbox");
-    let conn = broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, false)
-        .await
-        .unwrap();
+    let (conn, exchange) = broker.declared_outbox(false).await;
     let queue = unique("full"); // exclusive: gone with its connection
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongInt(20));
@@ -487,10 +464,7 @@ async fn nacks_in_the_middle_of_a_pipeline_keep_every_last_copy_in_order() {
     let mut received = receive_all_of(&mut rx, &want, Duration::from_secs(120)).await;
     // Copies sent again after a refusal may still be on their way: wait until every row is
     // marked, then for the queue to go quiet.
-    wait_until("every row published", Duration::from_secs(60), || async {
-        (outbox_count(&db.pool, "pending").await == 0).then_some(())
-    })
-    .await;
+    wait_no_pending(&db.pool, Duration::from_secs(60)).await;
     received.extend(drain(&mut rx, Duration::from_millis(1500)).await);
     relay.stop().await;
 
