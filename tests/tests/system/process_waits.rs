@@ -292,7 +292,7 @@ async fn an_operator_queries_a_parked_wait_now_or_resolves_it_with_evidence() {
         .unwrap();
     let asked = start(&db.pool, "await_query", "asked").await;
     let blind = start(&db.pool, "await_none", "blind").await;
-    let w = InProcess::start(&db.pool, "w");
+    let w = InProcessWorker::start(&db.pool, "w", registry(&db.pool));
     wait_parked(&db.pool, asked).await;
     wait_parked(&db.pool, blind).await;
 
