@@ -3,7 +3,16 @@
 //! A short tour:
 //! - [`report`]: one line per scenario (`scenario`, `value`, `unit`, `ceiling`, `ratio`, `target`, `met`), as a table or JSON.
 //! - [`env`](mod@env): a fresh bench database and exchange per run, child processes of the release binaries.
-//! - [`scenarios`]: the measurements.
+//! - [`scenarios`]: the list of scenarios ([`Scenario`]) and the message helpers they share; one
+//!   file per scenario:
+//! - [`ceiling_scenario`]: the AMQP and PostgreSQL ceilings.
+//! - [`relay_scenario`]: the relay draining a backlog (one and two relays).
+//! - [`latency_scenario`]: relay-latency and end-to-end at 1,000 msg/s, with the broker's floors.
+//! - [`consumer_scenario`]: the consumer against raw consume+ack.
+//! - [`api_scenario`]: the example API with new and replayed Idempotency-Keys.
+//! - [`table_scenario`]: soak memory and the claim rate on a ten-million-row table.
+//! - [`webhook_scenario`], [`waiting_scenario`], [`reconciliation_scenario`]: webhook ingest,
+//!   waiting processes, reconciliation runs.
 //! - [`ordered_scenario`]: ordered consumers against the same consumer unordered.
 //! - [`process_scenario`]: recoverable processes (3-step no-op) against the commit ceiling.
 //! - [`skew_scenario`]: the relay over 1 to 10,000 aggregates and Zipf-skewed keys; the producer's
@@ -12,49 +21,34 @@
 //!
 //! Ratios compare with ceilings measured in the same run, because absolute numbers drift on a shared machine.
 
+pub mod api_scenario;
+pub mod ceiling_scenario;
+pub mod consumer_scenario;
 pub mod env;
+pub mod latency_scenario;
 pub mod ordered_scenario;
 pub mod process_scenario;
 pub mod reconciliation_scenario;
+pub mod relay_scenario;
 pub mod report;
 pub mod scenarios;
 pub mod skew_scenario;
+pub mod table_scenario;
 pub mod waiting_scenario;
 pub mod webhook_scenario;
 pub mod wire_count;
 
 use clap::Parser;
 use report::Line;
-
-/// The scenarios, in the order they run.
-pub const SCENARIOS: &[&str] = &[
-    "ceiling-amqp",
-    "ceiling-pg",
-    "relay-drain",
-    "relay-skew",
-    "relay-latency",
-    "producer-insert",
-    "consumer",
-    "consumer-ordered",
-    "consumer-ordered-scale",
-    "webhook-ingest",
-    "end-to-end",
-    "api",
-    "soak-memory",
-    "table-growth",
-    "processes",
-    "processes-waiting",
-    "reconciliation",
-];
+pub use scenarios::Scenario;
 
 /// Measures the relay, the consumer and the API against the same run's PostgreSQL and RabbitMQ ceilings.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "bench", version, about)]
 pub struct Args {
-    /// Scenarios to run (default: all): ceiling-amqp, ceiling-pg, relay-drain, relay-skew,
-    /// relay-latency, producer-insert, consumer, consumer-ordered, consumer-ordered-scale, webhook-ingest, end-to-end, api, soak-memory,
-    /// table-growth, processes, processes-waiting, reconciliation.
-    pub scenarios: Vec<String>,
+    /// Scenarios to run (default: all, in this order).
+    #[arg(value_enum)]
+    pub scenarios: Vec<Scenario>,
     /// Print one JSON object per scenario line instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -81,28 +75,19 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let selected: Vec<&str> = if args.scenarios.is_empty() {
-        SCENARIOS.to_vec()
-    } else {
-        for s in &args.scenarios {
-            anyhow::ensure!(
-                SCENARIOS.contains(&s.as_str()),
-                "unknown scenario {s}; known: {}",
-                SCENARIOS.join(", ")
-            );
-        }
-        SCENARIOS
-            .iter()
-            .copied()
-            .filter(|s| args.scenarios.iter().any(|a| a == s))
-            .collect()
-    };
+    // In run order, whatever order they were named in: the ceilings come first.
+    let selected: Vec<Scenario> = Scenario::all()
+        .iter()
+        .copied()
+        .filter(|s| args.scenarios.is_empty() || args.scenarios.contains(s))
+        .collect();
     let env = env::BenchEnv::new(&args).await?;
     let mut lines: Vec<Line> = Vec::new();
     let mut ceilings = scenarios::Ceilings::default();
-    for name in selected {
+    for scenario in selected {
+        let name = scenario.name();
         eprintln!("== {name}");
-        let result = scenarios::run(name, &env, &mut ceilings).await;
+        let result = scenario.run(&env, &mut ceilings).await;
         match result {
             Ok(new) => {
                 for l in &new {
@@ -113,7 +98,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 lines.extend(new);
             }
             Err(e) => {
-                let l = Line::failed(name, &format!("{e:#}"));
+                let l = Line::failed(&name, &format!("{e:#}"));
                 if args.json {
                     println!("{}", serde_json::to_string(&l)?);
                 }

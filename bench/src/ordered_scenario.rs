@@ -2,9 +2,10 @@
 //! insert per batch) drains the same backlog, published by the relay, in both modes, over 1,000
 //! aggregates and over one.
 
+use crate::consumer_scenario::{delete_consumer_topology, wait_queue_consumed};
 use crate::env::{self, BenchEnv};
 use crate::report::Line;
-use crate::scenarios::{delete_consumer_topology, payload, pending, wait_queue_consumed};
+use crate::scenarios::{payload, pending};
 use shared::NewMessage;
 use std::time::{Duration, Instant};
 
