@@ -384,7 +384,7 @@ pub struct IdempotencyQuery {
 }
 
 /// An idempotency record's status and times (never bodies).
-#[derive(Debug, Serialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct IdempotencyRecord {
     pub operation: String,
     pub status: String,
@@ -410,25 +410,27 @@ pub async fn idempotency(
     Ok(Json(lookup_idempotency(&s, &q.scope, &q.key).await?).into_response())
 }
 
+/// The records of `key` in `scope`, through the `idempotency` crate (which owns the table).
 pub async fn lookup_idempotency(
     s: &AppState,
     scope: &str,
     key: &str,
 ) -> Result<Vec<IdempotencyRecord>, ConsoleError> {
-    use sha2::Digest;
     crate::text::check_all([("scope", Some(scope)), ("key", Some(key))])?;
-    let mut rows = sqlx::query_as::<_, IdempotencyRecord>(s.schema.sql(
-        "SELECT operation, status, response_status, resource_id, created_at, updated_at, expires_at, lease_expires_at \
-         FROM {{schema}}.idempotency_keys WHERE scope = $1 AND key_hash = $2 ORDER BY created_at",
-    ))
-    .bind(scope)
-    .bind(sha2::Sha256::digest(key.as_bytes()).to_vec())
-    .fetch_all(&s.pool)
-    .await?;
-    for r in &mut rows {
-        r.operation = redact::text(&r.operation);
-    }
-    Ok(rows)
+    let rows = s.idempotency.lookup(scope, key).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| IdempotencyRecord {
+            operation: redact::text(&r.operation),
+            status: r.status,
+            response_status: r.response_status,
+            resource_id: r.resource_id,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            expires_at: r.expires_at,
+            lease_expires_at: r.lease_expires_at,
+        })
+        .collect())
 }
 
 /// The audit log, newest first, filtered; `format=jsonl` exports JSON lines, oldest first.

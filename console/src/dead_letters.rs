@@ -37,20 +37,16 @@ pub struct Item {
     pub version: String,
 }
 
-/// Refuses consumer names that are not plain names.
+/// Refuses consumer names that are not plain names, by the consumer crate's own rule
+/// ([`consumer::config::validate_name`]), so the console accepts exactly the names a consumer can
+/// have.
 pub fn check_consumer(name: &str) -> Result<(), ConsoleError> {
-    let ok = !name.is_empty()
-        && name.len() <= 100
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ConsoleError::BadRequest(
-            "consumer must be 1 to 100 letters, digits, '.', '_' or '-'".into(),
+    consumer::config::validate_name(name).map_err(|_| {
+        ConsoleError::BadRequest(format!(
+            "consumer must be 1 to {} letters, digits, '.', '_' or '-'",
+            consumer::config::MAX_NAME_LEN
         ))
-    }
+    })
 }
 
 /// `CONSOLE_CONSUMERS` is an allowlist: only the dead letters of a consumer listed there can be

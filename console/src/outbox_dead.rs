@@ -225,17 +225,8 @@ pub async fn requeue(
     let ids: Vec<Uuid> = items.iter().map(|i| i.id).collect();
     check(conn, schema, items, true).await?;
     let before = current(conn, schema, &ids, false).await?;
-    let after: Vec<(Uuid, i64)> = sqlx::query_as(schema.sql(
-        "UPDATE {{schema}}.messages SET state = 'pending', attempts = 0 \
-         WHERE id = ANY($1) AND state = 'dead' RETURNING id, xmin::text::bigint",
-    ))
-    .bind(&ids)
-    .fetch_all(&mut *conn)
-    .await?;
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(schema.notify_channel())
-        .execute(&mut *conn)
-        .await?;
+    // The relay crate owns `messages`: its function writes the row and wakes the relays.
+    let after = relay::store::requeue_dead_in(conn, schema, Some(&ids)).await?;
     let changes = before
         .iter()
         .map(|b| Change {
