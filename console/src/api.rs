@@ -12,7 +12,7 @@ use crate::error::ConsoleError;
 use crate::keys::{self, Keyed};
 use crate::ordered::{self, OrderedAction};
 use crate::outbox_dead;
-use crate::processes::{ProcessAction, ProcessActionRequest, ProcessFilter};
+use crate::processes::{ProcessActionRequest, ProcessFilter};
 use crate::redact;
 use crate::roles::Action;
 use crate::state::AppState;
@@ -582,7 +582,7 @@ pub async fn process_action(
     Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let action = ProcessAction::parse(&action)
+    let action = crate::processes::parse_action(&action)
         .ok_or_else(|| ConsoleError::NotFound(format!("process action {action:?}")))?;
     let r: ProcessActionRequest = parse_for(
         &s,

@@ -14,12 +14,13 @@ use crate::actions::Change;
 use crate::audit::outcome;
 use crate::error::ConsoleError;
 use crate::ordered::{self, OrderedAction};
-use crate::processes::{ProcessAction, ProcessActionRequest};
+use crate::processes::{ConsoleWords, ProcessActionRequest};
 use crate::state::AppState;
 use crate::users::Principal;
 use crate::{dead_letters, internal_events, outbox_dead, redact};
 use chrono::{DateTime, Utc};
 use consumer::ordered::admin::Discard;
+use processes::admin::ActionKind;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -39,7 +40,7 @@ pub enum Pending {
     },
     Process {
         id: Uuid,
-        action: ProcessAction,
+        action: ActionKind,
         request: ProcessActionRequest,
     },
     /// A skip or a dead-lettered run on an ordered consumer's aggregate.

@@ -5,12 +5,13 @@ use crate::actions::{self, Effect, Outcome, Request};
 use crate::approvals::{self, Decision, Pending};
 use crate::error::ConsoleError;
 use crate::ordered::{self, OrderedAction};
-use crate::processes::{ProcessAction, ProcessActionRequest};
+use crate::processes::ProcessActionRequest;
 use crate::roles::Action;
 use crate::state::AppState;
 use crate::users::Principal;
 use crate::{audit, dead_letters, outbox_dead};
 use axum::http::StatusCode;
+use processes::admin::ActionKind;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -217,7 +218,7 @@ pub async fn process_action(
     state: &AppState,
     principal: &Principal,
     id: Uuid,
-    action: ProcessAction,
+    action: ActionKind,
     request: ProcessActionRequest,
     keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {

@@ -19,7 +19,7 @@ use utoipa::{Modify, OpenApi};
         error::ErrorBody, outbox_dead::DeadRow, outbox_dead::Backlog, outbox_dead::Item, outbox_dead::Planned,
         dead_letters::Letter, dead_letters::Item, dead_letters::Planned, api::RequeueOne, api::RequeueMany,
         api::Replay, api::ReasonOnly, api::IdempotencyRecord, audit::Entry, approvals::Approval, approvals::Decision,
-        processes::ProcessAction, processes::ProcessActionRequest, processes::RemoteCheck, api::IdempotencyQuery,
+        ProcessAction, processes::ProcessActionRequest, processes::RemoteCheck, api::IdempotencyQuery,
         users::Principal, crate::roles::Role, ordered::ConsumerView, ordered::StuckView, ordered::HeldView,
         ordered::PartitionView, ordered::AggregateAction, ordered::OrderedAction
     )),
@@ -27,6 +27,26 @@ use utoipa::{Modify, OpenApi};
     security(("token" = []))
 )]
 pub struct ApiDoc;
+
+/// The `ProcessAction` schema: the names of the process actions the console offers, taken from
+/// the processes crate's vocabulary (`processes::admin::ActionKind`), which has no schema of its
+/// own.
+pub struct ProcessAction;
+
+impl utoipa::PartialSchema for ProcessAction {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(processes::OFFERED.map(|k| k.name())))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ProcessAction {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ProcessAction".into()
+    }
+}
 
 struct BearerAuth;
 

@@ -4,14 +4,14 @@
 //! The processes crate decides which actions are allowed now (`admin::allowed_actions`, from the
 //! process status, each step's status, error class and remote capability) and performs them
 //! (`admin::act_in`, in the console's transaction, so the audit entry commits with the effect).
-//! The console adds who may ask ([`ProcessAction::min_role`], in [`crate::roles`]) and the row
+//! The console adds who may ask ([`crate::roles::Action::min_role`]) and the row
 //! version check's answer (409). Which actions need a second person, evidence or a remote check
 //! is the processes crate's rule (`admin::requirements`), so it holds below the console too: the
 //! console turns such a request into an approval request.
 
 use crate::error::ConsoleError;
 use chrono::{DateTime, Utc};
-use processes::admin::{self, Action as AdminAction};
+use processes::admin::{self, Action as AdminAction, ActionKind};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use shared::schema::Schema;
@@ -19,127 +19,71 @@ use sqlx::{PgConnection, PgPool};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-/// Actions on a process (the processes crate's `admin::Action`, named for the console).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ProcessAction {
-    /// Run an idempotent step again (local, or a remote that honours its key; or a step that did
-    /// not run).
-    RerunStep,
-    /// Let a worker ask the remote, by operation id, whether the step's operation happened.
-    QueryRemoteStatus,
-    /// Hand the process to a person (manual review): automation stops.
-    Escalate,
-    Pause,
-    Resume,
-    /// Run (or retry) a compensation waiting in manual review, e.g. a refund: needs approval.
-    RunCompensation,
-    /// Resolve a step in manual review as succeeded, with evidence: needs approval.
-    ResolveSucceeded,
-    /// Resolve a step in manual review as failed: the process compensates its earlier effects.
-    ResolveFailed,
+/// The process actions the console offers: every kind of the processes crate's vocabulary
+/// ([`ActionKind`]) but `cancel`, which abandons a process without compensating its effects
+/// (resolve_failed ends a manual review and compensates).
+pub const OFFERED: [ActionKind; 8] = [
+    ActionKind::RerunStep,
+    ActionKind::QueryRemote,
+    ActionKind::Escalate,
+    ActionKind::Pause,
+    ActionKind::Resume,
+    ActionKind::RunCompensation,
+    ActionKind::ResolveSucceeded,
+    ActionKind::ResolveFailed,
+];
+
+/// The offered action named `name` in a URL (`/api/processes/{id}/actions/{name}`); `None` for
+/// an unknown name and for `cancel`.
+pub fn parse_action(name: &str) -> Option<ActionKind> {
+    ActionKind::parse(name).filter(|k| OFFERED.contains(k))
 }
 
-impl ProcessAction {
-    pub const ALL: [ProcessAction; 8] = [
-        ProcessAction::RerunStep,
-        ProcessAction::QueryRemoteStatus,
-        ProcessAction::Escalate,
-        ProcessAction::Pause,
-        ProcessAction::Resume,
-        ProcessAction::RunCompensation,
-        ProcessAction::ResolveSucceeded,
-        ProcessAction::ResolveFailed,
-    ];
-
-    /// The name in URLs (`/api/processes/{id}/actions/{name}`).
-    pub fn name(self) -> &'static str {
-        match self {
-            ProcessAction::RerunStep => "rerun_step",
-            ProcessAction::QueryRemoteStatus => "query_remote_status",
-            ProcessAction::Escalate => "escalate",
-            ProcessAction::Pause => "pause",
-            ProcessAction::Resume => "resume",
-            ProcessAction::RunCompensation => "run_compensation",
-            ProcessAction::ResolveSucceeded => "resolve_succeeded",
-            ProcessAction::ResolveFailed => "resolve_failed",
-        }
-    }
-
-    /// The name in the audit log and metrics.
-    pub fn audit_name(self) -> &'static str {
-        match self {
-            ProcessAction::RerunStep => "process.rerun_step",
-            ProcessAction::QueryRemoteStatus => "process.query_remote_status",
-            ProcessAction::Escalate => "process.escalate",
-            ProcessAction::Pause => "process.pause",
-            ProcessAction::Resume => "process.resume",
-            ProcessAction::RunCompensation => "process.run_compensation",
-            ProcessAction::ResolveSucceeded => "process.resolve_succeeded",
-            ProcessAction::ResolveFailed => "process.resolve_failed",
-        }
-    }
-
+/// What the console says of a process action besides its name: the audit log's name and the
+/// button's label. A trait on the processes crate's [`ActionKind`], so the console keeps no
+/// vocabulary of its own.
+pub trait ConsoleWords {
+    /// The name in the audit log and metrics (`process.<name>`).
+    fn audit_name(self) -> &'static str;
     /// The button on the process page.
-    pub fn label(self) -> &'static str {
+    fn label(self) -> &'static str;
+}
+
+impl ConsoleWords for ActionKind {
+    fn audit_name(self) -> &'static str {
         match self {
-            ProcessAction::RerunStep => "Rerun step",
-            ProcessAction::QueryRemoteStatus => "Query remote status",
-            ProcessAction::Escalate => "Escalate to manual review",
-            ProcessAction::Pause => "Pause",
-            ProcessAction::Resume => "Resume",
-            ProcessAction::RunCompensation => "Request compensation",
-            ProcessAction::ResolveSucceeded => "Request resolve as succeeded",
-            ProcessAction::ResolveFailed => "Resolve as failed",
+            ActionKind::RerunStep => "process.rerun_step",
+            ActionKind::QueryRemote => "process.query_remote_status",
+            ActionKind::Escalate => "process.escalate",
+            ActionKind::Pause => "process.pause",
+            ActionKind::Resume => "process.resume",
+            ActionKind::RunCompensation => "process.run_compensation",
+            ActionKind::ResolveSucceeded => "process.resolve_succeeded",
+            ActionKind::ResolveFailed => "process.resolve_failed",
+            ActionKind::Cancel => "process.cancel",
         }
     }
 
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.name() == name)
-    }
-
-    /// Acts on one step (the request names its `step`).
-    pub fn on_step(self) -> bool {
-        matches!(
-            self,
-            ProcessAction::RerunStep
-                | ProcessAction::QueryRemoteStatus
-                | ProcessAction::RunCompensation
-                | ProcessAction::ResolveSucceeded
-                | ProcessAction::ResolveFailed
-        )
-    }
-
-    /// The console's name of an action the processes crate allows, and its step. `None` for
-    /// `cancel`, which the console does not offer: it abandons a process without compensating
-    /// its effects (resolve_failed ends a manual review and compensates).
-    pub fn of_admin(a: &AdminAction) -> Option<(ProcessAction, Option<i32>)> {
-        Some(match *a {
-            AdminAction::RerunStep { seq } => (ProcessAction::RerunStep, Some(seq)),
-            AdminAction::QueryRemote { seq } => (ProcessAction::QueryRemoteStatus, Some(seq)),
-            AdminAction::Escalate => (ProcessAction::Escalate, None),
-            AdminAction::Pause => (ProcessAction::Pause, None),
-            AdminAction::Resume => (ProcessAction::Resume, None),
-            AdminAction::RunCompensation { seq } => (ProcessAction::RunCompensation, Some(seq)),
-            AdminAction::ResolveSucceeded { seq } => (ProcessAction::ResolveSucceeded, Some(seq)),
-            AdminAction::ResolveFailed { seq } => (ProcessAction::ResolveFailed, Some(seq)),
-            AdminAction::Cancel => return None,
-        })
-    }
-
-    /// The processes crate's action for this one on `step` (ignored by actions on the process).
-    pub fn to_admin(self, step: i32) -> AdminAction {
+    fn label(self) -> &'static str {
         match self {
-            ProcessAction::RerunStep => AdminAction::RerunStep { seq: step },
-            ProcessAction::QueryRemoteStatus => AdminAction::QueryRemote { seq: step },
-            ProcessAction::Escalate => AdminAction::Escalate,
-            ProcessAction::Pause => AdminAction::Pause,
-            ProcessAction::Resume => AdminAction::Resume,
-            ProcessAction::RunCompensation => AdminAction::RunCompensation { seq: step },
-            ProcessAction::ResolveSucceeded => AdminAction::ResolveSucceeded { seq: step },
-            ProcessAction::ResolveFailed => AdminAction::ResolveFailed { seq: step },
+            ActionKind::RerunStep => "Rerun step",
+            ActionKind::QueryRemote => "Query remote status",
+            ActionKind::Escalate => "Escalate to manual review",
+            ActionKind::Pause => "Pause",
+            ActionKind::Resume => "Resume",
+            ActionKind::RunCompensation => "Request compensation",
+            ActionKind::ResolveSucceeded => "Request resolve as succeeded",
+            ActionKind::ResolveFailed => "Resolve as failed",
+            ActionKind::Cancel => "Cancel",
         }
     }
+}
+
+/// An offered action's kind and step, of an action the processes crate allows; `None` for
+/// `cancel`, which the console does not offer.
+fn of_admin(a: &AdminAction) -> Option<(ActionKind, Option<i32>)> {
+    let kind = a.kind();
+    OFFERED.contains(&kind).then(|| (kind, a.seq()))
 }
 
 /// Filters of `GET /api/processes` (manual_review first, then most recently changed).
@@ -271,13 +215,13 @@ fn offered(v: &admin::ProcessView) -> Value {
     Value::Array(
         v.allowed
             .iter()
-            .filter_map(|a| ProcessAction::of_admin(a).map(|o| (a, o)))
+            .filter_map(|a| of_admin(a).map(|o| (a, o)))
             .map(|(a, (action, step))| {
                 let needs = admin::requirements(a, &v.steps);
                 json!({
                     "action": action.name(),
                     "step": step,
-                    "min_role": action.min_role(),
+                    "min_role": crate::roles::Action::Process(action).min_role(),
                     "needs_approval": needs.second_person,
                     "needs_evidence": needs.evidence,
                     "needs_remote_check": needs.remote_check,
@@ -301,7 +245,7 @@ fn unknown_outcomes(v: &admin::ProcessView) -> Value {
                     "remote_may_have_acted": true,
                     "warning": d.warning,
                     "safe_action": d.safe_action.as_ref()
-                        .and_then(ProcessAction::of_admin)
+                        .and_then(of_admin)
                         .map(|(a, _)| a.name()),
                 })
             })
@@ -325,7 +269,7 @@ fn view_json(v: &admin::ProcessView) -> Result<Value, ConsoleError> {
 /// The step `request` names, or the only step that offers `action` now.
 fn resolve_step(
     view: &admin::ProcessView,
-    action: ProcessAction,
+    action: ActionKind,
     request: &ProcessActionRequest,
 ) -> Result<AdminAction, ConsoleError> {
     let p = &view.process;
@@ -338,7 +282,7 @@ fn resolve_step(
     let offered: Vec<Option<i32>> = view
         .allowed
         .iter()
-        .filter_map(ProcessAction::of_admin)
+        .filter_map(of_admin)
         .filter(|(a, _)| *a == action)
         .map(|(_, step)| step)
         .collect();
@@ -354,7 +298,7 @@ fn resolve_step(
         return if offered.is_empty() {
             Err(not_now())
         } else {
-            Ok(action.to_admin(0))
+            Ok(action.on(0))
         };
     }
     let step = match (request.step, offered.as_slice()) {
@@ -376,11 +320,11 @@ fn resolve_step(
             action.name()
         )));
     }
-    Ok(action.to_admin(step))
+    Ok(action.on(step))
 }
 
 fn step_of(a: &AdminAction) -> Option<i32> {
-    ProcessAction::of_admin(a).and_then(|(_, step)| step)
+    of_admin(a).and_then(|(_, step)| step)
 }
 
 /// The process and the step acted on, for the audit entry.
@@ -465,7 +409,7 @@ impl Admin {
         &self,
         conn: &mut PgConnection,
         id: Uuid,
-        action: ProcessAction,
+        action: ActionKind,
         request: &ProcessActionRequest,
     ) -> Result<Checked, ConsoleError> {
         {
@@ -498,7 +442,7 @@ impl Admin {
         &self,
         conn: &mut PgConnection,
         id: Uuid,
-        action: ProcessAction,
+        action: ActionKind,
         request: &ProcessActionRequest,
         requester: &str,
         approver: Option<&str>,

@@ -5,7 +5,7 @@
 //! before it may. Every action names the least role it needs.
 
 use crate::ordered::OrderedAction;
-use crate::processes::ProcessAction;
+use processes::admin::ActionKind;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -86,8 +86,8 @@ pub enum Action {
     ApprovalReject,
     /// Delete audit entries older than the retention.
     AuditPurge,
-    /// An action on a process (see [`crate::processes::ProcessAction`]).
-    Process(ProcessAction),
+    /// An action on a process, in the processes crate's vocabulary ([`ActionKind`]).
+    Process(ActionKind),
     /// An action on an ordered consumer's stuck aggregate (see [`crate::ordered`]): an operator
     /// retries, or asks for a skip or a dead-lettered run that an approver must approve.
     Ordered(OrderedAction),
@@ -103,7 +103,7 @@ impl Action {
             Action::ApprovalApprove => "approval.approve",
             Action::ApprovalReject => "approval.reject",
             Action::AuditPurge => "audit.purge",
-            Action::Process(p) => p.audit_name(),
+            Action::Process(p) => crate::processes::ConsoleWords::audit_name(p),
             Action::Ordered(o) => o.audit_name(),
         }
     }
@@ -115,7 +115,7 @@ impl Action {
             Action::OutboxRequeue | Action::DlqReplay => Role::Operator,
             Action::ApprovalApprove | Action::ApprovalReject => Role::Approver,
             Action::AuditPurge => Role::Admin,
-            Action::Process(p) => p.min_role(),
+            Action::Process(p) => process_min_role(p),
             Action::Ordered(_) => Role::Operator,
         }
     }
@@ -130,7 +130,11 @@ impl Action {
             Action::ApprovalReject,
             Action::AuditPurge,
         ];
-        v.extend(ProcessAction::ALL.iter().map(|p| Action::Process(*p)));
+        v.extend(
+            crate::processes::OFFERED
+                .iter()
+                .map(|p| Action::Process(*p)),
+        );
         v.extend(OrderedAction::ALL.iter().map(|o| Action::Ordered(*o)));
         v
     }
@@ -141,20 +145,20 @@ pub fn allowed(role: Role, action: Action) -> bool {
     role >= action.min_role()
 }
 
-impl ProcessAction {
-    /// Who may ask. Operator: the reversible actions, and requesting a compensation (a refund),
-    /// which runs only once an approver approves it. Approver: resolving a manual review (as
-    /// failed: now; as succeeded: once a second approver approves).
-    pub fn min_role(self) -> Role {
-        match self {
-            ProcessAction::RerunStep
-            | ProcessAction::QueryRemoteStatus
-            | ProcessAction::Escalate
-            | ProcessAction::Pause
-            | ProcessAction::Resume
-            | ProcessAction::RunCompensation => Role::Operator,
-            ProcessAction::ResolveSucceeded | ProcessAction::ResolveFailed => Role::Approver,
-        }
+/// Who may ask for a process action. Operator: the reversible actions, and requesting a
+/// compensation (a refund), which runs only once an approver approves it. Approver: resolving a
+/// manual review (as failed: now; as succeeded: once a second approver approves). `cancel`, which
+/// the console does not offer: admin.
+fn process_min_role(kind: ActionKind) -> Role {
+    match kind {
+        ActionKind::RerunStep
+        | ActionKind::QueryRemote
+        | ActionKind::Escalate
+        | ActionKind::Pause
+        | ActionKind::Resume
+        | ActionKind::RunCompensation => Role::Operator,
+        ActionKind::ResolveSucceeded | ActionKind::ResolveFailed => Role::Approver,
+        ActionKind::Cancel => Role::Admin,
     }
 }
 

@@ -10,7 +10,7 @@ use super::{
 use crate::approvals;
 use crate::audit;
 use crate::error::ConsoleError;
-use crate::processes::{ProcessAction, ProcessFilter};
+use crate::processes::{ConsoleWords, ProcessFilter};
 use crate::redact;
 use crate::roles::{Action, Role, allowed};
 use crate::sessions::Session;
@@ -19,6 +19,7 @@ use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
+use processes::admin::ActionKind;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -321,7 +322,10 @@ fn unknown_outcomes(v: &Value) -> String {
     let mut h = String::new();
     for d in &doubts {
         let step = txt(d, "step");
-        let safe = match d["safe_action"].as_str().and_then(ProcessAction::parse) {
+        let safe = match d["safe_action"]
+            .as_str()
+            .and_then(crate::processes::parse_action)
+        {
             Some(a) => format!("Safe action first: <b>{}</b> (below).", esc(a.label())),
             None => "No safe action: the remote can neither deduplicate nor be queried. \
                      Look it up at the remote and record what you checked and its answer."
@@ -399,25 +403,26 @@ fn steps_table(steps: &[Value]) -> String {
 }
 
 /// What each action does, next to its button.
-fn explain(a: ProcessAction) -> &'static str {
+fn explain(a: ActionKind) -> &'static str {
     match a {
-        ProcessAction::RerunStep => "the step runs again (it is idempotent, or did not run)",
-        ProcessAction::QueryRemoteStatus => {
+        ActionKind::RerunStep => "the step runs again (it is idempotent, or did not run)",
+        ActionKind::QueryRemote => {
             "a worker asks the remote by operation id whether the operation happened, before any new call"
         }
-        ProcessAction::Escalate => "automation stops; the process waits in manual review",
-        ProcessAction::Pause => "no worker takes the process until it is resumed",
-        ProcessAction::Resume => "workers take the process again",
-        ProcessAction::RunCompensation => {
+        ActionKind::Escalate => "automation stops; the process waits in manual review",
+        ActionKind::Pause => "no worker takes the process until it is resumed",
+        ActionKind::Resume => "workers take the process again",
+        ActionKind::RunCompensation => {
             "the compensation runs (e.g. the refund); an approver must approve the request"
         }
-        ProcessAction::ResolveSucceeded => {
+        ActionKind::ResolveSucceeded => {
             "the step counts as done, on your evidence; a second approver must approve"
         }
-        ProcessAction::ResolveFailed => {
+        ActionKind::ResolveFailed => {
             "the step counts as failed: the process compensates its earlier effects \
              (for a step whose outcome is unknown: on what you checked at the remote, and a second approver must approve)"
         }
+        ActionKind::Cancel => "the process stops without compensating",
     }
 }
 
@@ -455,7 +460,10 @@ fn actions(
         ));
     }
     for o in &offered {
-        let Some(action) = o["action"].as_str().and_then(ProcessAction::parse) else {
+        let Some(action) = o["action"]
+            .as_str()
+            .and_then(crate::processes::parse_action)
+        else {
             continue;
         };
         let step = txt(o, "step");
@@ -487,7 +495,7 @@ fn actions(
             h.push_str(&format!(
                 "<p class=\"action-unavailable\" id=\"offered-{slug}\">{}{on}: needs the {} role</p>",
                 esc(action.label()),
-                action.min_role()
+                Action::Process(action).min_role()
             ));
             continue;
         }
@@ -509,7 +517,7 @@ fn actions(
             ""
         };
         let label = match (action, o["needs_approval"] == json!(true)) {
-            (ProcessAction::ResolveFailed, true) => "Request resolve as failed",
+            (ActionKind::ResolveFailed, true) => "Request resolve as failed",
             _ => action.label(),
         };
         let step_field = if step.is_empty() {
@@ -609,7 +617,7 @@ pub async fn process_action(
     Path((id, name)): Path<(Uuid, String)>,
     Form(f): Form<Fields>,
 ) -> Response {
-    let Some(action) = ProcessAction::parse(&name) else {
+    let Some(action) = crate::processes::parse_action(&name) else {
         return error_page(
             Some(&session),
             &ConsoleError::NotFound(format!("process action {name:?}")),
