@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use console::client::{self, Client};
+use console::cli::client::{self, Client};
 use console::config::{ClientConfig, DbConfig, ServeConfig};
 use console::roles::Role;
 use serde_json::json;

@@ -2,8 +2,8 @@
 //! own transaction. The database refuses UPDATE, DELETE and TRUNCATE on it (triggers of migration
 //! 0006); [`purge`] calls `purge_console_audit(retention)`, the only way rows go.
 
+use crate::auth::users::Principal;
 use crate::error::ConsoleError;
-use crate::users::Principal;
 use crate::{redact, text};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

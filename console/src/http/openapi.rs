@@ -1,7 +1,11 @@
 //! The OpenAPI document of the JSON API, generated from the handlers' annotations (utoipa),
 //! served at `/api/openapi.json`.
 
-use crate::{api, approvals, audit, dead_letters, error, ordered, outbox_dead, processes, users};
+use crate::actions::{approvals, audit};
+use crate::auth::users;
+use crate::error;
+use crate::http::{api, dto};
+use crate::targets::{dead_letters, ordered, outbox_dead, processes};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -11,16 +15,18 @@ use utoipa::{Modify, OpenApi};
 #[openapi(
     info(title = "outbox console", description = "Dead outbox rows, consumer dead letters, ordered consumers' stuck aggregates, idempotency records, processes, approvals and the audit log. Every action takes a reason and the row version seen; more than one item needs a second person's approval."),
     paths(
-        api::dead_rows, api::backlog, api::requeue_one, api::requeue_many, api::dead_letter_list, api::replay,
-        api::idempotency, api::audit_list, api::audit_purge, api::approval_list, api::approve, api::reject,
-        api::process_list, api::process_get, api::process_action, api::ordered_view, api::ordered_action, api::whoami
+        api::outbox::dead_rows, api::outbox::backlog, api::outbox::requeue_one, api::outbox::requeue_many,
+        api::dead_letters::dead_letter_list, api::dead_letters::replay, api::idempotency::idempotency,
+        api::audit::audit_list, api::audit::audit_purge, api::approvals::approval_list, api::approvals::approve,
+        api::approvals::reject, api::processes::process_list, api::processes::process_get,
+        api::processes::process_action, api::ordered::ordered_view, api::ordered::ordered_action, api::whoami::whoami
     ),
     components(schemas(
         error::ErrorBody, outbox_dead::DeadRow, outbox_dead::Backlog, outbox_dead::Item, outbox_dead::Planned,
-        dead_letters::Letter, dead_letters::Item, dead_letters::Planned, api::RequeueOne, api::RequeueMany,
-        api::Replay, api::ReasonOnly, api::IdempotencyRecord, audit::Entry, approvals::Approval, approvals::Decision,
-        ProcessAction, processes::ProcessActionRequest, processes::RemoteCheck, api::IdempotencyQuery,
-        users::Principal, crate::roles::Role, ordered::ConsumerView, ordered::StuckView, ordered::HeldView,
+        dead_letters::Letter, dead_letters::Item, dead_letters::Planned, dto::RequeueOne, dto::RequeueMany,
+        dto::Replay, dto::ReasonOnly, dto::IdempotencyRecord, audit::Entry, approvals::Approval, approvals::Decision,
+        ProcessAction, processes::ProcessActionRequest, processes::RemoteCheck, dto::IdempotencyQuery,
+        users::Principal, crate::auth::roles::Role, ordered::ConsumerView, ordered::StuckView, ordered::HeldView,
         ordered::PartitionView, ordered::AggregateAction, ordered::OrderedAction
     )),
     modifiers(&BearerAuth),

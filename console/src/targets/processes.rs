@@ -4,7 +4,7 @@
 //! The processes crate decides which actions are allowed now (`admin::allowed_actions`, from the
 //! process status, each step's status, error class and remote capability) and performs them
 //! (`admin::act_in`, in the console's transaction, so the audit entry commits with the effect).
-//! The console adds who may ask ([`crate::roles::Action::min_role`]) and the row
+//! The console adds who may ask ([`crate::auth::roles::process_min_role`]) and the row
 //! version check's answer (409). Which actions need a second person, evidence or a remote check
 //! is the processes crate's rule (`admin::requirements`), so it holds below the console too: the
 //! console turns such a request into an approval request.
@@ -221,7 +221,7 @@ fn offered(v: &admin::ProcessView) -> Value {
                 json!({
                     "action": action.name(),
                     "step": step,
-                    "min_role": crate::roles::Action::Process(action).min_role(),
+                    "min_role": crate::auth::roles::process_min_role(action),
                     "needs_approval": needs.second_person,
                     "needs_evidence": needs.evidence,
                     "needs_remote_check": needs.remote_check,

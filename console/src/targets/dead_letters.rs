@@ -7,9 +7,9 @@
 //! and commits the audit entry right after the broker confirmed; an interrupted replay is safe to
 //! repeat (the consumer deduplicates by message id).
 
-use crate::actions::Change;
 use crate::error::ConsoleError;
 use crate::redact;
+use crate::targets::Change;
 use consumer::dlq::{self, Selection};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

@@ -1,75 +1,13 @@
-//! Roles and actions: who may do what. One place, one matrix; the web page, the API and the CLI
-//! all ask [`allowed`].
+//! The role matrix: every action the console can be asked to do, and the least role each needs.
+//! One place, one matrix; the web page, the API and the CLI all ask [`allowed`].
 //!
 //! Roles are ordered: `viewer < operator < approver < admin`, and each may do everything the roles
 //! before it may. Every action names the least role it needs.
 
-use crate::ordered::OrderedAction;
+use crate::auth::roles::{Role, process_min_role};
+use crate::targets::ordered::OrderedAction;
+use crate::targets::processes::ConsoleWords;
 use processes::admin::ActionKind;
-use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
-use utoipa::ToSchema;
-
-/// A user's role.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Reads everything, redacted.
-    Viewer,
-    /// Single-item repairs, the reversible process actions, and requests that an approver
-    /// confirms (bulk repairs, compensations such as refunds).
-    Operator,
-    /// Approving requests of others (which runs compensations), resolving manual reviews.
-    Approver,
-    /// Users, roles and audit retention.
-    Admin,
-}
-
-impl Role {
-    pub const ALL: [Role; 4] = [Role::Viewer, Role::Operator, Role::Approver, Role::Admin];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Operator => "operator",
-            Role::Approver => "approver",
-            Role::Admin => "admin",
-        }
-    }
-
-    /// The roles this role holds (itself and the ones below it), as the audit log records them.
-    pub fn held(self) -> Vec<String> {
-        Role::ALL
-            .iter()
-            .filter(|r| **r <= self)
-            .map(|r| r.as_str().to_string())
-            .collect()
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Why a role name was refused.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown role {0:?}: use viewer, operator, approver or admin")]
-pub struct UnknownRole(pub String);
-
-impl FromStr for Role {
-    type Err = UnknownRole;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Role::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| UnknownRole(s.to_string()))
-    }
-}
 
 /// Everything the console can be asked to do, reads included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -88,7 +26,7 @@ pub enum Action {
     AuditPurge,
     /// An action on a process, in the processes crate's vocabulary ([`ActionKind`]).
     Process(ActionKind),
-    /// An action on an ordered consumer's stuck aggregate (see [`crate::ordered`]): an operator
+    /// An action on an ordered consumer's stuck aggregate (see [`crate::targets::ordered`]): an operator
     /// retries, or asks for a skip or a dead-lettered run that an approver must approve.
     Ordered(OrderedAction),
 }
@@ -103,7 +41,7 @@ impl Action {
             Action::ApprovalApprove => "approval.approve",
             Action::ApprovalReject => "approval.reject",
             Action::AuditPurge => "audit.purge",
-            Action::Process(p) => crate::processes::ConsoleWords::audit_name(p),
+            Action::Process(p) => p.audit_name(),
             Action::Ordered(o) => o.audit_name(),
         }
     }
@@ -131,7 +69,7 @@ impl Action {
             Action::AuditPurge,
         ];
         v.extend(
-            crate::processes::OFFERED
+            crate::targets::processes::OFFERED
                 .iter()
                 .map(|p| Action::Process(*p)),
         );
@@ -143,23 +81,6 @@ impl Action {
 /// May `role` perform `action`?
 pub fn allowed(role: Role, action: Action) -> bool {
     role >= action.min_role()
-}
-
-/// Who may ask for a process action. Operator: the reversible actions, and requesting a
-/// compensation (a refund), which runs only once an approver approves it. Approver: resolving a
-/// manual review (as failed: now; as succeeded: once a second approver approves). `cancel`, which
-/// the console does not offer: admin.
-fn process_min_role(kind: ActionKind) -> Role {
-    match kind {
-        ActionKind::RerunStep
-        | ActionKind::QueryRemote
-        | ActionKind::Escalate
-        | ActionKind::Pause
-        | ActionKind::Resume
-        | ActionKind::RunCompensation => Role::Operator,
-        ActionKind::ResolveSucceeded | ActionKind::ResolveFailed => Role::Approver,
-        ActionKind::Cancel => Role::Admin,
-    }
 }
 
 #[cfg(test)]
@@ -183,7 +104,5 @@ mod tests {
             assert!(allowed(Role::Admin, a));
             assert_eq!(allowed(Role::Viewer, a), a == Action::Read, "{}", a.name());
         }
-        assert_eq!("approver".parse::<Role>().unwrap(), Role::Approver);
-        assert!("root".parse::<Role>().is_err());
     }
 }

@@ -8,12 +8,12 @@ use super::{
     Fields, NoticeQuery, WebSession, answer_page, approvals_table, csrf, error_page, esc, field,
     hidden, html, notice_redirect_to, page, submit, url_encode,
 };
-use crate::approvals;
+use crate::actions::approvals;
+use crate::actions::{Action, allowed};
+use crate::auth::sessions::Session;
 use crate::error::ConsoleError;
-use crate::ordered::{self, ConsumerView, OrderedAction, StuckView};
-use crate::roles::{Action, allowed};
-use crate::sessions::Session;
 use crate::state::AppState;
+use crate::targets::ordered::{self, ConsumerView, OrderedAction, StuckView};
 use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -157,7 +157,7 @@ pub async fn page_of(
     Query(notice): Query<NoticeQuery>,
 ) -> Response {
     let view = async {
-        crate::dead_letters::listed(&s.settings.consumers, &consumer)?;
+        crate::targets::dead_letters::listed(&s.settings.consumers, &consumer)?;
         let v = ordered::view(&s.pool, &s.schema, &consumer, s.settings.ordered_gap_after).await?;
         let pending = approvals::list(&s.pool, &s, Some("pending")).await?;
         Ok::<_, ConsoleError>((v, pending))

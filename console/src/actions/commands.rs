@@ -1,15 +1,16 @@
 //! The console's actions, as the API and the web page both call them: each builds its effect and
 //! hands it to [`actions::perform`] (role check, idempotency, audit, one transaction).
 
+use crate::actions::Action;
+use crate::actions::approvals::{self, Decision, Pending};
+use crate::actions::audit;
 use crate::actions::{self, Effect, Outcome, Request};
-use crate::approvals::{self, Decision, Pending};
+use crate::auth::users::Principal;
 use crate::error::ConsoleError;
-use crate::ordered::{self, OrderedAction};
-use crate::processes::ProcessActionRequest;
-use crate::roles::Action;
 use crate::state::AppState;
-use crate::users::Principal;
-use crate::{audit, dead_letters, outbox_dead};
+use crate::targets::ordered::{self, OrderedAction};
+use crate::targets::processes::ProcessActionRequest;
+use crate::targets::{dead_letters, outbox_dead};
 use axum::http::StatusCode;
 use processes::admin::ActionKind;
 use serde_json::json;
@@ -282,7 +283,7 @@ pub async fn process_action(
                 Ok(Effect {
                     status: StatusCode::OK,
                     body: after.clone(),
-                    changes: vec![actions::Change::process(id, before, after)],
+                    changes: vec![crate::targets::Change::process(id, before, after)],
                 })
             }
         })
@@ -322,7 +323,7 @@ pub async fn ordered_action(
             ));
         };
         let mut tx = state.pool.begin().await?;
-        let request = ordered::request(&mut tx, state, &consumer, discard, &body).await;
+        let request = ordered::request(&mut tx, &state.schema, &consumer, discard, &body).await;
         let _ = tx.rollback().await;
         let request = request?;
         return Ok(read(json!({
@@ -350,7 +351,8 @@ pub async fn ordered_action(
         Box::pin(async move {
             match action.discard() {
                 None => {
-                    let (changes, body) = ordered::retry(conn, &st, &consumer, &body).await?;
+                    let (changes, body) =
+                        ordered::retry(conn, &st.schema, &consumer, &body).await?;
                     Ok(Effect {
                         status: StatusCode::OK,
                         body,
@@ -358,7 +360,8 @@ pub async fn ordered_action(
                     })
                 }
                 Some(discard) => {
-                    let request = ordered::request(conn, &st, &consumer, discard, &body).await?;
+                    let request =
+                        ordered::request(conn, &st.schema, &consumer, discard, &body).await?;
                     let pending = Pending::OrderedDiscard(request);
                     let requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
                     Ok(Effect {
@@ -397,7 +400,7 @@ pub async fn purge_audit(
             Ok(Effect {
                 status: StatusCode::OK,
                 body: json!({"removed": removed, "retention_days": days}),
-                changes: vec![actions::Change {
+                changes: vec![crate::targets::Change {
                     target: "audit".into(),
                     after: Some(json!({"removed": removed, "retention_days": days})),
                     ..Default::default()

@@ -1,7 +1,7 @@
 //! The web page: server-rendered HTML (no JavaScript, no build step), a session cookie from
 //! logging in with a token, a CSRF token and a fresh Idempotency-Key in every form, and only the
 //! buttons the user's role allows. A form's action is checked for its CSRF token here, then sent
-//! to the API's action route as the session's user ([`crate::api::forward`]): the same path as an
+//! to the API's action route as the session's user ([`crate::http::api::forward`]): the same path as an
 //! API request, idempotency layer included.
 //!
 //! `processes`: the process list and the process page.
@@ -12,17 +12,18 @@ mod processes;
 
 pub use notice::{Notice, NoticeQuery};
 
-use crate::approvals;
-use crate::audit;
-use crate::dead_letters;
+use crate::actions::approvals;
+use crate::actions::audit;
+use crate::actions::{Action, allowed};
+use crate::auth::sessions::{self, Session};
+use crate::auth::users;
 use crate::error::ConsoleError;
 use crate::internal_events;
-use crate::outbox_dead;
 use crate::redact;
-use crate::roles::{Action, allowed};
-use crate::sessions::{self, Session};
 use crate::state::AppState;
-use crate::users;
+use crate::targets::dead_letters;
+use crate::targets::outbox_dead;
+pub use crate::text::url_encode;
 use axum::extract::{ConnectInfo, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -257,7 +258,7 @@ async fn submit(
     body: Value,
 ) -> (StatusCode, Value) {
     let key = field(f, "idempotency_key").filter(|k| !k.is_empty());
-    let response = crate::api::forward(state, &session.principal, path, key, &body).await;
+    let response = crate::http::api::forward(state, &session.principal, path, key, &body).await;
     let status = response.status();
     let bytes = axum::body::to_bytes(response.into_body(), 16 << 20)
         .await
@@ -678,19 +679,6 @@ fn ordered_terms(r: &Value) -> String {
     h
 }
 
-/// Percent-encodes `text` for a URL's path segment or query value.
-pub fn url_encode(text: &str) -> String {
-    let mut q = String::new();
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            q.push(b as char);
-        } else {
-            q.push_str(&format!("%{b:02X}"));
-        }
-    }
-    q
-}
-
 /// Back to `path` (a page of the console) with the notice for the action's answer `v`.
 fn notice_redirect_to(path: &str, v: &Value) -> Response {
     Redirect::to(&Notice::of_answer(v).url(path, v)).into_response()
@@ -993,7 +981,7 @@ async fn idempotency_lookup(
     }
     let mut h = idempotency_form(&session);
     if let (Some(scope), Some(key)) = (field(&f, "scope"), field(&f, "key")) {
-        match crate::api::lookup_idempotency(&s, scope, key).await {
+        match crate::http::api::lookup_idempotency(&s, scope, key).await {
             Ok(rows) => {
                 h.push_str("<table><tr><th>operation</th><th>status</th><th>response</th><th>resource</th><th>created</th><th>updated</th><th>expires</th></tr>");
                 for r in rows {

@@ -1,53 +1,25 @@
 //! How every action runs, whatever asked for it (API, web form, CLI through the API):
 //!
-//! 1. the role matrix ([`crate::roles::allowed`]); a refusal is audited (`denied`) and answers 403;
+//! 1. the role matrix ([`crate::auth::roles::allowed`]); a refusal is audited (`denied`) and answers 403;
 //! 2. one transaction: the effect runs and its audit entries are appended. With an
-//!    Idempotency-Key the transaction is the idempotency layer's ([`crate::keys`]): the key was
+//!    Idempotency-Key the transaction is the idempotency layer's ([`crate::auth::keys`]): the key was
 //!    reserved before, and the layer stores the response in the same transaction and commits it
 //!    (a repeat replays the stored response). Without one, the console's own. Effect and audit
 //!    commit together or not at all;
 //! 3. a stale row version (409) or a four-eyes refusal (403) rolls the effect back; only its
 //!    audit entry commits, on its own, and the key is released: nothing else changes.
 
-use crate::audit::{self, NewEntry, outcome};
+use crate::actions::audit::{self, NewEntry, outcome};
+use crate::actions::{Action, allowed};
+use crate::auth::users::Principal;
 use crate::error::ConsoleError;
 use crate::internal_events;
-use crate::roles::{Action, allowed};
 use crate::state::AppState;
-use crate::users::Principal;
+use crate::targets::Change;
 use axum::http::StatusCode;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use sqlx::PgConnection;
-use uuid::Uuid;
-
-/// One audit entry an effect produced (the actor, action and reason default to the request's).
-#[derive(Debug, Clone, Default)]
-pub struct Change {
-    pub target: String,
-    pub before: Option<Value>,
-    pub after: Option<Value>,
-    /// Default: `succeeded`.
-    pub outcome: Option<&'static str>,
-    pub approval_id: Option<Uuid>,
-    pub approver: Option<String>,
-    /// Who the entry is about when not the request's actor (the requester of an approved effect).
-    pub actor: Option<Principal>,
-    pub action: Option<String>,
-    pub reason: Option<String>,
-}
-
-impl Change {
-    /// The audit entry of an action on process `id`: its state before and after.
-    pub fn process(id: Uuid, before: Value, after: Value) -> Self {
-        Self {
-            target: format!("process:{id}"),
-            before: Some(before),
-            after: Some(after),
-            ..Default::default()
-        }
-    }
-}
 
 /// What an effect did.
 #[derive(Debug)]

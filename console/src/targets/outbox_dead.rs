@@ -4,9 +4,9 @@
 //! A row's version is its PostgreSQL `xmin`: it changes with every update of the row, so an
 //! operator who saw version V requeues the row only if nobody changed it since.
 
-use crate::actions::Change;
 use crate::error::ConsoleError;
 use crate::redact;
+use crate::targets::Change;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

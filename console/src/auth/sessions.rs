@@ -2,8 +2,8 @@
 //! Secure when configured, with an expiry) and a CSRF token every form POST must carry. Failed
 //! logins are limited per client address.
 
+use crate::auth::users::{self, Principal};
 use crate::error::ConsoleError;
-use crate::users::{self, Principal};
 use shared::schema::Schema;
 use sqlx::PgPool;
 use std::collections::HashMap;

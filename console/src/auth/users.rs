@@ -3,8 +3,8 @@
 //! A token is `ct_` followed by 64 hex digits (256 random bits). It is shown once, by
 //! `console user create`, and never stored; revoking a user ends its token and its sessions.
 
+use crate::auth::roles::Role;
 use crate::error::ConsoleError;
-use crate::roles::Role;
 use rand::RngCore;
 use serde::Serialize;
 use sha2::{Digest, Sha256};

@@ -12,19 +12,20 @@
 //! An action names the aggregate and the position the operator saw (`version`, the applied
 //! sequence number). The effect locks the aggregate's partition, checks the position and commits
 //! with its audit entry in the console's transaction; a position that moved answers 409, and a
-//! pending request on it is closed as `superseded` ([`crate::approvals::supersede_stale`]). A
+//! pending request on it is closed as `superseded` ([`crate::actions::approvals::supersede_stale`]). A
 //! dead letter is confirmed by the broker before the position moves: an interruption in between
 //! leaves a copy in the DLQ of a message still held, never a loss.
 
-use crate::actions::Change;
+use crate::config::Settings;
 use crate::error::ConsoleError;
 use crate::redact;
-use crate::state::AppState;
+use crate::targets::Change;
 use consumer::error::AdminError;
 use consumer::ordered::admin::{self, Discard, Target};
 use consumer::ordered::store::AggregateKey;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use shared::schema::Schema;
 use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 use utoipa::ToSchema;
@@ -293,7 +294,7 @@ impl DiscardRequest {
 /// Retries a parked head on `conn` (the action's transaction).
 pub async fn retry(
     conn: &mut PgConnection,
-    state: &AppState,
+    schema: &Schema,
     consumer: &str,
     body: &AggregateAction,
 ) -> Result<(Vec<Change>, Value), ConsoleError> {
@@ -303,7 +304,7 @@ pub async fn retry(
         key: &key,
         seen: Some(body.version),
     };
-    let resolved = admin::retry_head(conn, &state.schema, &target).await?;
+    let resolved = admin::retry_head(conn, schema, &target).await?;
     let after = json!({"applied_seq": resolved.applied_seq, "parked": false, "retry": "now"});
     Ok((
         vec![Change {
@@ -320,7 +321,7 @@ pub async fn retry(
 /// person will approve (or the dry run's answer). Locks like the effect, on `conn`.
 pub async fn request(
     conn: &mut PgConnection,
-    state: &AppState,
+    schema: &Schema,
     consumer: &str,
     discard: Discard,
     body: &AggregateAction,
@@ -331,8 +332,8 @@ pub async fn request(
         key: &key,
         seen: Some(body.version),
     };
-    let plan = admin::preview(conn, &state.schema, &target, discard).await?;
-    let messages = held_messages(conn, state, consumer, &key, &plan.dead_letter).await?;
+    let plan = admin::preview(conn, schema, &target, discard).await?;
+    let messages = held_messages(conn, schema, consumer, &key, &plan.dead_letter).await?;
     Ok(DiscardRequest {
         consumer: consumer.to_string(),
         aggregate_type: body.aggregate_type.clone(),
@@ -346,12 +347,12 @@ pub async fn request(
 
 async fn held_messages(
     conn: &mut PgConnection,
-    state: &AppState,
+    schema: &Schema,
     consumer: &str,
     key: &AggregateKey,
     seqs: &[i64],
 ) -> Result<Vec<Value>, ConsoleError> {
-    let rows: Vec<(i64, Value)> = sqlx::query_as(state.schema.sql(
+    let rows: Vec<(i64, Value)> = sqlx::query_as(schema.sql(
         "SELECT aggregate_seq, envelope FROM {{schema}}.consumer_held \
          WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 \
            AND aggregate_seq = ANY($4) ORDER BY aggregate_seq LIMIT 20",
@@ -379,7 +380,8 @@ async fn held_messages(
 /// moves the position, on `conn` (the approving transaction, committed with the audit entries).
 pub async fn discard(
     conn: &mut PgConnection,
-    state: &AppState,
+    schema: &Schema,
+    settings: &Settings,
     request: &DiscardRequest,
     reason: &str,
 ) -> Result<(Vec<Change>, Value), ConsoleError> {
@@ -390,8 +392,8 @@ pub async fn discard(
         seen: Some(request.version),
     };
     let amqp = plumbing::amqp_nodes::connect(
-        &state.settings.amqp_url,
-        &state.settings.amqp_tls,
+        &settings.amqp_url,
+        &settings.amqp_tls,
         &format!("console ordered {}", request.consumer),
     )
     .await
@@ -402,15 +404,7 @@ pub async fn discard(
             .confirm_select(Default::default())
             .await
             .map_err(AdminError::from)?;
-        admin::dead_letter(
-            conn,
-            &state.schema,
-            &channel,
-            &target,
-            reason,
-            request.discard,
-        )
-        .await
+        admin::dead_letter(conn, schema, &channel, &target, reason, request.discard).await
     }
     .await;
     let _ = tokio::time::timeout(Duration::from_secs(5), amqp.close(200, "done".into())).await;

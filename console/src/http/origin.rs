@@ -52,7 +52,7 @@ pub async fn same_origin_posts(request: Request, next: Next) -> Response {
         return if request.uri().path().starts_with("/api/") {
             e.into_response()
         } else {
-            crate::web::error_page(None, &e)
+            crate::http::pages::error_page(None, &e)
         };
     }
     next.run(request).await

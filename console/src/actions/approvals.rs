@@ -10,14 +10,15 @@
 //! on a process carries the process as it is now (status, version, redacted input), so the page
 //! can show it in business terms.
 
-use crate::actions::Change;
-use crate::audit::outcome;
+use crate::actions::audit::outcome;
+use crate::auth::users::Principal;
 use crate::error::ConsoleError;
-use crate::ordered::{self, OrderedAction};
-use crate::processes::{ConsoleWords, ProcessActionRequest};
 use crate::state::AppState;
-use crate::users::Principal;
-use crate::{dead_letters, internal_events, outbox_dead, redact};
+use crate::targets::Change;
+use crate::targets::ordered::{self, OrderedAction};
+use crate::targets::processes::{ConsoleWords, ProcessActionRequest};
+use crate::targets::{dead_letters, outbox_dead};
+use crate::{internal_events, redact};
 use chrono::{DateTime, Utc};
 use consumer::ordered::admin::Discard;
 use processes::admin::ActionKind;
@@ -311,7 +312,7 @@ pub async fn decide(
         name: requester_name,
         role: requester_role
             .parse()
-            .map_err(|e: crate::roles::UnknownRole| ConsoleError::Internal(e.to_string()))?,
+            .map_err(|e: crate::auth::roles::UnknownRole| ConsoleError::Internal(e.to_string()))?,
     };
     let (mut changes, result) = if approve {
         let (changes, result) = run(
@@ -386,7 +387,7 @@ async fn run(
                 "{reason} (asked by {}, approved by {})",
                 requester.name, approver.name
             );
-            ordered::discard(conn, state, request, &why).await
+            ordered::discard(conn, &state.schema, &state.settings, request, &why).await
         }
         Pending::OutboxRequeue { items } => outbox_dead::requeue(conn, &state.schema, items).await,
         Pending::DlqReplay { consumer, items } => {

@@ -7,14 +7,15 @@ use super::{
     Fields, NoticeQuery, WebSession, answer_page, approvals_table, audit_table_with_id, csrf,
     error_page, esc, field, hidden, html, notice_redirect_to, page, submit, url_encode,
 };
-use crate::approvals;
-use crate::audit;
+use crate::actions::approvals;
+use crate::actions::audit;
+use crate::actions::{Action, allowed};
+use crate::auth::roles::Role;
+use crate::auth::sessions::Session;
 use crate::error::ConsoleError;
-use crate::processes::{ConsoleWords, ProcessFilter};
 use crate::redact;
-use crate::roles::{Action, Role, allowed};
-use crate::sessions::Session;
 use crate::state::AppState;
+use crate::targets::processes::{ConsoleWords, ProcessFilter};
 use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -324,7 +325,7 @@ fn unknown_outcomes(v: &Value) -> String {
         let step = txt(d, "step");
         let safe = match d["safe_action"]
             .as_str()
-            .and_then(crate::processes::parse_action)
+            .and_then(crate::targets::processes::parse_action)
         {
             Some(a) => format!("Safe action first: <b>{}</b> (below).", esc(a.label())),
             None => "No safe action: the remote can neither deduplicate nor be queried. \
@@ -462,7 +463,7 @@ fn actions(
     for o in &offered {
         let Some(action) = o["action"]
             .as_str()
-            .and_then(crate::processes::parse_action)
+            .and_then(crate::targets::processes::parse_action)
         else {
             continue;
         };
@@ -617,7 +618,7 @@ pub async fn process_action(
     Path((id, name)): Path<(Uuid, String)>,
     Form(f): Form<Fields>,
 ) -> Response {
-    let Some(action) = crate::processes::parse_action(&name) else {
+    let Some(action) = crate::targets::processes::parse_action(&name) else {
         return error_page(
             Some(&session),
             &ConsoleError::NotFound(format!("process action {name:?}")),
