@@ -3,6 +3,7 @@
 //! Nothing else a URL carries reaches the page, so no link can put its own words in the console's
 //! mouth.
 
+use maud::{Markup, html};
 use serde::Deserialize;
 use serde_json::Value;
 use uuid::Uuid;
@@ -89,19 +90,21 @@ pub struct NoticeQuery {
 }
 
 impl NoticeQuery {
-    /// The notice box's HTML, or nothing.
-    pub fn html(&self) -> String {
+    /// The notice box, or nothing.
+    pub fn html(&self) -> Markup {
         let Some(n) = self.notice.as_deref().and_then(Notice::parse) else {
-            return String::new();
+            return html! {};
         };
         let about = self
             .approval
             .as_deref()
-            .and_then(|a| a.parse::<Uuid>().ok())
-            .map(|a| format!(" (approval request {a})"))
-            .unwrap_or_default();
-        // Fixed text and a UUID: nothing to escape.
-        format!("<p class=\"notice\" id=\"notice\">{}{about}</p>", n.text())
+            .and_then(|a| a.parse::<Uuid>().ok());
+        html! {
+            p.notice #notice {
+                (n.text())
+                @if let Some(a) = about { " (approval request " (a) ")" }
+            }
+        }
     }
 }
 
@@ -109,12 +112,22 @@ impl NoticeQuery {
 mod tests {
     use super::*;
 
+    /// A rendered notice, compared as text.
+    struct Shown(String);
+
+    impl Shown {
+        fn html(&self) -> String {
+            self.0.clone()
+        }
+    }
+
     #[test]
     fn only_the_fixed_texts_reach_the_page() {
         let q = |n: &str, a: &str| NoticeQuery {
             notice: Some(n.into()),
             approval: Some(a.into()),
         };
+        let q = |n: &str, a: &str| Shown(q(n, a).html().into_string());
         assert_eq!(q("<script>alert(1)</script>", "").html(), "");
         assert_eq!(q("Your account is locked, call 555", "").html(), "");
         let id = Uuid::new_v4();

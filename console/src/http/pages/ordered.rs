@@ -4,19 +4,22 @@
 //! first held messages (redacted), and the forms the user's role may use (retry now; ask for a
 //! skip or a dead-lettered run, which an approver confirms). Everything shown is redacted.
 
-use super::{
-    Fields, NoticeQuery, WebSession, answer_page, approvals_table, csrf, error_page, esc, field,
-    hidden, html, notice_redirect_to, page, submit, url_encode,
-};
-use crate::actions::approvals;
-use crate::actions::{Action, allowed};
+use super::approvals::approvals_table;
+use super::errors::{answer_page, error_page};
+use super::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
+use super::layout::{page, shown};
+use super::notice::NoticeQuery;
+use super::session::WebSession;
+use crate::actions::{Action, allowed, approvals};
 use crate::auth::sessions::Session;
 use crate::error::ConsoleError;
 use crate::state::AppState;
 use crate::targets::ordered::{self, ConsumerView, OrderedAction, StuckView};
+use crate::text::url_encode;
 use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
+use maud::{Markup, html};
 use serde_json::json;
 
 /// A stable colour per instance name (so one instance's partitions read as one block).
@@ -27,28 +30,34 @@ fn colour(owner: &str) -> String {
     format!("hsl({}, 55%, 72%)", hash % 360)
 }
 
-fn strip(v: &ConsumerView) -> String {
-    let mut h = String::from("<div class=\"partitions\" id=\"partitions\">");
-    for p in &v.partitions {
-        let (fill, who) = match (&p.owner, p.live) {
-            (Some(o), true) => (colour(o), esc(o)),
-            (Some(o), false) => ("#ddd".to_string(), format!("{} (lease ended)", esc(o))),
-            (None, _) => ("#ddd".to_string(), "nobody".to_string()),
-        };
-        let stuck = if p.held > 0 { " held" } else { "" };
-        h.push_str(&format!(
-            "<div class=\"partition{stuck}\" style=\"background:{fill}\" title=\"partition {n}: {who}, epoch {e}, {a} aggregates, {held} held\">\
-             <b>{n}</b><br><small>{who}</small><br><small>{a} agg · {held} held</small></div>",
-            n = p.partition,
-            e = p.epoch,
-            a = p.aggregates,
-            held = p.held,
-        ));
+/// The partitions, one box each.
+fn strip(v: &ConsumerView) -> Markup {
+    html! {
+        div.partitions #partitions {
+            @for p in &v.partitions {
+                @let (fill, who) = match (&p.owner, p.live) {
+                    (Some(o), true) => (colour(o), shown(o)),
+                    (Some(o), false) => ("#ddd".to_string(), format!("{} (lease ended)", shown(o))),
+                    (None, _) => ("#ddd".to_string(), "nobody".to_string()),
+                };
+                div class={ "partition" @if p.held > 0 { " held" } } style={ "background:" (fill) }
+                    title={ "partition " (p.partition) ": " (who) ", epoch " (p.epoch) ", " (p.aggregates)
+                            " aggregates, " (p.held) " held" } {
+                    b { (p.partition) } br;
+                    small { (who) } br;
+                    small { (p.aggregates) " agg · " (p.held) " held" }
+                }
+            }
+        }
     }
-    h.push_str("</div>");
-    h
 }
 
+/// The HTML id part of a stuck aggregate: `type/id`, percent-encoded.
+fn slug(s: &StuckView) -> String {
+    url_encode(&format!("{}/{}", s.aggregate_type, s.aggregate_id))
+}
+
+/// A form asking for `action` on the stuck aggregate `s`.
 fn action_form(
     session: &Session,
     consumer: &str,
@@ -56,97 +65,66 @@ fn action_form(
     action: OrderedAction,
     label: &str,
     note: &str,
-) -> String {
-    let dry_run = if action.needs_approval() {
-        "<button name=\"dry_run\" value=\"1\">Dry run</button> "
-    } else {
-        ""
-    };
-    format!(
-        "<form method=\"post\" class=\"process-action\" action=\"/ui/consumers/{c}/ordered/{a}\">{}\
-         <input type=\"hidden\" name=\"aggregate_type\" value=\"{t}\"><input type=\"hidden\" name=\"aggregate_id\" value=\"{i}\">\
-         <input type=\"hidden\" name=\"version\" value=\"{v}\">\
-         <label>Reason <input type=\"text\" name=\"reason\" id=\"reason-{a}-{id}\"></label> {dry_run}\
-         <button name=\"go\" value=\"1\" id=\"{a}-{id}\">{label}</button> <small>{note}</small></form>",
-        hidden(session),
-        c = html(&url_encode(consumer)),
-        a = action.as_str(),
-        t = html(&s.aggregate_type),
-        i = html(&s.aggregate_id),
-        v = s.version,
-        id = html(&url_encode(&format!(
-            "{}/{}",
-            s.aggregate_type, s.aggregate_id
-        ))),
-    )
+) -> Markup {
+    let a = action.as_str();
+    let id = slug(s);
+    html! {
+        form method="post" class="process-action"
+            action={ "/ui/consumers/" (url_encode(consumer)) "/ordered/" (a) } {
+            (hidden(session))
+            input type="hidden" name="aggregate_type" value=(s.aggregate_type);
+            input type="hidden" name="aggregate_id" value=(s.aggregate_id);
+            input type="hidden" name="version" value=(s.version);
+            label { "Reason " input type="text" name="reason" id={ "reason-" (a) "-" (id) }; }
+            " "
+            @if action.needs_approval() { button name="dry_run" value="1" { "Dry run" } " " }
+            button name="go" value="1" id={ (a) "-" (id) } { (label) }
+            " " small { (note) }
+        }
+    }
 }
 
-fn card(session: &Session, consumer: &str, s: &StuckView) -> String {
-    let why = match s.kind.as_str() {
-        "parked" => format!(
-            "<b>parked</b> after {} attempt(s): <code>{}</code>",
-            s.attempts,
-            esc(s.reason.as_deref().unwrap_or(""))
-        ),
-        _ => format!(
-            "<b>waiting for message {}</b>: it has not arrived (on its way, dead in the outbox, or dead-lettered)",
-            s.version + 1
-        ),
-    };
-    let mut h = format!(
-        "<div class=\"card stuck\" id=\"stuck-{}\"><p><code>{}/{}</code> · applied up to <b>{}</b> · {} held · since {}</p><p>{why}</p>",
-        html(&url_encode(&format!(
-            "{}/{}",
-            s.aggregate_type, s.aggregate_id
-        ))),
-        esc(&s.aggregate_type),
-        esc(&s.aggregate_id),
-        s.version,
-        s.held,
-        esc(&s.since),
-    );
-    h.push_str("<table><tr><th>seq</th><th>message id</th><th>event</th><th>payload</th></tr>");
-    for m in &s.first_held {
-        h.push_str(&format!(
-            "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td><code>{}</code></td></tr>",
-            m.aggregate_seq,
-            esc(&m.message_id),
-            esc(&m.event_type),
-            esc(&m.payload.to_string())
-        ));
-    }
-    h.push_str("</table>");
+/// A stuck aggregate: why, since when, its first held messages, and the forms the role allows.
+fn card(session: &Session, consumer: &str, s: &StuckView) -> Markup {
     let role = session.principal.role;
-    if s.kind == "parked" && allowed(role, Action::Ordered(OrderedAction::Retry)) {
-        h.push_str(&action_form(
-            session,
-            consumer,
-            s,
-            OrderedAction::Retry,
-            "Retry the head now",
-            "after fixing the cause; nothing is discarded",
-        ));
+    html! {
+        div.card.stuck id={ "stuck-" (slug(s)) } {
+            p {
+                code { (shown(&s.aggregate_type)) "/" (shown(&s.aggregate_id)) }
+                " · applied up to " b { (s.version) } " · " (s.held) " held · since " (shown(&s.since))
+            }
+            p {
+                @if s.kind == "parked" {
+                    b { "parked" } " after " (s.attempts) " attempt(s): "
+                    code { (shown(s.reason.as_deref().unwrap_or(""))) }
+                } @else {
+                    b { "waiting for message " (s.version + 1) }
+                    ": it has not arrived (on its way, dead in the outbox, or dead-lettered)"
+                }
+            }
+            table {
+                tr { th { "seq" } th { "message id" } th { "event" } th { "payload" } }
+                @for m in &s.first_held {
+                    tr {
+                        td { (m.aggregate_seq) }
+                        td { code { (shown(&m.message_id)) } }
+                        td { (shown(&m.event_type)) }
+                        td { code { (shown(&m.payload.to_string())) } }
+                    }
+                }
+            }
+            @if s.kind == "parked" && allowed(role, Action::Ordered(OrderedAction::Retry)) {
+                (action_form(session, consumer, s, OrderedAction::Retry, "Retry the head now",
+                    "after fixing the cause; nothing is discarded"))
+            }
+            @if allowed(role, Action::Ordered(OrderedAction::Skip)) {
+                (action_form(session, consumer, s, OrderedAction::Skip, "Ask to skip the head",
+                    "dead-letters it (or passes a missing number over): an approver must confirm"))
+                (action_form(session, consumer, s, OrderedAction::DeadLetterRun,
+                    "Ask to dead-letter everything held", "an approver must confirm"))
+            }
+        }
     }
-    if allowed(role, Action::Ordered(OrderedAction::Skip)) {
-        h.push_str(&action_form(
-            session,
-            consumer,
-            s,
-            OrderedAction::Skip,
-            "Ask to skip the head",
-            "dead-letters it (or passes a missing number over): an approver must confirm",
-        ));
-        h.push_str(&action_form(
-            session,
-            consumer,
-            s,
-            OrderedAction::DeadLetterRun,
-            "Ask to dead-letter everything held",
-            "an approver must confirm",
-        ));
-    }
-    h.push_str("</div>");
-    h
 }
 
 /// `GET /consumers/{consumer}/ordered`.
@@ -167,45 +145,40 @@ pub async fn page_of(
         Ok(x) => x,
         Err(e) => return error_page(Some(&session), &e),
     };
-    let mut h = notice.html();
-    h.push_str(&format!(
-        "<p id=\"ordered-counts\">parked <b>{}</b> · waiting for a gap <b>{}</b> · held messages <b>{}</b></p><h2>Partitions</h2>",
-        v.parked, v.gap_waits, v.held
-    ));
-    h.push_str(&strip(&v));
-    h.push_str("<h2>Stuck aggregates</h2>");
-    if v.stuck.is_empty() {
-        h.push_str("<p id=\"no-stuck\">None: every aggregate is flowing.</p>");
-    }
-    for st in &v.stuck {
-        h.push_str(&card(&session, &consumer, st));
-    }
     let prefix = format!("ordered:{consumer}/");
     let mine: Vec<approvals::Approval> = pending
         .into_iter()
         .filter(|a| a.target.as_deref().is_some_and(|t| t.starts_with(&prefix)))
         .collect();
-    h.push_str("<h2>Approval requests on this consumer</h2>");
-    h.push_str(&approvals_table(
-        &session,
-        &mine,
-        Some(&format!("/consumers/{}/ordered", url_encode(&consumer))),
-    ));
-    page(Some(&session), &format!("Ordered consumer {consumer}"), &h).into_response()
+    let back = format!("/consumers/{}/ordered", url_encode(&consumer));
+    let body = html! {
+        (notice.html())
+        p #ordered-counts {
+            "parked " b { (v.parked) } " · waiting for a gap " b { (v.gap_waits) }
+            " · held messages " b { (v.held) }
+        }
+        h2 { "Partitions" }
+        (strip(&v))
+        h2 { "Stuck aggregates" }
+        @if v.stuck.is_empty() { p #no-stuck { "None: every aggregate is flowing." } }
+        @for st in &v.stuck { (card(&session, &consumer, st)) }
+        h2 { "Approval requests on this consumer" }
+        (approvals_table(&session, &mine, Some(&back)))
+    };
+    page(Some(&session), &format!("Ordered consumer {consumer}"), body).into_response()
 }
 
 /// `GET /ordered`: the consumers of `CONSOLE_CONSUMERS`, each linked.
 pub async fn index(State(s): State<AppState>, WebSession(session): WebSession) -> Response {
-    let mut h = String::from("<ul id=\"ordered-consumers\">");
-    for c in &s.settings.consumers {
-        h.push_str(&format!(
-            "<li><a href=\"/consumers/{}/ordered\">{}</a></li>",
-            html(&url_encode(c)),
-            esc(c)
-        ));
-    }
-    h.push_str("</ul><p>A consumer that never ran in ordered mode has no page (404).</p>");
-    page(Some(&session), "Ordered consumers", &h).into_response()
+    let body = html! {
+        ul #ordered-consumers {
+            @for c in &s.settings.consumers {
+                li { a href={ "/consumers/" (url_encode(c)) "/ordered" } { (shown(c)) } }
+            }
+        }
+        p { "A consumer that never ran in ordered mode has no page (404)." }
+    };
+    page(Some(&session), "Ordered consumers", body).into_response()
 }
 
 /// A form's action on a stuck aggregate: CSRF, then the API route as the session's user.
@@ -244,14 +217,16 @@ pub async fn action(
     );
     match submit(&s, &session, &f, &path, body).await {
         (status, v) if status.is_success() && dry_run => {
-            let h = format!(
-                "<p>Would dead-letter: <b id=\"would-dead-letter\">{}</b> (an empty list passes a missing number over)</p>\
-                 <p><code>{}</code></p><p>Running it asks an approver.</p><p><a href=\"{}\">Back</a></p>",
-                esc(&v["would_dead_letter"].to_string()),
-                esc(&v["messages"].to_string()),
-                html(&back)
-            );
-            page(Some(&session), "Dry run", &h).into_response()
+            let body = html! {
+                p {
+                    "Would dead-letter: " b #would-dead-letter { (shown(&v["would_dead_letter"].to_string())) }
+                    " (an empty list passes a missing number over)"
+                }
+                p { code { (shown(&v["messages"].to_string())) } }
+                p { "Running it asks an approver." }
+                p { a href=(back) { "Back" } }
+            };
+            page(Some(&session), "Dry run", body).into_response()
         }
         (status, v) if status.is_success() => notice_redirect_to(&back, &v),
         (status, v) => answer_page(&session, status, &v),
