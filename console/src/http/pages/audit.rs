@@ -12,7 +12,9 @@ use maud::{Markup, html};
 
 /// Audit entries as a table with HTML id `id`.
 pub fn audit_table(id: &str, entries: &[audit::Entry]) -> Markup {
-    let json = |v: &Option<serde_json::Value>| shown(&v.as_ref().map(|v| v.to_string()).unwrap_or_default());
+    let json = |v: &Option<serde_json::Value>| {
+        shown(&v.as_ref().map(|v| v.to_string()).unwrap_or_default())
+    };
     html! {
         table id=(id) {
             tr {

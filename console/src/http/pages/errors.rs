@@ -77,8 +77,5 @@ pub async fn html_errors(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/html; charset=utf-8"),
     );
-    Response::from_parts(
-        parts,
-        axum::body::Body::from(page(None, "Error", body).0),
-    )
+    Response::from_parts(parts, axum::body::Body::from(page(None, "Error", body).0))
 }

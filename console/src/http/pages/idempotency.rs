@@ -44,7 +44,9 @@ pub async fn idempotency_lookup(
         return r;
     }
     let found = match (field(&f, "scope"), field(&f, "key")) {
-        (Some(scope), Some(key)) => Some(crate::http::api::lookup_idempotency(&s, scope, key).await),
+        (Some(scope), Some(key)) => {
+            Some(crate::http::api::lookup_idempotency(&s, scope, key).await)
+        }
         _ => None,
     };
     let body = html! {

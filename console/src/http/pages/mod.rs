@@ -57,7 +57,10 @@ pub fn router() -> Router<AppState> {
             post(processes::actions::process_action),
         )
         .route("/ui/outbox/requeue", post(overview::requeue))
-        .route("/ui/dead-letters/{consumer}/replay", post(dead_letters::replay))
+        .route(
+            "/ui/dead-letters/{consumer}/replay",
+            post(dead_letters::replay),
+        )
         .route("/ui/approvals/{id}/approve", post(approvals::approve))
         .route("/ui/approvals/{id}/reject", post(approvals::reject))
         .layer(axum::middleware::from_fn(errors::html_errors))

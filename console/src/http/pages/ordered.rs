@@ -165,7 +165,12 @@ pub async fn page_of(
         h2 { "Approval requests on this consumer" }
         (approvals_table(&session, &mine, Some(&back)))
     };
-    page(Some(&session), &format!("Ordered consumer {consumer}"), body).into_response()
+    page(
+        Some(&session),
+        &format!("Ordered consumer {consumer}"),
+        body,
+    )
+    .into_response()
 }
 
 /// `GET /ordered`: the consumers of `CONSOLE_CONSUMERS`, each linked.

@@ -159,7 +159,11 @@ pub async fn requeue(
 
 /// A dry run's answer: what each item would do.
 pub fn plan_page(session: &Session, v: &Value) -> Response {
-    let items = v.get("items").and_then(|i| i.as_array()).into_iter().flatten();
+    let items = v
+        .get("items")
+        .and_then(|i| i.as_array())
+        .into_iter()
+        .flatten();
     let text = |i: &Value, k: &str| shown(i.get(k).and_then(|w| w.as_str()).unwrap_or(""));
     let body = html! {
         table #plan {

@@ -3,6 +3,7 @@
 //! need, and one waiting for approval shown as such; and the forms' handler.
 
 use super::values::{step_names, txt};
+use crate::actions::allowed;
 use crate::actions::{Action, approvals};
 use crate::auth::roles::Role;
 use crate::auth::sessions::Session;
@@ -11,7 +12,6 @@ use crate::http::pages::errors::{answer_page, error_page};
 use crate::http::pages::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
 use crate::http::pages::layout::shown;
 use crate::http::pages::session::WebSession;
-use crate::actions::allowed;
 use crate::state::AppState;
 use crate::targets::processes::{ConsoleWords, parse_action};
 use crate::text::url_encode;

@@ -1,7 +1,7 @@
 //! Reading a process's JSON (as the API answers it) for the pages: text, times, step names.
 
-use maud::{Markup, html};
 use chrono::{DateTime, Utc};
+use maud::{Markup, html};
 use serde_json::Value;
 use std::collections::HashMap;
 
