@@ -3,8 +3,8 @@
 
 use clap::{Parser, Subcommand};
 use console::cli::args::{
-    ApprovalCommand, AuditCommand, DeadCommand, DlqCommand, OrderedCommand, ProcessCommand,
-    UserCommand,
+    ApiCommand, ApprovalCommand, AuditCommand, DeadCommand, DlqCommand, OrderedCommand,
+    ProcessCommand, UserCommand,
 };
 use console::cli::{Client, print};
 use console::config::{ClientConfig, ServeConfig};
@@ -31,48 +31,9 @@ enum Command {
         #[command(subcommand)]
         command: UserCommand,
     },
-    /// Dead outbox rows (through the API).
-    Dead {
-        #[command(flatten)]
-        client: ClientConfig,
-        #[command(subcommand)]
-        command: DeadCommand,
-    },
-    /// Consumer dead letters (through the API).
-    Dlq {
-        #[command(flatten)]
-        client: ClientConfig,
-        #[command(subcommand)]
-        command: DlqCommand,
-    },
-    /// Ordered consumers' stuck aggregates (through the API).
-    Ordered {
-        #[command(flatten)]
-        client: ClientConfig,
-        #[command(subcommand)]
-        command: OrderedCommand,
-    },
-    /// Approval requests (through the API).
-    Approvals {
-        #[command(flatten)]
-        client: ClientConfig,
-        #[command(subcommand)]
-        command: ApprovalCommand,
-    },
-    /// Processes (through the API).
-    Process {
-        #[command(flatten)]
-        client: ClientConfig,
-        #[command(subcommand)]
-        command: ProcessCommand,
-    },
-    /// The audit log (through the API).
-    Audit {
-        #[command(flatten)]
-        client: ClientConfig,
-        #[command(subcommand)]
-        command: AuditCommand,
-    },
+    /// The commands that are clients of the API.
+    #[command(flatten)]
+    Api(ApiCommand),
 }
 
 #[tokio::main]
@@ -92,25 +53,33 @@ async fn main() -> anyhow::Result<()> {
             println!("migrations applied in schema {}", db.schema);
         }
         Command::User { command } => console::cli::users::run(command, &mut out).await?,
-        Command::Dead { client, command } => {
+        Command::Api(command) => through_api(command, &mut out).await?,
+    }
+    Ok(())
+}
+
+/// The commands that are clients of the API: one typed call each, its answer printed.
+async fn through_api(command: ApiCommand, out: &mut impl Write) -> anyhow::Result<()> {
+    match command {
+        ApiCommand::Dead { client, command } => {
             let api = client_of(&client);
             match command {
-                DeadCommand::List => print::print_dead(&api.dead_rows().await?, &mut out)?,
+                DeadCommand::List => print::print_dead(&api.dead_rows().await?, out)?,
                 DeadCommand::Requeue {
                     reason,
                     dry_run,
                     items,
                 } => {
                     let (status, body) = api.requeue_dead(&items, &reason, dry_run).await?;
-                    print::print_outcome(status, &body, &mut out)?;
+                    print::print_outcome(status, &body, out)?;
                 }
             }
         }
-        Command::Dlq { client, command } => {
+        ApiCommand::Dlq { client, command } => {
             let api = client_of(&client);
             match command {
                 DlqCommand::List { consumer } => {
-                    print::print_dead_letters(&api.dead_letters(&consumer).await?, &mut out)?
+                    print::print_dead_letters(&api.dead_letters(&consumer).await?, out)?
                 }
                 DlqCommand::Replay {
                     consumer,
@@ -119,15 +88,15 @@ async fn main() -> anyhow::Result<()> {
                     items,
                 } => {
                     let (status, body) = api.replay(&consumer, &items, &reason, dry_run).await?;
-                    print::print_outcome(status, &body, &mut out)?;
+                    print::print_outcome(status, &body, out)?;
                 }
             }
         }
-        Command::Approvals { client, command } => {
+        ApiCommand::Approvals { client, command } => {
             let api = client_of(&client);
             let (id, approve, reason, version) = match command {
                 ApprovalCommand::List { status } => {
-                    print::print_approvals(&api.approvals(status.as_deref()).await?, &mut out)?;
+                    print::print_approvals(&api.approvals(status.as_deref()).await?, out)?;
                     return Ok(());
                 }
                 ApprovalCommand::Approve {
@@ -142,9 +111,9 @@ async fn main() -> anyhow::Result<()> {
                 } => (id, false, reason, version),
             };
             let (status, body) = api.decide(id, approve, &reason, version).await?;
-            print::print_outcome(status, &body, &mut out)?;
+            print::print_outcome(status, &body, out)?;
         }
-        Command::Process { client, command } => {
+        ApiCommand::Process { client, command } => {
             let api = client_of(&client);
             match command {
                 ProcessCommand::List {
@@ -155,30 +124,28 @@ async fn main() -> anyhow::Result<()> {
                     let list = api
                         .processes(kind.as_deref(), status.as_deref(), older_than_seconds)
                         .await?;
-                    print::print_processes(&list, &mut out)?;
+                    print::print_processes(&list, out)?;
                 }
-                ProcessCommand::Show { id } => {
-                    print::print_process(&api.process(id).await?, &mut out)?
-                }
+                ProcessCommand::Show { id } => print::print_process(&api.process(id).await?, out)?,
                 ProcessCommand::Act(act) => {
                     let (status, body) = api.process_act(&act).await?;
-                    print::print_outcome(status, &body, &mut out)?;
+                    print::print_outcome(status, &body, out)?;
                 }
             }
         }
-        Command::Ordered { client, command } => {
+        ApiCommand::Ordered { client, command } => {
             let api = client_of(&client);
             match command {
                 OrderedCommand::Show { consumer } => {
-                    print::print_ordered(&api.ordered(&consumer).await?, &mut out)?
+                    print::print_ordered(&api.ordered(&consumer).await?, out)?
                 }
                 OrderedCommand::Act(act) => {
                     let (status, body) = api.ordered_act(&act).await?;
-                    print::print_outcome(status, &body, &mut out)?;
+                    print::print_outcome(status, &body, out)?;
                 }
             }
         }
-        Command::Audit { client, command } => {
+        ApiCommand::Audit { client, command } => {
             let AuditCommand::Export { since } = command;
             // JSON lines escape control characters themselves: printed as received.
             out.write_all(

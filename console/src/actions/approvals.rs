@@ -258,18 +258,23 @@ pub async fn create(
     })
 }
 
-/// Approves or rejects request `id` as `principal`, in the caller's transaction. On approval the
-/// effect runs here; its audit entries name the requester as actor and `principal` as approver.
-pub async fn decide(
+/// A pending request as stored, locked for a decision.
+struct Stored {
+    pending: Pending,
+    requester: Principal,
+    version: i32,
+    reason: String,
+}
+
+/// Loads and locks request `id` for `principal`'s decision: someone else's, still pending, at the
+/// version the decider saw.
+async fn lock_for_decision(
     conn: &mut PgConnection,
     state: &AppState,
     principal: &Principal,
     id: Uuid,
     decision: &Decision,
-    approve: bool,
-) -> Result<(Vec<Change>, Value), ConsoleError> {
-    // A request whose process moved on is closed first: it answers 409 below, superseded.
-    supersede_stale(conn, state).await?;
+) -> Result<Stored, ConsoleError> {
     let row: Option<(Uuid, String, String, Value, String, i32, String)> = sqlx::query_as(state.schema.sql(
         "SELECT a.requested_by, u.name, u.role, a.request, a.status, a.version, a.reason FROM {{schema}}.console_approvals a \
          JOIN {{schema}}.console_users u ON u.id = a.requested_by WHERE a.id = $1 FOR UPDATE OF a",
@@ -305,7 +310,7 @@ pub async fn decide(
             decision.version
         )));
     }
-    let pending: Pending = serde_json::from_value(request.clone())
+    let pending: Pending = serde_json::from_value(request)
         .map_err(|e| ConsoleError::Internal(format!("approval request {id} is unreadable: {e}")))?;
     let requester = Principal {
         id: requested_by,
@@ -314,6 +319,32 @@ pub async fn decide(
             .parse()
             .map_err(|e: crate::auth::roles::UnknownRole| ConsoleError::Internal(e.to_string()))?,
     };
+    Ok(Stored {
+        pending,
+        requester,
+        version,
+        reason: requested_reason,
+    })
+}
+
+/// Approves or rejects request `id` as `principal`, in the caller's transaction. On approval the
+/// effect runs here; its audit entries name the requester as actor and `principal` as approver.
+pub async fn decide(
+    conn: &mut PgConnection,
+    state: &AppState,
+    principal: &Principal,
+    id: Uuid,
+    decision: &Decision,
+    approve: bool,
+) -> Result<(Vec<Change>, Value), ConsoleError> {
+    // A request whose process moved on is closed first: it answers 409 below, superseded.
+    supersede_stale(conn, state).await?;
+    let Stored {
+        pending,
+        requester,
+        version,
+        reason: requested_reason,
+    } = lock_for_decision(conn, state, principal, id, decision).await?;
     let (mut changes, result) = if approve {
         let (changes, result) = run(
             conn,

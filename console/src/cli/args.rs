@@ -1,8 +1,55 @@
 //! The CLI's subcommands and flags (clap), below the top-level commands that `main` parses.
 
 use crate::auth::roles::Role;
-use crate::config::DbConfig;
+use crate::config::{ClientConfig, DbConfig};
 use clap::{Args, Subcommand};
+
+/// The subcommands that are clients of the console's API (`--url`, `--token`).
+#[derive(Debug, Subcommand)]
+pub enum ApiCommand {
+    /// Dead outbox rows (through the API).
+    Dead {
+        #[command(flatten)]
+        client: ClientConfig,
+        #[command(subcommand)]
+        command: DeadCommand,
+    },
+    /// Consumer dead letters (through the API).
+    Dlq {
+        #[command(flatten)]
+        client: ClientConfig,
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Ordered consumers' stuck aggregates (through the API).
+    Ordered {
+        #[command(flatten)]
+        client: ClientConfig,
+        #[command(subcommand)]
+        command: OrderedCommand,
+    },
+    /// Approval requests (through the API).
+    Approvals {
+        #[command(flatten)]
+        client: ClientConfig,
+        #[command(subcommand)]
+        command: ApprovalCommand,
+    },
+    /// Processes (through the API).
+    Process {
+        #[command(flatten)]
+        client: ClientConfig,
+        #[command(subcommand)]
+        command: ProcessCommand,
+    },
+    /// The audit log (through the API).
+    Audit {
+        #[command(flatten)]
+        client: ClientConfig,
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+}
 
 /// `console user ...`: against the database directly (the API needs a user to exist first).
 #[derive(Debug, Subcommand)]

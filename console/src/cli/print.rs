@@ -208,6 +208,11 @@ pub fn print_process(p: &Value, out: &mut impl Write) -> std::io::Result<()> {
             }
         )?;
     }
+    print_allowed(p, out)
+}
+
+/// The actions a process allows now, with the role and what each needs.
+fn print_allowed(p: &Value, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "allowed now:")?;
     for a in p["allowed_actions"].as_array().into_iter().flatten() {
         let yes = |k: &str| a[k] == Value::Bool(true);
