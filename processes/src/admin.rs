@@ -1006,6 +1006,19 @@ async fn set_step(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_action_kind_has_one_name_everywhere() {
+        for k in ActionKind::ALL {
+            assert_eq!(ActionKind::parse(k.name()), Some(k));
+            assert_eq!(k.on(1).kind(), k);
+            assert_eq!(k.on(1).name(), k.name());
+            assert_eq!(serde_json::to_value(k).unwrap(), k.name());
+            assert_eq!(serde_json::to_value(k.on(1)).unwrap()["action"], k.name());
+            assert_eq!(k.on(1).seq().is_some(), k.on_step(), "{k}");
+        }
+        assert_eq!(ActionKind::parse("query_remote"), None);
+    }
+
     use super::*;
 
     fn process(status: &str) -> ProcessSummary {

@@ -199,3 +199,20 @@ pub async fn replay(
         json!({"replayed": report.replayed, "not_found": report.not_found}),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consumer_names_follow_the_consumer_crates_rule() {
+        // Up to 200 bytes, as a consumer may be named; the console used to stop at 100.
+        assert!(check_consumer(&"a".repeat(150)).is_ok());
+        assert!(check_consumer(&"a".repeat(consumer::config::MAX_NAME_LEN)).is_ok());
+        assert!(check_consumer(&"a".repeat(consumer::config::MAX_NAME_LEN + 1)).is_err());
+        assert!(check_consumer("ledger.v2_a-b").is_ok());
+        for bad in ["", "a b", "a/b", "ä"] {
+            assert!(check_consumer(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -78,3 +78,21 @@ form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}form.inline
 .card{border:1px solid #bbb;border-radius:4px;padding:.5em .75em;margin:.5em 0;max-width:60em}\
 .partitions{display:flex;flex-wrap:wrap;gap:4px;margin:.5em 0 1em}.partition{width:7.5em;padding:.3em;border:2px solid #999;border-radius:3px;font-size:.8em;overflow:hidden}\
 .partition.held{border-color:#c33}.card.stuck{border-left:6px solid #c33}.amount{font-size:1.1em}.safe{color:#2a7a2a;font-weight:bold}";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_redacted_and_escaped_without_a_hand_called_escape() {
+        let hostile = "<script>alert(1)</script> \"4111 1111 1111 1111\" & more";
+        let h = page(None, hostile, html! { p { (shown(hostile)) } }).0;
+        assert!(!h.contains("<script>"), "{h}");
+        assert!(
+            h.contains("&lt;script&gt;") && h.contains("&amp; more"),
+            "{h}"
+        );
+        assert!(!h.contains("4111 1111"), "card number redacted: {h}");
+        assert!(h.contains(redact::MASK), "{h}");
+    }
+}
