@@ -7,7 +7,7 @@
 //! - `console_login_failures_total{reason}`: failed web logins (`invalid_token`, `rate_limited`).
 //! - `console_cross_site_refused_total`: POSTs refused for a foreign `Origin` / `Sec-Fetch-Site`.
 
-use crate::users::Principal;
+use crate::auth::users::Principal;
 
 pub fn action(actor: &Principal, action: &str, target: &str, outcome: &'static str) {
     metrics::counter!("console_actions_total", "action" => action.to_string(), "outcome" => outcome)

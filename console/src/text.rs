@@ -67,6 +67,19 @@ pub fn printable_value(v: &Value) -> Value {
     }
 }
 
+/// Percent-encodes `text` for a URL's path segment or query value.
+pub fn url_encode(text: &str) -> String {
+    let mut q = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            q.push(b as char);
+        } else {
+            q.push_str(&format!("%{b:02X}"));
+        }
+    }
+    q
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -225,10 +225,14 @@ impl Config {
     }
 }
 
+/// The longest consumer name, in bytes.
+pub const MAX_NAME_LEN: usize = 200;
+
 /// A consumer name becomes part of queue names: keep it to what every tool displays plainly.
-fn validate_name(name: &str) -> Result<(), ConfigError> {
+/// Public so that tools naming a consumer (the console) accept exactly the names a consumer does.
+pub fn validate_name(name: &str) -> Result<(), ConfigError> {
     let ok = !name.is_empty()
-        && name.len() <= 200
+        && name.len() <= MAX_NAME_LEN
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));

@@ -188,6 +188,96 @@ impl RemoteCheck {
     }
 }
 
+/// The kinds of operator action, without their step: the one vocabulary of process actions.
+/// This crate's history, and every tool that offers the actions (the console's URLs, audit log
+/// and role matrix), name them by [`ActionKind::name`], so no tool keeps its own list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    /// See [`Action::RerunStep`].
+    RerunStep,
+    /// See [`Action::QueryRemote`].
+    #[serde(rename = "query_remote_status")]
+    QueryRemote,
+    Escalate,
+    Pause,
+    Resume,
+    /// See [`Action::RunCompensation`].
+    RunCompensation,
+    /// See [`Action::ResolveSucceeded`].
+    ResolveSucceeded,
+    /// See [`Action::ResolveFailed`].
+    ResolveFailed,
+    Cancel,
+}
+
+impl ActionKind {
+    pub const ALL: [ActionKind; 9] = [
+        ActionKind::RerunStep,
+        ActionKind::QueryRemote,
+        ActionKind::Escalate,
+        ActionKind::Pause,
+        ActionKind::Resume,
+        ActionKind::RunCompensation,
+        ActionKind::ResolveSucceeded,
+        ActionKind::ResolveFailed,
+        ActionKind::Cancel,
+    ];
+
+    /// The action's name: in the history's reasons, in URLs and audit entries of the tools.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActionKind::RerunStep => "rerun_step",
+            ActionKind::QueryRemote => "query_remote_status",
+            ActionKind::Escalate => "escalate",
+            ActionKind::Pause => "pause",
+            ActionKind::Resume => "resume",
+            ActionKind::RunCompensation => "run_compensation",
+            ActionKind::ResolveSucceeded => "resolve_succeeded",
+            ActionKind::ResolveFailed => "resolve_failed",
+            ActionKind::Cancel => "cancel",
+        }
+    }
+
+    /// The kind named `name` ([`ActionKind::name`]).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Acts on one step (the action names its `seq`).
+    pub fn on_step(self) -> bool {
+        matches!(
+            self,
+            ActionKind::RerunStep
+                | ActionKind::QueryRemote
+                | ActionKind::RunCompensation
+                | ActionKind::ResolveSucceeded
+                | ActionKind::ResolveFailed
+        )
+    }
+
+    /// The action of this kind on step `seq` (ignored by actions on the whole process).
+    pub fn on(self, seq: i32) -> Action {
+        match self {
+            ActionKind::RerunStep => Action::RerunStep { seq },
+            ActionKind::QueryRemote => Action::QueryRemote { seq },
+            ActionKind::Escalate => Action::Escalate,
+            ActionKind::Pause => Action::Pause,
+            ActionKind::Resume => Action::Resume,
+            ActionKind::RunCompensation => Action::RunCompensation { seq },
+            ActionKind::ResolveSucceeded => Action::ResolveSucceeded { seq },
+            ActionKind::ResolveFailed => Action::ResolveFailed { seq },
+            ActionKind::Cancel => Action::Cancel,
+        }
+    }
+}
+
+impl std::fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What an operator can do. Actions on a step name its `seq`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
@@ -197,6 +287,7 @@ pub enum Action {
         seq: i32,
     },
     /// Let a worker ask the remote by operation id whether the step's operation happened.
+    #[serde(rename = "query_remote_status")]
     QueryRemote {
         seq: i32,
     },
@@ -232,19 +323,26 @@ impl Action {
         }
     }
 
-    pub fn name(&self) -> &'static str {
+    /// Its kind, without the step.
+    pub fn kind(&self) -> ActionKind {
         match self {
-            Action::RerunStep { .. } => "rerun_step",
-            Action::QueryRemote { .. } => "query_remote",
-            Action::Escalate => "escalate",
-            Action::Pause => "pause",
-            Action::Resume => "resume",
-            Action::RunCompensation { .. } => "run_compensation",
-            Action::ResolveSucceeded { .. } => "resolve_succeeded",
-            Action::ResolveFailed { .. } => "resolve_failed",
-            Action::Cancel => "cancel",
+            Action::RerunStep { .. } => ActionKind::RerunStep,
+            Action::QueryRemote { .. } => ActionKind::QueryRemote,
+            Action::Escalate => ActionKind::Escalate,
+            Action::Pause => ActionKind::Pause,
+            Action::Resume => ActionKind::Resume,
+            Action::RunCompensation { .. } => ActionKind::RunCompensation,
+            Action::ResolveSucceeded { .. } => ActionKind::ResolveSucceeded,
+            Action::ResolveFailed { .. } => ActionKind::ResolveFailed,
+            Action::Cancel => ActionKind::Cancel,
         }
     }
+
+    /// Its kind's name ([`ActionKind::name`]), as the history records it.
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+
     /// Sensitive whatever the step: running a compensation (a refund) and resolving as
     /// succeeded always need a second person. Resolving as failed needs one when the step is in
     /// doubt ([`requirements`] decides on the steps).
@@ -964,6 +1062,19 @@ async fn set_step(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_action_kind_has_one_name_everywhere() {
+        for k in ActionKind::ALL {
+            assert_eq!(ActionKind::parse(k.name()), Some(k));
+            assert_eq!(k.on(1).kind(), k);
+            assert_eq!(k.on(1).name(), k.name());
+            assert_eq!(serde_json::to_value(k).unwrap(), k.name());
+            assert_eq!(serde_json::to_value(k.on(1)).unwrap()["action"], k.name());
+            assert_eq!(k.on(1).seq().is_some(), k.on_step(), "{k}");
+        }
+        assert_eq!(ActionKind::parse("query_remote"), None);
+    }
+
     use super::*;
 
     fn process(status: &str) -> ProcessSummary {

@@ -11,7 +11,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 use shared::schema::Schema;
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -421,16 +421,7 @@ pub async fn requeue_dead(
     ids: Option<&[Uuid]>,
 ) -> Result<Requeued, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let requeued = sqlx::query(
-        schema.sql("UPDATE {{schema}}.messages SET state = 'pending', attempts = 0 \
-         WHERE state = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1)) \
-           AND {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) IS NULL"),
-    )
-    .bind(ids)
-    .persistent(false)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
+    let requeued = requeue_dead_in(&mut tx, schema, ids).await?.len() as u64;
     let still: Vec<(Uuid, String)> = sqlx::query_as(
         schema.sql("SELECT id, {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) \
          FROM {{schema}}.messages WHERE state = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1)) \
@@ -441,14 +432,37 @@ pub async fn requeue_dead(
     .persistent(false)
     .fetch_all(&mut *tx)
     .await?;
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(schema.notify_channel())
-        .persistent(false)
-        .execute(&mut *tx)
-        .await?;
     tx.commit().await?;
     Ok(Requeued {
         requeued,
         still_unpublishable: still,
     })
+}
+
+/// [`requeue_dead`]'s update inside the caller's transaction, which it does not commit: a caller
+/// that records the requeue elsewhere (the console's audit log) commits both or neither. Dead
+/// rows among `ids` (all dead rows when `None`) that break no publishability rule go back to
+/// pending with fresh attempts, and the relays are woken when the transaction commits. Returns
+/// each requeued row's id and its new row version (`xmin`).
+pub async fn requeue_dead_in(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    ids: Option<&[Uuid]>,
+) -> Result<Vec<(Uuid, i64)>, sqlx::Error> {
+    let requeued: Vec<(Uuid, i64)> = sqlx::query_as(
+        schema.sql("UPDATE {{schema}}.messages SET state = 'pending', attempts = 0 \
+         WHERE state = 'dead' AND ($1::uuid[] IS NULL OR id = ANY($1)) \
+           AND {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) IS NULL \
+         RETURNING id, xmin::text::bigint"),
+    )
+    .bind(ids)
+    .persistent(false)
+    .fetch_all(&mut *conn)
+    .await?;
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(schema.notify_channel())
+        .persistent(false)
+        .execute(&mut *conn)
+        .await?;
+    Ok(requeued)
 }

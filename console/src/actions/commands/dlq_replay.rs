@@ -1,0 +1,95 @@
+//! Replaying consumer dead letters: one runs now, more than one asks an approver.
+
+use super::{read, targets};
+use crate::actions::Action;
+use crate::actions::approvals::{self, Pending};
+use crate::actions::{self, Effect, Outcome, Request};
+use crate::auth::users::Principal;
+use crate::error::ConsoleError;
+use crate::state::AppState;
+use crate::targets::dead_letters;
+use axum::http::StatusCode;
+use serde_json::json;
+
+/// Replay consumer dead letters (same shape as [`requeue_outbox`]).
+pub async fn replay_dead_letters(
+    state: &AppState,
+    principal: &Principal,
+    consumer: String,
+    items: Vec<dead_letters::Item>,
+    reason: &str,
+    dry_run: bool,
+    keyed: Option<idempotency::Effect>,
+) -> Result<Outcome, ConsoleError> {
+    let target = targets(&format!("dlq:{consumer}/"), &items, |i| {
+        i.message_id.clone()
+    });
+    actions::authorize(state, principal, Action::DlqReplay, &target, reason).await?;
+    dead_letters::listed(&state.settings.consumers, &consumer)?;
+    crate::text::check_all(items.iter().flat_map(|i| {
+        [
+            ("message_id", Some(i.message_id.as_str())),
+            ("version", Some(i.version.as_str())),
+        ]
+    }))?;
+    if dry_run {
+        let plan = dead_letters::plan(
+            &state.settings.amqp_url,
+            &state.settings.amqp_tls,
+            &consumer,
+            &items,
+        )
+        .await?;
+        return Ok(read(
+            json!({"dry_run": true, "needs_approval": items.len() > 1, "items": plan}),
+        ));
+    }
+    let reason = actions::require_reason(reason)?;
+    let (st, p, r, t) = (
+        state.clone(),
+        principal.clone(),
+        reason.clone(),
+        target.clone(),
+    );
+    let req = Request {
+        principal,
+        action: Action::DlqReplay,
+        target,
+        reason,
+        keyed,
+    };
+    actions::perform(state, req, move |conn| {
+        Box::pin(async move {
+            if items.len() == 1 {
+                let (changes, body) = dead_letters::replay(
+                    &st.settings.amqp_url,
+                    &st.settings.amqp_tls,
+                    &consumer,
+                    &items,
+                )
+                .await?;
+                Ok(Effect {
+                    status: StatusCode::OK,
+                    body,
+                    changes,
+                })
+            } else {
+                dead_letters::check(
+                    &st.settings.amqp_url,
+                    &st.settings.amqp_tls,
+                    &consumer,
+                    &items,
+                )
+                .await?;
+                let pending = Pending::DlqReplay { consumer, items };
+                let requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                Ok(Effect {
+                    status: StatusCode::ACCEPTED,
+                    body: requested.body(),
+                    changes: vec![requested.change],
+                })
+            }
+        })
+    })
+    .await
+}

@@ -1,0 +1,98 @@
+//! Actions on an ordered consumer's stuck aggregate: a retry runs now, a discard asks an approver.
+
+use super::read;
+use crate::actions::Action;
+use crate::actions::approvals::{self, Pending};
+use crate::actions::{self, Effect, Outcome, Request};
+use crate::auth::users::Principal;
+use crate::error::ConsoleError;
+use crate::state::AppState;
+use crate::targets::dead_letters;
+use crate::targets::ordered::{self, OrderedAction};
+use axum::http::StatusCode;
+use serde_json::json;
+
+/// An action on an ordered consumer's stuck aggregate: a retry runs now; a skip or a dead-lettered
+/// run is checked on the position seen and recorded for a second person (a dry run says what it
+/// would dead-letter).
+pub async fn ordered_action(
+    state: &AppState,
+    principal: &Principal,
+    consumer: String,
+    action: OrderedAction,
+    body: ordered::AggregateAction,
+    keyed: Option<idempotency::Effect>,
+) -> Result<Outcome, ConsoleError> {
+    let target = body.target(&consumer);
+    actions::authorize(
+        state,
+        principal,
+        Action::Ordered(action),
+        &target,
+        &body.reason,
+    )
+    .await?;
+    dead_letters::listed(&state.settings.consumers, &consumer)?;
+    crate::text::check_all([
+        ("aggregate_type", Some(body.aggregate_type.as_str())),
+        ("aggregate_id", Some(body.aggregate_id.as_str())),
+    ])?;
+    if body.dry_run {
+        let Some(discard) = action.discard() else {
+            return Err(ConsoleError::BadRequest(
+                "a retry has no dry run: it discards nothing".into(),
+            ));
+        };
+        let mut tx = state.pool.begin().await?;
+        let request = ordered::request(&mut tx, &state.schema, &consumer, discard, &body).await;
+        let _ = tx.rollback().await;
+        let request = request?;
+        return Ok(read(json!({
+            "dry_run": true,
+            "needs_approval": true,
+            "would_dead_letter": request.would_dead_letter,
+            "messages": request.messages,
+        })));
+    }
+    let reason = actions::require_reason(&body.reason)?;
+    let (st, p, r, t) = (
+        state.clone(),
+        principal.clone(),
+        reason.clone(),
+        target.clone(),
+    );
+    let req = Request {
+        principal,
+        action: Action::Ordered(action),
+        target,
+        reason,
+        keyed,
+    };
+    actions::perform(state, req, move |conn| {
+        Box::pin(async move {
+            match action.discard() {
+                None => {
+                    let (changes, body) =
+                        ordered::retry(conn, &st.schema, &consumer, &body).await?;
+                    Ok(Effect {
+                        status: StatusCode::OK,
+                        body,
+                        changes,
+                    })
+                }
+                Some(discard) => {
+                    let request =
+                        ordered::request(conn, &st.schema, &consumer, discard, &body).await?;
+                    let pending = Pending::OrderedDiscard(request);
+                    let requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                    Ok(Effect {
+                        status: StatusCode::ACCEPTED,
+                        body: requested.body(),
+                        changes: vec![requested.change],
+                    })
+                }
+            }
+        })
+    })
+    .await
+}

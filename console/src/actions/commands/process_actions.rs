@@ -1,0 +1,90 @@
+//! Actions on a process: the sensitive ones ask an approver.
+
+use crate::actions::Action;
+use crate::actions::approvals::{self, Pending};
+use crate::actions::{self, Effect, Outcome, Request};
+use crate::auth::users::Principal;
+use crate::error::ConsoleError;
+use crate::state::AppState;
+use crate::targets::processes::ProcessActionRequest;
+use axum::http::StatusCode;
+use processes::admin::ActionKind;
+use uuid::Uuid;
+
+/// An action on a process: the sensitive ones create an approval request (after checking that the
+/// action is allowed now on the version seen), the others run now.
+pub async fn process_action(
+    state: &AppState,
+    principal: &Principal,
+    id: Uuid,
+    action: ActionKind,
+    request: ProcessActionRequest,
+    keyed: Option<idempotency::Effect>,
+) -> Result<Outcome, ConsoleError> {
+    let target = format!("process:{id}");
+    actions::authorize(
+        state,
+        principal,
+        Action::Process(action),
+        &target,
+        &request.reason,
+    )
+    .await?;
+    let reason = actions::require_reason(&request.reason)?;
+    crate::text::check_all([
+        ("evidence", request.evidence.as_deref()),
+        (
+            "remote_check.checked",
+            request.remote_check.as_ref().map(|c| c.checked.as_str()),
+        ),
+        (
+            "remote_check.answer",
+            request.remote_check.as_ref().map(|c| c.answer.as_str()),
+        ),
+    ])?;
+    let backend = state.processes.clone();
+    let (st, p, r, t) = (
+        state.clone(),
+        principal.clone(),
+        reason.clone(),
+        target.clone(),
+    );
+    let req = Request {
+        principal,
+        action: Action::Process(action),
+        target,
+        reason,
+        keyed,
+    };
+    actions::perform(state, req, move |conn| {
+        Box::pin(async move {
+            let checked = backend.check(conn, id, action, &request).await?;
+            if checked.needs_approval {
+                let pending = Pending::Process {
+                    id,
+                    action,
+                    request: checked.request,
+                };
+                let mut requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                requested.change.before = Some(checked.before);
+                Ok(Effect {
+                    status: StatusCode::ACCEPTED,
+                    body: requested.body(),
+                    changes: vec![requested.change],
+                })
+            } else {
+                let (before, after) = backend
+                    .perform(conn, id, action, &request, &p.name, None)
+                    .await?;
+                // The process moved on: requests on the version it had are closed with it.
+                approvals::supersede_stale(conn, &st).await?;
+                Ok(Effect {
+                    status: StatusCode::OK,
+                    body: after.clone(),
+                    changes: vec![crate::targets::Change::process(id, before, after)],
+                })
+            }
+        })
+    })
+    .await
+}

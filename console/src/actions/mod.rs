@@ -1,0 +1,13 @@
+//! What the console does: the role matrix ([`matrix`]), how every action runs ([`run`]: role
+//! check, effect and audit entries in one transaction), the actions themselves ([`commands`]),
+//! four eyes ([`approvals`]) and the append-only audit log ([`audit`]). Effects on the targets
+//! come from [`crate::targets`].
+
+pub mod approvals;
+pub mod audit;
+pub mod commands;
+pub mod matrix;
+pub mod run;
+
+pub use matrix::{Action, allowed};
+pub use run::{Effect, Outcome, Request, authorize, deny, perform, require_reason};

@@ -1,0 +1,160 @@
+//! Web sessions: logging in with a token gives a session cookie (HttpOnly, SameSite=Strict,
+//! Secure when configured, with an expiry) and a CSRF token every form POST must carry. Failed
+//! logins are limited per client address.
+
+use crate::auth::users::{self, Principal};
+use crate::error::ConsoleError;
+use shared::schema::Schema;
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// The cookie's name.
+pub const COOKIE: &str = "console_session";
+
+/// A logged-in session.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub principal: Principal,
+    pub csrf: String,
+}
+
+/// Creates a session for `principal`; returns the cookie value.
+pub async fn create(
+    pool: &PgPool,
+    schema: &Schema,
+    principal: &Principal,
+    ttl: Duration,
+) -> Result<(String, String), ConsoleError> {
+    let id = users::new_secret();
+    let csrf = hex::encode(users::hash(&users::new_secret()));
+    let mut tx = pool.begin().await?;
+    sqlx::query(schema.sql("DELETE FROM {{schema}}.console_sessions WHERE expires_at < now()"))
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(schema.sql(
+        "INSERT INTO {{schema}}.console_sessions (token_hash, user_id, csrf_token, expires_at) \
+         VALUES ($1, $2, $3, now() + make_interval(secs => $4))",
+    ))
+    .bind(users::hash(&id))
+    .bind(principal.id)
+    .bind(&csrf)
+    .bind(ttl.as_secs_f64())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok((id, csrf))
+}
+
+/// The live session with cookie value `id` (expired sessions and revoked users give none).
+pub async fn find(
+    pool: &PgPool,
+    schema: &Schema,
+    id: &str,
+) -> Result<Option<Session>, ConsoleError> {
+    let row: Option<(Uuid, String, String, String)> = sqlx::query_as(schema.sql(
+        "SELECT u.id, u.name, u.role, s.csrf_token FROM {{schema}}.console_sessions s \
+         JOIN {{schema}}.console_users u ON u.id = s.user_id \
+         WHERE s.token_hash = $1 AND s.expires_at > now() AND u.revoked_at IS NULL",
+    ))
+    .bind(users::hash(id))
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.and_then(|(id, name, role, csrf)| {
+        Some(Session {
+            principal: Principal {
+                id,
+                name,
+                role: role.parse().ok()?,
+            },
+            csrf,
+        })
+    }))
+}
+
+/// Ends a session.
+pub async fn delete(pool: &PgPool, schema: &Schema, id: &str) -> Result<(), ConsoleError> {
+    sqlx::query(schema.sql("DELETE FROM {{schema}}.console_sessions WHERE token_hash = $1"))
+        .bind(users::hash(id))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// The `Set-Cookie` value for a new session.
+pub fn set_cookie(id: &str, ttl: Duration, secure: bool) -> String {
+    format!(
+        "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        ttl.as_secs(),
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+/// The `Set-Cookie` value that removes the cookie.
+pub fn clear_cookie(secure: bool) -> String {
+    format!(
+        "{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{}",
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+/// The session cookie's value in a `Cookie` header.
+pub fn cookie_value(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// Failed logins per client address: at most `max` within `window`, then 429 until the window
+/// of the oldest counted failure has passed.
+#[derive(Debug)]
+pub struct LoginLimiter {
+    max: usize,
+    window: Duration,
+    failures: Mutex<HashMap<IpAddr, Vec<Instant>>>,
+}
+
+impl LoginLimiter {
+    pub fn new(max: usize, window: Duration) -> Self {
+        Self {
+            max,
+            window,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn recent(&self, map: &mut HashMap<IpAddr, Vec<Instant>>, addr: IpAddr) -> usize {
+        let now = Instant::now();
+        let list = map.entry(addr).or_default();
+        list.retain(|t| now.duration_since(*t) < self.window);
+        list.len()
+    }
+
+    /// Whether `addr` may try now.
+    pub fn may_try(&self, addr: IpAddr) -> bool {
+        let mut map = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        self.recent(&mut map, addr) < self.max
+    }
+
+    /// Records a failed attempt.
+    pub fn failed(&self, addr: IpAddr) {
+        let mut map = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        self.recent(&mut map, addr);
+        map.entry(addr).or_default().push(Instant::now());
+        // Bound memory: forget addresses with nothing recent.
+        if map.len() > 10_000 {
+            let window = self.window;
+            let now = Instant::now();
+            map.retain(|_, l| l.iter().any(|t| now.duration_since(*t) < window));
+        }
+    }
+}

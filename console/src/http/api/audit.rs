@@ -1,0 +1,51 @@
+//! `/api/audit...`: the audit log (JSON or JSON lines) and its purge.
+
+use super::{Bearer, outcome_response, parse_for, read};
+use crate::actions::audit;
+use crate::actions::{Action, commands};
+use crate::error::ConsoleError;
+use crate::http::dto::ReasonOnly;
+use crate::http::keys::Keyed;
+use crate::state::AppState;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+/// The audit log, newest first, filtered; `format=jsonl` exports JSON lines, oldest first.
+#[utoipa::path(get, path = "/api/audit", tag = "audit", params(audit::Filter), responses((status = 200, body = [audit::Entry])))]
+pub async fn audit_list(
+    State(s): State<AppState>,
+    Bearer(p): Bearer,
+    Query(f): Query<audit::Filter>,
+) -> Result<Response, ConsoleError> {
+    read(&s, &p, "audit").await?;
+    f.check()?;
+    if f.format.as_deref() == Some("jsonl") {
+        let rows = audit::list(&s.pool, &s.schema, &f, true).await?;
+        let mut out = String::new();
+        for r in rows {
+            out.push_str(
+                &serde_json::to_string(&r).map_err(|e| ConsoleError::Internal(e.to_string()))?,
+            );
+            out.push('\n');
+        }
+        return Ok(([(header::CONTENT_TYPE, "application/jsonl")], out).into_response());
+    }
+    Ok(Json(audit::list(&s.pool, &s.schema, &f, false).await?).into_response())
+}
+
+/// Purge audit entries older than the retention (admin).
+#[utoipa::path(post, path = "/api/audit/actions/purge", tag = "audit", request_body = ReasonOnly, responses((status = 200)))]
+pub async fn audit_purge(
+    State(s): State<AppState>,
+    Bearer(p): Bearer,
+    Keyed(keyed): Keyed,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let b: ReasonOnly = parse_for(&s, &p, Action::AuditPurge, "audit", &body).await?;
+    Ok(outcome_response(
+        commands::purge_audit(&s, &p, &b.reason, keyed).await?,
+    ))
+}

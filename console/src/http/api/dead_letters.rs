@@ -1,0 +1,54 @@
+//! `/api/dead-letters/...`: a consumer's dead letters; replaying them.
+
+use super::{Bearer, outcome_response, parse_for, read};
+use crate::actions::{Action, commands};
+use crate::error::ConsoleError;
+use crate::http::dto::{ConsumerQuery, Replay};
+use crate::http::keys::Keyed;
+use crate::state::AppState;
+use crate::targets::dead_letters;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+
+/// A consumer's dead letters with their reasons (left in place).
+#[utoipa::path(get, path = "/api/dead-letters", tag = "dead-letters", params(ConsumerQuery),
+    responses((status = 200, body = [dead_letters::Letter])))]
+pub async fn dead_letter_list(
+    State(s): State<AppState>,
+    Bearer(p): Bearer,
+    Query(q): Query<ConsumerQuery>,
+) -> Result<Response, ConsoleError> {
+    read(&s, &p, &format!("dlq:{}", q.consumer)).await?;
+    dead_letters::listed(&s.settings.consumers, &q.consumer)?;
+    Ok(Json(
+        dead_letters::list(
+            &s.settings.amqp_url,
+            &s.settings.amqp_tls,
+            &q.consumer,
+            q.limit.unwrap_or(100),
+        )
+        .await?,
+    )
+    .into_response())
+}
+
+/// Replay dead letters: one runs now, more than one needs approval. An ordered consumer's dead
+/// letters are never replayed: 409, with what to do instead.
+#[utoipa::path(post, path = "/api/dead-letters/{consumer}/actions/replay", tag = "dead-letters", request_body = Replay,
+    params(("consumer" = String, Path)), responses((status = 200), (status = 202),
+        (status = 409, description = "a version changed, or the consumer is ordered", body = crate::error::ErrorBody)))]
+pub async fn replay(
+    State(s): State<AppState>,
+    Bearer(p): Bearer,
+    Path(consumer): Path<String>,
+    Keyed(keyed): Keyed,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let b: Replay = parse_for(&s, &p, Action::DlqReplay, &format!("dlq:{consumer}"), &body).await?;
+    Ok(outcome_response(
+        commands::replay_dead_letters(&s, &p, consumer, b.items, &b.reason, b.dry_run, keyed)
+            .await?,
+    ))
+}

@@ -1,0 +1,81 @@
+//! `/api/outbox/...`: dead outbox rows and the backlog; requeueing them.
+
+use super::{Bearer, outcome_response, parse_for, read};
+use crate::actions::{Action, commands};
+use crate::error::ConsoleError;
+use crate::http::dto::{Limit, RequeueMany, RequeueOne};
+use crate::http::keys::Keyed;
+use crate::state::AppState;
+use crate::targets::outbox_dead;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use uuid::Uuid;
+
+/// Dead outbox rows, oldest first.
+#[utoipa::path(get, path = "/api/outbox/dead", tag = "outbox", params(Limit),
+    responses((status = 200, body = [outbox_dead::DeadRow]), (status = 401, body = crate::error::ErrorBody)))]
+pub async fn dead_rows(
+    State(s): State<AppState>,
+    Bearer(p): Bearer,
+    Query(q): Query<Limit>,
+) -> Result<Response, ConsoleError> {
+    read(&s, &p, "outbox:dead").await?;
+    Ok(Json(outbox_dead::list(&s.pool, &s.schema, q.limit.unwrap_or(100)).await?).into_response())
+}
+
+/// Pending backlog and dead count.
+#[utoipa::path(get, path = "/api/outbox/backlog", tag = "outbox", responses((status = 200, body = outbox_dead::Backlog)))]
+pub async fn backlog(
+    State(s): State<AppState>,
+    Bearer(p): Bearer,
+) -> Result<Response, ConsoleError> {
+    read(&s, &p, "outbox:backlog").await?;
+    Ok(Json(outbox_dead::backlog(&s.pool, &s.schema).await?).into_response())
+}
+
+/// Requeue one dead row (operator).
+#[utoipa::path(post, path = "/api/outbox/dead/{id}/actions/requeue", tag = "outbox", request_body = RequeueOne,
+    params(("id" = Uuid, Path), ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, description = "requeued"), (status = 403, body = crate::error::ErrorBody),
+               (status = 409, description = "stale version: nothing changed", body = crate::error::ErrorBody)))]
+pub async fn requeue_one(
+    State(s): State<AppState>,
+    Bearer(p): Bearer,
+    Path(id): Path<Uuid>,
+    Keyed(keyed): Keyed,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let b: RequeueOne = parse_for(
+        &s,
+        &p,
+        Action::OutboxRequeue,
+        &format!("outbox:{id}"),
+        &body,
+    )
+    .await?;
+    let items = vec![outbox_dead::Item {
+        id,
+        version: b.version,
+    }];
+    Ok(outcome_response(
+        commands::requeue_outbox(&s, &p, items, &b.reason, false, keyed).await?,
+    ))
+}
+
+/// Requeue several dead rows: an explicit list; more than one creates an approval request (202);
+/// `dry_run` says what each would do.
+#[utoipa::path(post, path = "/api/outbox/dead/actions/requeue", tag = "outbox", request_body = RequeueMany,
+    responses((status = 200, description = "done or dry run"), (status = 202, description = "approval request created")))]
+pub async fn requeue_many(
+    State(s): State<AppState>,
+    Bearer(p): Bearer,
+    Keyed(keyed): Keyed,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let b: RequeueMany = parse_for(&s, &p, Action::OutboxRequeue, "outbox:", &body).await?;
+    Ok(outcome_response(
+        commands::requeue_outbox(&s, &p, b.items, &b.reason, b.dry_run, keyed).await?,
+    ))
+}

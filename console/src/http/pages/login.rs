@@ -1,0 +1,105 @@
+//! Logging in with a token (rate-limited per address) and out: the session cookie.
+
+use super::errors::error_page;
+use super::forms::{Fields, csrf};
+use super::layout::{page, shown};
+use super::session::WebSession;
+use crate::auth::{sessions, users};
+use crate::error::ConsoleError;
+use crate::internal_events;
+use crate::state::AppState;
+use axum::Form;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use maud::html;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+/// `GET /login`.
+pub async fn login_page() -> Html<String> {
+    login_form(None)
+}
+
+/// The login form, with the reason the last attempt failed.
+fn login_form(message: Option<&str>) -> Html<String> {
+    page(
+        None,
+        "Log in",
+        html! {
+            @if let Some(m) = message { p.error #error { (shown(m)) } }
+            form method="post" action="/login" {
+                label { "Token " input type="password" #token name="token" autocomplete="off"; }
+                " "
+                button #login { "Log in" }
+            }
+            p { "Tokens come from " code { "console user create" } "." }
+        },
+    )
+}
+
+/// `POST /login`: a valid token starts a session (cookie) and goes to the overview.
+pub async fn login(
+    State(s): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let ip = addr.ip();
+    if !s.limiter.may_try(ip) {
+        internal_events::login_failed("rate_limited", ip);
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            login_form(Some(&ConsoleError::TooManyAttempts.to_string())),
+        )
+            .into_response();
+    }
+    let token = f.get("token").map(|t| t.trim()).unwrap_or("");
+    let principal = match users::by_token(&s.pool, &s.schema, token).await {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            s.limiter.failed(ip);
+            internal_events::login_failed("invalid_token", ip);
+            return (
+                StatusCode::UNAUTHORIZED,
+                login_form(Some("unknown or revoked token")),
+            )
+                .into_response();
+        }
+        Err(e) => return error_page(None, &e),
+    };
+    match sessions::create(&s.pool, &s.schema, &principal, s.settings.session_ttl).await {
+        Ok((id, _csrf)) => {
+            internal_events::login(&principal);
+            let mut r = Redirect::to("/").into_response();
+            if let Ok(v) = HeaderValue::from_str(&sessions::set_cookie(
+                &id,
+                s.settings.session_ttl,
+                s.settings.cookie_secure,
+            )) {
+                r.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            r
+        }
+        Err(e) => error_page(None, &e),
+    }
+}
+
+/// `POST /logout`: the session ends, the cookie is cleared.
+pub async fn logout(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    headers: axum::http::HeaderMap,
+    Form(f): Form<Fields>,
+) -> Response {
+    if let Err(r) = csrf(&s, &session, &f, "logout").await {
+        return r;
+    }
+    if let Some(id) = sessions::cookie_value(&headers) {
+        let _ = sessions::delete(&s.pool, &s.schema, &id).await;
+    }
+    let mut r = Redirect::to("/login").into_response();
+    if let Ok(v) = HeaderValue::from_str(&sessions::clear_cookie(s.settings.cookie_secure)) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}

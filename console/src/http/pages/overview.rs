@@ -1,0 +1,186 @@
+//! The overview: processes in manual review, the outbox backlog, dead outbox rows with the
+//! requeue form (and its dry run), approval requests and the recent audit entries.
+
+use super::approvals::approvals_table;
+use super::audit::audit_table;
+use super::errors::{answer_page, error_page};
+use super::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
+use super::layout::{page, shown};
+use super::notice::NoticeQuery;
+use super::session::WebSession;
+use crate::actions::{Action, allowed, approvals, audit};
+use crate::auth::sessions::Session;
+use crate::error::ConsoleError;
+use crate::state::AppState;
+use crate::targets::outbox_dead;
+use axum::Form;
+use axum::extract::{Query, State};
+use axum::response::{Html, IntoResponse, Response};
+use maud::{Markup, html};
+use serde_json::{Value, json};
+
+/// `GET /`.
+pub async fn overview(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    Query(n): Query<NoticeQuery>,
+) -> Response {
+    match render_overview(&s, &session, &n).await {
+        Ok(h) => h.into_response(),
+        Err(e) => error_page(Some(&session), &e),
+    }
+}
+
+async fn render_overview(
+    s: &AppState,
+    session: &Session,
+    notice: &NoticeQuery,
+) -> Result<Html<String>, ConsoleError> {
+    let backlog = outbox_dead::backlog(&s.pool, &s.schema).await?;
+    let dead = outbox_dead::list(&s.pool, &s.schema, 200).await?;
+    let pending = approvals::list(&s.pool, s, None).await?;
+    let recent = audit::list(
+        &s.pool,
+        &s.schema,
+        &audit::Filter {
+            limit: Some(30),
+            ..Default::default()
+        },
+        false,
+    )
+    .await?;
+    let in_review = s.processes.in_manual_review(&s.pool).await?;
+    let body = html! {
+        (notice.html())
+        h2 { "Processes" }
+        p #manual-review {
+            a href="/processes?status=manual_review" { (in_review) " in manual review" }
+            " · "
+            a href="/processes" { "all processes" }
+        }
+        h2 { "Outbox" }
+        p #backlog {
+            "pending " b { (backlog.pending) } " (oldest " (format!("{:.0}", backlog.oldest_pending_seconds))
+            " s) · dead " b #dead-count { (backlog.dead) }
+        }
+        h2 { "Dead outbox rows" }
+        (dead_rows(session, &dead))
+        h2 { "Approval requests" }
+        (approvals_table(session, &pending, None))
+        h2 { "Recent audit entries" }
+        (audit_table("audit", &recent))
+    };
+    Ok(page(Some(session), "Operations console", body))
+}
+
+/// The dead rows, in the requeue form when the user's role may requeue.
+fn dead_rows(session: &Session, dead: &[outbox_dead::DeadRow]) -> Markup {
+    let may_requeue = allowed(session.principal.role, Action::OutboxRequeue);
+    let table = html! {
+        table #dead-rows {
+            tr {
+                th {} th { "id" } th { "event" } th { "aggregate" } th { "attempts" }
+                th { "last error" } th { "version" }
+            }
+            @for r in dead {
+                tr.dead-row {
+                    td {
+                        @if may_requeue && r.unpublishable.is_none() {
+                            input type="checkbox" name="item" id={ "item-" (r.id) }
+                                value={ (r.id) ":" (r.version) };
+                        } @else if let Some(u) = &r.unpublishable {
+                            "stays dead: " (shown(u))
+                        }
+                    }
+                    td { (r.id) }
+                    td { (shown(&r.event_type)) }
+                    td { (shown(&r.aggregate_type)) "/" (shown(&r.aggregate_id)) }
+                    td { (r.attempts) }
+                    td { (shown(r.last_error.as_deref().unwrap_or(""))) }
+                    td { (r.version) }
+                }
+            }
+        }
+    };
+    if !may_requeue {
+        return table;
+    }
+    html! {
+        form method="post" action="/ui/outbox/requeue" id="requeue-form" {
+            (hidden(session))
+            (table)
+            label { "Reason " input type="text" name="reason" id="requeue-reason"; }
+            " " button name="dry_run" value="1" id="requeue-dry-run" { "Dry run" }
+            " " button name="go" value="1" id="requeue-submit" { "Requeue selected" }
+            " " small { "one row runs now; more than one asks an approver" }
+        }
+    }
+}
+
+/// `POST /ui/outbox/requeue`: the checked rows (`item` = `ID:VERSION`), or their dry run.
+pub async fn requeue(
+    State(s): State<AppState>,
+    WebSession(session): WebSession,
+    Form(f): Form<Fields>,
+) -> Response {
+    if let Err(r) = csrf(&s, &session, &f, Action::OutboxRequeue.name()).await {
+        return r;
+    }
+    let mut items = Vec::new();
+    for (_, v) in f.iter().filter(|(k, _)| k == "item") {
+        let parsed = v.split_once(':').and_then(|(id, ver)| {
+            Some(outbox_dead::Item {
+                id: id.parse().ok()?,
+                version: ver.parse().ok()?,
+            })
+        });
+        match parsed {
+            Some(i) => items.push(i),
+            None => {
+                return error_page(
+                    Some(&session),
+                    &ConsoleError::BadRequest(format!("bad item {v:?}")),
+                );
+            }
+        }
+    }
+    let dry_run = field(&f, "dry_run").is_some();
+    let body = json!({
+        "reason": field(&f, "reason").unwrap_or(""),
+        "items": items,
+        "dry_run": dry_run,
+    });
+    match submit(&s, &session, &f, "/api/outbox/dead/actions/requeue", body).await {
+        (status, v) if status.is_success() && dry_run => plan_page(&session, &v),
+        (status, v) if status.is_success() => notice_redirect_to("/", &v),
+        (status, v) => answer_page(&session, status, &v),
+    }
+}
+
+/// A dry run's answer: what each item would do.
+pub fn plan_page(session: &Session, v: &Value) -> Response {
+    let items = v
+        .get("items")
+        .and_then(|i| i.as_array())
+        .into_iter()
+        .flatten();
+    let text = |i: &Value, k: &str| shown(i.get(k).and_then(|w| w.as_str()).unwrap_or(""));
+    let body = html! {
+        table #plan {
+            tr { th { "item" } th { "would" } th { "detail" } }
+            @for i in items {
+                @let id = i.get("id").or_else(|| i.get("message_id")).map(|x| x.to_string()).unwrap_or_default();
+                tr {
+                    td { (shown(id.trim_matches('"'))) }
+                    td { (text(i, "would")) }
+                    td { (text(i, "detail")) }
+                }
+            }
+        }
+        @if v.get("needs_approval").and_then(|b| b.as_bool()) == Some(true) {
+            p { "More than one item: running it creates an approval request." }
+        }
+        p { a href="/" { "Overview" } }
+    };
+    page(Some(session), "Dry run", body).into_response()
+}

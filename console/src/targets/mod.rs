@@ -1,0 +1,12 @@
+//! What the console acts on, each through the crate that owns it: dead outbox rows (the relay
+//! crate's `messages`), consumer dead letters (RabbitMQ, through `consumer::dlq`), processes
+//! (`processes::admin`) and ordered consumers (`consumer::ordered::admin`). Each target says
+//! what an effect changed as a [`Change`], which the actions layer writes to the audit log.
+
+pub mod change;
+pub mod dead_letters;
+pub mod ordered;
+pub mod outbox_dead;
+pub mod processes;
+
+pub use change::Change;

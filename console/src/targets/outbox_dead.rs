@@ -1,0 +1,245 @@
+//! Dead outbox rows (rows that exhausted their publish attempts) and the pending backlog; the
+//! requeue effect.
+//!
+//! A row's version is its PostgreSQL `xmin`: it changes with every update of the row, so an
+//! operator who saw version V requeues the row only if nobody changed it since.
+
+use crate::error::ConsoleError;
+use crate::redact;
+use crate::targets::Change;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use shared::schema::Schema;
+use sqlx::{PgConnection, PgPool};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// A dead row as shown (payload and headers redacted).
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub struct DeadRow {
+    pub id: Uuid,
+    pub seq: i64,
+    pub event_type: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub last_attempt_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    /// The row version to send with an action.
+    pub version: i64,
+    /// The first publishability rule the row breaks, if any: such a row cannot be requeued.
+    pub unpublishable: Option<String>,
+    pub headers: Value,
+    pub payload: Value,
+}
+
+/// Dead rows, oldest first.
+pub async fn list(
+    pool: &PgPool,
+    schema: &Schema,
+    limit: i64,
+) -> Result<Vec<DeadRow>, ConsoleError> {
+    let rows = sqlx::query_as::<_, DeadRow>(schema.sql(
+        "SELECT id, seq, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, created_at, \
+                xmin::text::bigint AS version, \
+                {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) AS unpublishable, \
+                headers, payload \
+         FROM {{schema}}.messages WHERE state = 'dead' ORDER BY seq LIMIT $1",
+    ))
+    .bind(limit.clamp(1, 10_000))
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(redacted).collect())
+}
+
+fn redacted(mut r: DeadRow) -> DeadRow {
+    r.event_type = redact::text(&r.event_type);
+    r.aggregate_type = redact::text(&r.aggregate_type);
+    r.aggregate_id = redact::text(&r.aggregate_id);
+    r.last_error = r.last_error.as_deref().map(redact::text);
+    r.headers = redact::value(&r.headers);
+    r.payload = redact::value(&r.payload);
+    r
+}
+
+/// The outbox at a glance.
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub struct Backlog {
+    /// Rows waiting to be published.
+    pub pending: i64,
+    /// Age of the oldest pending row, in seconds (0 when none).
+    pub oldest_pending_seconds: f64,
+    /// Dead rows.
+    pub dead: i64,
+}
+
+pub async fn backlog(pool: &PgPool, schema: &Schema) -> Result<Backlog, ConsoleError> {
+    Ok(sqlx::query_as::<_, Backlog>(schema.sql(
+        "SELECT count(*) FILTER (WHERE state = 'pending') AS pending, \
+                coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8, 0) AS oldest_pending_seconds, \
+                count(*) FILTER (WHERE state = 'dead') AS dead \
+         FROM {{schema}}.messages WHERE state IN ('pending', 'dead')",
+    ))
+    .fetch_one(pool)
+    .await?)
+}
+
+/// One row of a requeue, with the version the operator saw.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Item {
+    pub id: Uuid,
+    pub version: i64,
+}
+
+/// What a requeue would do to one row (the dry run).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Planned {
+    pub id: Uuid,
+    /// `requeue`, `stale` (changed since the version seen), `not_dead`, `unpublishable`, `not_found`.
+    pub would: String,
+    pub detail: Option<String>,
+}
+
+struct Current {
+    id: Uuid,
+    version: i64,
+    state: String,
+    attempts: i32,
+    last_error: Option<String>,
+    unpublishable: Option<String>,
+}
+
+/// id, version, state, attempts, last_error, unpublishable.
+type CurrentRow = (Uuid, i64, String, i32, Option<String>, Option<String>);
+
+async fn current(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    ids: &[Uuid],
+    lock: bool,
+) -> Result<Vec<Current>, ConsoleError> {
+    let sql = format!(
+        "SELECT id, xmin::text::bigint, state, attempts, last_error, \
+                {{{{schema}}}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) \
+         FROM {{{{schema}}}}.messages WHERE id = ANY($1) ORDER BY seq{}",
+        if lock { " FOR UPDATE" } else { "" }
+    );
+    let rows: Vec<CurrentRow> = sqlx::query_as(schema.sql(&sql))
+        .bind(ids)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(id, version, state, attempts, last_error, unpublishable)| Current {
+                id,
+                version,
+                state,
+                attempts,
+                last_error,
+                unpublishable,
+            },
+        )
+        .collect())
+}
+
+fn judge(item: &Item, cur: Option<&Current>) -> Planned {
+    let (would, detail) = match cur {
+        None => ("not_found", None),
+        Some(c) if c.version != item.version => (
+            "stale",
+            Some(format!(
+                "the row changed since version {} (now {})",
+                item.version, c.version
+            )),
+        ),
+        Some(c) if c.state != "dead" => ("not_dead", Some(format!("the row is {}", c.state))),
+        Some(c) if c.unpublishable.is_some() => ("unpublishable", c.unpublishable.clone()),
+        Some(_) => ("requeue", None),
+    };
+    Planned {
+        id: item.id,
+        would: would.to_string(),
+        detail: detail.map(|d| redact::text(&d)),
+    }
+}
+
+/// The dry run: what requeueing `items` would do, changing nothing.
+pub async fn plan(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    items: &[Item],
+) -> Result<Vec<Planned>, ConsoleError> {
+    let ids: Vec<Uuid> = items.iter().map(|i| i.id).collect();
+    let cur = current(conn, schema, &ids, false).await?;
+    Ok(items
+        .iter()
+        .map(|i| judge(i, cur.iter().find(|c| c.id == i.id)))
+        .collect())
+}
+
+/// Checks that every item would be requeued now; the first that would not is the error.
+pub async fn check(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    items: &[Item],
+    lock: bool,
+) -> Result<(), ConsoleError> {
+    let ids: Vec<Uuid> = items.iter().map(|i| i.id).collect();
+    let cur = current(conn, schema, &ids, lock).await?;
+    for i in items {
+        let p = judge(i, cur.iter().find(|c| c.id == i.id));
+        let detail = p.detail.unwrap_or_default();
+        match p.would.as_str() {
+            "requeue" => {}
+            "not_found" => return Err(ConsoleError::NotFound(format!("outbox row {}", i.id))),
+            "unpublishable" => {
+                return Err(ConsoleError::Unprocessable(format!(
+                    "outbox row {} breaks a publishability rule and stays dead: {detail}",
+                    i.id
+                )));
+            }
+            _ => {
+                return Err(ConsoleError::Conflict(format!(
+                    "outbox row {}: {detail}",
+                    i.id
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The effect: every item back to pending with fresh attempts, all or none (a stale version or
+/// a row that is no longer dead is a conflict and nothing changes).
+pub async fn requeue(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    items: &[Item],
+) -> Result<(Vec<Change>, Value), ConsoleError> {
+    if items.is_empty() {
+        return Err(ConsoleError::BadRequest("no rows given".into()));
+    }
+    let ids: Vec<Uuid> = items.iter().map(|i| i.id).collect();
+    check(conn, schema, items, true).await?;
+    let before = current(conn, schema, &ids, false).await?;
+    // The relay crate owns `messages`: its function writes the row and wakes the relays.
+    let after = relay::store::requeue_dead_in(conn, schema, Some(&ids)).await?;
+    let changes = before
+        .iter()
+        .map(|b| Change {
+            target: format!("outbox:{}", b.id),
+            before: Some(json!({"state": b.state, "attempts": b.attempts, "last_error": b.last_error, "version": b.version})),
+            after: Some(json!({
+                "state": "pending",
+                "attempts": 0,
+                "version": after.iter().find(|(id, _)| *id == b.id).map(|(_, v)| *v),
+            })),
+            ..Default::default()
+        })
+        .collect();
+    let body = json!({ "requeued": ids });
+    Ok((changes, body))
+}
