@@ -3300,3 +3300,164 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
     shutdown.cancel();
     worker.await.unwrap().unwrap();
 }
+
+/// A process parked at a wait (issue 25): the API and the page say what it awaits, since when,
+/// the deadline and what happens then; the operator's "query remote status" asks the remote at
+/// once, through the console's audited action; resolving the wait as failed takes what was
+/// checked at the remote and a second person, as any step whose outcome is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_now() {
+    use system_tests::wait_fixtures as wf;
+    let c = Console::start().await;
+    fx::setup(&c.db.pool).await.unwrap();
+    wf::setup(&c.db.pool).await.unwrap();
+    sqlx::query("INSERT INTO fake_remote.outcomes (charge, status) VALUES ('asked', 'succeeded')")
+        .execute(&c.db.pool)
+        .await
+        .unwrap();
+    let def = |kind: &str, remote| {
+        wf::awaiting(
+            kind,
+            remote,
+            Duration::from_secs(3600),
+            &c.db.pool,
+            &fx::Failpoint::default(),
+        )
+    };
+    let mut ids = Vec::new();
+    for (kind, remote, charge) in [
+        ("await_query", processes::Remote::Queryable, "asked"),
+        ("await_none", processes::Remote::Neither, "blind"),
+    ] {
+        let started = processes::start(
+            &c.db.pool,
+            &def(kind, remote),
+            charge,
+            &json!({"charge_id": charge}),
+        )
+        .await
+        .unwrap();
+        ids.push(started.id);
+    }
+    let (asked, blind) = (ids[0], ids[1]);
+    let stop = CancellationToken::new();
+    let worker = spawn_worker(
+        &c.db.url,
+        "w",
+        wf::register(
+            processes::Registry::new(),
+            &c.db.pool,
+            &fx::Failpoint::default(),
+        ),
+        stop.clone(),
+    )
+    .await;
+    wait_process(&c.db.pool, asked, "waiting").await;
+    wait_process(&c.db.pool, blind, "waiting").await;
+
+    let op = c.user("olga", Role::Operator).await;
+    let view = c.process_view(&op, asked).await;
+    let step = view["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["execution"] == "wait")
+        .unwrap()
+        .clone();
+    assert_eq!(step["wait_key"], json!("charge:asked"));
+    assert!(step["wait_since"].is_string() && step["wait_until"].is_string());
+    let seq = step["seq"].clone();
+    let names = offered(&view);
+    assert_eq!(
+        names.first().map(String::as_str),
+        Some("query_remote_status"),
+        "{names:?}"
+    );
+    assert!(names.iter().any(|n| n == "resolve_failed"), "{names:?}");
+
+    let cookie = login(&c, &op).await;
+    let page = c
+        .http
+        .get(format!("{}/processes/{asked}", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!("id=\"wait-{seq}\""))
+            && page.contains("Waiting for event")
+            && page.contains("charge:asked")
+            && page.contains("the remote is queried"),
+        "{page}"
+    );
+    let blind_page = c
+        .http
+        .get(format!("{}/processes/{blind}", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(blind_page.contains("cannot be queried"), "{blind_page}");
+    assert!(!offered(&c.process_view(&op, blind).await).contains(&"query_remote_status".into()));
+
+    // Query now: an operator action, audited; the worker asks the remote at once.
+    let (s, body, _) = c
+        .post(
+            &op,
+            &format!("/api/processes/{asked}/actions/query_remote_status"),
+            json!({"reason": "the customer is on the phone", "version": view["version"], "step": seq}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(
+        c.audit_count("olga", "process.query_remote_status", "succeeded")
+            .await,
+        1
+    );
+    wait_process(&c.db.pool, asked, "succeeded").await;
+
+    // Resolving the other wait as failed: what was checked, then a second person.
+    let view = c.process_view(&op, blind).await;
+    let seq = view["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["execution"] == "wait")
+        .unwrap()["seq"]
+        .clone();
+    let path = format!("/api/processes/{blind}/actions/resolve_failed");
+    let anna = c.user("anna", Role::Approver).await;
+    let (s, err, _) = c
+        .post(
+            &anna,
+            &path,
+            json!({"reason": "no webhook came", "version": view["version"], "step": seq}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+    let (s, body, _) = c
+        .post(
+            &anna,
+            &path,
+            json!({"reason": "no webhook came", "version": view["version"], "step": seq,
+                   "remote_check": {"checked": "provider dashboard, reference blind", "answer": "no charge"}}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(
+        c.process_state(blind).await.0,
+        "waiting",
+        "nothing on one person's word"
+    );
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}

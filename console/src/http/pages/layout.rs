@@ -75,6 +75,7 @@ th{background:#f3f3f3}nav a{margin-right:1em}.notice{background:#eef7ee;border:1
 .error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}td code{word-break:break-all}input[type=text]{width:24em}\
 form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}form.inline{display:inline}\
 .warning{background:#fff4e0;border:2px solid #e0a030;padding:.5em;margin:.5em 0}\
+.waiting{background:#eef4ff;border:2px solid #6a8fd0;padding:.5em;margin:.5em 0}\
 .card{border:1px solid #bbb;border-radius:4px;padding:.5em .75em;margin:.5em 0;max-width:60em}\
 .partitions{display:flex;flex-wrap:wrap;gap:4px;margin:.5em 0 1em}.partition{width:7.5em;padding:.3em;border:2px solid #999;border-radius:3px;font-size:.8em;overflow:hidden}\
 .partition.held{border-color:#c33}.card.stuck{border-left:6px solid #c33}.amount{font-size:1.1em}.safe{color:#2a7a2a;font-weight:bold}";

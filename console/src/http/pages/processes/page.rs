@@ -1,5 +1,5 @@
 //! One process's page: the summary, the last classified error, the steps whose outcome is
-//! unknown (above all else), the input, the steps, the actions allowed now, pending approval
+//! unknown (above all else), what it waits for, the input, the steps, the actions allowed now, pending approval
 //! requests, operator actions and the timeline.
 
 use super::actions::actions;
@@ -54,6 +54,7 @@ async fn render(
         (summary(&v))
         (last_error(&v))
         (unknown_outcomes(&v))
+        (waits(&steps))
         h2 { "Input" }
         p { code #input { (shown(&v["input"].to_string())) } }
         (steps_table(&steps))
@@ -155,6 +156,59 @@ fn unknown_outcomes(v: &Value) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// What the process waits for, if it is parked at a wait or a timer: the awaited event's key,
+/// since when, the deadline and what happens then (a queryable remote is asked; otherwise manual
+/// review), or when a timer continues. Waiting holds nothing: no lease, no worker.
+fn waits(steps: &[Value]) -> Markup {
+    let parked = steps.iter().filter(|st| {
+        matches!(txt(st, "execution").as_str(), "wait" | "timer")
+            && matches!(txt(st, "status").as_str(), "running" | "retryable")
+            && time_of(st, "wait_until").is_some()
+    });
+    html! {
+        @for st in parked {
+            @let seq = txt(st, "seq");
+            @let until = time_of(st, "wait_until");
+            @let left = until.map(|u| relative(u - chrono::Utc::now())).unwrap_or_default();
+            div.waiting id={ "wait-" (seq) } {
+                @if txt(st, "execution") == "timer" {
+                    b { "Timer" } " (step " (shown(&seq)) " " (shown(&txt(st, "name"))) "): continues at "
+                    (when(st, "wait_until")) " (" (left) "), set " (when(st, "wait_since")) "."
+                } @else {
+                    b { "Waiting for event " code.wait-key { (shown(&txt(st, "wait_key"))) } }
+                    " (step " (shown(&seq)) " " (shown(&txt(st, "name"))) ") since "
+                    (when(st, "wait_since")) "; deadline " (when(st, "wait_until")) " (" (left) "). "
+                    @if txt(st, "status") == "retryable" {
+                        "The remote's status query found no outcome yet; next query "
+                        (when(st, "next_attempt_at")) ". "
+                    }
+                    @if txt(st, "remote") == "queryable" {
+                        "At the deadline the remote is queried; query it now below if you cannot wait."
+                    } @else {
+                        "The remote cannot be queried: at the deadline the step goes to manual review."
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A duration from now, as a person says it ("in 4 min", "12 s ago").
+fn relative(d: chrono::TimeDelta) -> String {
+    let secs = d.num_seconds();
+    let (n, unit) = match secs.unsigned_abs() {
+        s if s < 120 => (s, "s"),
+        s if s < 7_200 => (s / 60, "min"),
+        s if s < 172_800 => (s / 3_600, "h"),
+        s => (s / 86_400, "d"),
+    };
+    if secs >= 0 {
+        format!("in {n} {unit}")
+    } else {
+        format!("{n} {unit} ago")
     }
 }
 
