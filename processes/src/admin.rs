@@ -21,6 +21,7 @@
 use crate::definition::{Remote, Role};
 use crate::error::Error;
 use crate::redact;
+use crate::status::{ProcessStatus, StepStatus};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -38,7 +39,7 @@ pub struct ProcessSummary {
     pub business_key: String,
     pub revision: i32,
     pub revision_of: Option<Uuid>,
-    pub status: String,
+    pub status: ProcessStatus,
     pub paused: bool,
     pub attempt: i32,
     pub last_reason: String,
@@ -62,7 +63,7 @@ pub struct StepView {
     pub execution: String,
     pub remote: Option<String>,
     pub sensitive: bool,
-    pub status: String,
+    pub status: StepStatus,
     pub operation_id: Uuid,
     pub attempts: i32,
     pub max_attempts: i32,
@@ -90,7 +91,7 @@ impl StepView {
     pub fn is_waiting(&self) -> bool {
         self.execution == "wait"
             && self.wait_until.is_some()
-            && matches!(self.status.as_str(), "running" | "retryable")
+            && matches!(self.status, StepStatus::Running | StepStatus::Retryable)
     }
 }
 
@@ -358,7 +359,7 @@ impl Action {
 /// manual review whose last outcome is unknown, or a wait step still waiting for its event (the
 /// call it waits on was made; its answer has not come).
 fn in_doubt(s: &StepView) -> bool {
-    (s.status == "manual_review"
+    (s.status == StepStatus::ManualReview
         && matches!(s.execution.as_str(), "external" | "wait")
         && s.error_class.as_deref() == Some("unknown"))
         || s.is_waiting()
@@ -458,14 +459,14 @@ pub struct Outcome {
     /// The process_history row of the last transition it made: the audit reference.
     pub audit_ref: i64,
     pub row_version: i64,
-    pub status: String,
+    pub status: ProcessStatus,
 }
 
 /// Filter for [`list`].
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     pub kind: Option<String>,
-    pub status: Option<String>,
+    pub status: Option<ProcessStatus>,
     /// Only processes created at least this many seconds ago (the ones that should be done).
     pub older_than_seconds: Option<i64>,
     pub limit: Option<i64>,
@@ -513,7 +514,7 @@ pub async fn list(
          ORDER BY (status = 'manual_review') DESC, updated_at DESC LIMIT $3"
     )))
     .bind(&filter.kind)
-    .bind(&filter.status)
+    .bind(filter.status)
     .bind(filter.limit.unwrap_or(100).clamp(1, 1000))
     // Clamped to a century: a larger age is every process, and PostgreSQL's interval would overflow.
     .bind(
@@ -527,7 +528,7 @@ pub async fn list(
 }
 
 /// How many processes have `status` (one index range: `processes_status_idx`).
-pub async fn count(pool: &PgPool, schema: &Schema, status: &str) -> Result<i64, Error> {
+pub async fn count(pool: &PgPool, schema: &Schema, status: ProcessStatus) -> Result<i64, Error> {
     Ok(sqlx::query_scalar(
         schema.sql("SELECT count(*) FROM {{schema}}.processes WHERE status = $1"),
     )
@@ -646,15 +647,14 @@ async fn steps_of(
 /// failed last.
 pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
     let mut out = Vec::new();
-    let terminal = matches!(
-        p.status.as_str(),
-        "succeeded" | "failed" | "compensated" | "cancelled"
-    );
-    if terminal {
+    if p.status.is_terminal() {
         return out;
     }
-    if p.status == "manual_review" {
-        for s in steps.iter().filter(|s| s.status == "manual_review") {
+    if p.status == ProcessStatus::ManualReview {
+        for s in steps
+            .iter()
+            .filter(|s| s.status == StepStatus::ManualReview)
+        {
             let remote = s.remote.as_deref().and_then(Remote::parse);
             let role = Role::parse(&s.role);
             let in_doubt = s.error_class.as_deref() == Some("unknown");
@@ -675,7 +675,7 @@ pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
             out.push(Action::ResolveFailed { seq: s.seq });
         }
     }
-    if p.status == "waiting" {
+    if p.status == ProcessStatus::Waiting {
         // A parked wait: query the remote now rather than at the deadline, or decide with the
         // evidence a person has (as for a step in doubt: the remote may have acted).
         for s in steps.iter().filter(|s| s.is_waiting()) {
@@ -686,7 +686,7 @@ pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
             out.push(Action::ResolveFailed { seq: s.seq });
         }
     }
-    if p.status != "manual_review" {
+    if p.status != ProcessStatus::ManualReview {
         out.push(Action::Escalate);
     }
     out.push(if p.paused {
@@ -695,8 +695,11 @@ pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
         Action::Pause
     });
     if matches!(
-        p.status.as_str(),
-        "pending" | "running" | "waiting" | "manual_review"
+        p.status,
+        ProcessStatus::Pending
+            | ProcessStatus::Running
+            | ProcessStatus::Waiting
+            | ProcessStatus::ManualReview
     ) {
         out.push(Action::Cancel);
     }
@@ -857,12 +860,40 @@ pub async fn act_in(
             .await?;
         }
         Action::Escalate => {
-            take_process(tx, schema, id, "manual_review", &reason, &req.actor).await?
+            take_process(
+                tx,
+                schema,
+                id,
+                ProcessStatus::ManualReview,
+                &reason,
+                &req.actor,
+            )
+            .await?
         }
-        Action::Cancel => take_process(tx, schema, id, "cancelled", &reason, &req.actor).await?,
+        Action::Cancel => {
+            take_process(
+                tx,
+                schema,
+                id,
+                ProcessStatus::Cancelled,
+                &reason,
+                &req.actor,
+            )
+            .await?
+        }
         Action::RerunStep { seq } => {
-            set_step(tx, schema, id, *seq, "pending", None, &reason, &req.actor).await?;
-            take_process(tx, schema, id, "running", &reason, &req.actor).await?;
+            set_step(
+                tx,
+                schema,
+                id,
+                *seq,
+                StepStatus::Pending,
+                None,
+                &reason,
+                &req.actor,
+            )
+            .await?;
+            take_process(tx, schema, id, ProcessStatus::Running, &reason, &req.actor).await?;
         }
         Action::QueryRemote { seq } if step(*seq).is_some_and(StepView::is_waiting) => {
             // A parked wait: its deadline is now. The worker finds no event, so it queries the
@@ -879,7 +910,7 @@ pub async fn act_in(
             .bind(&req.actor)
             .execute(&mut *tx)
             .await?;
-            take_process(tx, schema, id, "running", &reason, &req.actor).await?;
+            take_process(tx, schema, id, ProcessStatus::Running, &reason, &req.actor).await?;
         }
         Action::QueryRemote { seq } => {
             // The worker treats a retryable step with an unknown outcome as in doubt: it queries
@@ -896,11 +927,29 @@ pub async fn act_in(
             .bind(&req.actor)
             .execute(&mut *tx)
             .await?;
-            take_process(tx, schema, id, "running", &reason, &req.actor).await?;
+            take_process(tx, schema, id, ProcessStatus::Running, &reason, &req.actor).await?;
         }
         Action::RunCompensation { seq } => {
-            set_step(tx, schema, id, *seq, "pending", None, &reason, &req.actor).await?;
-            take_process(tx, schema, id, "compensating", &reason, &req.actor).await?;
+            set_step(
+                tx,
+                schema,
+                id,
+                *seq,
+                StepStatus::Pending,
+                None,
+                &reason,
+                &req.actor,
+            )
+            .await?;
+            take_process(
+                tx,
+                schema,
+                id,
+                ProcessStatus::Compensating,
+                &reason,
+                &req.actor,
+            )
+            .await?;
         }
         Action::ResolveSucceeded { seq } | Action::ResolveFailed { seq } => {
             let s = step(*seq).ok_or_else(|| Error::Invalid(format!("no step {seq}")))?;
@@ -944,7 +993,11 @@ pub async fn act_in(
             .bind(&req.actor)
             .execute(&mut *tx)
             .await?;
-            let target = if succeeded { "succeeded" } else { "failed" };
+            let target = if succeeded {
+                StepStatus::Succeeded
+            } else {
+                StepStatus::Failed
+            };
             set_step(
                 tx,
                 schema,
@@ -959,9 +1012,9 @@ pub async fn act_in(
             // The process goes back to a worker, which continues (or compensates, or finishes).
             let is_comp = s.role == "compensation";
             let next = match (is_comp, succeeded) {
-                (false, _) => "running",
-                (true, true) => "compensating",
-                (true, false) => "failed",
+                (false, _) => ProcessStatus::Running,
+                (true, true) => ProcessStatus::Compensating,
+                (true, false) => ProcessStatus::Failed,
             };
             take_process(tx, schema, id, next, &reason, &req.actor).await?;
         }
@@ -1008,7 +1061,7 @@ async fn take_process(
     tx: &mut PgConnection,
     schema: &Schema,
     id: Uuid,
-    status: &str,
+    status: ProcessStatus,
     reason: &str,
     actor: &str,
 ) -> Result<(), Error> {
@@ -1034,7 +1087,7 @@ async fn set_step(
     schema: &Schema,
     id: Uuid,
     seq: i32,
-    status: &str,
+    status: StepStatus,
     reference: Option<&str>,
     reason: &str,
     actor: &str,
@@ -1077,7 +1130,7 @@ mod tests {
 
     use super::*;
 
-    fn process(status: &str) -> ProcessSummary {
+    fn process(status: ProcessStatus) -> ProcessSummary {
         let now = Utc::now();
         ProcessSummary {
             id: Uuid::nil(),
@@ -1086,7 +1139,7 @@ mod tests {
             business_key: "p-1".into(),
             revision: 0,
             revision_of: None,
-            status: status.into(),
+            status,
             paused: false,
             attempt: 1,
             last_reason: String::new(),
@@ -1115,7 +1168,7 @@ mod tests {
             .into(),
             remote: remote.map(|r| r.as_str().to_string()),
             sensitive: false,
-            status: "manual_review".into(),
+            status: StepStatus::ManualReview,
             operation_id: Uuid::nil(),
             attempts: 2,
             max_attempts: 2,
@@ -1135,11 +1188,11 @@ mod tests {
         }
     }
 
-    fn waiting(seq: i32, remote: Remote, status: &str) -> StepView {
+    fn waiting(seq: i32, remote: Remote, status: StepStatus) -> StepView {
         let now = Utc::now();
         StepView {
             execution: "wait".into(),
-            status: status.into(),
+            status,
             error_class: None,
             wait_key: Some("charge:ch_1".into()),
             wait_since: Some(now),
@@ -1153,11 +1206,11 @@ mod tests {
     /// on was made: the remote may have acted). A timer offers none of these.
     #[test]
     fn a_waiting_step_offers_query_now_and_guarded_resolutions() {
-        let p = process("waiting");
+        let p = process(ProcessStatus::Waiting);
         for (remote, status) in [
-            (Remote::Queryable, "running"),
-            (Remote::Queryable, "retryable"),
-            (Remote::Neither, "running"),
+            (Remote::Queryable, StepStatus::Running),
+            (Remote::Queryable, StepStatus::Retryable),
+            (Remote::Neither, StepStatus::Running),
         ] {
             let steps = [waiting(2, remote, status)];
             let allowed = allowed_actions(&p, &steps);
@@ -1180,7 +1233,7 @@ mod tests {
             assert!(succeeded.evidence && succeeded.second_person);
         }
         // The wait ended (the event came): nothing to decide on it.
-        let done = [waiting(2, Remote::Queryable, "succeeded")];
+        let done = [waiting(2, Remote::Queryable, StepStatus::Succeeded)];
         assert!(doubts(&done).is_empty());
         assert!(!allowed_actions(&p, &done).contains(&Action::ResolveFailed { seq: 2 }));
         // A timer is not in doubt.
@@ -1188,7 +1241,7 @@ mod tests {
             execution: "timer".into(),
             remote: None,
             wait_key: None,
-            ..waiting(2, Remote::Queryable, "running")
+            ..waiting(2, Remote::Queryable, StepStatus::Running)
         }];
         assert!(doubts(&timer).is_empty());
         assert_eq!(
@@ -1202,7 +1255,7 @@ mod tests {
     /// doubt (a permanent error), it needs neither.
     #[test]
     fn an_unknown_outcome_offers_the_safe_action_first_and_guards_resolve_failed() {
-        let p = process("manual_review");
+        let p = process(ProcessStatus::ManualReview);
         for (remote, safe) in [
             (Remote::HonoursKey, Some(Action::RerunStep { seq: 1 })),
             (Remote::Queryable, Some(Action::QueryRemote { seq: 1 })),

@@ -15,6 +15,7 @@
 //! - [`signal`](mod@signal): wakes processes waiting for an event (a [`WaitStep`]), in the
 //!   caller's transaction; an event that comes before its wait is kept for it.
 //! - [`admin`]: what operators see and may do (list, get with history, the actions allowed now).
+//! - [`status`]: [`ProcessStatus`] and [`StepStatus`], the states as types.
 //! - [`redact`]: inputs and messages as stored for display.
 //! - [`internal_events`]: the metrics.
 //!
@@ -31,6 +32,7 @@ pub mod retry;
 mod runner;
 pub mod signal;
 pub mod start;
+pub mod status;
 pub mod store;
 pub mod worker;
 
@@ -42,4 +44,5 @@ pub use error::{Error, ErrorClass, StepError};
 pub use retry::RetryPolicy;
 pub use signal::{Signalled, signal};
 pub use start::{Started, revise, start, start_in};
+pub use status::{ProcessStatus, StepStatus};
 pub use worker::{DatabaseHook, Worker, WorkerConfig, WorkerError};

@@ -16,6 +16,7 @@ use crate::error::{ErrorClass, StepError};
 use crate::internal_events as events;
 use crate::redact;
 use crate::retry::RetryPolicy;
+use crate::status::{ProcessStatus, StepStatus};
 use crate::store::{self, Claimed, Fenced, ProcessChange, StepChange, StepRow, WriteError};
 use chrono::Utc;
 use shared::schema::Schema;
@@ -152,7 +153,7 @@ pub(crate) async fn run(
         lost.clone(),
         beat_done.clone(),
     ));
-    let phase = if c.status == "compensating" {
+    let phase = if c.status == ProcessStatus::Compensating {
         Phase::Compensating
     } else {
         Phase::Forward
@@ -289,7 +290,7 @@ impl Run<'_> {
         let Some(i) = self
             .steps
             .iter()
-            .position(|s| s.role == role && s.status != "succeeded")
+            .position(|s| s.role == role && s.status != StepStatus::Succeeded)
         else {
             return match self.phase {
                 Phase::Forward => {
@@ -302,12 +303,14 @@ impl Run<'_> {
             };
         };
         let s = &self.steps[i];
-        match (self.phase, s.status.as_str()) {
-            (Phase::Forward, "failed") => Next::Compensate(format!("step {} failed", s.name)),
-            (Phase::Compensating, "failed") => {
+        match (self.phase, s.status) {
+            (Phase::Forward, StepStatus::Failed) => {
+                Next::Compensate(format!("step {} failed", s.name))
+            }
+            (Phase::Compensating, StepStatus::Failed) => {
                 Next::Review(i, format!("compensation of {} failed", s.name))
             }
-            (_, "manual_review") => Next::Finish(
+            (_, StepStatus::ManualReview) => Next::Finish(
                 ProcessChange::ManualReview,
                 format!("step {} needs a decision (manual review)", s.name),
             ),
@@ -339,7 +342,7 @@ impl Run<'_> {
                     return Next::Run(i);
                 }
                 match s.next_attempt_at {
-                    Some(at) if s.status == "retryable" && at > now => Next::Wait(at),
+                    Some(at) if s.status == StepStatus::Retryable && at > now => Next::Wait(at),
                     _ => Next::Run(i),
                 }
             }
@@ -367,16 +370,16 @@ impl Run<'_> {
 
     fn finished(&self, change: ProcessChange) {
         let status = match change {
-            ProcessChange::Succeeded => "succeeded",
-            ProcessChange::Failed => "failed",
-            ProcessChange::Compensated => "compensated",
-            ProcessChange::ManualReview => "manual_review",
+            ProcessChange::Succeeded => ProcessStatus::Succeeded,
+            ProcessChange::Failed => ProcessStatus::Failed,
+            ProcessChange::Compensated => ProcessStatus::Compensated,
+            ProcessChange::ManualReview => ProcessStatus::ManualReview,
             _ => return,
         };
         let latency = (Utc::now() - self.c.created_at)
             .to_std()
             .unwrap_or_default();
-        events::finished(&self.c.kind, status, latency);
+        events::finished(&self.c.kind, status.as_str(), latency);
     }
 
     fn context(&self, i: usize) -> StepContext {
@@ -384,13 +387,13 @@ impl Run<'_> {
         let outputs: HashMap<String, serde_json::Value> = self
             .steps
             .iter()
-            .filter(|o| o.role == Role::Forward && o.status == "succeeded")
+            .filter(|o| o.role == Role::Forward && o.status == StepStatus::Succeeded)
             .filter_map(|o| o.output.clone().map(|v| (o.name.clone(), v)))
             .collect();
         let references: HashMap<String, String> = self
             .steps
             .iter()
-            .filter(|o| o.role == Role::Forward && o.status == "succeeded")
+            .filter(|o| o.role == Role::Forward && o.status == StepStatus::Succeeded)
             .filter_map(|o| o.reference().map(|r| (o.name.clone(), r.to_string())))
             .collect();
         let compensates = s.acts_on.and_then(|seq| {
@@ -439,7 +442,7 @@ impl Run<'_> {
             .steps
             .iter()
             .enumerate()
-            .any(|(j, s)| j != i && s.role == role && s.status != "succeeded")
+            .any(|(j, s)| j != i && s.role == role && s.status != StepStatus::Succeeded)
     }
 
     async fn run_step(
@@ -478,7 +481,11 @@ impl Run<'_> {
                 if doubt {
                     match remote {
                         Remote::Neither => {
-                            events::unknown_outcome(&self.c.kind, &name, "manual_review");
+                            events::unknown_outcome(
+                                &self.c.kind,
+                                &name,
+                                StepStatus::ManualReview.as_str(),
+                            );
                             let reason = format!(
                                 "outcome of attempt {} of {name} is unknown and the remote offers neither an idempotency key nor a status query",
                                 s.attempts
@@ -617,7 +624,7 @@ impl Run<'_> {
                 .await?;
                 // Back to the pool for the call's duration (heartbeats need pool connections).
                 drop(conn);
-                self.steps[i].status = "running".into();
+                self.steps[i].status = StepStatus::Running;
                 self.steps[i].attempts += 1;
                 if self.steps[i].first_attempt_at.is_none() {
                     self.steps[i].first_attempt_at = Some(Utc::now());
@@ -641,7 +648,10 @@ impl Run<'_> {
                     return Err(Fenced.into());
                 };
                 match outcome {
-                    Ok(Ok(done)) => self.external_succeeded(i, done, "succeeded", started).await,
+                    Ok(Ok(done)) => {
+                        self.external_succeeded(i, done, StepStatus::Succeeded.as_str(), started)
+                            .await
+                    }
                     // This attempt repeated one of unknown outcome with the same key. A transient
                     // error (a 503 before the remote looked at the key, a refused connection)
                     // says nothing about that earlier attempt: the outcome stays unknown, so the
@@ -736,7 +746,7 @@ impl Run<'_> {
                 now + chrono::Duration::from_std(deadline).unwrap_or(chrono::TimeDelta::MAX);
             return self.park(i, Some(&key), until, true).await;
         }
-        let due = if s.status == "retryable" {
+        let due = if s.status == StepStatus::Retryable {
             s.next_attempt_at
         } else {
             s.wait_until
@@ -747,7 +757,7 @@ impl Run<'_> {
             return self.park(i, Some(&key), due, false).await;
         }
         if remote != Remote::Queryable {
-            events::wait_ended(&self.c.kind, &name, "manual_review");
+            events::wait_ended(&self.c.kind, &name, StepStatus::ManualReview.as_str());
             let reason = format!(
                 "no event for {key} by the deadline of {name}, and the remote cannot be queried"
             );
@@ -762,7 +772,7 @@ impl Run<'_> {
                 first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX) <= now
             });
         if s.attempts >= s.max_attempts || over_deadline {
-            events::wait_ended(&self.c.kind, &name, "manual_review");
+            events::wait_ended(&self.c.kind, &name, StepStatus::ManualReview.as_str());
             let reason = format!(
                 "no event for {key} and no outcome from the remote after {} attempts of {name}",
                 s.attempts
@@ -782,14 +792,14 @@ impl Run<'_> {
                 self.external_succeeded(i, done, &reason, started).await
             }
             Ok(Ok(Lookup::NotFound)) => {
-                events::wait_ended(&self.c.kind, &name, "manual_review");
+                events::wait_ended(&self.c.kind, &name, StepStatus::ManualReview.as_str());
                 let reason = review("the remote has no record of it".into());
                 self.review(i, Some(ErrorClass::Unknown), Some(&reason), true, &reason)
                     .await?;
                 Ok(Some(TurnEnd::Parked))
             }
             Ok(Ok(Lookup::Inconclusive(m))) => {
-                events::wait_ended(&self.c.kind, &name, "manual_review");
+                events::wait_ended(&self.c.kind, &name, StepStatus::ManualReview.as_str());
                 let reason = review(format!("the status query was inconclusive: {m}"));
                 self.review(i, Some(ErrorClass::Unknown), Some(&m), true, &reason)
                     .await?;
@@ -895,7 +905,7 @@ impl Run<'_> {
         self.put(conn);
         if first {
             let s = &mut self.steps[i];
-            s.status = "running".into();
+            s.status = StepStatus::Running;
             s.attempts += 1;
             s.wait_key = key.map(str::to_string);
             s.wait_until = Some(until);
@@ -926,11 +936,12 @@ impl Run<'_> {
             if group.len() >= max || past_deadline {
                 break;
             }
-            if s.role != role || s.status == "succeeded" {
+            if s.role != role || s.status == StepStatus::Succeeded {
                 continue;
             }
-            let due = s.status == "pending"
-                || (s.status == "retryable" && s.next_attempt_at.is_none_or(|at| at <= now));
+            let due = s.status == StepStatus::Pending
+                || (s.status == StepStatus::Retryable
+                    && s.next_attempt_at.is_none_or(|at| at <= now));
             match self.action(j) {
                 Some((Action::Local(step), retry, timeout)) if due => {
                     group.push((j, (step, retry, timeout)));
@@ -1009,7 +1020,7 @@ impl Run<'_> {
         let finish = (!self
             .steps
             .iter()
-            .any(|s| s.role == role && s.status != "succeeded"))
+            .any(|s| s.role == role && s.status != StepStatus::Succeeded))
         .then_some(match self.phase {
             Phase::Forward => (store::Finish::Succeeded, "every step succeeded"),
             Phase::Compensating => (store::Finish::Compensated, "every compensation succeeded"),
@@ -1034,7 +1045,7 @@ impl Run<'_> {
             events::step_attempt(
                 &self.c.kind,
                 &self.steps[*j].name,
-                "succeeded",
+                StepStatus::Succeeded.as_str(),
                 "none",
                 *took,
             );
@@ -1051,7 +1062,7 @@ impl Run<'_> {
 
     fn mark_succeeded(&mut self, i: usize, remote: bool, done: Done) {
         let s = &mut self.steps[i];
-        s.status = "succeeded".into();
+        s.status = StepStatus::Succeeded;
         s.next_attempt_at = None;
         if remote {
             s.remote_ref = Some(done.reference);
@@ -1112,7 +1123,7 @@ impl Run<'_> {
         events::step_attempt(
             &self.c.kind,
             &self.steps[i].name,
-            "succeeded",
+            StepStatus::Succeeded.as_str(),
             "none",
             started.elapsed(),
         );
@@ -1145,7 +1156,7 @@ impl Run<'_> {
             started.elapsed(),
         );
         if class == ErrorClass::Unknown && s.remote == Some(Remote::Neither) {
-            events::unknown_outcome(&self.c.kind, &s.name, "manual_review");
+            events::unknown_outcome(&self.c.kind, &s.name, StepStatus::ManualReview.as_str());
             let reason = format!(
                 "outcome of {} unknown ({message}) and the remote offers neither key nor query",
                 s.name
@@ -1211,7 +1222,7 @@ impl Run<'_> {
         .await?;
         self.put(conn);
         let s = &mut self.steps[i];
-        s.status = "retryable".into();
+        s.status = StepStatus::Retryable;
         s.attempts = attempts;
         s.next_attempt_at = Some(at);
         s.error_class = Some(class.as_str().into());
@@ -1257,14 +1268,14 @@ impl Run<'_> {
             },
         )
         .await?;
-        self.steps[i].status = "failed".into();
+        self.steps[i].status = StepStatus::Failed;
         let end = self.begin_compensation(&mut tx, &reason).await?;
         tx.commit().await?;
         self.put(conn);
         events::step_attempt(
             &self.c.kind,
             &self.steps[i].name,
-            "failed",
+            StepStatus::Failed.as_str(),
             e.class.as_str(),
             Duration::ZERO,
         );
@@ -1281,7 +1292,7 @@ impl Run<'_> {
     ) -> Result<ProcessChange, WriteError> {
         let mut comps = Vec::new();
         for s in self.steps.iter().rev() {
-            if s.role != Role::Forward || s.status != "succeeded" {
+            if s.role != Role::Forward || s.status != StepStatus::Succeeded {
                 continue;
             }
             if self
@@ -1361,7 +1372,7 @@ impl Run<'_> {
         let mut conn = self.take().await?;
         let mut tx = conn.begin().await?;
         store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
-        if self.steps[i].status != "manual_review" {
+        if self.steps[i].status != StepStatus::ManualReview {
             store::change_step(
                 &mut *tx,
                 &self.sh.schema,
@@ -1388,12 +1399,12 @@ impl Run<'_> {
         .await?;
         tx.commit().await?;
         self.put(conn);
-        self.steps[i].status = "manual_review".into();
+        self.steps[i].status = StepStatus::ManualReview;
         tracing::warn!(process = %self.c.id, kind = %self.c.kind, step = %self.steps[i].name, reason, "process needs manual review");
         events::step_attempt(
             &self.c.kind,
             &self.steps[i].name,
-            "manual_review",
+            StepStatus::ManualReview.as_str(),
             class.map(|c| c.as_str()).unwrap_or("none"),
             Duration::ZERO,
         );
@@ -1404,6 +1415,6 @@ impl Run<'_> {
 
 /// The previous attempt may have acted: its worker died mid-call, or it ended without an answer.
 fn in_doubt(s: &StepRow) -> bool {
-    s.status == "running"
-        || (s.status == "retryable" && s.error_class.as_deref() == Some("unknown"))
+    s.status == StepStatus::Running
+        || (s.status == StepStatus::Retryable && s.error_class.as_deref() == Some("unknown"))
 }

@@ -17,6 +17,7 @@
 use crate::definition::Definition;
 use crate::error::Error;
 use crate::redact;
+use crate::status::ProcessStatus;
 use serde::Serialize;
 use shared::schema::Schema;
 use sqlx::{Acquire, PgConnection, Postgres, Row};
@@ -201,12 +202,12 @@ async fn insert(
 }
 
 /// Statuses a process can be revised from: it no longer works (or waits for a person).
-const REVISABLE: &[&str] = &[
-    "succeeded",
-    "failed",
-    "compensated",
-    "cancelled",
-    "manual_review",
+const REVISABLE: &[ProcessStatus] = &[
+    ProcessStatus::Succeeded,
+    ProcessStatus::Failed,
+    ProcessStatus::Compensated,
+    ProcessStatus::Cancelled,
+    ProcessStatus::ManualReview,
 ];
 
 /// Revises process `old` with a changed `input`: a new process (revision n+1 of the same kind and
@@ -239,14 +240,14 @@ where
     .ok_or(Error::NotFound(old))?;
     let kind: String = row.try_get("kind")?;
     let business_key: String = row.try_get("business_key")?;
-    let status: String = row.try_get("status")?;
+    let status: ProcessStatus = row.try_get("status")?;
     if kind != definition.kind() {
         return Err(Error::Invalid(format!(
             "process {old} is a {kind}, not a {}",
             definition.kind()
         )));
     }
-    if !REVISABLE.contains(&status.as_str()) {
+    if !REVISABLE.contains(&status) {
         return Err(Error::NotAllowed {
             action: "revise".into(),
             why: format!("process is {status}; revise it once it stopped or waits for review"),
@@ -276,7 +277,7 @@ where
         action: "revise".into(),
         why: "a concurrent revision was made; reload".into(),
     })?;
-    if status == "manual_review" {
+    if status == ProcessStatus::ManualReview {
         sqlx::query(schema.sql(
             "UPDATE {{schema}}.processes SET status = 'cancelled', finished_at = now(), updated_at = now(), \
              last_reason = $2, last_actor = $3 WHERE id = $1",

@@ -11,6 +11,7 @@
 //! one statement for any number of steps, fenced by itself ([`checkpoint_local`]).
 
 use crate::definition::{Remote, Role};
+use crate::status::{ProcessStatus, StepStatus};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use shared::schema::Schema;
@@ -40,7 +41,7 @@ pub struct Claimed {
     pub kind: String,
     pub version: i32,
     pub business_key: String,
-    pub status: String,
+    pub status: ProcessStatus,
     pub input: Value,
     pub token: i64,
     pub deadline_at: Option<DateTime<Utc>>,
@@ -59,7 +60,7 @@ pub struct StepRow {
     pub role: Role,
     pub acts_on: Option<i32>,
     pub remote: Option<Remote>,
-    pub status: String,
+    pub status: StepStatus,
     pub operation_id: Uuid,
     pub attempts: i32,
     pub max_attempts: i32,
@@ -178,7 +179,7 @@ struct StepJson {
     role: String,
     acts_on: Option<i32>,
     remote: Option<String>,
-    status: String,
+    status: StepStatus,
     operation_id: Uuid,
     attempts: i32,
     max_attempts: i32,
@@ -400,7 +401,17 @@ pub async fn change_step<'e, E: sqlx::PgExecutor<'e>>(
     change: &StepChange<'_>,
 ) -> Result<(), WriteError> {
     let (status, inc, at, class, message, remote_ref, result_ref, output, reason) = match change {
-        StepChange::Begin { reason } => ("running", 1, None, None, None, None, None, None, *reason),
+        StepChange::Begin { reason } => (
+            StepStatus::Running,
+            1,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            *reason,
+        ),
         StepChange::Succeeded {
             remote,
             reference,
@@ -408,7 +419,7 @@ pub async fn change_step<'e, E: sqlx::PgExecutor<'e>>(
             count_attempt,
             reason,
         } => (
-            "succeeded",
+            StepStatus::Succeeded,
             i32::from(*count_attempt),
             None,
             None,
@@ -425,7 +436,7 @@ pub async fn change_step<'e, E: sqlx::PgExecutor<'e>>(
             count_attempt,
             reason,
         } => (
-            "retryable",
+            StepStatus::Retryable,
             i32::from(*count_attempt),
             Some(*at),
             Some(*class),
@@ -441,7 +452,7 @@ pub async fn change_step<'e, E: sqlx::PgExecutor<'e>>(
             count_attempt,
             reason,
         } => (
-            "failed",
+            StepStatus::Failed,
             i32::from(*count_attempt),
             None,
             Some(*class),
@@ -457,7 +468,7 @@ pub async fn change_step<'e, E: sqlx::PgExecutor<'e>>(
             count_attempt,
             reason,
         } => (
-            "manual_review",
+            StepStatus::ManualReview,
             i32::from(*count_attempt),
             None,
             *class,
@@ -551,10 +562,10 @@ pub enum Finish {
 }
 
 impl Finish {
-    fn status(self) -> &'static str {
+    fn status(self) -> ProcessStatus {
         match self {
-            Finish::Succeeded => "succeeded",
-            Finish::Compensated => "compensated",
+            Finish::Succeeded => ProcessStatus::Succeeded,
+            Finish::Compensated => ProcessStatus::Compensated,
         }
     }
 }

@@ -113,7 +113,14 @@ fn mismatches(p: &Payment, charges: &[Charge], cfg: &ReconcileConfig) -> Vec<Kin
     let settled_process = p
         .process
         .as_deref()
-        .is_some_and(|s| matches!(s, "succeeded" | "failed" | "compensated" | "manual_review"));
+        .and_then(processes::ProcessStatus::parse)
+        .is_some_and(|s| {
+            use processes::ProcessStatus as S;
+            matches!(
+                s,
+                S::Succeeded | S::Failed | S::Compensated | S::ManualReview
+            )
+        });
     match (p.status.as_str(), taken) {
         ("failed", Some(_)) => out.push(Kind::ChargedNotRecorded),
         ("pending", Some(_)) if settled_process => out.push(Kind::ChargedNotRecorded),

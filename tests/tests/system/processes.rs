@@ -933,7 +933,7 @@ async fn a_sensitive_compensation_waits_for_approval() {
         .iter()
         .find(|s| s.role == "compensation" && s.name == "charge")
         .unwrap();
-    assert!(refund.sensitive && refund.status == "manual_review");
+    assert!(refund.sensitive && refund.status.as_str() == "manual_review");
     let action = AdminAction::RunCompensation { seq: refund.seq };
     assert!(view.allowed.contains(&action), "{:?}", view.allowed);
     assert!(action.sensitive());
@@ -1004,7 +1004,7 @@ async fn operator_actions_pause_resume_escalate_and_cancel() {
     )
     .await
     .unwrap();
-    assert_eq!(o.status, "manual_review");
+    assert_eq!(o.status.as_str(), "manual_review");
     let e = admin::act(
         &db.pool,
         &schema(),
@@ -1022,7 +1022,7 @@ async fn operator_actions_pause_resume_escalate_and_cancel() {
     )
     .await
     .unwrap();
-    assert_eq!(o.status, "cancelled");
+    assert_eq!(o.status.as_str(), "cancelled");
     w.stop().await;
     assert_eq!(fx::effects(&db.pool, id).await, (0, 0));
     let h = admin::get(&db.pool, &schema(), id).await.unwrap().history;

@@ -81,9 +81,15 @@ impl Admin {
         filter: &ProcessFilter,
     ) -> Result<Vec<Value>, ConsoleError> {
         {
+            let status = match filter.status.as_deref().filter(|s| !s.is_empty()) {
+                None => None,
+                Some(s) => Some(processes::ProcessStatus::parse(s).ok_or_else(|| {
+                    ConsoleError::BadRequest(format!("status: no process status is called {s:?}"))
+                })?),
+            };
             let f = admin::Filter {
                 kind: filter.kind.clone().filter(|k| !k.is_empty()),
-                status: filter.status.clone().filter(|s| !s.is_empty()),
+                status,
                 older_than_seconds: filter.older_than_seconds,
                 limit: filter.limit,
             };
@@ -98,7 +104,7 @@ impl Admin {
 
     /// How many processes wait in manual review (the overview's count).
     pub async fn in_manual_review(&self, pool: &PgPool) -> Result<i64, ConsoleError> {
-        admin::count(pool, &self.schema, "manual_review")
+        admin::count(pool, &self.schema, processes::ProcessStatus::ManualReview)
             .await
             .map_err(error)
     }

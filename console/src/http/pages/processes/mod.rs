@@ -107,19 +107,21 @@ fn row(p: &Value) -> Markup {
 
 /// The status filter's options, `selected` chosen.
 fn status_options(selected: Option<&str>) -> Markup {
-    const STATUSES: [&str; 9] = [
-        "manual_review",
-        "pending",
-        "running",
-        "waiting",
-        "compensating",
-        "succeeded",
-        "failed",
-        "compensated",
-        "cancelled",
+    use processes::ProcessStatus as S;
+    // Manual review first: what an operator looks for.
+    const STATUSES: [S; 9] = [
+        S::ManualReview,
+        S::Pending,
+        S::Running,
+        S::Waiting,
+        S::Compensating,
+        S::Succeeded,
+        S::Failed,
+        S::Compensated,
+        S::Cancelled,
     ];
     html! {
         option value="" { "any" }
-        @for st in STATUSES { option selected[selected == Some(st)] { (st) } }
+        @for st in STATUSES { option selected[selected == Some(st.as_str())] { (st.as_str()) } }
     }
 }

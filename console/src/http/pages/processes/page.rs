@@ -20,6 +20,7 @@ use crate::targets::processes::{ConsoleWords, parse_action};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
+use processes::StepStatus;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -165,7 +166,10 @@ fn unknown_outcomes(v: &Value) -> Markup {
 fn waits(steps: &[Value]) -> Markup {
     let parked = steps.iter().filter(|st| {
         matches!(txt(st, "execution").as_str(), "wait" | "timer")
-            && matches!(txt(st, "status").as_str(), "running" | "retryable")
+            && matches!(
+                StepStatus::parse(&txt(st, "status")),
+                Some(StepStatus::Running | StepStatus::Retryable)
+            )
             && time_of(st, "wait_until").is_some()
     });
     html! {
@@ -181,7 +185,7 @@ fn waits(steps: &[Value]) -> Markup {
                     b { "Waiting for event " code.wait-key { (shown(&txt(st, "wait_key"))) } }
                     " (step " (shown(&seq)) " " (shown(&txt(st, "name"))) ") since "
                     (when(st, "wait_since")) "; deadline " (when(st, "wait_until")) " (" (left) "). "
-                    @if txt(st, "status") == "retryable" {
+                    @if txt(st, "status") == StepStatus::Retryable.as_str() {
                         "The remote's status query found no outcome yet; next query "
                         (when(st, "next_attempt_at")) ". "
                     }
