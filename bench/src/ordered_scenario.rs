@@ -125,7 +125,13 @@ pub async fn consumer_ordered_scale(env: &BenchEnv) -> anyhow::Result<Vec<Line>>
 async fn drain(env: &BenchEnv, d: &Drain<'_>) -> anyhow::Result<f64> {
     let (n, aggregates, ordered) = (d.n, d.aggregates, d.ordered);
     env.reset_outbox().await?;
-    let mode = if ordered { "o" } else { "u" };
+    // Each run its own consumer name (and so its own rows in demo.timeline): the cluster's one
+    // instance once shared the name, and the rows, of consumer-ordered's run on the local broker.
+    let mode = match (ordered, d.cluster.is_some()) {
+        (false, _) => "u",
+        (true, false) => "o",
+        (true, true) => "oc",
+    };
     let name = format!(
         "{}-tl-{mode}{aggregates}-{}",
         env.exchange.replace('.', "-"),
