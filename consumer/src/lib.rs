@@ -47,6 +47,10 @@
 //! consumer::run(config, pool, handlers, shutdown).await
 //! # }
 //! ```
+//!
+//! **Tables.** The consumer owns `processed_messages` (dedup), and for ordered mode
+//! `consumer_groups`, `consumer_instances`, `consumer_partitions`, `consumer_positions` and
+//! `consumer_held` ([`ordered`]); the console acts on them through `ordered::admin`.
 
 pub mod batch;
 pub mod broker_headers;

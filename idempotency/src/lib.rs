@@ -29,6 +29,9 @@
 //!
 //! [`webhooks`] is the same once-only idea for the other direction: signed webhooks received
 //! into an inbox, deduplicated by event id, their effect committed with the inbox row.
+//!
+//! **Tables.** `idempotency_keys` (the layer's records; others read them through
+//! `Idempotency::lookup`), and for [`webhooks`] `webhook_inbox` and `webhook_objects`.
 
 pub mod effect;
 pub mod error;

@@ -168,7 +168,7 @@ pub trait ExternalStep: Send + Sync {
 /// A step that waits for an external event (a webhook, a message), correlated by a key it names.
 ///
 /// When the process reaches the step, the worker computes [`key`](Self::key) and looks for an
-/// event stored under it by [`crate::signal`] (an event that came early is kept there). If there
+/// event stored under it by [`crate::signal()`] (an event that came early is kept there). If there
 /// is none, the process parks (no lease, no connection: a `waiting` row due at the deadline)
 /// until a signal for the key wakes it or the deadline passes. At the deadline a
 /// [`Remote::Queryable`] remote is asked ([`query`](Self::query)), with the step's retry policy

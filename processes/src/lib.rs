@@ -22,6 +22,10 @@
 //! The state machine lives in the database (migration `0005_processes.sql`): CHECK constraints,
 //! a table of allowed transitions enforced by triggers, evidence required by terminal states, and
 //! an append-only history of every transition with its reason.
+//!
+//! **Tables.** `processes`, `process_steps`, `process_history`, `process_transitions` and
+//! `process_events`. Other crates read and act on them through [`admin`], start processes through
+//! [`start`](mod@start) and wake them through [`signal`](mod@signal).
 
 pub mod admin;
 pub mod definition;

@@ -784,7 +784,7 @@ pub async fn begin_wait(
     Ok(())
 }
 
-/// The event stored for `key` by [`crate::signal`], if any.
+/// The event stored for `key` by [`crate::signal()`], if any.
 pub async fn event(
     conn: &mut PgConnection,
     schema: &Schema,

@@ -29,6 +29,10 @@
 //! partition for the retry backoff. Claims and marks run while publishes are in flight, so the
 //! broker never waits for the database; when a claim comes back empty the relay waits for a
 //! NOTIFY from a producer's commit or the fallback poll.
+//!
+//! **Tables.** The relay owns `messages` once a producer committed a row (claim, mark, dead,
+//! requeue: [`store`]), and `relay_partitions` and `relay_instances` (leases). Other crates change
+//! them only through [`store`] (the console's requeue is `store::requeue_dead_in`).
 
 pub mod cloudevents;
 pub mod config;

@@ -12,6 +12,11 @@
 //!   a service runs them from its own start-up code, next to its own.
 //! - [`display`]: escaping what CLIs print, so no value can forge operator output.
 //! - [`trace`]: W3C `traceparent` parsing.
+//!
+//! **Tables.** Every table of the product's schema is created by [`migrate`] (one history per
+//! schema), and each has one owner, named in that crate's tour: the relay, the consumer, idempotency,
+//! processes, the console. `shared` itself writes only producers' rows into `messages` (the outbox
+//! contract; the `aggregate_sequences` trigger numbers them inside the producer's transaction).
 
 pub mod display;
 pub mod envelope;

@@ -1,6 +1,6 @@
 //! How every action runs, whatever asked for it (API, web form, CLI through the API):
 //!
-//! 1. the role matrix ([`crate::auth::roles::allowed`]); a refusal is audited (`denied`) and answers 403;
+//! 1. the role matrix ([`crate::actions::matrix::allowed`]); a refusal is audited (`denied`) and answers 403;
 //! 2. one transaction: the effect runs and its audit entries are appended. With an
 //!    Idempotency-Key the transaction is the idempotency layer's ([`crate::auth::keys`]): the key was
 //!    reserved before, and the layer stores the response in the same transaction and commits it

@@ -11,7 +11,7 @@
 //! - [`apply`]: the transaction: lock the positions, apply in order (consecutive messages of an
 //!   aggregate in one handler call), hold what must wait, commit; the caller acks after.
 //! - [`store`]: the statements on `consumer_positions` and `consumer_held`.
-//! - [`runner`]: a session: heartbeat, a worker per partition held, rebalancing.
+//! - `runner`: a session: heartbeat, a worker per partition held, rebalancing.
 //! - [`admin`]: parked and gap-waiting aggregates for operators; retry, skip, dead-letter.
 //!
 //! Tables (migration 12), owned here: `consumer_groups`, `consumer_partitions`,

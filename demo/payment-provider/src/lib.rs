@@ -18,6 +18,8 @@
 //! - [`http`]: the router and the server; [`error`]: the `{"error": ...}` answers.
 //! - [`migrate`]: the schema `provider` and its own history table `provider._migrations`.
 //! - [`config`], [`state`], [`internal_events`] (every metric).
+//!
+//! **Tables** (schema `provider`): `charges`, `refunds` and `events` (the webhook deliveries).
 
 pub mod admin;
 pub mod api;

@@ -33,6 +33,9 @@
 //! - [`migrate`]: the example's migrations (schema `demo`, history `demo._migrations`), applied
 //!   after the product's by [`connect_and_migrate`] / [`connect_and_migrate_to`] (directly, or
 //!   through a transaction pooler with a direct URL for the migrations).
+//!
+//! **Tables** (schema `demo`, the example's, not the product's): `orders`, `order_items`,
+//! `payments`, `api_keys`, `ledger_balances`, `payment_events`, `reconciliation_cases`, `timeline`.
 
 pub mod auth;
 pub mod config;

@@ -12,7 +12,7 @@
 //!    Compensation `refund` (**sensitive**: it waits in manual_review for an approver).
 //! 3. `confirmation` (wait, version 2): in the provider's async mode the charge answers `202
 //!    pending`; the process then waits (no lease, no connection) for the provider's webhook about
-//!    the charge, which [`crate::provider_webhooks`] turns into [`processes::signal`] for the key
+//!    the charge, which [`crate::provider_webhooks`] turns into [`processes::signal()`] for the key
 //!    `charge:<charge id>` in the transaction of its inbox row. After
 //!    `PAYMENT_CONFIRMATION_TIMEOUT` without it, the provider is asked (`GET /charges/{id}`):
 //!    decided = taken as the event would be; still pending = asked again with the charge's retry

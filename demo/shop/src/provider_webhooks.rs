@@ -3,7 +3,7 @@
 //! `webhook_inbox`, and applied by [`ProviderEvents`], which records each event for its payment in
 //! `demo.payment_events` in the same transaction. Mounted only when `PROVIDER_WEBHOOK_SECRET` is
 //! set. A decided charge (succeeded, declined) also wakes the payment process waiting for it
-//! ([`processes::signal`] for `charge:<charge id>`), in the same transaction as the inbox row: the
+//! ([`processes::signal()`] for `charge:<charge id>`), in the same transaction as the inbox row: the
 //! process's confirmation step takes it (an event that comes before the process waits is kept).
 
 use idempotency::webhooks::{

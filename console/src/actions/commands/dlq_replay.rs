@@ -11,7 +11,7 @@ use crate::targets::dead_letters;
 use axum::http::StatusCode;
 use serde_json::json;
 
-/// Replay consumer dead letters (same shape as [`requeue_outbox`]).
+/// Replay consumer dead letters (same shape as [`super::outbox_requeue::requeue_outbox`]).
 pub async fn replay_dead_letters(
     state: &AppState,
     principal: &Principal,

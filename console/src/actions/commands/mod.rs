@@ -1,5 +1,5 @@
 //! The console's actions, as the API and the web page both call them: each builds its effect and
-//! hands it to [`actions::perform`] (role check, idempotency, audit, one transaction).
+//! hands it to [`crate::actions::run::perform`] (role check, idempotency, audit, one transaction).
 
 mod audit_purge;
 mod decide;

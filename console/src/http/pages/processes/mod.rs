@@ -1,5 +1,5 @@
 //! The process pages: the list (filters kind, status, age; manual_review first) and one process
-//! ([`page`]: overall and per-step status, the last classified error, attempts, operation ids,
+//! ([`mod@page`]: overall and per-step status, the last classified error, attempts, operation ids,
 //! external references, the [`timeline`] of transitions and operator actions, and the
 //! [`actions`] allowed now that the user's role may ask for). Everything shown is redacted.
 
