@@ -845,180 +845,17 @@ pub async fn act_in(
         None => format!("{}: {}", req.action.name(), req.reason),
     };
     let reason = redact::truncate(&reason, 1000);
-    let step = |seq: i32| steps.iter().find(|s| s.seq == seq);
-    match &req.action {
-        Action::Pause | Action::Resume => {
-            sqlx::query(schema.sql(
-                "UPDATE {{schema}}.processes SET paused = $2, last_reason = $3, last_actor = $4, updated_at = now(), \
-                 next_run_at = CASE WHEN $2 THEN next_run_at ELSE now() END WHERE id = $1",
-            ))
-            .bind(id)
-            .bind(matches!(req.action, Action::Pause))
-            .bind(&reason)
-            .bind(&req.actor)
-            .execute(&mut *tx)
-            .await?;
-        }
-        Action::Escalate => {
-            take_process(
-                tx,
-                schema,
-                id,
-                ProcessStatus::ManualReview,
-                &reason,
-                &req.actor,
-            )
-            .await?
-        }
-        Action::Cancel => {
-            take_process(
-                tx,
-                schema,
-                id,
-                ProcessStatus::Cancelled,
-                &reason,
-                &req.actor,
-            )
-            .await?
-        }
-        Action::RerunStep { seq } => {
-            set_step(
-                tx,
-                schema,
-                id,
-                *seq,
-                StepStatus::Pending,
-                None,
-                &reason,
-                &req.actor,
-            )
-            .await?;
-            take_process(tx, schema, id, ProcessStatus::Running, &reason, &req.actor).await?;
-        }
-        Action::QueryRemote { seq } if step(*seq).is_some_and(StepView::is_waiting) => {
-            // A parked wait: its deadline is now. The worker finds no event, so it queries the
-            // remote by the wait's key, as it would have at the deadline.
-            sqlx::query(schema.sql(
-                "UPDATE {{schema}}.process_steps SET wait_until = least(wait_until, now()), \
-                 next_attempt_at = CASE WHEN status = 'retryable' THEN now() ELSE next_attempt_at END, \
-                 last_reason = $3, last_actor = $4, updated_at = now() \
-                 WHERE process_id = $1 AND seq = $2",
-            ))
-            .bind(id)
-            .bind(seq)
-            .bind(&reason)
-            .bind(&req.actor)
-            .execute(&mut *tx)
-            .await?;
-            take_process(tx, schema, id, ProcessStatus::Running, &reason, &req.actor).await?;
-        }
-        Action::QueryRemote { seq } => {
-            // The worker treats a retryable step with an unknown outcome as in doubt: it queries
-            // the remote by operation id before any new call.
-            sqlx::query(schema.sql(
-                "UPDATE {{schema}}.process_steps SET status = 'retryable', error_class = 'unknown', \
-                 next_attempt_at = now(), max_attempts = greatest(max_attempts, attempts + 1), \
-                 last_reason = $3, last_actor = $4, lease_token = 0, updated_at = now() \
-                 WHERE process_id = $1 AND seq = $2",
-            ))
-            .bind(id)
-            .bind(seq)
-            .bind(&reason)
-            .bind(&req.actor)
-            .execute(&mut *tx)
-            .await?;
-            take_process(tx, schema, id, ProcessStatus::Running, &reason, &req.actor).await?;
-        }
-        Action::RunCompensation { seq } => {
-            set_step(
-                tx,
-                schema,
-                id,
-                *seq,
-                StepStatus::Pending,
-                None,
-                &reason,
-                &req.actor,
-            )
-            .await?;
-            take_process(
-                tx,
-                schema,
-                id,
-                ProcessStatus::Compensating,
-                &reason,
-                &req.actor,
-            )
-            .await?;
-        }
-        Action::ResolveSucceeded { seq } | Action::ResolveFailed { seq } => {
-            let s = step(*seq).ok_or_else(|| Error::Invalid(format!("no step {seq}")))?;
-            let succeeded = matches!(req.action, Action::ResolveSucceeded { .. });
-            // The decision is a step of its own, linked to the step it resolves.
-            sqlx::query(schema.sql(
-                "INSERT INTO {{schema}}.process_steps (process_id, seq, name, role, acts_on, execution, status, \
-                     operation_id, attempts, max_attempts, result_ref, finished_at, last_reason, last_actor, \
-                     first_attempt_at, last_attempt_at) \
-                 SELECT $1, max(seq) + 1, $3 || '#' || (max(seq) + 1), 'resolution', $2, 'operator', 'pending', \
-                        md5($1::text || '/resolution/' || (max(seq) + 1))::uuid, 0, 1, NULL, NULL, $5, $6, now(), now() \
-                 FROM {{schema}}.process_steps WHERE process_id = $1",
-            ))
-            .bind(id)
-            .bind(seq)
-            .bind(&s.name)
-            .bind(evidence.as_deref())
-            .bind(&reason)
-            .bind(&req.actor)
-            .execute(&mut *tx)
-            .await?;
-            let resolution: i32 = sqlx::query_scalar(
-                schema.sql("SELECT max(seq) FROM {{schema}}.process_steps WHERE process_id = $1"),
-            )
-            .bind(id)
-            .fetch_one(&mut *tx)
-            .await?;
-            let done_ref = evidence
-                .clone()
-                .or_else(|| remote_check.as_ref().map(RemoteCheck::reference))
-                .unwrap_or_else(|| format!("resolved failed by {}", req.actor));
-            sqlx::query(schema.sql(
-                "UPDATE {{schema}}.process_steps SET status = 'succeeded', attempts = 1, result_ref = $3, \
-                 finished_at = now(), last_reason = $4, last_actor = $5, updated_at = now() \
-                 WHERE process_id = $1 AND seq = $2",
-            ))
-            .bind(id)
-            .bind(resolution)
-            .bind(redact::truncate(&done_ref, 500))
-            .bind(&reason)
-            .bind(&req.actor)
-            .execute(&mut *tx)
-            .await?;
-            let target = if succeeded {
-                StepStatus::Succeeded
-            } else {
-                StepStatus::Failed
-            };
-            set_step(
-                tx,
-                schema,
-                id,
-                *seq,
-                target,
-                evidence.as_deref().or(Some(&done_ref)),
-                &reason,
-                &req.actor,
-            )
-            .await?;
-            // The process goes back to a worker, which continues (or compensates, or finishes).
-            let is_comp = s.role == "compensation";
-            let next = match (is_comp, succeeded) {
-                (false, _) => ProcessStatus::Running,
-                (true, true) => ProcessStatus::Compensating,
-                (true, false) => ProcessStatus::Failed,
-            };
-            take_process(tx, schema, id, next, &reason, &req.actor).await?;
-        }
-    }
+    apply(
+        tx,
+        schema,
+        id,
+        req,
+        &steps,
+        evidence.as_deref(),
+        remote_check.as_ref(),
+        &reason,
+    )
+    .await?;
     let audit_ref: i64 = sqlx::query_scalar(
         schema.sql("SELECT max(id) FROM {{schema}}.process_history WHERE process_id = $1"),
     )
@@ -1037,6 +874,212 @@ pub async fn act_in(
         status: r.try_get("status")?,
     };
     Ok(outcome)
+}
+
+/// Makes the change `req.action` asks for (already allowed and checked by [`act_in`]); its
+/// transitions are recorded by the database triggers with `reason` and the actor.
+#[allow(clippy::too_many_arguments)]
+async fn apply(
+    tx: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    req: &Request,
+    steps: &[StepView],
+    evidence: Option<&str>,
+    remote_check: Option<&RemoteCheck>,
+    reason: &str,
+) -> Result<(), Error> {
+    let step = |seq: i32| steps.iter().find(|s| s.seq == seq);
+    match &req.action {
+        Action::Pause | Action::Resume => {
+            sqlx::query(schema.sql(
+                "UPDATE {{schema}}.processes SET paused = $2, last_reason = $3, last_actor = $4, updated_at = now(), \
+                 next_run_at = CASE WHEN $2 THEN next_run_at ELSE now() END WHERE id = $1",
+            ))
+            .bind(id)
+            .bind(matches!(req.action, Action::Pause))
+            .bind(reason)
+            .bind(&req.actor)
+            .execute(&mut *tx)
+            .await?;
+        }
+        Action::Escalate => {
+            take_process(
+                tx,
+                schema,
+                id,
+                ProcessStatus::ManualReview,
+                reason,
+                &req.actor,
+            )
+            .await?
+        }
+        Action::Cancel => {
+            take_process(tx, schema, id, ProcessStatus::Cancelled, reason, &req.actor).await?
+        }
+        Action::RerunStep { seq } => {
+            set_step(
+                tx,
+                schema,
+                id,
+                *seq,
+                StepStatus::Pending,
+                None,
+                reason,
+                &req.actor,
+            )
+            .await?;
+            take_process(tx, schema, id, ProcessStatus::Running, reason, &req.actor).await?;
+        }
+        Action::QueryRemote { seq } => {
+            let waiting = step(*seq).is_some_and(StepView::is_waiting);
+            query_remote(tx, schema, id, *seq, waiting, req, reason).await?;
+        }
+        Action::RunCompensation { seq } => {
+            set_step(
+                tx,
+                schema,
+                id,
+                *seq,
+                StepStatus::Pending,
+                None,
+                reason,
+                &req.actor,
+            )
+            .await?;
+            take_process(
+                tx,
+                schema,
+                id,
+                ProcessStatus::Compensating,
+                reason,
+                &req.actor,
+            )
+            .await?;
+        }
+        Action::ResolveSucceeded { seq } | Action::ResolveFailed { seq } => {
+            let s = step(*seq).ok_or_else(|| Error::Invalid(format!("no step {seq}")))?;
+            resolve(tx, schema, id, req, s, evidence, remote_check, reason).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Asks the remote for step `seq`'s outcome now. A parked wait (`waiting`) gets its deadline
+/// brought to now: the worker finds no event, so it queries the remote by the wait's key, as it
+/// would have at the deadline. Any other step becomes an unknown outcome to check: the worker
+/// treats a retryable step with an unknown outcome as in doubt and queries the remote by
+/// operation id before any new call.
+async fn query_remote(
+    tx: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    seq: i32,
+    waiting: bool,
+    req: &Request,
+    reason: &str,
+) -> Result<(), Error> {
+    let change = if waiting {
+        "UPDATE {{schema}}.process_steps SET wait_until = least(wait_until, now()), \
+         next_attempt_at = CASE WHEN status = 'retryable' THEN now() ELSE next_attempt_at END, \
+         last_reason = $3, last_actor = $4, updated_at = now() \
+         WHERE process_id = $1 AND seq = $2"
+    } else {
+        "UPDATE {{schema}}.process_steps SET status = 'retryable', error_class = 'unknown', \
+         next_attempt_at = now(), max_attempts = greatest(max_attempts, attempts + 1), \
+         last_reason = $3, last_actor = $4, lease_token = 0, updated_at = now() \
+         WHERE process_id = $1 AND seq = $2"
+    };
+    sqlx::query(schema.sql(change))
+        .bind(id)
+        .bind(seq)
+        .bind(reason)
+        .bind(&req.actor)
+        .execute(&mut *tx)
+        .await?;
+    take_process(tx, schema, id, ProcessStatus::Running, reason, &req.actor).await
+}
+
+/// Resolves step `s` as `req.action` says: the decision is a step of its own (role
+/// `resolution`, linked to `s`), `s` takes the outcome with its evidence, and the process goes
+/// back to a worker, which continues, compensates or finishes.
+#[allow(clippy::too_many_arguments)]
+async fn resolve(
+    tx: &mut PgConnection,
+    schema: &Schema,
+    id: Uuid,
+    req: &Request,
+    s: &StepView,
+    evidence: Option<&str>,
+    remote_check: Option<&RemoteCheck>,
+    reason: &str,
+) -> Result<(), Error> {
+    let seq = &s.seq;
+    let succeeded = matches!(req.action, Action::ResolveSucceeded { .. });
+    // The decision is a step of its own, linked to the step it resolves.
+    sqlx::query(schema.sql(
+        "INSERT INTO {{schema}}.process_steps (process_id, seq, name, role, acts_on, execution, status, \
+             operation_id, attempts, max_attempts, result_ref, finished_at, last_reason, last_actor, \
+             first_attempt_at, last_attempt_at) \
+         SELECT $1, max(seq) + 1, $3 || '#' || (max(seq) + 1), 'resolution', $2, 'operator', 'pending', \
+                md5($1::text || '/resolution/' || (max(seq) + 1))::uuid, 0, 1, NULL, NULL, $5, $6, now(), now() \
+         FROM {{schema}}.process_steps WHERE process_id = $1",
+    ))
+    .bind(id)
+    .bind(seq)
+    .bind(&s.name)
+    .bind(evidence)
+    .bind(reason)
+    .bind(&req.actor)
+    .execute(&mut *tx)
+    .await?;
+    let resolution: i32 = sqlx::query_scalar(
+        schema.sql("SELECT max(seq) FROM {{schema}}.process_steps WHERE process_id = $1"),
+    )
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await?;
+    let done_ref = evidence
+        .map(str::to_string)
+        .or_else(|| remote_check.map(RemoteCheck::reference))
+        .unwrap_or_else(|| format!("resolved failed by {}", req.actor));
+    sqlx::query(schema.sql(
+        "UPDATE {{schema}}.process_steps SET status = 'succeeded', attempts = 1, result_ref = $3, \
+         finished_at = now(), last_reason = $4, last_actor = $5, updated_at = now() \
+         WHERE process_id = $1 AND seq = $2",
+    ))
+    .bind(id)
+    .bind(resolution)
+    .bind(redact::truncate(&done_ref, 500))
+    .bind(reason)
+    .bind(&req.actor)
+    .execute(&mut *tx)
+    .await?;
+    let target = if succeeded {
+        StepStatus::Succeeded
+    } else {
+        StepStatus::Failed
+    };
+    set_step(
+        tx,
+        schema,
+        id,
+        *seq,
+        target,
+        evidence.or(Some(&done_ref)),
+        reason,
+        &req.actor,
+    )
+    .await?;
+    // The process goes back to a worker, which continues (or compensates, or finishes).
+    let is_comp = s.role == "compensation";
+    let next = match (is_comp, succeeded) {
+        (false, _) => ProcessStatus::Running,
+        (true, true) => ProcessStatus::Compensating,
+        (true, false) => ProcessStatus::Failed,
+    };
+    take_process(tx, schema, id, next, reason, &req.actor).await?;
+    Ok(())
 }
 
 async fn get_in(
