@@ -99,6 +99,15 @@ impl Requested {
     pub fn body(&self) -> Value {
         json!({"approval": self.id, "status": "pending", "existing": self.existing})
     }
+
+    /// The action's effect: 202 with [`body`](Self::body), and the request's audit entry.
+    pub fn effect(self) -> crate::actions::run::Effect {
+        crate::actions::run::Effect {
+            status: axum::http::StatusCode::ACCEPTED,
+            body: self.body(),
+            changes: vec![self.change],
+        }
+    }
 }
 
 /// Closes as `superseded` every pending request whose subject moved on since the request saw it:

@@ -82,12 +82,9 @@ pub async fn replay_dead_letters(
                 )
                 .await?;
                 let pending = Pending::DlqReplay { consumer, items };
-                let requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
-                Ok(Effect {
-                    status: StatusCode::ACCEPTED,
-                    body: requested.body(),
-                    changes: vec![requested.change],
-                })
+                Ok(approvals::create(conn, &st, &p, &pending, &r, &t)
+                    .await?
+                    .effect())
             }
         })
     })

@@ -84,12 +84,9 @@ pub async fn ordered_action(
                     let request =
                         ordered::request(conn, &st.schema, &consumer, discard, &body).await?;
                     let pending = Pending::OrderedDiscard(request);
-                    let requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
-                    Ok(Effect {
-                        status: StatusCode::ACCEPTED,
-                        body: requested.body(),
-                        changes: vec![requested.change],
-                    })
+                    Ok(approvals::create(conn, &st, &p, &pending, &r, &t)
+                        .await?
+                        .effect())
                 }
             }
         })

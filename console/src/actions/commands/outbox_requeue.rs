@@ -67,12 +67,9 @@ pub async fn requeue_outbox(
             } else {
                 outbox_dead::check(conn, &schema, &items, false).await?;
                 let pending = Pending::OutboxRequeue { items };
-                let requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
-                Ok(Effect {
-                    status: StatusCode::ACCEPTED,
-                    body: requested.body(),
-                    changes: vec![requested.change],
-                })
+                Ok(approvals::create(conn, &st, &p, &pending, &r, &t)
+                    .await?
+                    .effect())
             }
         })
     })

@@ -67,11 +67,7 @@ pub async fn process_action(
                 };
                 let mut requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
                 requested.change.before = Some(checked.before);
-                Ok(Effect {
-                    status: StatusCode::ACCEPTED,
-                    body: requested.body(),
-                    changes: vec![requested.change],
-                })
+                Ok(requested.effect())
             } else {
                 let (before, after) = backend
                     .perform(conn, id, action, &request, &p.name, None)
