@@ -87,11 +87,17 @@ pub struct StepView {
 }
 
 impl StepView {
-    /// A wait step whose process is parked on it: no event yet, its deadline not handled yet.
-    pub fn is_waiting(&self) -> bool {
-        self.execution == "wait"
+    /// A wait or timer step its process is parked on: its time (deadline or timer) is stored and
+    /// the step has not ended.
+    pub fn is_parked(&self) -> bool {
+        matches!(self.execution.as_str(), "wait" | "timer")
             && self.wait_until.is_some()
             && matches!(self.status, StepStatus::Running | StepStatus::Retryable)
+    }
+
+    /// A wait step its process is parked on: no event yet, its deadline not handled yet.
+    pub fn is_waiting(&self) -> bool {
+        self.execution == "wait" && self.is_parked()
     }
 }
 
@@ -917,7 +923,8 @@ async fn apply(
         Action::Cancel => {
             take_process(tx, schema, id, ProcessStatus::Cancelled, reason, &req.actor).await?
         }
-        Action::RerunStep { seq } => {
+        Action::RerunStep { seq } | Action::RunCompensation { seq } => {
+            // The step runs again (or its compensation runs), by a worker: forward or backward.
             set_step(
                 tx,
                 schema,
@@ -929,33 +936,16 @@ async fn apply(
                 &req.actor,
             )
             .await?;
-            take_process(tx, schema, id, ProcessStatus::Running, reason, &req.actor).await?;
+            let next = if matches!(req.action, Action::RunCompensation { .. }) {
+                ProcessStatus::Compensating
+            } else {
+                ProcessStatus::Running
+            };
+            take_process(tx, schema, id, next, reason, &req.actor).await?;
         }
         Action::QueryRemote { seq } => {
             let waiting = step(*seq).is_some_and(StepView::is_waiting);
             query_remote(tx, schema, id, *seq, waiting, req, reason).await?;
-        }
-        Action::RunCompensation { seq } => {
-            set_step(
-                tx,
-                schema,
-                id,
-                *seq,
-                StepStatus::Pending,
-                None,
-                reason,
-                &req.actor,
-            )
-            .await?;
-            take_process(
-                tx,
-                schema,
-                id,
-                ProcessStatus::Compensating,
-                reason,
-                &req.actor,
-            )
-            .await?;
         }
         Action::ResolveSucceeded { seq } | Action::ResolveFailed { seq } => {
             let s = step(*seq).ok_or_else(|| Error::Invalid(format!("no step {seq}")))?;

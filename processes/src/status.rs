@@ -1,6 +1,7 @@
 //! The states of a process and of a step, as types: the same words as the tables' CHECKs
 //! (`processes.status`, `process_steps.status`), read and written as text columns, shown
-//! through serde, so no status is a string literal in Rust outside SQL text.
+//! through serde, so no status is a string literal in Rust outside SQL text. (Which states a
+//! worker claims, and which steps are final, the SQL decides: the claim's WHERE and the CHECKs.)
 //!
 //! Process: `pending → running ⇄ waiting → succeeded | failed | compensating → compensated`, and
 //! `manual_review` and `cancelled` from any live state (see docs/processes.md).
@@ -76,17 +77,6 @@ impl ProcessStatus {
                 | ProcessStatus::Cancelled
         )
     }
-
-    /// A worker may claim it when it is due (and not paused).
-    pub const fn is_claimable(self) -> bool {
-        matches!(
-            self,
-            ProcessStatus::Pending
-                | ProcessStatus::Running
-                | ProcessStatus::Waiting
-                | ProcessStatus::Compensating
-        )
-    }
 }
 
 impl fmt::Display for ProcessStatus {
@@ -139,11 +129,6 @@ impl StepStatus {
     /// The state named `s`, if it is one.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|st| st.as_str() == s)
-    }
-
-    /// Its outcome is recorded for good (`finished_at` is set).
-    pub const fn is_final(self) -> bool {
-        matches!(self, StepStatus::Succeeded | StepStatus::Failed)
     }
 }
 
@@ -214,6 +199,5 @@ mod tests {
             .filter(|s| s.is_terminal())
             .collect();
         assert_eq!(terminal.len(), 4);
-        assert!(!terminal.iter().any(|s| s.is_claimable()));
     }
 }
