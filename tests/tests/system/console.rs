@@ -3366,6 +3366,24 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
         .clone();
     assert_eq!(step["wait_key"], json!("charge:asked"));
     assert!(step["wait_since"].is_string() && step["wait_until"].is_string());
+    assert_eq!(step["parked"], json!(true), "by the processes crate's rule");
+    // Both are listed as waiting; an unknown status is a 400 with only `error`.
+    let (s, body) = c.get(&op, "/api/processes?status=waiting").await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    let listed: Vec<Value> = serde_json::from_str(&body).unwrap();
+    for id in [asked, blind] {
+        assert!(
+            listed.iter().any(|p| p["id"] == json!(id)),
+            "{id} not listed: {body}"
+        );
+    }
+    let (s, body) = c.get(&op, "/api/processes?status=parked").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+    let err: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        err.get("error").is_some() && err.as_object().unwrap().len() == 1,
+        "{err}"
+    );
     let seq = step["seq"].clone();
     let names = offered(&view);
     assert_eq!(

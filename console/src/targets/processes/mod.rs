@@ -81,12 +81,7 @@ impl Admin {
         filter: &ProcessFilter,
     ) -> Result<Vec<Value>, ConsoleError> {
         {
-            let status = match filter.status.as_deref().filter(|s| !s.is_empty()) {
-                None => None,
-                Some(s) => Some(processes::ProcessStatus::parse(s).ok_or_else(|| {
-                    ConsoleError::BadRequest(format!("status: no process status is called {s:?}"))
-                })?),
-            };
+            let status = filter.process_status()?;
             let f = admin::Filter {
                 kind: filter.kind.clone().filter(|k| !k.is_empty()),
                 status,

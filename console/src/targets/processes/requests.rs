@@ -32,7 +32,18 @@ impl ProcessFilter {
         crate::text::check_all([
             ("kind", self.kind.as_deref()),
             ("status", self.status.as_deref()),
-        ])
+        ])?;
+        self.process_status().map(|_| ())
+    }
+
+    /// The status asked for (none for an empty one); a word that is no process status is a 400.
+    pub fn process_status(&self) -> Result<Option<processes::ProcessStatus>, ConsoleError> {
+        match self.status.as_deref().filter(|s| !s.is_empty()) {
+            None => Ok(None),
+            Some(s) => processes::ProcessStatus::parse(s).map(Some).ok_or_else(|| {
+                ConsoleError::BadRequest(format!("status: no process status is called {s:?}"))
+            }),
+        }
     }
 }
 

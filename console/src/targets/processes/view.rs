@@ -90,6 +90,20 @@ pub(super) fn unknown_outcomes(v: &admin::ProcessView) -> Value {
     )
 }
 
+/// The steps as the processes crate shows them, each with `parked`: the process is parked on it
+/// (a wait or a timer), by the processes crate's rule ([`admin::StepView::is_parked`]).
+fn steps_json(steps: &[admin::StepView]) -> Result<Value, ConsoleError> {
+    let mut out = Vec::with_capacity(steps.len());
+    for s in steps {
+        let mut v = to_value(s)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("parked".into(), Value::Bool(s.is_parked()));
+        }
+        out.push(v);
+    }
+    Ok(Value::Array(out))
+}
+
 /// The whole process as `GET /api/processes/{id}` answers it (before redaction).
 pub(super) fn view_json(v: &admin::ProcessView) -> Result<Value, ConsoleError> {
     let mut out = summary(&v.process)?;
@@ -97,7 +111,7 @@ pub(super) fn view_json(v: &admin::ProcessView) -> Result<Value, ConsoleError> {
         o.insert("input".into(), v.input.clone());
         o.insert("last_error".into(), last_error(&v.steps));
         o.insert("unknown_outcomes".into(), unknown_outcomes(v));
-        o.insert("steps".into(), to_value(&v.steps)?);
+        o.insert("steps".into(), steps_json(&v.steps)?);
         o.insert("history".into(), to_value(&v.history)?);
         o.insert("allowed_actions".into(), offered(v));
     }

@@ -164,14 +164,7 @@ fn unknown_outcomes(v: &Value) -> Markup {
 /// since when, the deadline and what happens then (a queryable remote is asked; otherwise manual
 /// review), or when a timer continues. Waiting holds nothing: no lease, no worker.
 fn waits(steps: &[Value]) -> Markup {
-    let parked = steps.iter().filter(|st| {
-        matches!(txt(st, "execution").as_str(), "wait" | "timer")
-            && matches!(
-                StepStatus::parse(&txt(st, "status")),
-                Some(StepStatus::Running | StepStatus::Retryable)
-            )
-            && time_of(st, "wait_until").is_some()
-    });
+    let parked = steps.iter().filter(|st| st["parked"] == json!(true));
     html! {
         @for st in parked {
             @let seq = txt(st, "seq");
