@@ -193,19 +193,14 @@ fn waits(steps: &[Value]) -> Markup {
     }
 }
 
-/// A duration from now, as a person says it ("in 4 min", "12 s ago").
+/// A duration from now, as humantime writes it, to the second ("in 4m 12s", "12s ago").
 fn relative(d: chrono::TimeDelta) -> String {
     let secs = d.num_seconds();
-    let (n, unit) = match secs.unsigned_abs() {
-        s if s < 120 => (s, "s"),
-        s if s < 7_200 => (s / 60, "min"),
-        s if s < 172_800 => (s / 3_600, "h"),
-        s => (s / 86_400, "d"),
-    };
+    let span = humantime::format_duration(std::time::Duration::from_secs(secs.unsigned_abs()));
     if secs >= 0 {
-        format!("in {n} {unit}")
+        format!("in {span}")
     } else {
-        format!("{n} {unit} ago")
+        format!("{span} ago")
     }
 }
 
