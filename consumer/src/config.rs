@@ -387,6 +387,31 @@ mod tests {
         assert!(parse_duration("5 fortnights").is_err());
     }
 
+    /// `--ordered` and `CONSUMER_ORDERED` both turn ordered mode on in the config they build.
+    #[test]
+    fn ordered_mode_is_a_flag_and_an_environment_variable() {
+        use clap::{CommandFactory, Parser};
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            settings: Settings,
+        }
+        let command = Cli::command();
+        let ordered = command
+            .get_arguments()
+            .find(|a| a.get_id() == "ordered")
+            .expect("an ordered flag");
+        assert_eq!(ordered.get_long(), Some("ordered"));
+        assert_eq!(
+            ordered.get_env().and_then(|e| e.to_str()),
+            Some("CONSUMER_ORDERED")
+        );
+        let cli =
+            Cli::try_parse_from(["consumer", "--name", "ledger", "--ordered"]).expect("parses");
+        let config = cli.settings.into_config().expect("valid");
+        assert!(config.ordered);
+    }
+
     #[test]
     fn retry_delays_repeat_the_last() {
         let mut c = Config::new("c", "amqp://x", "e");

@@ -69,7 +69,7 @@ impl Setup {
         let db = TestDb::new().await;
         sqlx::raw_sql(
             "CREATE TABLE ordered_applied (position bigserial PRIMARY KEY, aggregate_type text, \
-               aggregate_id text, seq bigint, message_id uuid); \
+               aggregate_id text, seq bigint, message_id uuid, tx bigint NOT NULL DEFAULT txid_current()); \
              CREATE TABLE ordered_poison (message_id uuid PRIMARY KEY);",
         )
         .execute(&db.pool)
@@ -102,11 +102,16 @@ impl Setup {
     }
 
     async fn start(&self, instance: &str) -> RunningConsumer {
+        self.start_with(instance, Handlers::new().fallback(Recorder))
+            .await
+    }
+
+    async fn start_with(&self, instance: &str, handlers: Handlers) -> RunningConsumer {
         let config = self.config(instance);
         let pool = plumbing::db::connect(&self.db.url, config.pool_size(), "ordered-test")
             .await
             .unwrap();
-        RunningConsumer::start(config, pool, Handlers::new().fallback(Recorder)).await
+        RunningConsumer::start(config, pool, handlers).await
     }
 
     /// (aggregate_id, seq) in the order their effects were applied.
@@ -298,6 +303,79 @@ async fn a_message_ahead_of_a_gap_waits_for_it_and_stale_ones_are_never_applied(
         .unwrap();
     assert_eq!(held, 0);
     one.stop().await;
+}
+
+/// An event type without a handler advances its aggregate's position without an effect, so the
+/// numbers an ordered consumer sees stay dense (docs/consumer.md, "The rule for subscriptions").
+#[tokio::test]
+async fn events_without_a_handler_advance_the_position_without_an_effect() {
+    let s = Setup::new().await;
+    let one = s
+        .start_with("a", Handlers::new().on("thing.changed", Recorder))
+        .await;
+    let (_conn, ch) = publisher(&s).await;
+    for (seq, event_type) in [
+        (1, "thing.noted"),
+        (2, "thing.changed"),
+        (3, "thing.noted"),
+        (4, "thing.changed"),
+    ] {
+        publish_event(&s, &ch, "u", seq, Uuid::now_v7(), event_type, json!({})).await;
+    }
+    s.wait_applied(2).await;
+    let position = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT applied_seq FROM outbox.consumer_positions WHERE consumer = $1 AND aggregate_id = 'u'",
+        )
+        .bind(&s.name)
+        .fetch_optional(&s.db.pool)
+        .await
+        .unwrap()
+    };
+    wait_until("the position passes the unhandled 3", LONG, || async {
+        (position().await == Some(4)).then_some(())
+    })
+    .await;
+    assert_eq!(
+        s.applied().await,
+        vec![("u".to_string(), 2), ("u".to_string(), 4)],
+        "only the handled events have effects, in order"
+    );
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.consumer_held")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(held, 0, "nothing waits for an unhandled number");
+    one.stop().await;
+}
+
+/// Consecutive messages of one aggregate that arrive together are applied in one handler call
+/// and one transaction: a hot aggregate is not one commit per message.
+#[tokio::test]
+async fn consecutive_messages_of_one_aggregate_share_a_transaction() {
+    let s = Setup::new().await;
+    // Declares the partitions, then stops, so the messages wait in the queue together.
+    s.start("a").await.stop().await;
+    let (_conn, ch) = publisher(&s).await;
+    let n: i64 = 60;
+    for seq in 1..=n {
+        publish(&s, &ch, "h", seq, json!({})).await;
+    }
+    let one = s.start("a").await;
+    s.wait_applied(n as usize).await;
+    one.stop().await;
+    assert_in_order_once(&s.applied().await, &BTreeMap::from([("h".to_string(), n)]));
+    let (transactions, largest): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), coalesce(max(rows), 0) FROM \
+           (SELECT tx, count(*) AS rows FROM ordered_applied GROUP BY tx) t",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        transactions < n && largest > 1,
+        "{n} messages in {transactions} transactions, the largest with {largest}"
+    );
 }
 
 #[tokio::test]
@@ -492,13 +570,26 @@ async fn publish_with_id(
     id: Uuid,
     payload: serde_json::Value,
 ) -> Uuid {
+    publish_event(s, ch, aggregate, seq, id, "thing.changed", payload).await
+}
+
+/// Publishes message `seq` of aggregate `thing`/`aggregate` as the relay encodes it.
+async fn publish_event(
+    s: &Setup,
+    ch: &Channel,
+    aggregate: &str,
+    seq: i64,
+    id: Uuid,
+    event_type: &str,
+    payload: serde_json::Value,
+) -> Uuid {
     let row = OutboxRow {
         seq,
         id,
         aggregate_type: "thing".into(),
         aggregate_id: aggregate.into(),
         aggregate_seq: seq,
-        event_type: "thing.changed".into(),
+        event_type: event_type.into(),
         payload: payload.to_string(),
         headers: Default::default(),
         created_at: chrono::Utc::now(),
