@@ -348,5 +348,17 @@ async fn ordered_instances_keep_each_aggregate_in_order_across_a_sigkill_and_a_j
     );
     let applied: i64 = count(db.pool.clone(), name.clone()).await;
     assert_eq!(applied, 800, "each event exactly once");
-    let _ = second.start_kill();
+    // A stopping instance hands its partitions over at once (no lease to wait out), and exits 0.
+    let stopping_at = std::time::Instant::now();
+    let status = signals::sigterm_and_wait(&mut second, LONG).await;
+    assert!(status.success(), "a graceful stop exits 0: {status:?}");
+    wait_until("the last instance holds all 4 partitions", LONG, || {
+        let f = owners(db.pool.clone(), name.clone());
+        async move { (f.await == vec![4]).then_some(()) }
+    })
+    .await;
+    println!(
+        "rebalanced after a graceful stop in {:?}",
+        stopping_at.elapsed()
+    );
 }
