@@ -214,3 +214,60 @@ async fn one_run_at_a_time() {
         vec![(p, "recorded_not_charged".to_string())]
     );
 }
+
+/// The worker runs reconciliation on its interval and exports what it found (issue 25, item 5's
+/// metrics): a mismatch counted once and open while it lasts, a payment pending too long, the
+/// last successful run; when the mismatch is gone the next run counts it resolved.
+#[tokio::test]
+async fn the_worker_reconciles_on_its_interval_and_exports_the_metrics() {
+    use system_tests::fleet::metric;
+    let s = Stack::start().await;
+    let absent = s.payment(1, "succeeded", Duration::from_secs(120)).await;
+    s.payment(2, "pending", Duration::from_secs(7200)).await;
+    // The payments' processes stay where they are: this test is about the comparison only.
+    sqlx::query("UPDATE outbox.processes SET paused = true")
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    let addr = system_tests::free_addr();
+    let _worker = demo_stack::worker_command(&s.db, &s.provider_url, "honours_key", "w1")
+        .env("METRICS_ADDR", addr.to_string())
+        .env("RECONCILE_INTERVAL", "200ms")
+        .env("RECONCILE_SETTLE", "0s")
+        .env("RECONCILE_PENDING_THRESHOLD", "1h")
+        .spawn()
+        .expect("spawn producer worker");
+    let kind = [("kind", "recorded_not_charged")];
+    system_tests::wait_until(
+        "the mismatch is exported",
+        Duration::from_secs(60),
+        || async {
+            let found = metric(addr, "reconciliation_mismatches_found_total", &kind).await;
+            let open = metric(addr, "reconciliation_unresolved", &kind).await;
+            let pending = metric(addr, "reconciliation_pending_too_long", &[]).await;
+            let last = metric(addr, "reconciliation_last_success_timestamp_seconds", &[]).await;
+            (found == Some(1.0) && open == Some(1.0) && pending == Some(1.0) && last > Some(0.0))
+                .then_some(())
+        },
+    )
+    .await;
+    // Found once, however many runs see it again.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        metric(addr, "reconciliation_mismatches_found_total", &kind).await,
+        Some(1.0)
+    );
+    // The charge shows up at the provider: the next run closes the case and counts it resolved.
+    s.charge(absent, 500, "EUR", "succeeded").await;
+    system_tests::wait_until(
+        "the resolution is exported",
+        Duration::from_secs(60),
+        || async {
+            let resolved = metric(addr, "reconciliation_mismatches_resolved_total", &kind).await;
+            let open = metric(addr, "reconciliation_unresolved", &kind).await;
+            (resolved == Some(1.0) && open == Some(0.0)).then_some(())
+        },
+    )
+    .await;
+    assert!(!s.open().await.iter().any(|(p, _)| *p == absent));
+}
