@@ -19,9 +19,11 @@ pub const MAX_HEADER_DEPTH: usize = 16;
 const _: () = assert!(MAX_HEADER_DEPTH < MAX_NESTING);
 
 /// Largest header table accepted, in bytes on the wire: what the outbox accepts
-/// ([`shared::publishable::MAX_HEADERS_BYTES`]) plus room for the relay's and the consumer's own
-/// headers (8 KiB) and the relay's CloudEvents attributes (24 KiB: at most nine, each value within
-/// 4,096 bytes, see `relay::cloudevents`).
+/// ([`shared::publishable::MAX_HEADERS_BYTES`]) plus 32 KiB of room for what the relay and the
+/// consumer add: the relay's own headers (under 1.5 KiB at their column limits), its CloudEvents
+/// attributes (under 18 KiB: source, type and the trace context within the encoder's 4,096 bytes
+/// each, the partition key within 1,024, the rest fixed in size; see `relay::cloudevents`) and
+/// the consumer's retry headers. Test: `the_largest_row_the_relay_publishes_as_a_cloudevent_passes`.
 pub const MAX_HEADER_BYTES: usize = shared::publishable::MAX_HEADERS_BYTES + 32 * 1024;
 
 /// The character lossy decoding puts in place of bytes that were not UTF-8.
@@ -235,6 +237,66 @@ mod tests {
             AMQPValue::LongString("00-a-b-01".into()),
         );
         t.insert("x-attempt".into(), AMQPValue::LongLongInt(2));
+        let p = BasicProperties::default()
+            .with_message_id("0192d3a4-0000-7000-8000-000000000001".into())
+            .with_type("payment.captured".into())
+            .with_headers(t);
+        assert_eq!(screen(&p, "payment.captured"), Ok(()));
+    }
+
+    /// The largest headers the relay can publish still pass, so the screen leaves room for what the
+    /// relay adds: a row's headers at the outbox's own limit (their trace context included), the
+    /// relay's own headers at their column limits, and the CloudEvents attributes at their largest
+    /// (source, type and the trace context at the encoder's 4,096-byte bound, the partition key at
+    /// the aggregate id's 1,024 bytes, the rest fixed in size).
+    #[test]
+    fn the_largest_row_the_relay_publishes_as_a_cloudevent_passes() {
+        let mut t = FieldTable::default();
+        // The row's own headers: 64 KiB of names and values, trace context included.
+        let each = shared::publishable::MAX_HEADERS_BYTES / 16 - 16;
+        for i in 0..14 {
+            t.insert(
+                format!("row-{i:03}").into(),
+                AMQPValue::LongString("v".repeat(each).into()),
+            );
+        }
+        for name in ["traceparent", "tracestate"] {
+            t.insert(name.into(), AMQPValue::LongString("t".repeat(each).into()));
+        }
+        t.insert(
+            "aggregate_type".into(),
+            AMQPValue::LongString("a".repeat(255).into()),
+        );
+        t.insert(
+            "aggregate_id".into(),
+            AMQPValue::LongString("a".repeat(1024).into()),
+        );
+        t.insert(
+            "created_at".into(),
+            AMQPValue::LongString("2026-12-03T08:00:00.000000Z".into()),
+        );
+        t.insert("aggregate_seq".into(), AMQPValue::LongLongInt(i64::MAX));
+        t.insert("aggregate_partition".into(), AMQPValue::ShortShortInt(63));
+        let ce = |n: usize| AMQPValue::LongString("c".repeat(n).into());
+        for (name, len) in [
+            ("specversion", 3),
+            ("id", 36),
+            ("source", 4096),
+            ("type", 4096),
+            ("time", 32),
+            ("partitionkey", 1024),
+            ("sequence", 20),
+            ("traceparent", 4096),
+            ("tracestate", 4096),
+        ] {
+            t.insert(format!("cloudEvents_{name}").into(), ce(len));
+        }
+        // The consumer's own, on a retried copy.
+        t.insert("x-attempt".into(), AMQPValue::LongLongInt(9));
+        t.insert(
+            "x-first-failed-at".into(),
+            AMQPValue::LongString("2026-12-03T08:00:00Z".into()),
+        );
         let p = BasicProperties::default()
             .with_message_id("0192d3a4-0000-7000-8000-000000000001".into())
             .with_type("payment.captured".into())
