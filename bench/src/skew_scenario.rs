@@ -69,7 +69,9 @@ fn distribution(keys: &[u64]) -> String {
 }
 
 /// One relay drains a committed backlog for each key distribution; each rate against the
-/// relay-shaped ceiling measured earlier in the run (`ceiling-amqp`).
+/// relay-shaped ceiling measured just before that drain (the run's `ceiling-amqp` is named in the
+/// note too): a drain of 100,000 rows takes long enough that a shared machine drifts between one
+/// ceiling at the start of the run and the fifth drain.
 pub async fn relay_skew(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line>> {
     let n = env.n(100_000, 2000);
     let mut lines = Vec::new();
@@ -81,6 +83,7 @@ pub async fn relay_skew(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line
         Keys::Zipf(10_000, 1.1),
     ] {
         env.reset_outbox().await?;
+        let ceiling = crate::ceiling_scenario::relay_shaped_now(env, env.n(30_000, 500)).await?;
         let q = env.queue("skew", "bench.skew").await?;
         let drawn = keys.draw(n);
         let mut tx = env.pool.begin().await?;
@@ -109,47 +112,55 @@ pub async fn relay_skew(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line
         let cpu_note = env::CpuSnapshot::take().report_since(&cpu, n);
         env::stop(relay).await;
         env.delete_queue(&q).await;
-        let mut line = Line::new(&format!("relay-skew ({})", keys.label()), rate, "msg/s");
-        if let Some(ceiling) = c.amqp {
-            line = line.vs_ceiling(ceiling, Some(0.85));
-        }
-        lines.push(line.note(format!(
-            "{n} committed rows, 1 relay (includes its start and lease claim); {}; ceiling = relay-shaped ceiling-amqp; {cpu_note}",
-            distribution(&drawn)
-        )));
+        let run_ceiling = c
+            .amqp
+            .map(|r| format!("; the run's ceiling-amqp: {r:.0} msg/s"))
+            .unwrap_or_default();
+        lines.push(
+            Line::new(&format!("relay-skew ({})", keys.label()), rate, "msg/s")
+                .vs_ceiling(ceiling, Some(0.85))
+                .note(format!(
+                    "{n} committed rows, 1 relay (includes its start and lease claim); {}; ceiling = relay-shaped publishes measured just before this drain{run_ceiling}; {cpu_note}",
+                    distribution(&drawn)
+                )),
+        );
     }
     Ok(lines)
 }
 
-/// Producer inserts with sequence numbers against the same inserts into a table without them (the
-/// layout before migration 8, in a schema of its own): single-row and 100-row transactions, each
-/// on different aggregates and on one aggregate.
+/// Producer inserts with sequence numbers against the same inserts into a table without them, in
+/// schemas of their own: single-row and 100-row transactions, each on different aggregates and on
+/// one aggregate. Two baselines: the layout at migration 7 as it shipped (what the issue compares
+/// against), and migration 7 with migration 15's cheaper header checks, so the cost of the numbers
+/// alone is visible too.
 pub async fn producer_insert(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
-    let before = shared::schema::Schema::new("bench_before_seq")?;
-    shared::migrate::migrator(&before)
-        .run_to(7, &env.pool)
+    let shipped = shared::schema::Schema::new("bench_before_seq")?;
+    let checks_only = shared::schema::Schema::new("bench_checks_only")?;
+    for schema in [&shipped, &checks_only] {
+        shared::migrate::migrator(schema)
+            .run_to(7, &env.pool)
+            .await?;
+    }
+    let checks = shared::migrate::sql_of(&checks_only, 15)
+        .and_then(|sql| sql.split("\nDO $migration$").next().map(str::to_string))
+        .ok_or_else(|| anyhow::anyhow!("migration 15 has no header checks to apply"))?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(checks))
+        .execute(&env.pool)
         .await?;
     let after = shared::schema::Schema::default();
     let duration = env.secs(5.0, 1.0);
     let mut lines = Vec::new();
     for rows in [1usize, 100] {
         for one_aggregate in [false, true] {
-            let mut rates = Vec::new();
-            // Alternating rounds, so drift on a shared machine hits both alike.
-            for round in 0..4 {
-                let schema = if round % 2 == 0 { &before } else { &after };
-                let rate = insert_rate(env, schema, rows, one_aggregate, duration / 2).await?;
-                rates.push((round % 2 == 1, rate));
+            let mut rates = [Vec::new(), Vec::new(), Vec::new()];
+            // Rounds in turn, so drift on a shared machine hits all alike.
+            for _ in 0..2 {
+                for (i, schema) in [&shipped, &checks_only, &after].into_iter().enumerate() {
+                    rates[i].push(insert_rate(env, schema, rows, one_aggregate, duration / 3).await?);
+                }
             }
-            let mean = |with: bool| {
-                let v: Vec<f64> = rates
-                    .iter()
-                    .filter(|(w, _)| *w == with)
-                    .map(|(_, r)| *r)
-                    .collect();
-                v.iter().sum::<f64>() / v.len().max(1) as f64
-            };
-            let (without, with) = (mean(false), mean(true));
+            let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
+            let [shipped_rate, checks_rate, with] = rates.each_ref().map(mean);
             let what = format!(
                 "producer-insert ({rows}-row transactions, {})",
                 if one_aggregate {
@@ -160,16 +171,19 @@ pub async fn producer_insert(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             );
             lines.push(
                 Line::new(&what, with, "rows/s")
-                    .vs_ceiling(without, Some(0.85))
+                    .vs_ceiling(shipped_rate, Some(0.85))
                     .note(format!(
-                        "1 connection; ceiling = the same inserts without sequence numbers (schema at migration 7): {without:.0} rows/s"
+                        "1 connection; ceiling = the same inserts without sequence numbers (schema at migration 7 as shipped): {shipped_rate:.0} rows/s; numbers alone (migration 7 with migration 15's header checks: {checks_rate:.0} rows/s): {:.0} %",
+                        with * 100.0 / checks_rate.max(1.0)
                     )),
             );
         }
     }
-    sqlx::query("DROP SCHEMA bench_before_seq CASCADE")
-        .execute(&env.pool)
-        .await?;
+    for schema in [&shipped, &checks_only] {
+        sqlx::query(schema.sql("DROP SCHEMA {{schema}} CASCADE"))
+            .execute(&env.pool)
+            .await?;
+    }
     Ok(lines)
 }
 

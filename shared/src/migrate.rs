@@ -86,6 +86,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "aggregate numbers: one cache per schema, no number for a repeated id, one flush per transaction",
         include_str!("../../migrations/0014_aggregate_seq_fixes.sql"),
     ),
+    (
+        15,
+        "cheaper inserts: header checks in PL/pgSQL, a flush queued only when behind, one upsert",
+        include_str!("../../migrations/0015_cheaper_inserts.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.
@@ -109,6 +114,15 @@ pub fn migrator(schema: &Schema) -> Migrator {
     m.create_schema(schema.quoted().to_string());
     m.dangerous_set_table_name(format!("{}.{HISTORY_TABLE}", schema.quoted()));
     m
+}
+
+/// The SQL of migration `version` as rendered for `schema` (tools and benchmarks that rebuild an
+/// earlier layout piece by piece); `None` for a version the product does not have.
+pub fn sql_of(schema: &Schema, version: i64) -> Option<String> {
+    MIGRATIONS
+        .iter()
+        .find(|(v, _, _)| *v == version)
+        .map(|(_, _, template)| schema.render(template))
 }
 
 /// Applies the product's pending migrations in `schema`.
