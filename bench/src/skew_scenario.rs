@@ -156,7 +156,8 @@ pub async fn producer_insert(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             // Rounds in turn, so drift on a shared machine hits all alike.
             for _ in 0..2 {
                 for (i, schema) in [&shipped, &checks_only, &after].into_iter().enumerate() {
-                    rates[i].push(insert_rate(env, schema, rows, one_aggregate, duration / 3).await?);
+                    rates[i]
+                        .push(insert_rate(env, schema, rows, one_aggregate, duration / 3).await?);
                 }
             }
             let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;

@@ -25,6 +25,34 @@ pub fn test_options() -> RelayOptions {
     }
 }
 
+/// [`test_options`] for a test that injects no failure and asserts "once each": an 800 ms confirm
+/// or a 2 s lease can run out on a loaded CI machine, and the relay rightly answers that with
+/// publishing again (at least once), which such a test would take for a bug. Leases still move
+/// between relays by rebalancing (a relay gives back its surplus), not by expiring.
+pub fn patient_options() -> RelayOptions {
+    RelayOptions {
+        lease_ms: 30_000,
+        confirm_timeout_ms: 10_000,
+        ..test_options()
+    }
+}
+
+/// [`patient_options`] as the `relay` binary's flags.
+pub const PATIENT_FLAGS: [&str; 12] = [
+    "--lease-ms",
+    "30000",
+    "--poll-interval-ms",
+    "100",
+    "--confirm-timeout-ms",
+    "10000",
+    "--retry-base-ms",
+    "50",
+    "--retry-max-ms",
+    "200",
+    "--stats-interval-ms",
+    "200",
+];
+
 /// [`test_options`] as the `relay` binary's flags.
 pub const FAST_FLAGS: [&str; 12] = [
     "--lease-ms",

@@ -12,7 +12,7 @@ use shared::NewMessage;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 use system_tests::ordering::{Observed, aggregate_seq};
-use system_tests::relays::{InProcess, config, test_options};
+use system_tests::relays::{InProcess, config, patient_options, test_options};
 use system_tests::*;
 
 fn msg(aggregate: &str, n: i64) -> NewMessage {
@@ -401,7 +401,7 @@ async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order()
     }
     let relay = InProcess::start(
         db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, test_options()),
+        config(&db.url, &amqp_url(), &exchange, patient_options()),
     )
     .await;
     let want: HashSet<String> = all.iter().map(|m| m.id.to_string()).collect();

@@ -26,6 +26,23 @@ fn spawn_relay(
     )
 }
 
+/// [`spawn_relay`] with [`relays::PATIENT_FLAGS`]: for tests that inject no failure and count
+/// every copy.
+fn spawn_patient_relay(
+    db_url: &str,
+    exchange: &str,
+    metrics: std::net::SocketAddr,
+    extra: &[&str],
+) -> Child {
+    relays::spawn_relay(
+        db_url,
+        &amqp_url(),
+        exchange,
+        metrics,
+        &[&relays::PATIENT_FLAGS[..], extra].concat(),
+    )
+}
+
 fn msg(aggregate: &str, event_type: &str, n: i64) -> NewMessage {
     NewMessage::new(
         "test",
@@ -198,7 +215,7 @@ async fn three_relays_publish_10k_rows_once_each_in_aggregate_order() {
     let metrics: Vec<_> = (0..3).map(|_| free_addr()).collect();
     let mut relays: Vec<Child> = metrics
         .iter()
-        .map(|m| spawn_relay(&db.url, &exchange, *m, &[]))
+        .map(|m| spawn_patient_relay(&db.url, &exchange, *m, &[]))
         .collect();
 
     wait_until("migrated", Duration::from_secs(30), || async {
@@ -709,7 +726,7 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
     let queue = broker.queue("q");
     let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
     let ids = produce(&db.pool, 100, 0..200, 1000).await;
-    let mut relay = spawn_relay(&db.url, &exchange, free_addr(), &["--batch-size", "200"]);
+    let mut relay = spawn_patient_relay(&db.url, &exchange, free_addr(), &["--batch-size", "200"]);
     let mut received = receive_n(&mut rx, 1000, Duration::from_secs(30)).await;
     sigterm(&relay);
     let status = tokio::time::timeout(Duration::from_secs(15), relay.wait())
@@ -751,7 +768,7 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
     assert_eq!(owned, 0);
 
     // A new relay finishes the job, still without duplicates.
-    let mut relay = spawn_relay(&db.url, &exchange, free_addr(), &[]);
+    let mut relay = spawn_patient_relay(&db.url, &exchange, free_addr(), &[]);
     let rest = receive_n(&mut rx, left.len(), Duration::from_secs(60)).await;
     sigterm(&relay);
     assert!(relay.wait().await.unwrap().success());
