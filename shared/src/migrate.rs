@@ -86,6 +86,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "aggregate numbers: one cache per schema, no number for a repeated id, one flush per transaction",
         include_str!("../../migrations/0014_aggregate_seq_fixes.sql"),
     ),
+    (
+        17,
+        "console find: indexed search keys and keyset pages of processes",
+        include_str!("../../migrations/0017_console_find.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

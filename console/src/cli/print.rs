@@ -114,9 +114,10 @@ pub fn print_approvals(rows: &Value, out: &mut impl Write) -> std::io::Result<()
     writeln!(out, "{} request(s)", rows.len())
 }
 
-/// Prints processes, one a line.
-pub fn print_processes(rows: &Value, out: &mut impl Write) -> std::io::Result<()> {
-    let rows = rows.as_array().cloned().unwrap_or_default();
+/// Prints a page of processes (`{items, total, next}`), one a line, and how many there are in
+/// all.
+pub fn print_processes(page: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    let rows = page["items"].as_array().cloned().unwrap_or_default();
     for r in &rows {
         writeln!(
             out,
@@ -132,8 +133,14 @@ pub fn print_processes(rows: &Value, out: &mut impl Write) -> std::io::Result<()
     }
     writeln!(
         out,
-        "{} process(es); details: console process show ID",
-        rows.len()
+        "{} of {} process(es){}; details: console process show ID",
+        rows.len(),
+        page["total"],
+        if page["next"].is_string() {
+            " (more: narrow the filters)"
+        } else {
+            ""
+        }
     )
 }
 

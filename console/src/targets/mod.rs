@@ -4,6 +4,7 @@
 //! what an effect changed as a [`Change`], which the actions layer writes to the audit log.
 
 pub mod change;
+pub mod cursor;
 pub mod dead_letters;
 pub mod ordered;
 pub mod outbox_dead;

@@ -7,6 +7,7 @@ mod dlq_replay;
 mod ordered_actions;
 mod outbox_requeue;
 mod process_actions;
+mod process_bulk;
 
 pub use audit_purge::purge_audit;
 pub use decide::decide;
@@ -14,6 +15,7 @@ pub use dlq_replay::replay_dead_letters;
 pub use ordered_actions::ordered_action;
 pub use outbox_requeue::requeue_outbox;
 pub use process_actions::process_action;
+pub use process_bulk::process_bulk;
 
 use crate::actions::Outcome;
 use axum::http::StatusCode;

@@ -20,6 +20,7 @@ pub mod login;
 pub mod notice;
 pub mod ordered;
 pub mod overview;
+pub mod paging;
 pub mod processes;
 pub mod session;
 

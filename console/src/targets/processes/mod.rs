@@ -9,11 +9,15 @@
 //! is the processes crate's rule (`admin::requirements`), so it holds below the console too: the
 //! console turns such a request into an approval request.
 
+mod bulk;
+mod find;
 mod requests;
 mod rules;
 mod view;
 mod words;
 
+pub use bulk::{BULK_OFFERED, BulkPending, BulkRequest, Frozen, bulk_audit_name, bulk_query};
+pub use find::ProcessQuery;
 pub use requests::{Checked, ProcessActionRequest, ProcessFilter, RemoteCheck};
 pub use words::{ConsoleWords, OFFERED, parse_action};
 

@@ -3370,7 +3370,8 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
     // Both are listed as waiting; an unknown status is a 400 with only `error`.
     let (s, body) = c.get(&op, "/api/processes?status=waiting").await;
     assert_eq!(s, StatusCode::OK, "{body}");
-    let listed: Vec<Value> = serde_json::from_str(&body).unwrap();
+    let page: Value = serde_json::from_str(&body).unwrap();
+    let listed = page["items"].as_array().unwrap();
     for id in [asked, blind] {
         assert!(
             listed.iter().any(|p| p["id"] == json!(id)),
@@ -3479,3 +3480,4 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
     stop.cancel();
     worker.await.unwrap().unwrap();
 }
+mod find;
