@@ -5,6 +5,13 @@ use crate::error::ConsoleError;
 use crate::text::url_encode;
 use maud::{Markup, html};
 
+/// The row number a "Next" link carries (`?from=`), for pages whose own query type has no place
+/// for it.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct From {
+    pub from: Option<String>,
+}
+
 /// `n` with thousands separators: 2,536.
 pub fn thousands(n: i64) -> String {
     let digits = n.unsigned_abs().to_string();

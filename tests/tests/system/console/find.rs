@@ -492,3 +492,312 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
         assert_eq!(acted(&c, id, "rerun_step").await, 1);
     }
 }
+
+/// Walks every page of `path` (a list answering `{items, total, next}`, `?` already in it) as
+/// `token`; asserts each page says `total`; returns the items in order.
+async fn walk(c: &Console, token: &str, path: &str, total: usize) -> Vec<Value> {
+    let mut items = Vec::new();
+    let mut next: Option<String> = None;
+    loop {
+        let url = match &next {
+            Some(n) => format!("{path}&after={n}"),
+            None => path.to_string(),
+        };
+        let p = page(c, token, &url).await;
+        assert_eq!(p["total"], json!(total), "{url}: {p}");
+        items.extend(p["items"].as_array().unwrap().iter().cloned());
+        match p["next"].as_str() {
+            Some(n) => next = Some(n.to_string()),
+            None => return items,
+        }
+    }
+}
+
+/// A 400 with only `error`.
+async fn refused(c: &Console, token: &str, path: &str) {
+    let (s, body) = c.get(token, path).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{path}: {body}");
+    let err: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        err["error"].is_string() && err.as_object().unwrap().len() == 1,
+        "{path}: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_rows_and_the_audit_log_are_paged_with_n_of_m_and_all_dead_rows_are_requeued_after_one_approval()
+ {
+    let c = Console::start().await;
+    let op = c.user("olga", Role::Operator).await;
+    let ap = c.user("arthur", Role::Approver).await;
+    let viewer = c.user("vera", Role::Viewer).await;
+    let ids = c.dead_rows(25).await;
+
+    // Every dead row exactly once, oldest first, each page saying 25.
+    let rows = walk(&c, &viewer, "/api/outbox/dead?limit=10", 25).await;
+    let seen: Vec<Uuid> = rows
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(
+        seen.iter().copied().collect::<HashSet<_>>(),
+        ids.iter().copied().collect::<HashSet<_>>()
+    );
+    assert_eq!(seen.len(), 25);
+    assert!(
+        rows.windows(2)
+            .all(|w| w[0]["seq"].as_i64() < w[1]["seq"].as_i64())
+    );
+    assert!(
+        !rows.iter().any(|r| r.to_string().contains(CARD)),
+        "redacted"
+    );
+    for bad in ["after=zzz", "after=a5", "after=d-1", "after=d1%00"] {
+        refused(&c, &viewer, &format!("/api/outbox/dead?{bad}")).await;
+    }
+
+    // "All that match": a viewer is refused and audited; the dry run names every row; one
+    // request freezes all 25 in one approval; its approval requeues them all.
+    let path = "/api/outbox/dead/actions/requeue";
+    let (s, _, _) = c
+        .post(&viewer, path, json!({"reason": "all", "all": true}), None)
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(c.audit_count("vera", "outbox.requeue", "denied").await, 1);
+    let (s, plan, _) = c
+        .post(
+            &op,
+            path,
+            json!({"reason": "gateway fixed", "all": true, "dry_run": true}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{plan}");
+    assert_eq!(plan["items"].as_array().unwrap().len(), 25, "{plan}");
+    assert!(
+        ids.iter()
+            .all(|id| plan.to_string().contains(&id.to_string()))
+    );
+    let (s, both, _) = c
+        .post(
+            &op,
+            path,
+            json!({"reason": "x", "all": true, "items": [{"id": ids[0], "version": 1}]}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{both}");
+    let (s, asked, _) = c
+        .post(
+            &op,
+            path,
+            json!({"reason": "gateway fixed", "all": true}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{asked}");
+    for id in &ids {
+        assert_eq!(c.state(*id).await, "dead", "nothing before the approval");
+    }
+    let approval = asked["approval"].as_str().unwrap();
+    let (s, done, _) = c
+        .post(
+            &ap,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "ok", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    for id in &ids {
+        assert_ne!(c.state(*id).await, "dead", "{id} requeued");
+    }
+    assert_eq!(
+        page(&c, &viewer, "/api/outbox/dead").await["total"],
+        json!(0)
+    );
+
+    // The audit log, newest first, every entry exactly once, each page saying how many.
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.console_audit")
+        .fetch_one(&c.db.pool)
+        .await
+        .unwrap();
+    let entries = walk(&c, &viewer, "/api/audit?limit=7", stored as usize).await;
+    let seqs: Vec<i64> = entries.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs.len() as i64, stored);
+    assert!(
+        seqs.windows(2).all(|w| w[0] > w[1]),
+        "newest first, none twice"
+    );
+    let denied = walk(&c, &viewer, "/api/audit?limit=1&outcome=denied", 1).await;
+    assert_eq!(denied.len(), 1);
+    for bad in ["after=p1", "after=a", "after=a1x", "after=q3"] {
+        refused(&c, &viewer, &format!("/api/audit?{bad}")).await;
+    }
+    // The audit page says "of M" and links the next page.
+    let cookie = login(&c, &viewer).await;
+    let html = c
+        .http
+        .get(format!("{}/audit?limit=2", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("id=\"paging\""), "{html}");
+    let r = c
+        .http
+        .get(format!("{}/audit?after=zzz", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replayed_after_one_approval()
+ {
+    use lapin::BasicProperties;
+    use lapin::options::BasicPublishOptions;
+    use lapin::types::FieldTable;
+    let broker = system_tests::TestBroker::new();
+    let name = broker.queue("console.find.dlq");
+    let c = Console::start_with(5, &[&name]).await;
+    let op = c.user("dora", Role::Operator).await;
+    let ap = c.user("dan", Role::Approver).await;
+    let viewer = c.user("vera", Role::Viewer).await;
+    let exchange = broker.exchange("console.find.events");
+    let topology = consumer::Topology::new(&name, &[]);
+    for q in topology.queues() {
+        broker.track_queue(&q);
+    }
+    for e in topology.exchanges() {
+        broker.track_exchange(&e);
+    }
+    let conn = broker.connect().await;
+    topology.declare(&conn, &exchange, &[]).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    let ids: Vec<String> = (0..7).map(|_| Uuid::new_v4().to_string()).collect();
+    for id in &ids {
+        let mut h = FieldTable::default();
+        for (k, v) in [
+            (consumer::message::headers::DEAD_LETTER_KIND, "permanent"),
+            (
+                consumer::message::headers::DEAD_LETTER_REASON,
+                "handler refused",
+            ),
+            (
+                consumer::message::headers::DEAD_LETTERED_AT,
+                "2026-12-01T10:00:00Z",
+            ),
+        ] {
+            consumer::message::set_text(&mut h, k, v);
+        }
+        let props = BasicProperties::default()
+            .with_message_id(id.as_str().into())
+            .with_type("payment.captured".into())
+            .with_headers(h);
+        ch.basic_publish(
+            "".into(),
+            topology.dead_letter_queue.as_str().into(),
+            BasicPublishOptions::default(),
+            br#"{"amount": 5}"#,
+            props,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+
+    // Pages of 3 from the head: 7 in all, each exactly once, left in place.
+    let letters = walk(
+        &c,
+        &viewer,
+        &format!("/api/dead-letters?consumer={name}&limit=3"),
+        7,
+    )
+    .await;
+    let seen: Vec<&str> = letters
+        .iter()
+        .map(|l| l["message_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        seen,
+        ids.iter().map(String::as_str).collect::<Vec<_>>(),
+        "oldest first, none twice"
+    );
+    for bad in ["after=zzz", "after=p3", "after=q-1", "after=q"] {
+        refused(
+            &c,
+            &viewer,
+            &format!("/api/dead-letters?consumer={name}&{bad}"),
+        )
+        .await;
+    }
+
+    // "All that match": refused for a viewer (audited), a dry run of all 7, one approval.
+    let path = format!("/api/dead-letters/{name}/actions/replay");
+    let (s, _, _) = c
+        .post(&viewer, &path, json!({"reason": "all", "all": true}), None)
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(c.audit_count("vera", "dlq.replay", "denied").await, 1);
+    let (s, plan, _) = c
+        .post(
+            &op,
+            &path,
+            json!({"reason": "fixed", "all": true, "dry_run": true}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{plan}");
+    assert_eq!(plan["items"].as_array().unwrap().len(), 7, "{plan}");
+    let (s, asked, _) = c
+        .post(
+            &op,
+            &path,
+            json!({"reason": "handler fixed", "all": true}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{asked}");
+    let approval = asked["approval"].as_str().unwrap();
+    let (s, done, _) = c
+        .post(
+            &ap,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "ok", "version": 1}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    let count = |q: String| {
+        let conn = &conn;
+        async move {
+            plumbing::amqp::inspect_queue(conn, &q)
+                .await
+                .map(|q| q.message_count())
+                .unwrap_or(u32::MAX)
+        }
+    };
+    wait_until(
+        "all seven back in the queue",
+        Duration::from_secs(30),
+        || async {
+            (count(name.clone()).await == 7 && count(topology.dead_letter_queue.clone()).await == 0)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(c.audit_count("dora", "dlq.replay", "succeeded").await, 7);
+    assert_eq!(
+        page(&c, &viewer, &format!("/api/dead-letters?consumer={name}")).await["total"],
+        json!(0)
+    );
+    let _ = conn.close(200, "done".into()).await;
+}
