@@ -58,6 +58,7 @@ pub fn router() -> Router<AppState> {
             post(processes::actions::process_action),
         )
         .route("/ui/outbox/requeue", post(overview::requeue))
+        .route("/ui/processes/bulk", post(processes::bulk::bulk))
         .route(
             "/ui/dead-letters/{consumer}/replay",
             post(dead_letters::replay),

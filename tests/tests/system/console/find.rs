@@ -316,6 +316,30 @@ async fn in_a_real_browser_an_operator_searches_and_pages_through_processes() {
     assert!(paging.contains("of 1"), "{paging}");
     let source = b.source().await.unwrap();
     assert!(!source.contains(CARD));
+    b.screenshot().await.unwrap();
+
+    // Acting on what a filter selects: the dry run lists it, one request asks one approval.
+    b.goto(&format!(
+        "{}/processes?status=manual_review&error_class=unknown",
+        c.base
+    ))
+    .await
+    .unwrap();
+    wait_for(&b, &format!("process-{}", ids[7])).await;
+    type_into(&b, "bulk-step", "charge").await;
+    type_into(&b, "bulk-reason", "provider recovered, INC-7").await;
+    click(&b, "bulk-dry-run").await;
+    let plan = wait_for(&b, "bulk-plan").await.text().await.unwrap();
+    assert!(plan.contains(&ids[7].to_string()), "{plan}");
+    assert_eq!(
+        wait_for(&b, "bulk-selected").await.text().await.unwrap(),
+        "1"
+    );
+    assert_eq!(c.approvals().await, 0, "a dry run asks nobody");
+    click(&b, "bulk-submit").await;
+    let notice = wait_for(&b, "notice").await.text().await.unwrap();
+    assert!(notice.contains("approval request"), "{notice}");
+    assert_eq!(c.approvals().await, 1);
     screenshot_and_close(b, "console-find-search.png").await;
 }
 

@@ -144,6 +144,7 @@ pub async fn list_page(
         }
         @if items.is_empty() { p #no-processes { "No process matches." } }
         (footer(&q.base(), first, items.len(), found["total"].as_i64().unwrap_or(0), found["next"].as_str()))
+        (super::bulk::bulk_form(&session, &q.filters(), found["total"].as_i64().unwrap_or(0)))
     };
     page(Some(&session), "Processes", body).into_response()
 }

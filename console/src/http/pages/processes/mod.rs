@@ -4,6 +4,7 @@
 //! [`actions`] allowed now that the user's role may ask for). Everything shown is redacted.
 
 pub mod actions;
+pub mod bulk;
 pub mod find;
 pub mod page;
 pub mod timeline;
