@@ -133,10 +133,12 @@ fn letters_form(
             (hidden(session))
             (table)
             (footer)
-            p {
-                label {
-                    input type="checkbox" name="all" value="1" id="select-all";
-                    " all " (super::paging::thousands(found.total as i64)) " that match, not only the ticked ones (frozen with their versions when you ask)"
+            @if found.total > 0 {
+                p {
+                    label {
+                        input type="checkbox" name="all" value="1" id="select-all";
+                        " all " (super::paging::thousands(found.total as i64)) " that match, not only the ticked ones (frozen with their versions when you ask)"
+                    }
                 }
             }
             label { "Reason " input type="text" name="reason"; }

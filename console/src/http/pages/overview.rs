@@ -118,10 +118,12 @@ fn dead_rows(session: &Session, dead: &[outbox_dead::DeadRow], total: i64) -> Ma
             (hidden(session))
             (table)
             (shown_of)
-            p {
-                label {
-                    input type="checkbox" name="all" value="1" id="requeue-all";
-                    " all " (super::paging::thousands(total)) " dead rows, not only the ticked ones (frozen with their versions when you ask)"
+            @if total > 0 {
+                p {
+                    label {
+                        input type="checkbox" name="all" value="1" id="requeue-all";
+                        " all " (super::paging::thousands(total)) " dead rows, not only the ticked ones (frozen with their versions when you ask)"
+                    }
                 }
             }
             label { "Reason " input type="text" name="reason" id="requeue-reason"; }
