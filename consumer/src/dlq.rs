@@ -80,15 +80,35 @@ pub async fn list(
         plumbing::amqp_nodes::connect(amqp_url, tls, &format!("consumer {name} dlq list")).await?;
     let result = list_on(&conn, name, &topology, limit).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
-    result
+    result.map(|(letters, _)| letters)
 }
 
+/// A page of the dead letters of consumer `name`: up to `limit` after the first `skip`, oldest
+/// first, left in place; and the queue's depth (how many there are in all). A page is read from
+/// the head (a queue has no index), so a deep page costs its position: dead-letter queues are
+/// meant to stay short.
+pub async fn page(
+    amqp_url: &str,
+    tls: &AmqpTls,
+    name: &str,
+    skip: usize,
+    limit: usize,
+) -> Result<(Vec<DeadLetter>, usize), DlqError> {
+    let topology = Topology::new(name, &[]);
+    let conn =
+        plumbing::amqp_nodes::connect(amqp_url, tls, &format!("consumer {name} dlq page")).await?;
+    let result = list_on(&conn, name, &topology, skip.saturating_add(limit)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
+    result.map(|(letters, depth)| (letters.into_iter().skip(skip).collect(), depth))
+}
+
+/// Up to `limit` dead letters from the head, and the queue's depth.
 async fn list_on(
     conn: &Connection,
     name: &str,
     t: &Topology,
     limit: usize,
-) -> Result<Vec<DeadLetter>, DlqError> {
+) -> Result<(Vec<DeadLetter>, usize), DlqError> {
     let ch = conn.create_channel().await?;
     let count = dlq_count(&ch, name, t).await?;
     let mut out = Vec::new();
@@ -106,7 +126,7 @@ async fn list_on(
     }
     // Nothing was acknowledged: closing the channel puts every message back.
     let _ = tokio::time::timeout(Duration::from_secs(5), ch.close(200, "browsed".into())).await;
-    Ok(out)
+    Ok((out, count))
 }
 
 /// Re-injects the selected dead letters of consumer `name` into its queue, with their original

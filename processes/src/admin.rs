@@ -478,10 +478,10 @@ pub struct Filter {
     pub limit: Option<i64>,
 }
 
-const PROCESS_COLUMNS: &str = "id, kind, definition_version, business_key, revision, revision_of, status, paused, \
+pub(crate) const PROCESS_COLUMNS: &str = "id, kind, definition_version, business_key, revision, revision_of, status, paused, \
     attempt, last_reason, last_actor, created_at, updated_at, finished_at, deadline_at, lease_owner, lease_until, row_version";
 
-fn summary(r: &PgRow) -> Result<ProcessSummary, sqlx::Error> {
+pub(crate) fn summary(r: &PgRow) -> Result<ProcessSummary, sqlx::Error> {
     Ok(ProcessSummary {
         id: r.try_get("id")?,
         kind: r.try_get("kind")?,

@@ -30,6 +30,7 @@
 pub mod admin;
 pub mod definition;
 pub mod error;
+pub mod find;
 pub mod internal_events;
 pub mod redact;
 pub mod retry;

@@ -91,6 +91,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "cheaper inserts: header checks in PL/pgSQL, a flush queued only when behind, one upsert",
         include_str!("../../migrations/0015_cheaper_inserts.sql"),
     ),
+    (
+        17,
+        "console find: indexed search keys and keyset pages of processes",
+        include_str!("../../migrations/0017_console_find.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

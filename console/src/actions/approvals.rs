@@ -46,6 +46,8 @@ pub enum Pending {
     },
     /// A skip or a dead-lettered run on an ordered consumer's aggregate.
     OrderedDiscard(ordered::DiscardRequest),
+    /// One process action on the processes a filter selected, frozen with their versions.
+    ProcessBulk(crate::targets::processes::BulkPending),
 }
 
 impl Pending {
@@ -54,6 +56,7 @@ impl Pending {
             Pending::OutboxRequeue { .. } => "outbox.requeue",
             Pending::DlqReplay { .. } => "dlq.replay",
             Pending::Process { action, .. } => action.audit_name(),
+            Pending::ProcessBulk(b) => crate::targets::processes::bulk_audit_name(b.action),
             Pending::OrderedDiscard(r) => match r.discard {
                 Discard::Head => OrderedAction::Skip.audit_name(),
                 Discard::Run => OrderedAction::DeadLetterRun.audit_name(),
@@ -456,6 +459,12 @@ async fn run(
                 )
                 .await?;
             Ok((vec![Change::process(*id, before, after.clone())], after))
+        }
+        Pending::ProcessBulk(bulk) => {
+            state
+                .processes
+                .run_bulk(conn, bulk, reason, &requester.name, &approver.name)
+                .await
         }
     }
 }

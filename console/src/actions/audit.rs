@@ -72,6 +72,8 @@ pub struct Filter {
     pub limit: Option<i64>,
     /// `jsonl` for JSON lines, oldest first (export).
     pub format: Option<String>,
+    /// The `next` of the previous page (JSON pages only; the export is whole).
+    pub after: Option<String>,
 }
 
 /// Appends `e` (redacted) on `conn`, inside the caller's transaction.
@@ -111,6 +113,7 @@ impl Filter {
             ("outcome", self.outcome.as_deref()),
             ("target", self.target.as_deref()),
             ("format", self.format.as_deref()),
+            ("after", self.after.as_deref()),
         ])
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod approvals;
 pub mod audit;
+pub mod audit_page;
 pub mod commands;
 pub mod matrix;
 pub mod run;

@@ -14,14 +14,26 @@ fn s(v: &Value, k: &str) -> String {
     }
 }
 
-/// Prints dead outbox rows.
-pub fn print_dead(rows: &Value, out: &mut impl Write) -> std::io::Result<()> {
+/// The rows of a page (`{items, total, next}`), and "N of M" to print under them.
+fn page_of(page: &Value) -> (Vec<Value>, String) {
+    let rows = page["items"].as_array().cloned().unwrap_or_default();
+    let more = if page["next"].is_string() {
+        " (more after these)"
+    } else {
+        ""
+    };
+    let of = format!("{} of {}{more}", rows.len(), page["total"]);
+    (rows, of)
+}
+
+/// Prints a page of dead outbox rows.
+pub fn print_dead(page: &Value, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(
         out,
         "{:<36}  {:>12}  {:<24}  {:>8}  last error",
         "id", "version", "event_type", "attempts"
     )?;
-    let rows = rows.as_array().cloned().unwrap_or_default();
+    let (rows, of) = page_of(page);
     for r in &rows {
         writeln!(
             out,
@@ -35,14 +47,13 @@ pub fn print_dead(rows: &Value, out: &mut impl Write) -> std::io::Result<()> {
     }
     writeln!(
         out,
-        "{} dead row(s); requeue with: console dead requeue --reason TEXT ID:VERSION ...",
-        rows.len()
+        "{of} dead row(s); requeue with: console dead requeue --reason TEXT ID:VERSION ..."
     )
 }
 
-/// Prints dead letters.
-pub fn print_dead_letters(rows: &Value, out: &mut impl Write) -> std::io::Result<()> {
-    let rows = rows.as_array().cloned().unwrap_or_default();
+/// Prints a page of dead letters.
+pub fn print_dead_letters(page: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    let (rows, of) = page_of(page);
     for r in &rows {
         writeln!(
             out,
@@ -54,7 +65,7 @@ pub fn print_dead_letters(rows: &Value, out: &mut impl Write) -> std::io::Result
             s(r, "reason")
         )?;
     }
-    writeln!(out, "{} dead letter(s)", rows.len())
+    writeln!(out, "{of} dead letter(s)")
 }
 
 /// Prints an ordered consumer: its partitions and its stuck aggregates with their versions.
@@ -114,9 +125,10 @@ pub fn print_approvals(rows: &Value, out: &mut impl Write) -> std::io::Result<()
     writeln!(out, "{} request(s)", rows.len())
 }
 
-/// Prints processes, one a line.
-pub fn print_processes(rows: &Value, out: &mut impl Write) -> std::io::Result<()> {
-    let rows = rows.as_array().cloned().unwrap_or_default();
+/// Prints a page of processes (`{items, total, next}`), one a line, and how many there are in
+/// all.
+pub fn print_processes(page: &Value, out: &mut impl Write) -> std::io::Result<()> {
+    let rows = page["items"].as_array().cloned().unwrap_or_default();
     for r in &rows {
         writeln!(
             out,
@@ -132,8 +144,14 @@ pub fn print_processes(rows: &Value, out: &mut impl Write) -> std::io::Result<()
     }
     writeln!(
         out,
-        "{} process(es); details: console process show ID",
-        rows.len()
+        "{} of {} process(es){}; details: console process show ID",
+        rows.len(),
+        page["total"],
+        if page["next"].is_string() {
+            " (more: narrow the filters)"
+        } else {
+            ""
+        }
     )
 }
 

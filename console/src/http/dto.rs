@@ -10,6 +10,8 @@ use uuid::Uuid;
 pub struct Limit {
     /// At most this many (default 100).
     pub limit: Option<i64>,
+    /// The `next` of the previous page.
+    pub after: Option<String>,
 }
 
 /// Body of a single requeue.
@@ -24,7 +26,13 @@ pub struct RequeueOne {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct RequeueMany {
     pub reason: String,
+    /// The rows ticked, with the versions seen (empty with `all`).
+    #[serde(default)]
     pub items: Vec<outbox_dead::Item>,
+    /// "Select all that match": every dead row, frozen with its version when the request is
+    /// made (at most 1,000); the dry run says how many.
+    #[serde(default)]
+    pub all: bool,
     /// Only say what each would do.
     #[serde(default)]
     pub dry_run: bool,
@@ -34,14 +42,23 @@ pub struct RequeueMany {
 pub struct ConsumerQuery {
     /// The consumer's name (its queue; dead letters are in `<name>.dlq`).
     pub consumer: String,
+    /// Page size, 1 to 500 (default 100).
     pub limit: Option<usize>,
+    /// The `next` of the previous page.
+    pub after: Option<String>,
 }
 
 /// Body of a replay.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Replay {
     pub reason: String,
+    /// The letters ticked, with the versions seen (empty with `all`).
+    #[serde(default)]
     pub items: Vec<dead_letters::Item>,
+    /// "Select all that match": every letter in the queue, frozen with its version when the
+    /// request is made (at most 1,000); the dry run says how many.
+    #[serde(default)]
+    pub all: bool,
     #[serde(default)]
     pub dry_run: bool,
 }

@@ -19,13 +19,13 @@ use utoipa::{Modify, OpenApi};
         api::dead_letters::dead_letter_list, api::dead_letters::replay, api::idempotency::idempotency,
         api::audit::audit_list, api::audit::audit_purge, api::approvals::approval_list, api::approvals::approve,
         api::approvals::reject, api::processes::process_list, api::processes::process_get,
-        api::processes::process_action, api::ordered::ordered_view, api::ordered::ordered_action, api::whoami::whoami
+        api::processes::process_action, api::processes::process_bulk, api::ordered::ordered_view, api::ordered::ordered_action, api::whoami::whoami
     ),
     components(schemas(
         error::ErrorBody, outbox_dead::DeadRow, outbox_dead::Backlog, outbox_dead::Item, outbox_dead::Planned,
         dead_letters::Letter, dead_letters::Item, dead_letters::Planned, dto::RequeueOne, dto::RequeueMany,
         dto::Replay, dto::ReasonOnly, dto::IdempotencyRecord, audit::Entry, approvals::Approval, approvals::Decision,
-        ProcessAction, processes::ProcessActionRequest, processes::RemoteCheck, dto::IdempotencyQuery,
+        ProcessAction, processes::ProcessActionRequest, processes::RemoteCheck, processes::BulkRequest, processes::Frozen, dto::IdempotencyQuery,
         users::Principal, crate::auth::roles::Role, ordered::ConsumerView, ordered::StuckView, ordered::HeldView,
         ordered::PartitionView, ordered::AggregateAction, ordered::OrderedAction
     )),

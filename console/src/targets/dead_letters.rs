@@ -64,7 +64,7 @@ pub fn listed(consumers: &[String], name: &str) -> Result<(), ConsoleError> {
     }
 }
 
-fn letter(d: dlq::DeadLetter) -> Letter {
+pub(super) fn letter(d: dlq::DeadLetter) -> Letter {
     let payload = serde_json::from_str::<Value>(&d.payload).unwrap_or(Value::String(d.payload));
     Letter {
         message_id: d.message_id.as_deref().map(redact::text),

@@ -4,9 +4,12 @@
 //! what an effect changed as a [`Change`], which the actions layer writes to the audit log.
 
 pub mod change;
+pub mod cursor;
 pub mod dead_letters;
+pub mod dead_letters_page;
 pub mod ordered;
 pub mod outbox_dead;
+pub mod outbox_dead_page;
 pub mod processes;
 
 pub use change::Change;

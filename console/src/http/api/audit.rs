@@ -13,8 +13,12 @@ use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-/// The audit log, newest first, filtered; `format=jsonl` exports JSON lines, oldest first.
-#[utoipa::path(get, path = "/api/audit", tag = "audit", params(audit::Filter), responses((status = 200, body = [audit::Entry])))]
+/// The audit log, newest first, filtered, a keyset page at a time: `{items, total, next}` (`next`
+/// is the `after` of the next page, null on the last); `format=jsonl` exports every matching
+/// entry as JSON lines, oldest first.
+#[utoipa::path(get, path = "/api/audit", tag = "audit", params(audit::Filter),
+    responses((status = 200, description = "{items: [Entry], total, next}"),
+               (status = 400, description = "a filter or cursor that is none", body = crate::error::ErrorBody)))]
 pub async fn audit_list(
     State(s): State<AppState>,
     Bearer(p): Bearer,
@@ -33,7 +37,7 @@ pub async fn audit_list(
         }
         return Ok(([(header::CONTENT_TYPE, "application/jsonl")], out).into_response());
     }
-    Ok(Json(audit::list(&s.pool, &s.schema, &f, false).await?).into_response())
+    Ok(Json(crate::actions::audit_page::page(&s.pool, &s.schema, &f).await?).into_response())
 }
 
 /// Purge audit entries older than the retention (admin).

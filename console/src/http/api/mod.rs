@@ -87,6 +87,10 @@ pub fn actions(state: &AppState) -> Router<AppState> {
             post(processes::process_action),
         )
         .route(
+            "/api/processes/actions/{action}",
+            post(processes::process_bulk),
+        )
+        .route(
             "/api/consumers/{consumer}/ordered/actions/{action}",
             post(ordered::ordered_action),
         )

@@ -6,23 +6,27 @@ use crate::error::ConsoleError;
 use crate::http::dto::{Limit, RequeueMany, RequeueOne};
 use crate::http::keys::Keyed;
 use crate::state::AppState;
-use crate::targets::outbox_dead;
+use crate::targets::{outbox_dead, outbox_dead_page};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use uuid::Uuid;
 
-/// Dead outbox rows, oldest first.
+/// Dead outbox rows, oldest first, a keyset page at a time: `{items, total, next}` (`next` is
+/// the `after` of the next page, null on the last).
 #[utoipa::path(get, path = "/api/outbox/dead", tag = "outbox", params(Limit),
-    responses((status = 200, body = [outbox_dead::DeadRow]), (status = 401, body = crate::error::ErrorBody)))]
+    responses((status = 200, description = "{items: [DeadRow], total, next}"), (status = 400, body = crate::error::ErrorBody),
+               (status = 401, body = crate::error::ErrorBody)))]
 pub async fn dead_rows(
     State(s): State<AppState>,
     Bearer(p): Bearer,
     Query(q): Query<Limit>,
 ) -> Result<Response, ConsoleError> {
     read(&s, &p, "outbox:dead").await?;
-    Ok(Json(outbox_dead::list(&s.pool, &s.schema, q.limit.unwrap_or(100)).await?).into_response())
+    crate::text::check_all([("after", q.after.as_deref())])?;
+    let page = outbox_dead_page::page(&s.pool, &s.schema, q.after.as_deref(), q.limit).await?;
+    Ok(Json(page).into_response())
 }
 
 /// Pending backlog and dead count.
@@ -64,8 +68,9 @@ pub async fn requeue_one(
     ))
 }
 
-/// Requeue several dead rows: an explicit list; more than one creates an approval request (202);
-/// `dry_run` says what each would do.
+/// Requeue several dead rows: an explicit list, or `all` (every dead row, frozen with its version
+/// now: "select all that match"); more than one creates one approval request (202); `dry_run`
+/// says what each would do.
 #[utoipa::path(post, path = "/api/outbox/dead/actions/requeue", tag = "outbox", request_body = RequeueMany,
     responses((status = 200, description = "done or dry run"), (status = 202, description = "approval request created")))]
 pub async fn requeue_many(
@@ -75,7 +80,19 @@ pub async fn requeue_many(
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let b: RequeueMany = parse_for(&s, &p, Action::OutboxRequeue, "outbox:", &body).await?;
+    let items = if b.all {
+        // The role check first: a refused caller is audited before anything is read.
+        crate::actions::authorize(&s, &p, Action::OutboxRequeue, "outbox:all", &b.reason).await?;
+        if !b.items.is_empty() {
+            return Err(ConsoleError::BadRequest(
+                "either `items` or `all`, not both".into(),
+            ));
+        }
+        outbox_dead_page::all(&s.pool, &s.schema).await?
+    } else {
+        b.items
+    };
     Ok(outcome_response(
-        commands::requeue_outbox(&s, &p, b.items, &b.reason, b.dry_run, keyed).await?,
+        commands::requeue_outbox(&s, &p, items, &b.reason, b.dry_run, keyed).await?,
     ))
 }

@@ -6,24 +6,28 @@ use crate::error::ConsoleError;
 use crate::http::keys::Keyed;
 use crate::redact;
 use crate::state::AppState;
-use crate::targets::processes::{ProcessActionRequest, ProcessFilter};
+use crate::targets::processes::{BulkRequest, ProcessActionRequest, ProcessQuery};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use uuid::Uuid;
 
-/// Processes, manual_review first, then most recently changed.
-#[utoipa::path(get, path = "/api/processes", tag = "processes", params(ProcessFilter), responses((status = 200)))]
+/// Processes matching a search and filters, newest first, one keyset page at a time:
+/// `{items, total, next, counts}`. `total` is how many match in all, `next` the `after` of the
+/// next page (null on the last), `counts` how many processes have each status.
+#[utoipa::path(get, path = "/api/processes", tag = "processes", params(ProcessQuery),
+    responses((status = 200, description = "{items, total, next, counts}"),
+               (status = 400, description = "a filter or cursor that is none", body = crate::error::ErrorBody)))]
 pub async fn process_list(
     State(s): State<AppState>,
     Bearer(p): Bearer,
-    Query(f): Query<ProcessFilter>,
+    Query(f): Query<ProcessQuery>,
 ) -> Result<Response, ConsoleError> {
     read(&s, &p, "processes").await?;
-    f.check()?;
-    let list = s.processes.list(&s.pool, &f).await?;
-    Ok(Json(list.iter().map(redact::value).collect::<Vec<_>>()).into_response())
+    let query = f.check()?;
+    let page = s.processes.find(&s.pool, &query).await?;
+    Ok(Json(redact::value(&page)).into_response())
 }
 
 /// One process: its steps, last classified error, history, `version` and the actions allowed now.
@@ -68,5 +72,31 @@ pub async fn process_action(
     .await?;
     Ok(outcome_response(
         commands::process_action(&s, &p, id, action, r, keyed).await?,
+    ))
+}
+
+/// A process action on every process a filter selects (rerun_step, query_remote_status,
+/// escalate, pause, resume). `dry_run` lists the matching processes with their versions and
+/// whether the action is allowed on each, changing nothing; otherwise the allowed ones are frozen
+/// as (id, version) in one approval request (202), whose approval acts on exactly them and skips
+/// (and reports) any that moved on.
+#[utoipa::path(post, path = "/api/processes/actions/{action}", tag = "processes", request_body = BulkRequest,
+    params(("action" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, description = "dry run: {dry_run, action, step, matching, selected, items}"),
+               (status = 202, description = "approval request created: {approval, status, existing, selected, items}"),
+               (status = 400, description = "a filter that is none, an action not offered in bulk, nothing selected", body = crate::error::ErrorBody),
+               (status = 403, body = crate::error::ErrorBody)))]
+pub async fn process_bulk(
+    State(s): State<AppState>,
+    Bearer(p): Bearer,
+    Path(action): Path<String>,
+    Keyed(keyed): Keyed,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let action = crate::targets::processes::parse_action(&action)
+        .ok_or_else(|| ConsoleError::NotFound(format!("process action {action:?}")))?;
+    let r: BulkRequest = parse_for(&s, &p, Action::Process(action), "processes", &body).await?;
+    Ok(outcome_response(
+        commands::process_bulk(&s, &p, action, r, keyed).await?,
     ))
 }

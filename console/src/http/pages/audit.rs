@@ -44,14 +44,24 @@ pub async fn audit_page(
     State(s): State<AppState>,
     WebSession(session): WebSession,
     Query(f): Query<audit::Filter>,
+    Query(at): Query<super::paging::From>,
 ) -> Response {
     if let Err(e) = f.check() {
         return error_page(Some(&session), &e);
     }
-    let entries = match audit::list(&s.pool, &s.schema, &f, false).await {
-        Ok(e) => e,
+    let found = async {
+        let first = super::paging::first_row(at.from.as_deref())?;
+        Ok::<_, crate::error::ConsoleError>((
+            first,
+            crate::actions::audit_page::page(&s.pool, &s.schema, &f).await?,
+        ))
+    };
+    let (first, found) = match found.await {
+        Ok(f) => f,
         Err(e) => return error_page(Some(&session), &e),
     };
+    let entries = found.items;
+    let base = audit_base(&f);
     let v = |o: &Option<String>| shown(o.as_deref().unwrap_or(""));
     let body = html! {
         form method="get" {
@@ -66,6 +76,30 @@ pub async fn audit_page(
             ". Retention: " (s.settings.audit_retention_days) " days."
         }
         (audit_table("audit", &entries))
+        (super::paging::footer(&base, first, entries.len(), found.total, found.next.as_deref()))
     };
     page(Some(&session), "Audit log", body).into_response()
+}
+
+/// The audit page's URL with the filters of `f` (the base of its Next link).
+fn audit_base(f: &audit::Filter) -> String {
+    let q: Vec<String> = [
+        ("actor", &f.actor),
+        ("action", &f.action),
+        ("outcome", &f.outcome),
+        ("target", &f.target),
+    ]
+    .iter()
+    .filter_map(|(k, v)| v.as_deref().filter(|v| !v.is_empty()).map(|v| (k, v)))
+    .map(|(k, v)| format!("{k}={}", crate::text::url_encode(v)))
+    .chain(
+        f.since
+            .map(|s| format!("since={}", crate::text::url_encode(&s.to_rfc3339()))),
+    )
+    .collect();
+    if q.is_empty() {
+        "/audit".into()
+    } else {
+        format!("/audit?{}", q.join("&"))
+    }
 }

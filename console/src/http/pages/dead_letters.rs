@@ -9,7 +9,7 @@ use super::session::WebSession;
 use crate::actions::{Action, allowed};
 use crate::auth::sessions::Session;
 use crate::state::AppState;
-use crate::targets::dead_letters;
+use crate::targets::{dead_letters, dead_letters_page};
 use crate::text::url_encode;
 use axum::Form;
 use axum::extract::{Path, Query, State};
@@ -18,10 +18,12 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use serde_json::json;
 
-/// The page's query: which consumer.
+/// The page's query: which consumer, and the page (cursor and the first row's number).
 #[derive(Debug, Deserialize)]
 pub struct ConsumerQuery {
     consumer: Option<String>,
+    after: Option<String>,
+    from: Option<String>,
 }
 
 /// `GET /dead-letters`: the consumer form and links, and the chosen consumer's dead letters.
@@ -37,7 +39,26 @@ pub async fn dead_letters_page(
             if let Err(e) = dead_letters::listed(&s.settings.consumers, c) {
                 return error_page(Some(&session), &e);
             }
-            Some(dead_letters::list(&s.settings.amqp_url, &s.settings.amqp_tls, c, 200).await)
+            if let Err(e) = crate::text::check_all([("after", q.after.as_deref())]) {
+                return error_page(Some(&session), &e);
+            }
+            let first = match super::paging::first_row(q.from.as_deref()) {
+                Ok(f) => f,
+                Err(e) => return error_page(Some(&session), &e),
+            };
+            let found = dead_letters_page::page(
+                &s.settings.amqp_url,
+                &s.settings.amqp_tls,
+                c,
+                q.after.as_deref(),
+                None,
+            )
+            .await;
+            // A cursor that is none is the caller's fault: the error page (400), not the list.
+            if let Err(e @ crate::error::ConsoleError::BadRequest(_)) = &found {
+                return error_page(Some(&session), e);
+            }
+            Some(found.map(|p| (first, p)))
         }
         None => None,
     };
@@ -54,7 +75,7 @@ pub async fn dead_letters_page(
             }
         }
         @match (chosen, letters) {
-            (Some(c), Some(Ok(letters))) => (letters_form(&session, c, &letters)),
+            (Some(c), Some(Ok((first, found)))) => (letters_form(&session, c, first, &found)),
             (_, Some(Err(e))) => p.error { (shown(&e.public_message())) },
             _ => {},
         }
@@ -62,9 +83,24 @@ pub async fn dead_letters_page(
     page(Some(&session), "Consumer dead letters", body).into_response()
 }
 
-/// The dead letters of `consumer`, in the replay form when the user's role may replay.
-fn letters_form(session: &Session, consumer: &str, letters: &[dead_letters::Letter]) -> Markup {
+/// A page of the dead letters of `consumer` (its first row numbered `first`), in the replay form
+/// when the user's role may replay, with "all that match" besides the ticked rows.
+fn letters_form(
+    session: &Session,
+    consumer: &str,
+    first: i64,
+    found: &dead_letters_page::LetterPage,
+) -> Markup {
+    let letters = &found.items;
     let may = allowed(session.principal.role, Action::DlqReplay);
+    let base = format!("/dead-letters?consumer={}", url_encode(consumer));
+    let footer = super::paging::footer(
+        &base,
+        first,
+        letters.len(),
+        found.total as i64,
+        found.next.as_deref(),
+    );
     let table = html! {
         table #dead-letters {
             tr {
@@ -90,12 +126,21 @@ fn letters_form(session: &Session, consumer: &str, letters: &[dead_letters::Lett
         }
     };
     if !may {
-        return table;
+        return html! { (table) (footer) };
     }
     html! {
         form method="post" action={ "/ui/dead-letters/" (url_encode(consumer)) "/replay" } {
             (hidden(session))
             (table)
+            (footer)
+            @if found.total > 0 {
+                p {
+                    label {
+                        input type="checkbox" name="all" value="1" id="select-all";
+                        " all " (super::paging::thousands(found.total as i64)) " that match, not only the ticked ones (frozen with their versions when you ask)"
+                    }
+                }
+            }
             label { "Reason " input type="text" name="reason"; }
             " " button name="dry_run" value="1" { "Dry run" }
             " " button name="go" value="1" { "Replay selected" }
@@ -124,9 +169,11 @@ pub async fn replay(
         })
         .collect();
     let dry_run = field(&f, "dry_run").is_some();
+    let all = field(&f, "all").is_some();
     let body = json!({
         "reason": field(&f, "reason").unwrap_or(""),
-        "items": items,
+        "items": if all { Vec::new() } else { items },
+        "all": all,
         "dry_run": dry_run,
     });
     let path = format!("/api/dead-letters/{}/actions/replay", url_encode(&consumer));

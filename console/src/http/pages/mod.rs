@@ -20,6 +20,7 @@ pub mod login;
 pub mod notice;
 pub mod ordered;
 pub mod overview;
+pub mod paging;
 pub mod processes;
 pub mod session;
 
@@ -57,6 +58,7 @@ pub fn router() -> Router<AppState> {
             post(processes::actions::process_action),
         )
         .route("/ui/outbox/requeue", post(overview::requeue))
+        .route("/ui/processes/bulk", post(processes::bulk::bulk))
         .route(
             "/ui/dead-letters/{consumer}/replay",
             post(dead_letters::replay),

@@ -64,7 +64,7 @@ async fn render_overview(
             " s) · dead " b #dead-count { (backlog.dead) }
         }
         h2 { "Dead outbox rows" }
-        (dead_rows(session, &dead))
+        (dead_rows(session, &dead, backlog.dead))
         h2 { "Approval requests" }
         (approvals_table(session, &pending, None))
         h2 { "Recent audit entries" }
@@ -73,9 +73,17 @@ async fn render_overview(
     Ok(page(Some(session), "Operations console", body))
 }
 
-/// The dead rows, in the requeue form when the user's role may requeue.
-fn dead_rows(session: &Session, dead: &[outbox_dead::DeadRow]) -> Markup {
+/// The dead rows (the first of `total`), in the requeue form when the user's role may requeue,
+/// with "all that match" besides the ticked rows.
+fn dead_rows(session: &Session, dead: &[outbox_dead::DeadRow], total: i64) -> Markup {
     let may_requeue = allowed(session.principal.role, Action::OutboxRequeue);
+    // Never a silent cut: how many of how many (all of them through the API's pages).
+    let shown_of = html! {
+        p #dead-paging {
+            "showing " (dead.len()) " of " span #dead-total { (super::paging::thousands(total)) }
+            @if (dead.len() as i64) < total { " (all of them: " code { "GET /api/outbox/dead?after=..." } ")" }
+        }
+    };
     let table = html! {
         table #dead-rows {
             tr {
@@ -103,12 +111,21 @@ fn dead_rows(session: &Session, dead: &[outbox_dead::DeadRow]) -> Markup {
         }
     };
     if !may_requeue {
-        return table;
+        return html! { (table) (shown_of) };
     }
     html! {
         form method="post" action="/ui/outbox/requeue" id="requeue-form" {
             (hidden(session))
             (table)
+            (shown_of)
+            @if total > 0 {
+                p {
+                    label {
+                        input type="checkbox" name="all" value="1" id="requeue-all";
+                        " all " (super::paging::thousands(total)) " dead rows, not only the ticked ones (frozen with their versions when you ask)"
+                    }
+                }
+            }
             label { "Reason " input type="text" name="reason" id="requeue-reason"; }
             " " button name="dry_run" value="1" id="requeue-dry-run" { "Dry run" }
             " " button name="go" value="1" id="requeue-submit" { "Requeue selected" }
@@ -145,9 +162,11 @@ pub async fn requeue(
         }
     }
     let dry_run = field(&f, "dry_run").is_some();
+    let all = field(&f, "all").is_some();
     let body = json!({
         "reason": field(&f, "reason").unwrap_or(""),
-        "items": items,
+        "items": if all { Vec::new() } else { items },
+        "all": all,
         "dry_run": dry_run,
     });
     match submit(&s, &session, &f, "/api/outbox/dead/actions/requeue", body).await {

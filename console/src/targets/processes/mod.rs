@@ -9,16 +9,20 @@
 //! is the processes crate's rule (`admin::requirements`), so it holds below the console too: the
 //! console turns such a request into an approval request.
 
+mod bulk;
+mod find;
 mod requests;
 mod rules;
 mod view;
 mod words;
 
-pub use requests::{Checked, ProcessActionRequest, ProcessFilter, RemoteCheck};
+pub use bulk::{BULK_OFFERED, BulkPending, BulkRequest, Frozen, bulk_audit_name, bulk_query};
+pub use find::ProcessQuery;
+pub use requests::{Checked, ProcessActionRequest, RemoteCheck};
 pub use words::{ConsoleWords, OFFERED, parse_action};
 
 use rules::{before, resolve_step, step_of};
-use view::{summary, view_json};
+use view::view_json;
 
 use crate::error::ConsoleError;
 use processes::admin::{self, ActionKind};
@@ -74,29 +78,6 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 impl Admin {
-    /// Processes matching `filter`, manual_review first (JSON objects; redacted by the console).
-    pub async fn list(
-        &self,
-        pool: &PgPool,
-        filter: &ProcessFilter,
-    ) -> Result<Vec<Value>, ConsoleError> {
-        {
-            let status = filter.process_status()?;
-            let f = admin::Filter {
-                kind: filter.kind.clone().filter(|k| !k.is_empty()),
-                status,
-                older_than_seconds: filter.older_than_seconds,
-                limit: filter.limit,
-            };
-            admin::list(pool, &self.schema, &f)
-                .await
-                .map_err(error)?
-                .iter()
-                .map(summary)
-                .collect()
-        }
-    }
-
     /// How many processes wait in manual review (the overview's count).
     pub async fn in_manual_review(&self, pool: &PgPool) -> Result<i64, ConsoleError> {
         admin::count(pool, &self.schema, processes::ProcessStatus::ManualReview)

@@ -1,20 +1,9 @@
-//! What a client sends about processes: the list's filters and an action's request body.
+//! What a client sends about an action on a process: its request body (the list's query is
+//! [`super::ProcessQuery`]).
 
-use crate::error::ConsoleError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::{IntoParams, ToSchema};
-
-/// Filters of `GET /api/processes` (manual_review first, then most recently changed).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
-pub struct ProcessFilter {
-    pub kind: Option<String>,
-    pub status: Option<String>,
-    /// Only processes created at least this many seconds ago.
-    pub older_than_seconds: Option<i64>,
-    /// At most this many (default 100).
-    pub limit: Option<i64>,
-}
+use utoipa::ToSchema;
 
 /// What was checked at the remote and its answer (the processes crate's `admin::RemoteCheck`):
 /// required to resolve as failed a step whose outcome is unknown.
@@ -24,27 +13,6 @@ pub struct RemoteCheck {
     pub checked: String,
     /// What the remote answered (1 to 240 bytes).
     pub answer: String,
-}
-
-impl ProcessFilter {
-    /// No control character in any text filter (400).
-    pub fn check(&self) -> Result<(), ConsoleError> {
-        crate::text::check_all([
-            ("kind", self.kind.as_deref()),
-            ("status", self.status.as_deref()),
-        ])?;
-        self.process_status().map(|_| ())
-    }
-
-    /// The status asked for (none for an empty one); a word that is no process status is a 400.
-    pub fn process_status(&self) -> Result<Option<processes::ProcessStatus>, ConsoleError> {
-        match self.status.as_deref().filter(|s| !s.is_empty()) {
-            None => Ok(None),
-            Some(s) => processes::ProcessStatus::parse(s).map(Some).ok_or_else(|| {
-                ConsoleError::BadRequest(format!("status: no process status is called {s:?}"))
-            }),
-        }
-    }
 }
 
 /// Body of `POST /api/processes/{id}/actions/{action}`.

@@ -1768,8 +1768,10 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     for secret in [CARD, SECRET] {
         assert!(!listed.contains(secret), "{secret} leaked: {listed}");
     }
-    let letters: Vec<Value> = serde_json::from_str(&listed).unwrap();
+    let page: Value = serde_json::from_str(&listed).unwrap();
+    let letters = page["items"].as_array().unwrap();
     assert_eq!(letters.len(), 3);
+    assert_eq!(page["total"], json!(3), "the queue's depth");
     assert!(
         letters
             .iter()
@@ -1926,7 +1928,10 @@ async fn an_ordered_consumers_dead_letters_are_listed_but_replay_answers_409() {
         .await;
     assert_eq!(s, StatusCode::OK, "{listed}");
     assert_eq!(
-        serde_json::from_str::<Vec<Value>>(&listed).unwrap().len(),
+        serde_json::from_str::<Value>(&listed).unwrap()["items"]
+            .as_array()
+            .unwrap()
+            .len(),
         2
     );
 
@@ -3370,7 +3375,8 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
     // Both are listed as waiting; an unknown status is a 400 with only `error`.
     let (s, body) = c.get(&op, "/api/processes?status=waiting").await;
     assert_eq!(s, StatusCode::OK, "{body}");
-    let listed: Vec<Value> = serde_json::from_str(&body).unwrap();
+    let page: Value = serde_json::from_str(&body).unwrap();
+    let listed = page["items"].as_array().unwrap();
     for id in [asked, blind] {
         assert!(
             listed.iter().any(|p| p["id"] == json!(id)),
@@ -3479,3 +3485,4 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
     stop.cancel();
     worker.await.unwrap().unwrap();
 }
+mod find;

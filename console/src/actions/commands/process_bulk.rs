@@ -1,0 +1,97 @@
+//! A process action by filter: a dry run lists what the filter selects now; a request freezes
+//! the selected (id, version) pairs in one approval request (four eyes, however few), whose
+//! approval acts on exactly them (see [`crate::targets::processes::BULK_OFFERED`]).
+
+use super::read;
+use crate::actions::Action;
+use crate::actions::approvals::{self, Pending};
+use crate::actions::{self, Outcome, Request};
+use crate::auth::users::Principal;
+use crate::error::ConsoleError;
+use crate::state::AppState;
+use crate::targets::processes::{BulkPending, BulkRequest, Frozen, bulk_query};
+use processes::admin::ActionKind;
+use serde_json::{Value, json};
+
+/// `action` on every process `request.filter` selects (see the module documentation). The role
+/// check comes first, so a refused caller is audited whatever the filter says; a filter that is
+/// none is a 400 after it.
+pub async fn process_bulk(
+    state: &AppState,
+    principal: &Principal,
+    action: ActionKind,
+    request: BulkRequest,
+    keyed: Option<idempotency::Effect>,
+) -> Result<Outcome, ConsoleError> {
+    let target = format!(
+        "processes?{}",
+        request.filter.describe(request.step.as_deref())
+    );
+    let act = Action::Process(action);
+    actions::authorize(state, principal, act, &target, &request.reason).await?;
+    let query = bulk_query(action, &request)?;
+    let plan = state
+        .processes
+        .plan_bulk(&state.pool, &query, action)
+        .await?;
+    let items: Vec<Frozen> = plan
+        .iter()
+        .filter(|p| p["allowed"] == json!(true))
+        .filter_map(|p| {
+            Some(Frozen {
+                id: p["id"].as_str()?.parse().ok()?,
+                version: p["version"].as_i64()?,
+            })
+        })
+        .collect();
+    if request.dry_run {
+        return Ok(read(json!({
+            "dry_run": true,
+            "action": action.name(),
+            "step": query.step,
+            "matching": plan.len(),
+            "selected": items.len(),
+            "items": plan,
+        })));
+    }
+    let reason = actions::require_reason(&request.reason)?;
+    if items.is_empty() {
+        return Err(ConsoleError::BadRequest(format!(
+            "no process the filter selects allows {} now ({} match)",
+            action.name(),
+            plan.len()
+        )));
+    }
+    let pending = Pending::ProcessBulk(BulkPending {
+        action,
+        step: query.step.clone(),
+        filter: request.filter.clone(),
+        items: items.clone(),
+    });
+    let (st, p, r, t) = (
+        state.clone(),
+        principal.clone(),
+        reason.clone(),
+        target.clone(),
+    );
+    let req = Request {
+        principal,
+        action: act,
+        target,
+        reason,
+        keyed,
+    };
+    actions::perform(state, req, move |conn| {
+        Box::pin(async move {
+            let mut effect = approvals::create(conn, &st, &p, &pending, &r, &t)
+                .await?
+                .effect();
+            if let Value::Object(o) = &mut effect.body {
+                o.insert("items".into(), json!(items));
+                o.insert("selected".into(), json!(items.len()));
+            }
+            Ok(effect)
+        })
+    })
+    .await
+}

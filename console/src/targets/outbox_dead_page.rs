@@ -1,0 +1,95 @@
+//! Dead outbox rows a page at a time (oldest first, keyset pages over `seq` on the partial index
+//! `messages_dead_idx`) with how many there are in all, and "all that match": every dead row with
+//! its version, frozen for one requeue request.
+
+use super::cursor::{self, List};
+use super::outbox_dead::{DeadRow, Item};
+use crate::error::ConsoleError;
+use crate::redact;
+use serde::Serialize;
+use shared::schema::Schema;
+use sqlx::PgPool;
+
+/// The most rows one "all that match" request freezes: beyond, it is refused (never cut).
+pub const MAX_ALL: i64 = 1000;
+
+/// A page of dead rows.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadPage {
+    pub items: Vec<DeadRow>,
+    /// How many rows are dead in all.
+    pub total: i64,
+    /// The cursor of the next page; `None` on the last.
+    pub next: Option<String>,
+}
+
+/// One page of dead rows after `after` (a cursor of this list; anything else is a 400).
+pub async fn page(
+    pool: &PgPool,
+    schema: &Schema,
+    after: Option<&str>,
+    limit: Option<i64>,
+) -> Result<DeadPage, ConsoleError> {
+    let after = after
+        .filter(|a| !a.is_empty())
+        .map(|a| cursor::position(List::Dead, a))
+        .transpose()?;
+    let limit = limit.unwrap_or(100).clamp(1, 1000);
+    let mut rows = sqlx::query_as::<_, DeadRow>(schema.sql(
+        "SELECT id, seq, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, created_at, \
+                xmin::text::bigint AS version, \
+                {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) AS unpublishable, \
+                headers, payload \
+         FROM {{schema}}.messages WHERE state = 'dead' AND ($1::bigint IS NULL OR seq > $1) ORDER BY seq LIMIT $2",
+    ))
+    .bind(after)
+    .bind(limit + 1)
+    .fetch_all(pool)
+    .await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let next = if more {
+        rows.last()
+            .map(|r| cursor::encode(List::Dead, &r.seq.to_string()))
+    } else {
+        None
+    };
+    let total: i64 = sqlx::query_scalar(
+        schema.sql("SELECT count(*) FROM {{schema}}.messages WHERE state = 'dead'"),
+    )
+    .fetch_one(pool)
+    .await?;
+    let items = rows
+        .into_iter()
+        .map(|mut r| {
+            r.event_type = redact::text(&r.event_type);
+            r.aggregate_type = redact::text(&r.aggregate_type);
+            r.aggregate_id = redact::text(&r.aggregate_id);
+            r.last_error = r.last_error.as_deref().map(redact::text);
+            r.headers = redact::value(&r.headers);
+            r.payload = redact::value(&r.payload);
+            r
+        })
+        .collect();
+    Ok(DeadPage { items, total, next })
+}
+
+/// Every dead row with its version now, oldest first: what "all that match" freezes. More than
+/// [`MAX_ALL`] is a 400 (requeue them in parts, never a silent cut).
+pub async fn all(pool: &PgPool, schema: &Schema) -> Result<Vec<Item>, ConsoleError> {
+    let rows: Vec<(uuid::Uuid, i64)> = sqlx::query_as(schema.sql(
+        "SELECT id, xmin::text::bigint FROM {{schema}}.messages WHERE state = 'dead' ORDER BY seq LIMIT $1",
+    ))
+    .bind(MAX_ALL + 1)
+    .fetch_all(pool)
+    .await?;
+    if rows.len() as i64 > MAX_ALL {
+        return Err(ConsoleError::BadRequest(format!(
+            "more than {MAX_ALL} dead rows: select them a page at a time"
+        )));
+    }
+    Ok(rows
+        .into_iter()
+        .map(|(id, version)| Item { id, version })
+        .collect())
+}
