@@ -28,6 +28,7 @@
 //! [`start`](mod@start) and wake them through [`signal`](mod@signal).
 
 pub mod admin;
+mod decide;
 pub mod definition;
 pub mod error;
 pub mod internal_events;

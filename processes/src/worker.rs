@@ -121,7 +121,6 @@ impl Worker {
         let (kinds, versions) = registry.known();
         let shared = Shared {
             pool: config.pool.clone(),
-            schema: config.schema.clone(),
             lease: config.lease,
             heartbeat: config.heartbeat,
             local_group: config.local_steps_per_transaction,
@@ -187,7 +186,7 @@ impl Worker {
                         for c in claimed {
                             events::claimed(&c.kind, c.previous_owner.is_some());
                             if let Some(prev) = &c.previous_owner {
-                                tracing::info!(process = %c.id, previous = %prev, token = c.token, "took over an expired lease");
+                                tracing::info!(process = %c.id(), previous = %prev, token = c.lease.token(), "took over an expired lease");
                             }
                             let Some(def) = registry.get(&c.kind, c.version).cloned() else {
                                 continue; // the claim filters by known versions
@@ -196,7 +195,7 @@ impl Worker {
                             let stop = shutdown.clone();
                             let abandon = abandon.clone();
                             running.spawn(async move {
-                                let id = c.id;
+                                let id = c.id();
                                 match runner::run(&sh, def, c, stop, abandon).await {
                                     Ok(TurnEnd::Fenced) => {
                                         tracing::warn!(process = %id, "lease lost: this worker's remaining writes were fenced off");
