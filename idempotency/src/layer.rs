@@ -385,25 +385,40 @@ async fn finish(
         guard.release(ReleaseReason::Error).await;
         return response;
     }
-    let (mut parts, body) = response.into_parts();
-    let body = match axum::body::to_bytes(body, usize::MAX).await {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            return fail(
-                shared,
-                guard,
-                IdempotencyError::Internal(format!("response body: {e}")),
-            )
-            .await;
-        }
+    let (mut parts, record_status, stored) = match to_record(response).await {
+        Ok(r) => r,
+        Err(e) => return fail(shared, guard, e).await,
     };
+    match commit_record(shared, record_status, &stored).await {
+        Ok(()) => {}
+        Err(Unstored::Superseded) => return superseded(config, shared, guard).await,
+        Err(Unstored::Failed(e)) => return fail(shared, guard, e).await,
+    }
+    guard.disarm();
+    if status.is_success()
+        && !parts.headers.contains_key(header::LOCATION)
+        && let Some(location) = config.location_of(stored.resource_id)
+    {
+        parts.headers.insert(header::LOCATION, location);
+    }
+    Response::from_parts(parts, Body::from(stored.body))
+}
+
+/// The handler's response as the record keeps it: its parts (to answer with), the record's
+/// status and the stored response. A body that cannot be read or is not UTF-8, or a pending
+/// answer without the resource it is pending for, cannot be stored.
+async fn to_record(
+    response: Response,
+) -> Result<(axum::http::response::Parts, RecordStatus, StoredResponse), IdempotencyError> {
+    let status = response.status();
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .map_err(|e| IdempotencyError::Internal(format!("response body: {e}")))?;
     let Ok(body) = String::from_utf8(body.to_vec()) else {
-        return fail(
-            shared,
-            guard,
-            IdempotencyError::Internal("response body is not UTF-8".into()),
-        )
-        .await;
+        return Err(IdempotencyError::Internal(
+            "response body is not UTF-8".into(),
+        ));
     };
     let resource_id = parts.extensions.get::<ResourceId>().map(|r| r.0);
     let record_status = match (status.is_success(), parts.extensions.get::<Pending>()) {
@@ -411,12 +426,9 @@ async fn finish(
         (true, None) => RecordStatus::Completed,
         (true, Some(_)) if resource_id.is_some() => RecordStatus::Pending,
         (true, Some(_)) => {
-            return fail(
-                shared,
-                guard,
-                IdempotencyError::Internal("Pending without a ResourceId".into()),
-            )
-            .await;
+            return Err(IdempotencyError::Internal(
+                "Pending without a ResourceId".into(),
+            ));
         }
     };
     let stored = StoredResponse {
@@ -424,58 +436,59 @@ async fn finish(
         body,
         resource_id,
     };
+    Ok((parts, record_status, stored))
+}
 
+/// Why the response was not stored with the effect.
+enum Unstored {
+    /// A retry took the lease over.
+    Superseded,
+    Failed(IdempotencyError),
+}
+
+/// Stores the response in the effect's transaction, fenced by the lease token, and commits both.
+async fn commit_record(
+    shared: &EffectShared,
+    record_status: RecordStatus,
+    stored: &StoredResponse,
+) -> Result<(), Unstored> {
     let mut slot = shared.tx.lock().await;
     if let Err(e) = shared.begin(&mut slot).await {
         drop(slot);
         if shared.is_superseded() {
-            return superseded(config, shared, guard).await;
+            return Err(Unstored::Superseded);
         }
-        return fail(shared, guard, e).await;
+        return Err(Unstored::Failed(e));
     }
     let Some(mut tx) = slot.take() else {
         drop(slot);
-        return fail(
-            shared,
-            guard,
-            IdempotencyError::Internal("effect transaction missing".into()),
-        )
-        .await;
+        return Err(Unstored::Failed(IdempotencyError::Internal(
+            "effect transaction missing".into(),
+        )));
     };
     drop(slot);
-    match persistence::complete(
+    let completed = persistence::complete(
         &mut tx,
         &shared.record,
         shared.token,
         record_status,
-        &stored,
+        stored,
         shared.now,
     )
-    .await
-    {
+    .await;
+    match completed {
         Ok(true) => {}
         Ok(false) => {
             rollback_tx(tx).await;
-            return superseded(config, shared, guard).await;
+            return Err(Unstored::Superseded);
         }
         Err(e) => {
             rollback_tx(tx).await;
-            return fail(shared, guard, e.into()).await;
+            return Err(Unstored::Failed(e.into()));
         }
     }
-    if let Err(e) = tx.commit().await {
-        // Perhaps committed after all: the fenced release then finds nothing to delete.
-        return fail(shared, guard, e.into()).await;
-    }
-    guard.disarm();
-
-    if status.is_success()
-        && !parts.headers.contains_key(header::LOCATION)
-        && let Some(location) = config.location_of(resource_id)
-    {
-        parts.headers.insert(header::LOCATION, location);
-    }
-    Response::from_parts(parts, Body::from(stored.body))
+    // On an error perhaps committed after all: the fenced release then finds nothing to delete.
+    tx.commit().await.map_err(|e| Unstored::Failed(e.into()))
 }
 
 /// The layer failed around the effect: roll back, release the key, answer with the error.
