@@ -1087,7 +1087,10 @@ async fn every_write_of_a_lease_taken_over_is_fenced_off_and_changes_nothing() {
     let fenced = |what: &str, r: Result<(), WriteError>| {
         assert!(matches!(r, Err(WriteError::Fenced(_))), "{what}: {r:?}");
     };
-    fenced("heartbeat", old.heartbeat(pool, Duration::from_secs(60)).await);
+    fenced(
+        "heartbeat",
+        old.heartbeat(pool, Duration::from_secs(60)).await,
+    );
     let mut tx = pool.begin().await.unwrap();
     fenced("fence", old.fence(&mut tx).await);
     tx.commit().await.unwrap();
@@ -1122,7 +1125,10 @@ async fn every_write_of_a_lease_taken_over_is_fenced_off_and_changes_nothing() {
         },
     ];
     for change in &changes {
-        fenced(&format!("{change:?}"), old.change_step(pool, 1, change).await);
+        fenced(
+            &format!("{change:?}"),
+            old.change_step(pool, 1, change).await,
+        );
     }
     let done = [LocalSuccess {
         seq: 1,
@@ -1158,14 +1164,21 @@ async fn every_write_of_a_lease_taken_over_is_fenced_off_and_changes_nothing() {
         max_attempts: 1,
     }];
     let mut tx = pool.begin().await.unwrap();
-    fenced("add_compensations", old.add_compensations(&mut tx, &comp, "r").await);
+    fenced(
+        "add_compensations",
+        old.add_compensations(&mut tx, &comp, "r").await,
+    );
     tx.commit().await.unwrap();
     let mut tx = pool.begin().await.unwrap();
     let until = chrono::Utc::now() + chrono::TimeDelta::minutes(5);
     let r = old.begin_wait(&mut tx, 1, Some("key"), until, "r").await;
     fenced("begin_wait", r);
     tx.commit().await.unwrap();
-    assert_eq!(snapshot(pool, id).await, before, "a fenced write changed nothing");
+    assert_eq!(
+        snapshot(pool, id).await,
+        before,
+        "a fenced write changed nothing"
+    );
     // The new owner's handle is not fenced: the writes above failed by the token alone.
     new.heartbeat(pool, Duration::from_secs(60)).await.unwrap();
     let mut tx = pool.begin().await.unwrap();
