@@ -14,13 +14,14 @@ use crate::broker_headers;
 use crate::error::DlqError;
 use crate::message::{self, headers};
 use crate::topology::Topology;
+use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
     ExchangeDeclareOptions, QueueDeclareOptions,
 };
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ExchangeKind};
+use lapin::{BasicProperties, Channel, Connection, ExchangeKind};
 use plumbing::amqp::{header_str, headers_to_json};
 use plumbing::amqp_tls::AmqpTls;
 use serde::Serialize;
@@ -205,22 +206,7 @@ async fn replay_on(
     selection: &Selection,
 ) -> Result<ReplayReport, DlqError> {
     not_ordered(conn, name).await?;
-    let check = conn.create_channel().await?;
-    check
-        .queue_declare(
-            t.queue.as_str().into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|source| DlqError::NoQueue {
-            queue: t.queue.clone(),
-            source,
-        })?;
-    let _ = check.close(200, "checked".into()).await;
+    check_queue(conn, t).await?;
 
     let ch = conn.create_channel().await?;
     let publisher = conn.create_channel().await?;
@@ -254,60 +240,9 @@ async fn replay_on(
         if !selected {
             continue;
         }
-        let mut table = d.properties.headers().clone().unwrap_or_default();
-        let original_key = message::original_routing_key(&d.properties, d.routing_key.as_str());
-        let kind = describe(d).kind;
-        // The broker's `x-death` would make RabbitMQ 3.x drop the replayed message as a
-        // dead-letter cycle once a retry queue dead-letters it back (see `broker_headers`).
-        broker_headers::strip(&mut table);
-        message::remove(
-            &mut table,
-            &[
-                headers::DEAD_LETTER_KIND,
-                headers::DEAD_LETTER_REASON,
-                headers::DEAD_LETTERED_AT,
-                headers::DEAD_LETTER_CONSUMER,
-                headers::LAST_ERROR,
-            ],
-        );
-        message::set_int(&mut table, headers::ATTEMPT, 1);
-        message::set_text(&mut table, headers::REPLAYED_KIND, &kind);
-        message::set_text(&mut table, headers::ORIGINAL_ROUTING_KEY, &original_key);
-        message::set_text(
-            &mut table,
-            headers::REPLAYED_AT,
-            &chrono::Utc::now().to_rfc3339(),
-        );
-        let props = d
-            .properties
-            .clone()
-            .with_headers(table)
-            .with_delivery_mode(2);
+        let props = replay_properties(d);
         let label = id.clone().unwrap_or_else(|| "(no message id)".to_string());
-        let confirm = publisher
-            .basic_publish(
-                "".into(),
-                t.queue.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                &d.data,
-                props,
-            )
-            .await?;
-        let confirmation = bounded("confirming a replayed message", confirm).await?;
-        if !confirmation.is_ack() {
-            return Err(DlqError::NotConfirmed(label));
-        }
-        if confirmation.take_message().is_some() {
-            return Err(DlqError::NotConfirmed(label));
-        }
-        bounded(
-            "acknowledging a replayed dead letter",
-            d.ack(BasicAckOptions::default()),
-        )
-        .await?;
+        republish(&publisher, t, d, props, &label).await?;
         report.replayed.push(label);
     }
     if let Selection::Ids(ids) = selection {
@@ -324,6 +259,97 @@ async fn replay_on(
     )
     .await;
     Ok(report)
+}
+
+/// The replay's queue (the consumer's own) must exist: a replay into nothing would lose the
+/// letters.
+async fn check_queue(conn: &Connection, t: &Topology) -> Result<(), DlqError> {
+    let check = conn.create_channel().await?;
+    check
+        .queue_declare(
+            t.queue.as_str().into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|source| DlqError::NoQueue {
+            queue: t.queue.clone(),
+            source,
+        })?;
+    let _ = check.close(200, "checked".into()).await;
+    Ok(())
+}
+
+/// A dead letter's properties as replayed: persistent, its dead-letter headers and the broker's
+/// removed, its attempt back to 1, and what it was and where it went noted.
+fn replay_properties(d: &Delivery) -> BasicProperties {
+    let mut table = d.properties.headers().clone().unwrap_or_default();
+    let original_key = message::original_routing_key(&d.properties, d.routing_key.as_str());
+    let kind = describe(d).kind;
+    // The broker's `x-death` would make RabbitMQ 3.x drop the replayed message as a
+    // dead-letter cycle once a retry queue dead-letters it back (see `broker_headers`).
+    broker_headers::strip(&mut table);
+    message::remove(
+        &mut table,
+        &[
+            headers::DEAD_LETTER_KIND,
+            headers::DEAD_LETTER_REASON,
+            headers::DEAD_LETTERED_AT,
+            headers::DEAD_LETTER_CONSUMER,
+            headers::LAST_ERROR,
+        ],
+    );
+    message::set_int(&mut table, headers::ATTEMPT, 1);
+    message::set_text(&mut table, headers::REPLAYED_KIND, &kind);
+    message::set_text(&mut table, headers::ORIGINAL_ROUTING_KEY, &original_key);
+    message::set_text(
+        &mut table,
+        headers::REPLAYED_AT,
+        &chrono::Utc::now().to_rfc3339(),
+    );
+    d.properties
+        .clone()
+        .with_headers(table)
+        .with_delivery_mode(2)
+}
+
+/// Publishes the replayed message `d` to the consumer's queue and, once the broker confirmed it
+/// (routed), acknowledges the dead letter.
+async fn republish(
+    publisher: &Channel,
+    t: &Topology,
+    d: &Delivery,
+    props: BasicProperties,
+    label: &str,
+) -> Result<(), DlqError> {
+    let confirm = publisher
+        .basic_publish(
+            "".into(),
+            t.queue.as_str().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            &d.data,
+            props,
+        )
+        .await?;
+    let confirmation = bounded("confirming a replayed message", confirm).await?;
+    if !confirmation.is_ack() {
+        return Err(DlqError::NotConfirmed(label.to_string()));
+    }
+    if confirmation.take_message().is_some() {
+        return Err(DlqError::NotConfirmed(label.to_string()));
+    }
+    bounded(
+        "acknowledging a replayed dead letter",
+        d.ack(BasicAckOptions::default()),
+    )
+    .await?;
+    Ok(())
 }
 
 async fn dlq_count(ch: &Channel, name: &str, t: &Topology) -> Result<usize, DlqError> {

@@ -19,7 +19,7 @@
 use crate::config::format_duration;
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{Connection, ExchangeKind};
+use lapin::{Channel, Connection, ExchangeKind};
 use std::time::Duration;
 
 /// Names of a consumer's queues and exchanges.
@@ -80,12 +80,21 @@ impl Topology {
         bindings: &[String],
     ) -> Result<(), lapin::Error> {
         plumbing::amqp::declare_outbox_exchange(conn, exchange, true).await?;
-        let mut ch = conn.create_channel().await?;
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
+        let ch = conn.create_channel().await?;
+        let ch = self.declare_dead_letters(conn, ch).await?;
+        let ch = self.declare_queue(conn, ch, exchange, bindings).await?;
+        let ch = self.declare_retry_queues(conn, ch).await?;
+        let _ = ch.close(200, ShortString::from("declared")).await;
+        Ok(())
+    }
 
+    /// The dead-letter exchange, and its queue bound to it; returns the channel to go on with (a
+    /// new one if a declaration closed it).
+    async fn declare_dead_letters(
+        &self,
+        conn: &Connection,
+        mut ch: Channel,
+    ) -> Result<Channel, lapin::Error> {
         ch.exchange_declare(
             self.dead_letter_exchange.as_str().into(),
             ExchangeKind::Fanout,
@@ -96,49 +105,64 @@ impl Topology {
             FieldTable::default(),
         )
         .await?;
-        let dlq = async {
-            if let Err(e) = ch
-                .queue_declare(
-                    self.dead_letter_queue.as_str().into(),
-                    durable,
-                    dead_letter_queue_arguments(),
-                )
-                .await
-            {
-                if !is_code(&e, 406) {
-                    return Err(e);
-                }
-                // Declared before without the type (RabbitMQ 3.10 holds an untyped classic queue
-                // inequivalent to a typed one), or made a quorum queue by a vhost's default type.
-                tracing::warn!(
-                    queue = %self.dead_letter_queue,
-                    error = %e,
-                    "dead-letter queue exists with other arguments; using it as it is (if it is a quorum queue, each `dlq list` counts as a failed delivery of every letter, and the delivery limit drops them: recreate it as a classic queue)"
-                );
-                ch = conn.create_channel().await?;
-                ch.queue_declare(
-                    self.dead_letter_queue.as_str().into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?;
-            }
-            ch.queue_bind(
-                self.dead_letter_queue.as_str().into(),
-                self.dead_letter_exchange.as_str().into(),
-                "".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-        };
-        if let Err(e) = dlq.await {
+        if let Err(e) = self.declare_dead_letter_queue(conn, &mut ch).await {
             ch = on_node_down(conn, &self.dead_letter_queue, e).await?;
         }
+        Ok(ch)
+    }
 
+    /// The dead-letter queue (a classic queue; one declared otherwise before is used as it is),
+    /// bound to the dead-letter exchange.
+    async fn declare_dead_letter_queue(
+        &self,
+        conn: &Connection,
+        ch: &mut Channel,
+    ) -> Result<(), lapin::Error> {
+        if let Err(e) = ch
+            .queue_declare(
+                self.dead_letter_queue.as_str().into(),
+                durable(),
+                dead_letter_queue_arguments(),
+            )
+            .await
+        {
+            if !is_code(&e, 406) {
+                return Err(e);
+            }
+            // Declared before without the type (RabbitMQ 3.10 holds an untyped classic queue
+            // inequivalent to a typed one), or made a quorum queue by a vhost's default type.
+            tracing::warn!(
+                queue = %self.dead_letter_queue,
+                error = %e,
+                "dead-letter queue exists with other arguments; using it as it is (if it is a quorum queue, each `dlq list` counts as a failed delivery of every letter, and the delivery limit drops them: recreate it as a classic queue)"
+            );
+            *ch = conn.create_channel().await?;
+            ch.queue_declare(
+                self.dead_letter_queue.as_str().into(),
+                passive(),
+                FieldTable::default(),
+            )
+            .await?;
+        }
+        ch.queue_bind(
+            self.dead_letter_queue.as_str().into(),
+            self.dead_letter_exchange.as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+    }
+
+    /// The main queue (a quorum queue dead-lettering to the dead-letter exchange; one declared
+    /// otherwise before is used as it is), bound to `exchange` by `bindings`.
+    async fn declare_queue(
+        &self,
+        conn: &Connection,
+        mut ch: Channel,
+        exchange: &str,
+        bindings: &[String],
+    ) -> Result<Channel, lapin::Error> {
         let mut args = FieldTable::default();
         args.insert("x-queue-type".into(), text("quorum"));
         args.insert(
@@ -150,7 +174,7 @@ impl Topology {
             AMQPValue::LongLongInt(QUORUM_INITIAL_GROUP_SIZE),
         );
         if let Err(e) = ch
-            .queue_declare(self.queue.as_str().into(), durable, args)
+            .queue_declare(self.queue.as_str().into(), durable(), args)
             .await
         {
             // Declared before with other arguments (e.g. without a group size): use it as it is.
@@ -159,15 +183,8 @@ impl Topology {
             }
             tracing::warn!(queue = %self.queue, error = %e, "queue exists with other arguments; using it as it is");
             ch = conn.create_channel().await?;
-            ch.queue_declare(
-                self.queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
+            ch.queue_declare(self.queue.as_str().into(), passive(), FieldTable::default())
+                .await?;
         }
         for key in bindings {
             ch.queue_bind(
@@ -179,19 +196,46 @@ impl Topology {
             )
             .await?;
         }
+        Ok(ch)
+    }
 
+    /// The retry queues: each holds a message for its delay, then dead-letters it back to the
+    /// main queue.
+    async fn declare_retry_queues(
+        &self,
+        conn: &Connection,
+        mut ch: Channel,
+    ) -> Result<Channel, lapin::Error> {
         for (delay, name) in &self.retry_queues {
             let mut args = FieldTable::default();
             let ttl = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
             args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl));
             args.insert("x-dead-letter-exchange".into(), text(""));
             args.insert("x-dead-letter-routing-key".into(), text(&self.queue));
-            if let Err(e) = ch.queue_declare(name.as_str().into(), durable, args).await {
+            if let Err(e) = ch
+                .queue_declare(name.as_str().into(), durable(), args)
+                .await
+            {
                 ch = on_node_down(conn, name, e).await?;
             }
         }
-        let _ = ch.close(200, ShortString::from("declared")).await;
-        Ok(())
+        Ok(ch)
+    }
+}
+
+/// A durable queue's declaration.
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
+}
+
+/// A passive declaration: the queue as it exists.
+fn passive() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
     }
 }
 

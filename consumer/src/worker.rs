@@ -24,6 +24,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, PublisherConfirm};
 use plumbing::broker_version::BrokerVersion;
 use plumbing::telemetry::{ErrorChain, Readiness};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -325,70 +326,10 @@ impl Worker {
             .iter()
             .any(|i| matches!(i.work, Work::Handle(..) | Work::Advance(_)))
         {
-            let mut failures = 0u32;
-            loop {
-                let attempt = tokio::select! {
-                    biased;
-                    result = self.transact(&items) => result?,
-                    () = cancelled_by_broker(&self.consumer) => {
-                        tracing::warn!(
-                            worker = self.index,
-                            batch = size,
-                            "the broker cancelled the consumer during the batch's transaction (queue deleted, or the consumer timeout struck): leaving it to redelivery (rolled back, or deduplicated if its commit landed)"
-                        );
-                        return Err(SessionError::ConsumerCancelled);
-                    }
-                    () = stopped_without_database(stop, &self.ctx.readiness) => {
-                        tracing::warn!(
-                            worker = self.index,
-                            batch = size,
-                            "stopping while PostgreSQL does not answer the batch's transaction: leaving it to redelivery (rolled back, or deduplicated if its commit landed)"
-                        );
-                        return Ok(BatchEnd::Abandoned);
-                    }
-                };
-                match attempt {
-                    Ok(f) => {
-                        fates = f;
-                        self.ctx.readiness.set_postgres(true);
-                        break;
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        self.events.database_failure();
-                        self.ctx.readiness.set_postgres(false);
-                        let delay = plumbing::backoff::delay(
-                            failures,
-                            Duration::from_millis(100),
-                            Duration::from_secs(5),
-                        );
-                        tracing::warn!(
-                            worker = self.index,
-                            error = %ErrorChain(&e),
-                            ?delay,
-                            batch = size,
-                            "batch rolled back by a database failure, retrying it (deliveries stay unacknowledged)"
-                        );
-                        tokio::select! {
-                            _ = stop.cancelled() => {
-                                tracing::info!(worker = self.index, batch = size, "stopping with the database unavailable: leaving the batch to redelivery");
-                                return Ok(BatchEnd::Abandoned);
-                            }
-                            () = cancelled_by_broker(&self.consumer) => {
-                                tracing::warn!(worker = self.index, batch = size, "the broker cancelled the consumer while the database was unavailable (queue deleted, or the consumer timeout struck): reconnecting; the batch is redelivered");
-                                return Err(SessionError::ConsumerCancelled);
-                            }
-                            _ = tokio::time::sleep(delay) => {}
-                        }
-                        if !self.consume_ch.status().connected() {
-                            return Err(SessionError::ChannelClosed);
-                        }
-                        if self.consumer.is_cancelled() {
-                            return Err(SessionError::ConsumerCancelled);
-                        }
-                    }
-                }
-            }
+            fates = match self.transact_until_decided(&items, stop).await? {
+                ControlFlow::Continue(fates) => fates,
+                ControlFlow::Break(end) => return Ok(end),
+            };
             let now = chrono::Utc::now();
             for (item, fate) in items.iter().zip(&fates) {
                 if let (Some(Fate::Processed), Work::Handle(env, _)) = (fate, &item.work)
@@ -399,27 +340,7 @@ impl Worker {
                 }
             }
         }
-        for (item, fate) in items.iter().zip(fates.iter_mut()) {
-            if fate.is_none() {
-                *fate = Some(match &item.work {
-                    Work::Reject(kind, reason) => {
-                        let d = &item.delivery;
-                        tracing::warn!(
-                            message_id = d.properties.message_id().as_ref().map_or("", |s| s.as_str()),
-                            routing_key = %d.routing_key,
-                            kind = kind.as_str(),
-                            %reason,
-                            "dead-lettering a message that cannot be handled"
-                        );
-                        Fate::DeadLetter(*kind, reason.clone())
-                    }
-                    Work::Ignore => Fate::Ignored,
-                    // The transaction decides every handled message; were one left undecided,
-                    // nothing of the batch is acknowledged: the channel closes, all come back.
-                    Work::Handle(..) | Work::Advance(_) => return Err(SessionError::Undecided),
-                });
-            }
-        }
+        decide_unhandled(&items, &mut fates)?;
         let processed = fates
             .iter()
             .filter(|f| matches!(f, Some(Fate::Processed)))
@@ -430,12 +351,97 @@ impl Worker {
             tokio::time::sleep(self.ctx.config.ack_delay).await;
         }
         self.publish_copies(&items, &mut fates).await?;
-        // One multi-ack up to the highest tag still ours: a delivery rejected because its copy
-        // could not fit a frame is settled already, and acking its tag again would make the broker
-        // close the channel (unknown delivery tag). Lower rejected tags are skipped by the broker.
+        self.acknowledge(&items, &fates).await?;
+        self.count_fates(&fates);
+        self.events.batch(size, started.elapsed());
+        Ok(BatchEnd::Settled)
+    }
+
+    /// Runs the batch's transaction until it commits (the fate of each message it handles),
+    /// retrying after a database failure with backoff while the deliveries stay unacknowledged;
+    /// breaks off (abandoning the batch to redelivery) on a stop while the database does not
+    /// answer, and fails when the broker cancelled the consumer or closed the channel.
+    async fn transact_until_decided(
+        &mut self,
+        items: &[Item],
+        stop: &CancellationToken,
+    ) -> Result<ControlFlow<BatchEnd, Vec<Option<Fate>>>, SessionError> {
+        let size = items.len();
+        let mut failures = 0u32;
+        loop {
+            let attempt = tokio::select! {
+                biased;
+                result = self.transact(items) => result?,
+                () = cancelled_by_broker(&self.consumer) => {
+                    tracing::warn!(
+                        worker = self.index,
+                        batch = size,
+                        "the broker cancelled the consumer during the batch's transaction (queue deleted, or the consumer timeout struck): leaving it to redelivery (rolled back, or deduplicated if its commit landed)"
+                    );
+                    return Err(SessionError::ConsumerCancelled);
+                }
+                () = stopped_without_database(stop, &self.ctx.readiness) => {
+                    tracing::warn!(
+                        worker = self.index,
+                        batch = size,
+                        "stopping while PostgreSQL does not answer the batch's transaction: leaving it to redelivery (rolled back, or deduplicated if its commit landed)"
+                    );
+                    return Ok(ControlFlow::Break(BatchEnd::Abandoned));
+                }
+            };
+            let e = match attempt {
+                Ok(fates) => {
+                    self.ctx.readiness.set_postgres(true);
+                    return Ok(ControlFlow::Continue(fates));
+                }
+                Err(e) => e,
+            };
+            failures += 1;
+            self.events.database_failure();
+            self.ctx.readiness.set_postgres(false);
+            let delay = plumbing::backoff::delay(
+                failures,
+                Duration::from_millis(100),
+                Duration::from_secs(5),
+            );
+            tracing::warn!(
+                worker = self.index,
+                error = %ErrorChain(&e),
+                ?delay,
+                batch = size,
+                "batch rolled back by a database failure, retrying it (deliveries stay unacknowledged)"
+            );
+            tokio::select! {
+                _ = stop.cancelled() => {
+                    tracing::info!(worker = self.index, batch = size, "stopping with the database unavailable: leaving the batch to redelivery");
+                    return Ok(ControlFlow::Break(BatchEnd::Abandoned));
+                }
+                () = cancelled_by_broker(&self.consumer) => {
+                    tracing::warn!(worker = self.index, batch = size, "the broker cancelled the consumer while the database was unavailable (queue deleted, or the consumer timeout struck): reconnecting; the batch is redelivered");
+                    return Err(SessionError::ConsumerCancelled);
+                }
+                _ = tokio::time::sleep(delay) => {}
+            }
+            if !self.consume_ch.status().connected() {
+                return Err(SessionError::ChannelClosed);
+            }
+            if self.consumer.is_cancelled() {
+                return Err(SessionError::ConsumerCancelled);
+            }
+        }
+    }
+
+    /// One multi-ack up to the highest tag still ours: a delivery rejected because its copy
+    /// could not fit a frame is settled already, and acking its tag again would make the broker
+    /// close the channel (unknown delivery tag). Lower rejected tags are skipped by the broker.
+    async fn acknowledge(
+        &self,
+        items: &[Item],
+        fates: &[Option<Fate>],
+    ) -> Result<(), SessionError> {
         let last_tag = items
             .iter()
-            .zip(&fates)
+            .zip(fates)
             .filter(|(_, f)| !matches!(f, Some(Fate::Discarded)))
             .map(|(i, _)| i.delivery.delivery_tag)
             .max();
@@ -448,7 +454,11 @@ impl Worker {
             )
             .await?;
         }
+        Ok(())
+    }
 
+    /// Counts the batch's settled messages by outcome (the processed ones were counted at once).
+    fn count_fates(&self, fates: &[Option<Fate>]) {
         let mut counts = [0u64; Outcome::ALL.len()];
         for fate in fates.iter().flatten() {
             let outcome = match fate {
@@ -469,8 +479,6 @@ impl Worker {
         for (outcome, n) in Outcome::ALL.iter().zip(counts) {
             self.events.messages(*outcome, n);
         }
-        self.events.batch(size, started.elapsed());
-        Ok(BatchEnd::Settled)
     }
 
     /// The batch's transaction: ordered or not. `Err` ends the worker (fenced: the partition is
@@ -593,6 +601,32 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// The fate of each message the transaction did not handle: dead-lettered (it cannot be
+/// handled) or ignored. The transaction decides every handled message; were one left
+/// undecided, nothing of the batch is acknowledged: the channel closes, all come back.
+fn decide_unhandled(items: &[Item], fates: &mut [Option<Fate>]) -> Result<(), SessionError> {
+    for (item, fate) in items.iter().zip(fates.iter_mut()) {
+        if fate.is_none() {
+            *fate = Some(match &item.work {
+                Work::Reject(kind, reason) => {
+                    let d = &item.delivery;
+                    tracing::warn!(
+                        message_id = d.properties.message_id().as_ref().map_or("", |s| s.as_str()),
+                        routing_key = %d.routing_key,
+                        kind = kind.as_str(),
+                        %reason,
+                        "dead-lettering a message that cannot be handled"
+                    );
+                    Fate::DeadLetter(*kind, reason.clone())
+                }
+                Work::Ignore => Fate::Ignored,
+                Work::Handle(..) | Work::Advance(_) => return Err(SessionError::Undecided),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

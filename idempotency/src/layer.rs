@@ -14,7 +14,7 @@ use crate::effect::{Effect, EffectShared, Pending, ResourceId};
 use crate::error::IdempotencyError;
 use crate::fingerprint::{Fingerprints, Target};
 use crate::internal_events::{self, Outcome, ReleaseReason};
-use crate::key::key_from_headers;
+use crate::key::{KeyHash, key_from_headers};
 use crate::persistence::{self, Owned, RecordKey, RecordStatus, Reservation, StoredResponse};
 use crate::release::ReleaseGuard;
 use crate::replay::replay;
@@ -242,53 +242,10 @@ where
 {
     let operation = config.operation.clone();
     let (mut parts, body) = request.into_parts();
-    let key = match key_from_headers(&parts.headers) {
-        Ok(key) => key,
-        Err(e) => return e.into_response(),
+    let (key, scope, bytes, fingerprints) = match read_request(&config, &mut parts, body).await {
+        Ok(read) => read,
+        Err(response) => return response,
     };
-    let Some(scope) = config.scope.as_ref().and_then(|f| f(&parts)) else {
-        return IdempotencyError::Unauthenticated.into_response();
-    };
-    if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
-        tracing::warn!(
-            operation = %operation,
-            scope_len = scope.len(),
-            "the scope function returned an empty or over-long scope; answering 401"
-        );
-        return IdempotencyError::Unauthenticated.into_response();
-    }
-    // The body under the route's DefaultBodyLimit (it travels in the extensions).
-    let mut body_request = Request::new(body);
-    *body_request.extensions_mut() = parts.extensions.clone();
-    let bytes = match Bytes::from_request(body_request, &()).await {
-        Ok(bytes) => bytes,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return IdempotencyError::PayloadTooLarge.into_response();
-        }
-        Err(rejection) => {
-            tracing::debug!(%rejection, "cannot read request body");
-            return IdempotencyError::BodyUnreadable.into_response();
-        }
-    };
-    let normalized = match &config.fingerprint {
-        Some(f) => match f(&mut parts, &bytes) {
-            Ok(value) => value,
-            Err(response) => return *response,
-        },
-        None => match serde_json::from_slice::<Value>(&bytes) {
-            Ok(value) => value,
-            Err(_) => return IdempotencyError::InvalidJson.into_response(),
-        },
-    };
-    let target = Target {
-        method: parts.method.as_str(),
-        path_and_query: parts
-            .uri
-            .path_and_query()
-            .map_or_else(|| parts.uri.path(), |p| p.as_str()),
-    };
-    let fingerprints = Fingerprints::of(&operation, target, &normalized);
-
     let store = &config.store;
     let now = store.now();
     let record = RecordKey {
@@ -300,45 +257,10 @@ where
     // Armed before reserving: if this request is dropped while the reservation is in flight, the
     // token-fenced delete removes whatever it reserved (and nothing else), once it has settled.
     let token = Uuid::new_v4();
-    let mut guard = ReleaseGuard::new(store.pool.clone(), record.clone(), token);
-    let reserving = {
-        let (store, record) = (store.clone(), record.clone());
-        async move { persistence::reserve(&store, &record, &fingerprints, token, now).await }
-    };
-    let reservation = match guard.reserve(reserving).await {
-        Ok(Ok(reservation)) => reservation,
-        Ok(Err(e)) => {
-            guard.release(ReleaseReason::Error).await;
-            return IdempotencyError::from(e).into_response();
-        }
-        Err(e) => {
-            guard.release(ReleaseReason::Error).await;
-            return IdempotencyError::Internal(format!("reservation task: {e}")).into_response();
-        }
-    };
-    let outcome = match reservation {
-        Reservation::Replay(stored) => {
-            guard.disarm();
-            internal_events::idempotency_outcome(&operation, Outcome::Replayed);
-            return replay(
-                &stored,
-                config.replay_body.as_deref(),
-                config.location_of(stored.resource_id),
-            );
-        }
-        Reservation::InFlight => {
-            guard.disarm();
-            internal_events::idempotency_outcome(&operation, Outcome::Conflict);
-            return IdempotencyError::InFlight.into_response();
-        }
-        Reservation::Mismatch => {
-            guard.disarm();
-            internal_events::idempotency_outcome(&operation, Outcome::Mismatch);
-            return IdempotencyError::KeyReused.into_response();
-        }
-        Reservation::Owned(Owned::New) => Outcome::New,
-        Reservation::Owned(Owned::Expired) => Outcome::Expired,
-        Reservation::Owned(Owned::TakenOver) => Outcome::TakenOver,
+    let guard = ReleaseGuard::new(store.pool.clone(), record.clone(), token);
+    let (outcome, guard) = match reserve(&config, &record, fingerprints, token, now, guard).await {
+        Ok(reserved) => reserved,
+        Err(response) => return response,
     };
     internal_events::idempotency_outcome(&operation, outcome);
     tracing::debug!(key = %key.log_id(), scope = %record.scope, operation = %operation,
@@ -368,6 +290,110 @@ where
     finish(&config, &shared, guard, response).await
 }
 
+/// What the layer needs of a request before it reserves the key: the key, the caller's scope,
+/// the body (under the route's limit) and the request's fingerprints; or the answer that refuses
+/// it.
+async fn read_request(
+    config: &Config,
+    parts: &mut Parts,
+    body: Body,
+) -> Result<(KeyHash, String, Bytes, Fingerprints), Response> {
+    let key = key_from_headers(&parts.headers).map_err(IntoResponse::into_response)?;
+    let Some(scope) = config.scope.as_ref().and_then(|f| f(parts)) else {
+        return Err(IdempotencyError::Unauthenticated.into_response());
+    };
+    if scope.is_empty() || scope.len() > MAX_SCOPE_LEN {
+        tracing::warn!(
+            operation = %config.operation,
+            scope_len = scope.len(),
+            "the scope function returned an empty or over-long scope; answering 401"
+        );
+        return Err(IdempotencyError::Unauthenticated.into_response());
+    }
+    // The body under the route's DefaultBodyLimit (it travels in the extensions).
+    let mut body_request = Request::new(body);
+    *body_request.extensions_mut() = parts.extensions.clone();
+    let bytes = match Bytes::from_request(body_request, &()).await {
+        Ok(bytes) => bytes,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(IdempotencyError::PayloadTooLarge.into_response());
+        }
+        Err(rejection) => {
+            tracing::debug!(%rejection, "cannot read request body");
+            return Err(IdempotencyError::BodyUnreadable.into_response());
+        }
+    };
+    let normalized = match &config.fingerprint {
+        Some(f) => f(parts, &bytes).map_err(|response| *response)?,
+        None => serde_json::from_slice::<Value>(&bytes)
+            .map_err(|_| IdempotencyError::InvalidJson.into_response())?,
+    };
+    let target = Target {
+        method: parts.method.as_str(),
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path(), |p| p.as_str()),
+    };
+    let fingerprints = Fingerprints::of(&config.operation, target, &normalized);
+    Ok((key, scope, bytes, fingerprints))
+}
+
+/// Reserves the key (in a task of its own, which `guard` releases after if this request is
+/// dropped): how this request came to own it, with the guard still armed, or the answer when it
+/// does not (a replay, a conflict, a mismatch, an error).
+async fn reserve(
+    config: &Config,
+    record: &RecordKey,
+    fingerprints: Fingerprints,
+    token: Uuid,
+    now: chrono::DateTime<chrono::Utc>,
+    mut guard: ReleaseGuard,
+) -> Result<(Outcome, ReleaseGuard), Response> {
+    let operation = &config.operation;
+    let reserving = {
+        let (store, record) = (config.store.clone(), record.clone());
+        async move { persistence::reserve(&store, &record, &fingerprints, token, now).await }
+    };
+    let reservation = match guard.reserve(reserving).await {
+        Ok(Ok(reservation)) => reservation,
+        Ok(Err(e)) => {
+            guard.release(ReleaseReason::Error).await;
+            return Err(IdempotencyError::from(e).into_response());
+        }
+        Err(e) => {
+            guard.release(ReleaseReason::Error).await;
+            let e = IdempotencyError::Internal(format!("reservation task: {e}"));
+            return Err(e.into_response());
+        }
+    };
+    let refused = match reservation {
+        Reservation::Replay(stored) => {
+            guard.disarm();
+            internal_events::idempotency_outcome(operation, Outcome::Replayed);
+            replay(
+                &stored,
+                config.replay_body.as_deref(),
+                config.location_of(stored.resource_id),
+            )
+        }
+        Reservation::InFlight => {
+            guard.disarm();
+            internal_events::idempotency_outcome(operation, Outcome::Conflict);
+            IdempotencyError::InFlight.into_response()
+        }
+        Reservation::Mismatch => {
+            guard.disarm();
+            internal_events::idempotency_outcome(operation, Outcome::Mismatch);
+            IdempotencyError::KeyReused.into_response()
+        }
+        Reservation::Owned(Owned::New) => return Ok((Outcome::New, guard)),
+        Reservation::Owned(Owned::Expired) => return Ok((Outcome::Expired, guard)),
+        Reservation::Owned(Owned::TakenOver) => return Ok((Outcome::TakenOver, guard)),
+    };
+    Err(refused)
+}
+
 /// After the handler: store its response with the effect, or release the key.
 async fn finish(
     config: &Config,
@@ -385,25 +411,40 @@ async fn finish(
         guard.release(ReleaseReason::Error).await;
         return response;
     }
-    let (mut parts, body) = response.into_parts();
-    let body = match axum::body::to_bytes(body, usize::MAX).await {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            return fail(
-                shared,
-                guard,
-                IdempotencyError::Internal(format!("response body: {e}")),
-            )
-            .await;
-        }
+    let (mut parts, record_status, stored) = match to_record(response).await {
+        Ok(r) => r,
+        Err(e) => return fail(shared, guard, e).await,
     };
+    match commit_record(shared, record_status, &stored).await {
+        Ok(()) => {}
+        Err(Unstored::Superseded) => return superseded(config, shared, guard).await,
+        Err(Unstored::Failed(e)) => return fail(shared, guard, e).await,
+    }
+    guard.disarm();
+    if status.is_success()
+        && !parts.headers.contains_key(header::LOCATION)
+        && let Some(location) = config.location_of(stored.resource_id)
+    {
+        parts.headers.insert(header::LOCATION, location);
+    }
+    Response::from_parts(parts, Body::from(stored.body))
+}
+
+/// The handler's response as the record keeps it: its parts (to answer with), the record's
+/// status and the stored response. A body that cannot be read or is not UTF-8, or a pending
+/// answer without the resource it is pending for, cannot be stored.
+async fn to_record(
+    response: Response,
+) -> Result<(axum::http::response::Parts, RecordStatus, StoredResponse), IdempotencyError> {
+    let status = response.status();
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .map_err(|e| IdempotencyError::Internal(format!("response body: {e}")))?;
     let Ok(body) = String::from_utf8(body.to_vec()) else {
-        return fail(
-            shared,
-            guard,
-            IdempotencyError::Internal("response body is not UTF-8".into()),
-        )
-        .await;
+        return Err(IdempotencyError::Internal(
+            "response body is not UTF-8".into(),
+        ));
     };
     let resource_id = parts.extensions.get::<ResourceId>().map(|r| r.0);
     let record_status = match (status.is_success(), parts.extensions.get::<Pending>()) {
@@ -411,12 +452,9 @@ async fn finish(
         (true, None) => RecordStatus::Completed,
         (true, Some(_)) if resource_id.is_some() => RecordStatus::Pending,
         (true, Some(_)) => {
-            return fail(
-                shared,
-                guard,
-                IdempotencyError::Internal("Pending without a ResourceId".into()),
-            )
-            .await;
+            return Err(IdempotencyError::Internal(
+                "Pending without a ResourceId".into(),
+            ));
         }
     };
     let stored = StoredResponse {
@@ -424,58 +462,59 @@ async fn finish(
         body,
         resource_id,
     };
+    Ok((parts, record_status, stored))
+}
 
+/// Why the response was not stored with the effect.
+enum Unstored {
+    /// A retry took the lease over.
+    Superseded,
+    Failed(IdempotencyError),
+}
+
+/// Stores the response in the effect's transaction, fenced by the lease token, and commits both.
+async fn commit_record(
+    shared: &EffectShared,
+    record_status: RecordStatus,
+    stored: &StoredResponse,
+) -> Result<(), Unstored> {
     let mut slot = shared.tx.lock().await;
     if let Err(e) = shared.begin(&mut slot).await {
         drop(slot);
         if shared.is_superseded() {
-            return superseded(config, shared, guard).await;
+            return Err(Unstored::Superseded);
         }
-        return fail(shared, guard, e).await;
+        return Err(Unstored::Failed(e));
     }
     let Some(mut tx) = slot.take() else {
         drop(slot);
-        return fail(
-            shared,
-            guard,
-            IdempotencyError::Internal("effect transaction missing".into()),
-        )
-        .await;
+        return Err(Unstored::Failed(IdempotencyError::Internal(
+            "effect transaction missing".into(),
+        )));
     };
     drop(slot);
-    match persistence::complete(
+    let completed = persistence::complete(
         &mut tx,
         &shared.record,
         shared.token,
         record_status,
-        &stored,
+        stored,
         shared.now,
     )
-    .await
-    {
+    .await;
+    match completed {
         Ok(true) => {}
         Ok(false) => {
             rollback_tx(tx).await;
-            return superseded(config, shared, guard).await;
+            return Err(Unstored::Superseded);
         }
         Err(e) => {
             rollback_tx(tx).await;
-            return fail(shared, guard, e.into()).await;
+            return Err(Unstored::Failed(e.into()));
         }
     }
-    if let Err(e) = tx.commit().await {
-        // Perhaps committed after all: the fenced release then finds nothing to delete.
-        return fail(shared, guard, e.into()).await;
-    }
-    guard.disarm();
-
-    if status.is_success()
-        && !parts.headers.contains_key(header::LOCATION)
-        && let Some(location) = config.location_of(resource_id)
-    {
-        parts.headers.insert(header::LOCATION, location);
-    }
-    Response::from_parts(parts, Body::from(stored.body))
+    // On an error perhaps committed after all: the fenced release then finds nothing to delete.
+    tx.commit().await.map_err(|e| Unstored::Failed(e.into()))
 }
 
 /// The layer failed around the effect: roll back, release the key, answer with the error.

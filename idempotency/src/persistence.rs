@@ -135,112 +135,37 @@ pub(crate) async fn reserve(
     token: Uuid,
     now: DateTime<Utc>,
 ) -> Result<Reservation, sqlx::Error> {
-    let fingerprint = &fingerprints.current;
-    let pool = &store.pool;
-    let lease_until = add(now, store.lease);
-    let expires_at = add(now, store.ttl);
+    let r = Reserving {
+        pool: &store.pool,
+        record,
+        fingerprint: &fingerprints.current[..],
+        token,
+        now,
+        lease_until: add(now, store.lease),
+        expires_at: add(now, store.ttl),
+    };
     for _ in 0..RESERVE_ATTEMPTS {
-        let inserted = sqlx::query(record.schema.sql(
-            "INSERT INTO {{schema}}.idempotency_keys \
-                 (scope, operation, key_hash, fingerprint, status, lease_token, lease_expires_at, \
-                  created_at, updated_at, expires_at) \
-             VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $7, $8) \
-             ON CONFLICT (scope, operation, key_hash) DO NOTHING",
-        ))
-        .bind(&record.scope)
-        .bind(&*record.operation)
-        .bind(&record.key.0[..])
-        .bind(&fingerprint[..])
-        .bind(token)
-        .bind(lease_until)
-        .bind(now)
-        .bind(expires_at)
-        .execute(pool)
-        .await?
-        .rows_affected()
-            == 1;
-        if inserted {
+        if r.insert().await? {
             return Ok(Reservation::Owned(Owned::New));
         }
-
-        let row: Option<RecordRow> = sqlx::query_as(record.schema.sql(
-            "SELECT fingerprint, status, response_status, response_body, resource_id, lease_token, \
-                    lease_expires_at, expires_at \
-             FROM {{schema}}.idempotency_keys WHERE scope = $1 AND operation = $2 AND key_hash = $3",
-        ))
-        .bind(&record.scope)
-        .bind(&*record.operation)
-        .bind(&record.key.0[..])
-        .fetch_optional(pool)
-        .await?;
         // Released or purged since our insert conflicted: try to insert again.
-        let Some(row) = row else { continue };
-
+        let Some(row) = r.read().await? else { continue };
         if row.is_expired(now) {
-            let taken = sqlx::query(record.schema.sql(
-                "UPDATE {{schema}}.idempotency_keys SET status = 'processing', fingerprint = $4, \
-                        lease_token = $5, lease_expires_at = $6, response_status = NULL, \
-                        response_body = NULL, resource_id = NULL, created_at = $7, updated_at = $7, \
-                        expires_at = $8 \
-                 WHERE (scope, operation, key_hash) IN ( \
-                     SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
-                      WHERE scope = $1 AND operation = $2 AND key_hash = $3 AND expires_at <= $7 \
-                        AND (status IN ('completed', 'failed') \
-                             OR (status = 'processing' AND lease_expires_at <= $7)) \
-                        FOR UPDATE SKIP LOCKED)",
-            ))
-            .bind(&record.scope)
-            .bind(&*record.operation)
-            .bind(&record.key.0[..])
-            .bind(&fingerprint[..])
-            .bind(token)
-            .bind(lease_until)
-            .bind(now)
-            .bind(expires_at)
-            .execute(pool)
-            .await?
-            .rows_affected()
-                == 1;
-            if taken {
+            if r.take_expired().await? {
                 return Ok(Reservation::Owned(Owned::Expired));
             }
             continue;
         }
-
         if !fingerprints.matches(&row.fingerprint) {
             return Ok(Reservation::Mismatch);
         }
-
         match RecordStatus::parse(&row.status) {
             Some(RecordStatus::Processing) => {
                 let lease_expired = row.lease_expires_at.is_some_and(|l| l <= now);
                 if !lease_expired {
                     return Ok(Reservation::InFlight);
                 }
-                // The holder died, or has not begun its effect: compare-and-set on the token we
-                // saw. A holder inside its effect transaction holds the row lock: it is alive, so
-                // the row is skipped (not waited for) and this request answers 409.
-                let taken = sqlx::query(record.schema.sql(
-                    "UPDATE {{schema}}.idempotency_keys \
-                     SET lease_token = $5, lease_expires_at = $6, updated_at = $7 \
-                     WHERE (scope, operation, key_hash) IN ( \
-                         SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
-                          WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
-                            AND status = 'processing' AND lease_token = $4 \
-                            FOR UPDATE SKIP LOCKED)",
-                ))
-                .bind(&record.scope)
-                .bind(&*record.operation)
-                .bind(&record.key.0[..])
-                .bind(row.lease_token)
-                .bind(token)
-                .bind(lease_until)
-                .bind(now)
-                .execute(pool)
-                .await?
-                .rows_affected()
-                    == 1;
-                if taken {
+                if r.take_over(row.lease_token).await? {
                     return Ok(Reservation::Owned(Owned::TakenOver));
                 }
                 continue;
@@ -264,6 +189,115 @@ pub(crate) async fn reserve(
     }
     // The record kept changing under us: the client may retry shortly.
     Ok(Reservation::InFlight)
+}
+
+/// One request's reservation of a record: its fingerprint, its token and the times it sets.
+struct Reserving<'a> {
+    pool: &'a PgPool,
+    record: &'a RecordKey,
+    fingerprint: &'a [u8],
+    token: Uuid,
+    now: DateTime<Utc>,
+    lease_until: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+}
+
+impl Reserving<'_> {
+    /// Inserts the record as ours, if there is none.
+    async fn insert(&self) -> Result<bool, sqlx::Error> {
+        let record = self.record;
+        Ok(sqlx::query(record.schema.sql(
+            "INSERT INTO {{schema}}.idempotency_keys \
+                 (scope, operation, key_hash, fingerprint, status, lease_token, lease_expires_at, \
+                  created_at, updated_at, expires_at) \
+             VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $7, $8) \
+             ON CONFLICT (scope, operation, key_hash) DO NOTHING",
+        ))
+        .bind(&record.scope)
+        .bind(&*record.operation)
+        .bind(&record.key.0[..])
+        .bind(self.fingerprint)
+        .bind(self.token)
+        .bind(self.lease_until)
+        .bind(self.now)
+        .bind(self.expires_at)
+        .execute(self.pool)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
+    /// The record as it is.
+    async fn read(&self) -> Result<Option<RecordRow>, sqlx::Error> {
+        let record = self.record;
+        sqlx::query_as(record.schema.sql(
+            "SELECT fingerprint, status, response_status, response_body, resource_id, lease_token, \
+                    lease_expires_at, expires_at \
+             FROM {{schema}}.idempotency_keys WHERE scope = $1 AND operation = $2 AND key_hash = $3",
+        ))
+        .bind(&record.scope)
+        .bind(&*record.operation)
+        .bind(&record.key.0[..])
+        .fetch_optional(self.pool)
+        .await
+    }
+
+    /// Takes an expired record over as a new one (unless another request just did).
+    async fn take_expired(&self) -> Result<bool, sqlx::Error> {
+        let record = self.record;
+        Ok(sqlx::query(record.schema.sql(
+            "UPDATE {{schema}}.idempotency_keys SET status = 'processing', fingerprint = $4, \
+                    lease_token = $5, lease_expires_at = $6, response_status = NULL, \
+                    response_body = NULL, resource_id = NULL, created_at = $7, updated_at = $7, \
+                    expires_at = $8 \
+             WHERE (scope, operation, key_hash) IN ( \
+                 SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
+                  WHERE scope = $1 AND operation = $2 AND key_hash = $3 AND expires_at <= $7 \
+                    AND (status IN ('completed', 'failed') \
+                         OR (status = 'processing' AND lease_expires_at <= $7)) \
+                    FOR UPDATE SKIP LOCKED)",
+        ))
+        .bind(&record.scope)
+        .bind(&*record.operation)
+        .bind(&record.key.0[..])
+        .bind(self.fingerprint)
+        .bind(self.token)
+        .bind(self.lease_until)
+        .bind(self.now)
+        .bind(self.expires_at)
+        .execute(self.pool)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
+    /// Takes over a reservation whose lease expired: the holder died, or has not begun its
+    /// effect. Compare-and-set on the token we saw (`seen`). A holder inside its effect
+    /// transaction holds the row lock: it is alive, so the row is skipped (not waited for) and
+    /// this request answers 409.
+    async fn take_over(&self, seen: Option<Uuid>) -> Result<bool, sqlx::Error> {
+        let record = self.record;
+        Ok(sqlx::query(record.schema.sql(
+            "UPDATE {{schema}}.idempotency_keys \
+             SET lease_token = $5, lease_expires_at = $6, updated_at = $7 \
+             WHERE (scope, operation, key_hash) IN ( \
+                 SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
+                  WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+                    AND status = 'processing' AND lease_token = $4 \
+                    FOR UPDATE SKIP LOCKED)",
+        ))
+        .bind(&record.scope)
+        .bind(&*record.operation)
+        .bind(&record.key.0[..])
+        .bind(seen)
+        .bind(self.token)
+        .bind(self.lease_until)
+        .bind(self.now)
+        .execute(self.pool)
+        .await?
+        .rows_affected()
+            == 1)
+    }
 }
 
 /// Locks the record inside the effect's transaction if `token` still holds it. Returns false when

@@ -18,7 +18,6 @@
 //! such a step the view names the doubt and the safe action for the remote's capability
 //! ([`Doubt`]), which [`allowed_actions`] lists first.
 
-use crate::definition::{Remote, Role};
 use crate::error::Error;
 use crate::redact;
 use crate::status::{ProcessStatus, StepStatus};
@@ -26,12 +25,14 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use shared::schema::Schema;
-use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{FromRow, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-/// One process, as listed.
-#[derive(Debug, Clone, Serialize)]
+/// The operators' decisions over the steps live with the worker's, in [`crate::decide`].
+pub use crate::decide::{allowed_actions, doubts, requirements};
+
+/// One process, as listed (a row of its columns, `PROCESS_COLUMNS`).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct ProcessSummary {
     pub id: Uuid,
     pub kind: String,
@@ -53,8 +54,8 @@ pub struct ProcessSummary {
     pub row_version: i64,
 }
 
-/// One step, as shown.
-#[derive(Debug, Clone, Serialize)]
+/// One step, as shown (a row of the columns `steps_of` reads).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct StepView {
     pub seq: i32,
     pub name: String,
@@ -101,8 +102,8 @@ impl StepView {
     }
 }
 
-/// One recorded transition.
-#[derive(Debug, Clone, Serialize)]
+/// One recorded transition (a row of `process_history`).
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct HistoryEntry {
     pub id: i64,
     pub step_seq: Option<i32>,
@@ -361,87 +362,6 @@ impl Action {
     }
 }
 
-/// Whether the remote may have acted on `s` with nobody knowing the outcome: an external step in
-/// manual review whose last outcome is unknown, or a wait step still waiting for its event (the
-/// call it waits on was made; its answer has not come).
-fn in_doubt(s: &StepView) -> bool {
-    (s.status == StepStatus::ManualReview
-        && matches!(s.execution.as_str(), "external" | "wait")
-        && s.error_class.as_deref() == Some("unknown"))
-        || s.is_waiting()
-}
-
-/// What `action` needs on a process with `steps`, as they are now.
-pub fn requirements(action: &Action, steps: &[StepView]) -> Requirements {
-    let doubtful = action
-        .seq()
-        .and_then(|seq| steps.iter().find(|s| s.seq == seq))
-        .is_some_and(in_doubt);
-    match action {
-        Action::ResolveSucceeded { .. } => Requirements {
-            evidence: true,
-            remote_check: false,
-            second_person: true,
-        },
-        Action::ResolveFailed { .. } if doubtful => Requirements {
-            evidence: false,
-            remote_check: true,
-            second_person: true,
-        },
-        Action::RunCompensation { .. } => Requirements {
-            second_person: true,
-            ..Requirements::default()
-        },
-        _ => Requirements::default(),
-    }
-}
-
-/// The doubts among `steps` (see [`Doubt`]).
-pub fn doubts(steps: &[StepView]) -> Vec<Doubt> {
-    steps
-        .iter()
-        .filter(|s| in_doubt(s))
-        .map(|s| {
-            let remote = s.remote.as_deref().and_then(Remote::parse);
-            let (safe_action, how) = match remote {
-                _ if s.is_waiting() => (
-                    (remote == Some(Remote::Queryable)).then_some(Action::QueryRemote { seq: s.seq }),
-                    "it waits for the remote's event: let it wait (at the deadline the remote is \
-                     queried, or the step goes to manual review), or query the remote now where it \
-                     can be queried",
-                ),
-                Some(Remote::HonoursKey) => (
-                    Some(Action::RerunStep { seq: s.seq }),
-                    "rerun it: the remote deduplicates by the same key, so it cannot act twice and \
-                     its answer settles the outcome",
-                ),
-                Some(Remote::Queryable) => (
-                    Some(Action::QueryRemote { seq: s.seq }),
-                    "query its status: a worker asks the remote by operation id before any new call",
-                ),
-                _ => (
-                    None,
-                    "the remote can neither deduplicate nor be queried: look it up at the remote \
-                     (operation id, reference) and record what you checked and its answer",
-                ),
-            };
-            Doubt {
-                seq: s.seq,
-                name: s.name.clone(),
-                remote: s.remote.clone(),
-                warning: format!(
-                    "the outcome of {} is unknown: the remote may have acted. Resolving it as failed \
-                     without checking can leave the effect in place with nothing to undo it \
-                     (a charge kept, never refunded); {how}. Resolving it needs what was checked at \
-                     the remote and its answer, and a second approver.",
-                    s.name
-                ),
-                safe_action,
-            }
-        })
-        .collect()
-}
-
 /// An operator's request.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -481,29 +401,6 @@ pub struct Filter {
 pub(crate) const PROCESS_COLUMNS: &str = "id, kind, definition_version, business_key, revision, revision_of, status, paused, \
     attempt, last_reason, last_actor, created_at, updated_at, finished_at, deadline_at, lease_owner, lease_until, row_version";
 
-pub(crate) fn summary(r: &PgRow) -> Result<ProcessSummary, sqlx::Error> {
-    Ok(ProcessSummary {
-        id: r.try_get("id")?,
-        kind: r.try_get("kind")?,
-        definition_version: r.try_get("definition_version")?,
-        business_key: r.try_get("business_key")?,
-        revision: r.try_get("revision")?,
-        revision_of: r.try_get("revision_of")?,
-        status: r.try_get("status")?,
-        paused: r.try_get("paused")?,
-        attempt: r.try_get("attempt")?,
-        last_reason: r.try_get("last_reason")?,
-        last_actor: r.try_get("last_actor")?,
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
-        finished_at: r.try_get("finished_at")?,
-        deadline_at: r.try_get("deadline_at")?,
-        lease_owner: r.try_get("lease_owner")?,
-        lease_until: r.try_get("lease_until")?,
-        row_version: r.try_get("row_version")?,
-    })
-}
-
 /// The oldest age a list filters by (a century).
 const MAX_AGE_SECONDS: i64 = 100 * 365 * 86_400;
 
@@ -513,7 +410,7 @@ pub async fn list(
     schema: &Schema,
     filter: &Filter,
 ) -> Result<Vec<ProcessSummary>, Error> {
-    let rows = sqlx::query(schema.sql(&format!(
+    Ok(sqlx::query_as(schema.sql(&format!(
         "SELECT {PROCESS_COLUMNS} FROM {{{{schema}}}}.processes \
          WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR status = $2) \
            AND ($4::bigint IS NULL OR created_at <= now() - make_interval(secs => $4)) \
@@ -529,8 +426,7 @@ pub async fn list(
             .map(|s| s.clamp(0, MAX_AGE_SECONDS)),
     )
     .fetch_all(pool)
-    .await?;
-    Ok(rows.iter().map(summary).collect::<Result<_, _>>()?)
+    .await?)
 }
 
 /// How many processes have `status` (one index range: `processes_status_idx`).
@@ -562,32 +458,18 @@ pub async fn view(
     .fetch_optional(&mut *conn)
     .await?
     .ok_or(Error::NotFound(id))?;
-    let process = summary(&row)?;
+    let process = ProcessSummary::from_row(&row)?;
     let input: Value = row
         .try_get::<sqlx::types::Json<Value>, _>("input_redacted")?
         .0;
     let steps = steps_of(conn, schema, id).await?;
-    let history = sqlx::query(schema.sql(
+    let history: Vec<HistoryEntry> = sqlx::query_as(schema.sql(
         "SELECT id, step_seq, from_status, to_status, reason, actor, lease_token, at \
          FROM {{schema}}.process_history WHERE process_id = $1 ORDER BY id",
     ))
     .bind(id)
     .fetch_all(&mut *conn)
-    .await?
-    .iter()
-    .map(|r| {
-        Ok(HistoryEntry {
-            id: r.try_get("id")?,
-            step_seq: r.try_get("step_seq")?,
-            from_status: r.try_get("from_status")?,
-            to_status: r.try_get("to_status")?,
-            reason: r.try_get("reason")?,
-            actor: r.try_get("actor")?,
-            lease_token: r.try_get("lease_token")?,
-            at: r.try_get("at")?,
-        })
-    })
-    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    .await?;
     let allowed = allowed_actions(&process, &steps);
     let doubts = doubts(&steps);
     Ok(ProcessView {
@@ -606,7 +488,7 @@ async fn steps_of(
     schema: &Schema,
     id: Uuid,
 ) -> Result<Vec<StepView>, sqlx::Error> {
-    sqlx::query(schema.sql(
+    sqlx::query_as(schema.sql(
         "SELECT seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, attempts, \
          max_attempts, next_attempt_at, first_attempt_at, last_attempt_at, finished_at, error_class, \
          error_message, remote_ref, result_ref, last_reason, last_actor, wait_key, wait_since, wait_until \
@@ -614,102 +496,7 @@ async fn steps_of(
     ))
     .bind(id)
     .fetch_all(&mut *conn)
-    .await?
-    .iter()
-    .map(|r| {
-        Ok(StepView {
-            seq: r.try_get("seq")?,
-            name: r.try_get("name")?,
-            role: r.try_get("role")?,
-            acts_on: r.try_get("acts_on")?,
-            execution: r.try_get("execution")?,
-            remote: r.try_get("remote")?,
-            sensitive: r.try_get("sensitive")?,
-            status: r.try_get("status")?,
-            operation_id: r.try_get("operation_id")?,
-            attempts: r.try_get("attempts")?,
-            max_attempts: r.try_get("max_attempts")?,
-            next_attempt_at: r.try_get("next_attempt_at")?,
-            first_attempt_at: r.try_get("first_attempt_at")?,
-            last_attempt_at: r.try_get("last_attempt_at")?,
-            finished_at: r.try_get("finished_at")?,
-            error_class: r.try_get("error_class")?,
-            error_message: r.try_get("error_message")?,
-            remote_ref: r.try_get("remote_ref")?,
-            result_ref: r.try_get("result_ref")?,
-            last_reason: r.try_get("last_reason")?,
-            last_actor: r.try_get("last_actor")?,
-            wait_key: r.try_get("wait_key")?,
-            wait_since: r.try_get("wait_since")?,
-            wait_until: r.try_get("wait_until")?,
-        })
-    })
-    .collect()
-}
-
-/// The actions allowed now, from the process status, each step's status, error class and remote
-/// capability. There is no "retry everything". The step actions come first, and for each step the
-/// safe ones (rerun with the same key, query the remote) before the resolutions, resolving as
-/// failed last.
-pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
-    let mut out = Vec::new();
-    if p.status.is_terminal() {
-        return out;
-    }
-    if p.status == ProcessStatus::ManualReview {
-        for s in steps
-            .iter()
-            .filter(|s| s.status == StepStatus::ManualReview)
-        {
-            let remote = s.remote.as_deref().and_then(Remote::parse);
-            let role = Role::parse(&s.role);
-            let in_doubt = s.error_class.as_deref() == Some("unknown");
-            match role {
-                Some(Role::Compensation) => out.push(Action::RunCompensation { seq: s.seq }),
-                Some(Role::Forward) => {
-                    let idempotent = s.execution == "local" || remote == Some(Remote::HonoursKey);
-                    if idempotent || !in_doubt {
-                        out.push(Action::RerunStep { seq: s.seq });
-                    }
-                    if remote == Some(Remote::Queryable) {
-                        out.push(Action::QueryRemote { seq: s.seq });
-                    }
-                }
-                _ => {}
-            }
-            out.push(Action::ResolveSucceeded { seq: s.seq });
-            out.push(Action::ResolveFailed { seq: s.seq });
-        }
-    }
-    if p.status == ProcessStatus::Waiting {
-        // A parked wait: query the remote now rather than at the deadline, or decide with the
-        // evidence a person has (as for a step in doubt: the remote may have acted).
-        for s in steps.iter().filter(|s| s.is_waiting()) {
-            if s.remote.as_deref().and_then(Remote::parse) == Some(Remote::Queryable) {
-                out.push(Action::QueryRemote { seq: s.seq });
-            }
-            out.push(Action::ResolveSucceeded { seq: s.seq });
-            out.push(Action::ResolveFailed { seq: s.seq });
-        }
-    }
-    if p.status != ProcessStatus::ManualReview {
-        out.push(Action::Escalate);
-    }
-    out.push(if p.paused {
-        Action::Resume
-    } else {
-        Action::Pause
-    });
-    if matches!(
-        p.status,
-        ProcessStatus::Pending
-            | ProcessStatus::Running
-            | ProcessStatus::Waiting
-            | ProcessStatus::ManualReview
-    ) {
-        out.push(Action::Cancel);
-    }
-    out
+    .await
 }
 
 pub(crate) fn check_reason_actor(reason: &str, actor: &str) -> Result<(), Error> {
@@ -868,18 +655,17 @@ pub async fn act_in(
     .bind(id)
     .fetch_one(&mut *tx)
     .await?;
-    let r = sqlx::query(
+    let (row_version, status): (i64, ProcessStatus) = sqlx::query_as(
         schema.sql("SELECT row_version, status FROM {{schema}}.processes WHERE id = $1"),
     )
     .bind(id)
     .fetch_one(&mut *tx)
     .await?;
-    let outcome = Outcome {
+    Ok(Outcome {
         audit_ref,
-        row_version: r.try_get("row_version")?,
-        status: r.try_get("status")?,
-    };
-    Ok(outcome)
+        row_version,
+        status,
+    })
 }
 
 /// Makes the change `req.action` asks for (already allowed and checked by [`act_in`]); its
@@ -1083,7 +869,7 @@ async fn get_in(
     .bind(id)
     .fetch_one(&mut *tx)
     .await?;
-    let p = summary(&row)?;
+    let p = ProcessSummary::from_row(&row)?;
     let steps = steps_of(tx, schema, id).await?;
     Ok((p, steps))
 }
@@ -1148,6 +934,8 @@ async fn set_step(
 
 #[cfg(test)]
 mod tests {
+    use crate::definition::Remote;
+
     #[test]
     fn every_action_kind_has_one_name_everywhere() {
         for k in ActionKind::ALL {

@@ -13,13 +13,13 @@
 //! page 1 costs, and a process changing status while someone pages is neither skipped nor shown
 //! twice. Every page says how many match in all ([`Page::total`]): a list is never cut silently.
 
-use crate::admin::{PROCESS_COLUMNS, ProcessSummary, summary};
+use crate::admin::{PROCESS_COLUMNS, ProcessSummary};
 use crate::definition::Remote;
 use crate::error::{Error, ErrorClass};
 use crate::status::ProcessStatus;
 use serde::Serialize;
 use shared::schema::Schema;
-use sqlx::{PgPool, Postgres, QueryBuilder, Row};
+use sqlx::{FromRow, PgPool, Postgres, QueryBuilder, Row};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -188,7 +188,10 @@ pub async fn page(pool: &PgPool, schema: &Schema, query: &Query) -> Result<Page,
     // One more than the page: whether there is a next page, without a second query.
     q.push(" ORDER BY p.id DESC LIMIT ").push_bind(limit + 1);
     let rows = q.build().fetch_all(pool).await?;
-    let mut items = rows.iter().map(summary).collect::<Result<Vec<_>, _>>()?;
+    let mut items = rows
+        .iter()
+        .map(ProcessSummary::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
     let more = items.len() as i64 > limit;
     items.truncate(limit as usize);
     let next = if more {

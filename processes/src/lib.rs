@@ -11,7 +11,10 @@
 //! - [`worker`]: claims due processes (with their steps) with `FOR UPDATE SKIP LOCKED` and a
 //!   lease whose fencing token grows on every claim; `runner` runs one claimed process step by
 //!   step, consecutive local steps in one transaction with one checkpoint statement; every write
-//!   goes through [`store`], fenced by the token.
+//!   goes through the claim's [`store::Lease`] (schema, id, token), fenced by the token.
+//! - `decide`: the decisions over the step rows, pure and unit-tested beside them: the next step,
+//!   local groups, what an error leads to, the compensation plan, and the operators' allowed
+//!   actions, requirements and doubts (re-exported by [`admin`]).
 //! - [`signal`](mod@signal): wakes processes waiting for an event (a [`WaitStep`]), in the
 //!   caller's transaction; an event that comes before its wait is kept for it.
 //! - [`admin`]: what operators see and may do (list, get with history, the actions allowed now).
@@ -28,6 +31,7 @@
 //! [`start`](mod@start) and wake them through [`signal`](mod@signal).
 
 pub mod admin;
+mod decide;
 pub mod definition;
 pub mod error;
 pub mod find;

@@ -9,8 +9,10 @@
 //! same key again, a status query first, or manual review. Nothing is ever marked done
 //! without the evidence the remote or the local transaction gave.
 
+use crate::decide::{self, AfterError, Next, Phase, Undo};
 use crate::definition::{
-    Action, Definition, Done, LocalStep, Lookup, Remote, Role, StepContext, TimerStep, WaitStep,
+    Action, Definition, Done, ExternalStep, LocalStep, Lookup, Remote, Role, StepContext,
+    TimerStep, WaitStep,
 };
 use crate::error::{ErrorClass, StepError};
 use crate::internal_events as events;
@@ -19,10 +21,10 @@ use crate::retry::RetryPolicy;
 use crate::status::{ProcessStatus, StepStatus};
 use crate::store::{self, Claimed, Fenced, ProcessChange, StepChange, StepRow, WriteError};
 use chrono::Utc;
-use shared::schema::Schema;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgPool, Postgres};
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -30,13 +32,38 @@ use tokio_util::sync::CancellationToken;
 /// A local step's action with its retry policy and timeout.
 type LocalAction = (Arc<dyn LocalStep>, RetryPolicy, Duration);
 
+/// What a remote's call answered: its result, or the timeout elapsed.
+type CallOutcome = Result<Result<Done, StepError>, tokio::time::error::Elapsed>;
+
+/// A wait step past its first look for the event: what its definition says, and its key.
+struct Wait {
+    remote: Remote,
+    deadline: Duration,
+    wait: Arc<dyn WaitStep>,
+    retry: RetryPolicy,
+    timeout: Duration,
+    started: Instant,
+    key: String,
+}
+
+/// An external step being run: what its definition says, and what the turn found.
+struct External {
+    remote: Remote,
+    call: Arc<dyn ExternalStep>,
+    retry: RetryPolicy,
+    timeout: Duration,
+    /// When the step's turn began (its attempt's latency is measured from here).
+    started: Instant,
+    /// The previous attempt may have acted ([`decide::in_doubt`]).
+    doubt: bool,
+}
+
 /// What the worker shares with every run.
 #[derive(Debug, Clone)]
 pub(crate) struct Shared {
     pub pool: PgPool,
     /// Connections of turns that ended, for the next turns while the worker has work.
     pub spare: Spare,
-    pub schema: Schema,
     pub lease: Duration,
     pub heartbeat: Duration,
     /// Most consecutive local steps of one process run in one transaction.
@@ -54,22 +81,6 @@ pub(crate) enum TurnEnd {
     Released,
     /// The lease was taken over: nothing more was written.
     Fenced,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Forward,
-    Compensating,
-}
-
-/// The step to run, or what the process does instead.
-enum Next {
-    Run(usize),
-    Wait(chrono::DateTime<Utc>),
-    Finish(ProcessChange, String),
-    Review(usize, String),
-    /// A forward step failed (an operator resolved it so): compensate.
-    Compensate(String),
 }
 
 /// Connections handed from a turn that ended to the next one while the worker has work, so a
@@ -147,17 +158,12 @@ pub(crate) async fn run(
     let beat_done = CancellationToken::new();
     let beat = tokio::spawn(heartbeat(
         sh.clone(),
-        c.id,
-        c.token,
+        c.lease.clone(),
         c.kind.clone(),
         lost.clone(),
         beat_done.clone(),
     ));
-    let phase = if c.status == ProcessStatus::Compensating {
-        Phase::Compensating
-    } else {
-        Phase::Forward
-    };
+    let phase = Phase::of(c.status);
     let mut c = c;
     let steps = std::mem::take(&mut c.steps);
     let mut r = Run {
@@ -186,8 +192,7 @@ pub(crate) async fn run(
 
 async fn heartbeat(
     sh: Shared,
-    id: uuid::Uuid,
-    token: i64,
+    lease: store::Lease,
     kind: String,
     lost: CancellationToken,
     done: CancellationToken,
@@ -197,16 +202,16 @@ async fn heartbeat(
             _ = tokio::time::sleep(sh.heartbeat) => {}
             _ = done.cancelled() => return,
         }
-        match store::heartbeat(&sh.pool, &sh.schema, id, token, sh.lease).await {
+        match lease.heartbeat(&sh.pool, sh.lease).await {
             Ok(()) => {}
             Err(WriteError::Fenced(_)) => {
                 events::fenced(&kind);
-                tracing::warn!(process = %id, token, "heartbeat fenced: the lease was taken over; abandoning the process");
+                tracing::warn!(process = %lease.id(), token = lease.token(), "heartbeat fenced: the lease was taken over; abandoning the process");
                 lost.cancel();
                 return;
             }
             Err(WriteError::Database(e)) => {
-                tracing::warn!(process = %id, error = %e, "heartbeat failed; retrying");
+                tracing::warn!(process = %lease.id(), error = %e, "heartbeat failed; retrying");
             }
         }
     }
@@ -264,7 +269,7 @@ impl Run<'_> {
                 Next::Compensate(reason) => {
                     let mut conn = self.take().await?;
                     let mut tx = conn.begin().await?;
-                    store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
+                    self.c.lease.fence(&mut tx).await?;
                     let end = self.begin_compensation(&mut tx, &reason).await?;
                     tx.commit().await?;
                     self.put(conn);
@@ -281,72 +286,20 @@ impl Run<'_> {
         }
     }
 
+    /// What the process does next ([`decide::next`]).
     fn next(&self) -> Next {
-        let now = Utc::now();
-        let role = match self.phase {
-            Phase::Forward => Role::Forward,
-            Phase::Compensating => Role::Compensation,
-        };
-        let Some(i) = self
-            .steps
-            .iter()
-            .position(|s| s.role == role && s.status != StepStatus::Succeeded)
-        else {
-            return match self.phase {
-                Phase::Forward => {
-                    Next::Finish(ProcessChange::Succeeded, "every step succeeded".into())
-                }
-                Phase::Compensating => Next::Finish(
-                    ProcessChange::Compensated,
-                    "every compensation succeeded".into(),
-                ),
-            };
-        };
-        let s = &self.steps[i];
-        match (self.phase, s.status) {
-            (Phase::Forward, StepStatus::Failed) => {
-                Next::Compensate(format!("step {} failed", s.name))
-            }
-            (Phase::Compensating, StepStatus::Failed) => {
-                Next::Review(i, format!("compensation of {} failed", s.name))
-            }
-            (_, StepStatus::ManualReview) => Next::Finish(
-                ProcessChange::ManualReview,
-                format!("step {} needs a decision (manual review)", s.name),
-            ),
-            _ => {
-                if self.phase == Phase::Forward
-                    && let Some(deadline) = self.c.deadline_at
-                    && deadline <= now
-                {
-                    if in_doubt(s) {
-                        return Next::Review(
-                            i,
-                            format!(
-                                "process deadline passed with the outcome of {} unknown",
-                                s.name
-                            ),
-                        );
-                    }
-                    return Next::Compensate(format!(
-                        "process deadline passed before {} succeeded",
-                        s.name
-                    ));
-                }
-                // A wait or timer decides itself whether it is due: a signal may have woken it
-                // before its backoff or deadline.
-                if matches!(
+        decide::next(
+            &self.steps,
+            self.phase,
+            self.c.deadline_at,
+            Utc::now(),
+            |i| {
+                matches!(
                     self.action(i),
                     Some((Action::Wait { .. } | Action::Timer(_), _, _))
-                ) {
-                    return Next::Run(i);
-                }
-                match s.next_attempt_at {
-                    Some(at) if s.status == StepStatus::Retryable && at > now => Next::Wait(at),
-                    _ => Next::Run(i),
-                }
-            }
-        }
+                )
+            },
+        )
     }
 
     async fn process_change(
@@ -355,15 +308,10 @@ impl Run<'_> {
         reason: &str,
     ) -> Result<(), WriteError> {
         let mut conn = self.take().await?;
-        store::change_process(
-            &mut conn,
-            &self.sh.schema,
-            self.c.id,
-            self.c.token,
-            change,
-            reason,
-        )
-        .await?;
+        self.c
+            .lease
+            .change_process(&mut conn, change, reason)
+            .await?;
         self.put(conn);
         Ok(())
     }
@@ -405,7 +353,7 @@ impl Run<'_> {
             })
         });
         StepContext {
-            process_id: self.c.id,
+            process_id: self.c.id(),
             kind: self.c.kind.clone(),
             business_key: self.c.business_key.clone(),
             step: s.name.clone(),
@@ -435,16 +383,7 @@ impl Run<'_> {
         }
     }
 
-    /// Is this the last step of the phase still to succeed (so its checkpoint can finish the process)?
-    fn is_last(&self, i: usize) -> bool {
-        let role = self.steps[i].role;
-        !self
-            .steps
-            .iter()
-            .enumerate()
-            .any(|(j, s)| j != i && s.role == role && s.status != StepStatus::Succeeded)
-    }
-
+    /// Runs step `i` by what its definition says it is.
     async fn run_step(
         &mut self,
         i: usize,
@@ -461,7 +400,6 @@ impl Run<'_> {
             self.review(i, None, None, false, &reason).await?;
             return Ok(Some(TurnEnd::Parked));
         };
-        let started = Instant::now();
         match action {
             Action::Local(step) => self.run_local(i, (step, retry, timeout)).await,
             Action::Wait {
@@ -474,218 +412,264 @@ impl Run<'_> {
             }
             Action::Timer(timer) => self.run_timer(i, timer, retry).await,
             Action::External { remote, call } => {
-                let s = &self.steps[i];
-                let doubt = in_doubt(s);
-                let name = s.name.clone();
-                let seq = s.seq;
-                if doubt {
-                    match remote {
-                        Remote::Neither => {
-                            events::unknown_outcome(
-                                &self.c.kind,
-                                &name,
-                                StepStatus::ManualReview.as_str(),
-                            );
-                            let reason = format!(
-                                "outcome of attempt {} of {name} is unknown and the remote offers neither an idempotency key nor a status query",
-                                s.attempts
-                            );
-                            self.review(
-                                i,
-                                Some(ErrorClass::Unknown),
-                                Some(&reason),
-                                false,
-                                &reason,
-                            )
-                            .await?;
-                            return Ok(Some(TurnEnd::Parked));
-                        }
-                        Remote::Queryable => {
-                            events::unknown_outcome(&self.c.kind, &name, "query");
-                            let ctx = self.context(i);
-                            self.conn = None; // back to the pool for the query's duration
-                            let q = tokio::time::timeout(timeout, call.query(&ctx)).await;
-                            match q {
-                                Ok(Ok(Lookup::Found(done))) => {
-                                    return self
-                                        .external_succeeded(i, done, "found at the remote by operation id after an unknown outcome", started)
-                                        .await;
-                                }
-                                Ok(Ok(Lookup::NotFound)) => {
-                                    tracing::info!(process = %self.c.id, step = %name, "not found at the remote; calling again");
-                                }
-                                Ok(Ok(Lookup::Inconclusive(m))) => {
-                                    let reason = format!(
-                                        "outcome of {name} unknown and the status query was inconclusive: {m}"
-                                    );
-                                    self.review(
-                                        i,
-                                        Some(ErrorClass::Unknown),
-                                        Some(&m),
-                                        false,
-                                        &reason,
-                                    )
-                                    .await?;
-                                    return Ok(Some(TurnEnd::Parked));
-                                }
-                                Ok(Err(e)) => {
-                                    if e.class == ErrorClass::Transient
-                                        && s.attempts < s.max_attempts
-                                    {
-                                        // The lookup itself can be retried later; the outcome stays unknown.
-                                        let e = StepError::unknown(format!(
-                                            "status query failed: {}",
-                                            e.message
-                                        ));
-                                        return self
-                                            .record_error(i, e, false, retry, started)
-                                            .await;
-                                    }
-                                    let reason = format!(
-                                        "outcome of {name} unknown and the status query failed: {}",
-                                        e.message
-                                    );
-                                    self.review(
-                                        i,
-                                        Some(ErrorClass::Unknown),
-                                        Some(&e.message),
-                                        false,
-                                        &reason,
-                                    )
-                                    .await?;
-                                    return Ok(Some(TurnEnd::Parked));
-                                }
-                                Err(_) => {
-                                    let reason = format!(
-                                        "outcome of {name} unknown and the status query timed out"
-                                    );
-                                    self.review(
-                                        i,
-                                        Some(ErrorClass::Unknown),
-                                        Some(&reason),
-                                        false,
-                                        &reason,
-                                    )
-                                    .await?;
-                                    return Ok(Some(TurnEnd::Parked));
-                                }
-                            }
-                        }
-                        Remote::HonoursKey => {
-                            events::unknown_outcome(&self.c.kind, &name, "retry_with_key");
-                        }
-                    }
-                }
-                // Budget: an unknown outcome that cannot be retried goes to review, never to failed.
-                let s = &self.steps[i];
-                let over_deadline =
-                    retry
-                        .deadline
-                        .zip(s.first_attempt_at)
-                        .is_some_and(|(d, first)| {
-                            first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX)
-                                <= Utc::now()
-                        });
-                if s.attempts >= s.max_attempts || over_deadline {
-                    let why = if over_deadline {
-                        "deadline passed"
-                    } else {
-                        "attempts exhausted"
-                    };
-                    if doubt {
-                        let reason = format!("{why} with the outcome of {name} unknown");
-                        self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason)
-                            .await?;
-                        return Ok(Some(TurnEnd::Parked));
-                    }
-                    let e = StepError::new(
-                        s.error_class
-                            .as_deref()
-                            .and_then(ErrorClass::parse)
-                            .unwrap_or(ErrorClass::Transient),
-                        format!("{why} after {} attempts", s.attempts),
-                    );
-                    return self.fail(i, e, false).await;
-                }
-                let reason = if doubt {
-                    format!("attempt {} after an unknown outcome", s.attempts + 1)
-                } else {
-                    format!("attempt {}", s.attempts + 1)
+                let ext = External {
+                    remote,
+                    call,
+                    retry,
+                    timeout,
+                    started: Instant::now(),
+                    doubt: decide::in_doubt(&self.steps[i]),
                 };
-                let mut conn = self.take().await?;
-                store::change_step(
-                    &mut *conn,
-                    &self.sh.schema,
-                    self.c.id,
-                    self.c.token,
-                    seq,
-                    &StepChange::Begin { reason: &reason },
-                )
-                .await?;
-                // Back to the pool for the call's duration (heartbeats need pool connections).
-                drop(conn);
-                self.steps[i].status = StepStatus::Running;
-                self.steps[i].attempts += 1;
-                if self.steps[i].first_attempt_at.is_none() {
-                    self.steps[i].first_attempt_at = Some(Utc::now());
-                }
-                let ctx = self.context(i);
-                let ctx = StepContext {
-                    attempt: self.steps[i].attempts,
-                    ..ctx
-                };
-                let outcome = tokio::select! {
-                    r = tokio::time::timeout(timeout, call.call(&ctx)) => Some(r),
-                    _ = self.lost.cancelled() => None,
-                    _ = abandon.cancelled() => {
-                        tracing::warn!(process = %self.c.id, step = %name, "shutdown grace over: abandoning the call in flight; its outcome stays unknown");
-                        self.process_change(ProcessChange::Release, "released at shutdown").await?;
-                        return Ok(Some(TurnEnd::Released));
-                    }
-                };
-                let Some(outcome) = outcome else {
-                    tracing::warn!(process = %self.c.id, step = %name, "lease lost during the call: its result is discarded (fenced)");
-                    return Err(Fenced.into());
-                };
-                match outcome {
-                    Ok(Ok(done)) => {
-                        self.external_succeeded(i, done, StepStatus::Succeeded.as_str(), started)
-                            .await
-                    }
-                    // This attempt repeated one of unknown outcome with the same key. A transient
-                    // error (a 503 before the remote looked at the key, a refused connection)
-                    // says nothing about that earlier attempt: the outcome stays unknown, so the
-                    // step stays in doubt (stored as `unknown`, also for the next owner) and
-                    // running out of attempts ends in review, never in a failure whose
-                    // compensation would treat the remote as if it had not acted. (A queryable
-                    // remote's doubt was settled by the lookup before this call; a remote with
-                    // neither was not called again.)
-                    Ok(Err(e))
-                        if doubt
-                            && remote == Remote::HonoursKey
-                            && e.class == ErrorClass::Transient =>
-                    {
-                        let e = StepError::unknown(format!(
-                            "{}; the outcome of an earlier attempt is still unknown",
-                            e.message
-                        ));
-                        self.record_error(i, e, false, retry, started).await
-                    }
-                    Ok(Err(e)) => self.record_error(i, e, false, retry, started).await,
-                    Err(_) => {
-                        let e = StepError::unknown(format!(
-                            "no answer within {timeout:?}; the remote may have acted"
-                        ));
-                        self.record_error(i, e, false, retry, started).await
-                    }
-                }
+                self.run_external(i, &ext, abandon).await
+            }
+        }
+    }
+
+    /// External step `i`, in its phases: settle the doubt an earlier attempt left, check the
+    /// budget, begin the attempt (committed before the call), call, record the outcome.
+    async fn run_external(
+        &mut self,
+        i: usize,
+        ext: &External,
+        abandon: &CancellationToken,
+    ) -> Result<Option<TurnEnd>, WriteError> {
+        if ext.doubt
+            && let ControlFlow::Break(end) = self.resolve_doubt(i, ext).await?
+        {
+            return Ok(end);
+        }
+        if let ControlFlow::Break(end) = self.check_budget(i, ext).await? {
+            return Ok(end);
+        }
+        self.begin_attempt(i, ext.doubt).await?;
+        let Some(outcome) = self.call(i, ext, abandon).await? else {
+            return Ok(Some(TurnEnd::Released));
+        };
+        self.record_outcome(i, ext, outcome).await
+    }
+
+    /// The previous attempt's outcome is unknown: what happens depends on the remote. One that
+    /// offers neither a key nor a query goes to review; a queryable one is asked first
+    /// ([`Self::query_in_doubt`]); one that honours the key is called again with it.
+    async fn resolve_doubt(
+        &mut self,
+        i: usize,
+        ext: &External,
+    ) -> Result<ControlFlow<Option<TurnEnd>>, WriteError> {
+        let name = self.steps[i].name.clone();
+        match ext.remote {
+            Remote::Neither => {
+                events::unknown_outcome(&self.c.kind, &name, StepStatus::ManualReview.as_str());
+                let reason = format!(
+                    "outcome of attempt {} of {name} is unknown and the remote offers neither an idempotency key nor a status query",
+                    self.steps[i].attempts
+                );
+                self.review_unknown(i, &reason, &reason).await
+            }
+            Remote::Queryable => {
+                events::unknown_outcome(&self.c.kind, &name, "query");
+                self.query_in_doubt(i, ext).await
+            }
+            Remote::HonoursKey => {
+                events::unknown_outcome(&self.c.kind, &name, "retry_with_key");
+                Ok(ControlFlow::Continue(()))
+            }
+        }
+    }
+
+    /// Asks a queryable remote by operation id whether the attempt in doubt happened: found is
+    /// success, not found calls again, anything else is a person's decision (or, a transient
+    /// failure of the lookup itself, a retry later with the outcome still unknown).
+    async fn query_in_doubt(
+        &mut self,
+        i: usize,
+        ext: &External,
+    ) -> Result<ControlFlow<Option<TurnEnd>>, WriteError> {
+        let ctx = self.context(i);
+        let name = self.steps[i].name.clone();
+        self.conn = None; // back to the pool for the query's duration
+        let q = tokio::time::timeout(ext.timeout, ext.call.query(&ctx)).await;
+        let end = match q {
+            Ok(Ok(Lookup::Found(done))) => {
+                let why = "found at the remote by operation id after an unknown outcome";
+                self.external_succeeded(i, done, why, ext.started).await?
+            }
+            Ok(Ok(Lookup::NotFound)) => {
+                tracing::info!(process = %self.c.id(), step = %name, "not found at the remote; calling again");
+                return Ok(ControlFlow::Continue(()));
+            }
+            Ok(Ok(Lookup::Inconclusive(m))) => {
+                let reason =
+                    format!("outcome of {name} unknown and the status query was inconclusive: {m}");
+                return self.review_unknown(i, &m, &reason).await;
+            }
+            Ok(Err(e))
+                if e.class == ErrorClass::Transient
+                    && self.steps[i].attempts < self.steps[i].max_attempts =>
+            {
+                // The lookup itself can be retried later; the outcome stays unknown.
+                let e = StepError::unknown(format!("status query failed: {}", e.message));
+                self.record_error(i, e, false, ext.retry, ext.started)
+                    .await?
+            }
+            Ok(Err(e)) => {
+                let reason = format!(
+                    "outcome of {name} unknown and the status query failed: {}",
+                    e.message
+                );
+                return self.review_unknown(i, &e.message, &reason).await;
+            }
+            Err(_) => {
+                let reason = format!("outcome of {name} unknown and the status query timed out");
+                return self.review_unknown(i, &reason, &reason).await;
+            }
+        };
+        Ok(ControlFlow::Break(end))
+    }
+
+    /// Step `i` goes to review with an unknown outcome (`message`): the turn ends, parked.
+    async fn review_unknown(
+        &mut self,
+        i: usize,
+        message: &str,
+        reason: &str,
+    ) -> Result<ControlFlow<Option<TurnEnd>>, WriteError> {
+        self.review(i, Some(ErrorClass::Unknown), Some(message), false, reason)
+            .await?;
+        Ok(ControlFlow::Break(Some(TurnEnd::Parked)))
+    }
+
+    /// Budget: a step out of attempts (or past its policy's deadline) is not called again. An
+    /// unknown outcome that cannot be retried goes to review, never to failed.
+    async fn check_budget(
+        &mut self,
+        i: usize,
+        ext: &External,
+    ) -> Result<ControlFlow<Option<TurnEnd>>, WriteError> {
+        let s = &self.steps[i];
+        let spent = decide::budget_spent(
+            s.attempts,
+            s.max_attempts,
+            s.first_attempt_at,
+            ext.retry.deadline,
+            Utc::now(),
+        );
+        let Some(why) = spent else {
+            return Ok(ControlFlow::Continue(()));
+        };
+        if ext.doubt {
+            let reason = format!("{why} with the outcome of {} unknown", s.name);
+            return self.review_unknown(i, &reason, &reason).await;
+        }
+        let e = StepError::new(
+            s.error_class
+                .as_deref()
+                .and_then(ErrorClass::parse)
+                .unwrap_or(ErrorClass::Transient),
+            format!("{why} after {} attempts", s.attempts),
+        );
+        Ok(ControlFlow::Break(self.fail(i, e, false).await?))
+    }
+
+    /// Commits the attempt's beginning (so a crash mid-call leaves the step in doubt), and counts
+    /// it in the turn's copy of the step.
+    async fn begin_attempt(&mut self, i: usize, doubt: bool) -> Result<(), WriteError> {
+        let s = &self.steps[i];
+        let reason = if doubt {
+            format!("attempt {} after an unknown outcome", s.attempts + 1)
+        } else {
+            format!("attempt {}", s.attempts + 1)
+        };
+        let seq = s.seq;
+        let mut conn = self.take().await?;
+        self.c
+            .lease
+            .change_step(&mut *conn, seq, &StepChange::Begin { reason: &reason })
+            .await?;
+        // Back to the pool for the call's duration (heartbeats need pool connections).
+        drop(conn);
+        let s = &mut self.steps[i];
+        s.status = StepStatus::Running;
+        s.attempts += 1;
+        if s.first_attempt_at.is_none() {
+            s.first_attempt_at = Some(Utc::now());
+        }
+        Ok(())
+    }
+
+    /// Calls the remote, within the step's timeout, unless the lease is lost meanwhile (then the
+    /// result is discarded: fenced) or the shutdown's grace ends (then the process is released
+    /// with the outcome unknown, and `None` says so).
+    async fn call(
+        &mut self,
+        i: usize,
+        ext: &External,
+        abandon: &CancellationToken,
+    ) -> Result<Option<CallOutcome>, WriteError> {
+        let ctx = StepContext {
+            attempt: self.steps[i].attempts,
+            ..self.context(i)
+        };
+        let name = &self.steps[i].name;
+        tokio::select! {
+            r = tokio::time::timeout(ext.timeout, ext.call.call(&ctx)) => Ok(Some(r)),
+            _ = self.lost.cancelled() => {
+                tracing::warn!(process = %self.c.id(), step = %name, "lease lost during the call: its result is discarded (fenced)");
+                Err(Fenced.into())
+            }
+            _ = abandon.cancelled() => {
+                tracing::warn!(process = %self.c.id(), step = %name, "shutdown grace over: abandoning the call in flight; its outcome stays unknown");
+                self.process_change(ProcessChange::Release, "released at shutdown").await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Records what the call answered: success, or an error ([`Self::record_error`]).
+    async fn record_outcome(
+        &mut self,
+        i: usize,
+        ext: &External,
+        outcome: CallOutcome,
+    ) -> Result<Option<TurnEnd>, WriteError> {
+        let (retry, started) = (ext.retry, ext.started);
+        match outcome {
+            Ok(Ok(done)) => {
+                self.external_succeeded(i, done, StepStatus::Succeeded.as_str(), started)
+                    .await
+            }
+            // This attempt repeated one of unknown outcome with the same key. A transient error
+            // (a 503 before the remote looked at the key, a refused connection) says nothing
+            // about that earlier attempt: the outcome stays unknown, so the step stays in doubt
+            // (stored as `unknown`, also for the next owner) and running out of attempts ends in
+            // review, never in a failure whose compensation would treat the remote as if it had
+            // not acted. (A queryable remote's doubt was settled by the lookup before this call;
+            // a remote with neither was not called again.)
+            Ok(Err(e))
+                if ext.doubt
+                    && ext.remote == Remote::HonoursKey
+                    && e.class == ErrorClass::Transient =>
+            {
+                let e = StepError::unknown(format!(
+                    "{}; the outcome of an earlier attempt is still unknown",
+                    e.message
+                ));
+                self.record_error(i, e, false, retry, started).await
+            }
+            Ok(Err(e)) => self.record_error(i, e, false, retry, started).await,
+            Err(_) => {
+                let e = StepError::unknown(format!(
+                    "no answer within {:?}; the remote may have acted",
+                    ext.timeout
+                ));
+                self.record_error(i, e, false, retry, started).await
             }
         }
     }
 
     /// Wait step `i`: takes the event stored for its key if there is one; otherwise parks the
     /// process until the deadline (or the next query's backoff) unless a signal wakes it first;
-    /// past them, queries a queryable remote (or goes to manual review).
+    /// past them, queries a queryable remote (or goes to manual review): [`Self::wait_longer`].
     async fn run_wait(
         &mut self,
         i: usize,
@@ -700,13 +684,8 @@ impl Run<'_> {
         if let Some(outcome) = wait.already(&ctx) {
             return match outcome {
                 Ok(done) => {
-                    self.external_succeeded(
-                        i,
-                        done,
-                        "the outcome was known without waiting",
-                        started,
-                    )
-                    .await
+                    let why = "the outcome was known without waiting";
+                    self.external_succeeded(i, done, why, started).await
                 }
                 Err(e) => self.record_error(i, e, false, retry, started).await,
             };
@@ -726,7 +705,7 @@ impl Run<'_> {
             },
         };
         let mut conn = self.take().await?;
-        let event = store::event(&mut conn, &self.sh.schema, &key).await?;
+        let event = self.c.lease.event(&mut conn, &key).await?;
         self.put(conn);
         if let Some(payload) = event {
             events::wait_ended(&self.c.kind, &self.steps[i].name, "event");
@@ -738,13 +717,34 @@ impl Run<'_> {
                 Err(e) => self.record_error(i, e, false, retry, started).await,
             };
         }
+        let w = Wait {
+            remote,
+            deadline,
+            wait,
+            retry,
+            timeout,
+            started,
+            key,
+        };
+        self.wait_longer(i, &w, &ctx).await
+    }
+
+    /// No event for wait step `i` yet: it begins waiting, or waits on while its deadline (or
+    /// its next query) is ahead; past it, the remote is asked ([`Self::query_wait`]) where it
+    /// can be and has budget left, or a person decides.
+    async fn wait_longer(
+        &mut self,
+        i: usize,
+        w: &Wait,
+        ctx: &StepContext,
+    ) -> Result<Option<TurnEnd>, WriteError> {
         let now = Utc::now();
         let s = &self.steps[i];
-        let name = s.name.clone();
+        let (name, key) = (s.name.clone(), &w.key);
         if s.wait_key.is_none() {
             let until =
-                now + chrono::Duration::from_std(deadline).unwrap_or(chrono::TimeDelta::MAX);
-            return self.park(i, Some(&key), until, true).await;
+                now + chrono::Duration::from_std(w.deadline).unwrap_or(chrono::TimeDelta::MAX);
+            return self.park(i, Some(key), until, true).await;
         }
         let due = if s.status == StepStatus::Retryable {
             s.next_attempt_at
@@ -754,37 +754,47 @@ impl Run<'_> {
         if let Some(due) = due
             && due > now
         {
-            return self.park(i, Some(&key), due, false).await;
+            return self.park(i, Some(key), due, false).await;
         }
-        if remote != Remote::Queryable {
-            events::wait_ended(&self.c.kind, &name, StepStatus::ManualReview.as_str());
-            let reason = format!(
+        let reason = if w.remote != Remote::Queryable {
+            format!(
                 "no event for {key} by the deadline of {name}, and the remote cannot be queried"
-            );
-            self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason)
-                .await?;
-            return Ok(Some(TurnEnd::Parked));
-        }
-        let over_deadline = retry
-            .deadline
-            .zip(s.first_attempt_at)
-            .is_some_and(|(d, first)| {
-                first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX) <= now
-            });
-        if s.attempts >= s.max_attempts || over_deadline {
-            events::wait_ended(&self.c.kind, &name, StepStatus::ManualReview.as_str());
-            let reason = format!(
+            )
+        } else if decide::budget_spent(
+            s.attempts,
+            s.max_attempts,
+            s.first_attempt_at,
+            w.retry.deadline,
+            now,
+        )
+        .is_some()
+        {
+            format!(
                 "no event for {key} and no outcome from the remote after {} attempts of {name}",
                 s.attempts
-            );
-            self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason)
-                .await?;
-            return Ok(Some(TurnEnd::Parked));
-        }
-        events::unknown_outcome(&self.c.kind, &name, "query");
+            )
+        } else {
+            events::unknown_outcome(&self.c.kind, &name, "query");
+            return self.query_wait(i, w, ctx).await;
+        };
+        events::wait_ended(&self.c.kind, &name, StepStatus::ManualReview.as_str());
+        self.review(i, Some(ErrorClass::Unknown), Some(&reason), false, &reason)
+            .await?;
+        Ok(Some(TurnEnd::Parked))
+    }
+
+    /// Wait step `i` is past its deadline: asks the queryable remote by the wait's key.
+    async fn query_wait(
+        &mut self,
+        i: usize,
+        w: &Wait,
+        ctx: &StepContext,
+    ) -> Result<Option<TurnEnd>, WriteError> {
+        let (name, key, started) = (self.steps[i].name.clone(), &w.key, w.started);
         self.conn = None; // back to the pool for the query's duration
-        let q = tokio::time::timeout(timeout, wait.query(&ctx, &key)).await;
+        let q = tokio::time::timeout(w.timeout, w.wait.query(ctx, key)).await;
         let review = |m: String| format!("no event for {key} by the deadline of {name}; {m}");
+        let review_status = StepStatus::ManualReview.as_str();
         match q {
             Ok(Ok(Lookup::Found(done))) => {
                 events::wait_ended(&self.c.kind, &name, "query");
@@ -792,14 +802,14 @@ impl Run<'_> {
                 self.external_succeeded(i, done, &reason, started).await
             }
             Ok(Ok(Lookup::NotFound)) => {
-                events::wait_ended(&self.c.kind, &name, StepStatus::ManualReview.as_str());
+                events::wait_ended(&self.c.kind, &name, review_status);
                 let reason = review("the remote has no record of it".into());
                 self.review(i, Some(ErrorClass::Unknown), Some(&reason), true, &reason)
                     .await?;
                 Ok(Some(TurnEnd::Parked))
             }
             Ok(Ok(Lookup::Inconclusive(m))) => {
-                events::wait_ended(&self.c.kind, &name, StepStatus::ManualReview.as_str());
+                events::wait_ended(&self.c.kind, &name, review_status);
                 let reason = review(format!("the status query was inconclusive: {m}"));
                 self.review(i, Some(ErrorClass::Unknown), Some(&m), true, &reason)
                     .await?;
@@ -811,11 +821,12 @@ impl Run<'_> {
             }
             Ok(Err(e)) => {
                 let e = StepError::unknown(format!("status query: {}", e.message));
-                self.record_error(i, e, true, retry, started).await
+                self.record_error(i, e, true, w.retry, started).await
             }
             Err(_) => {
-                let e = StepError::unknown(format!("status query: no answer within {timeout:?}"));
-                self.record_error(i, e, true, retry, started).await
+                let e =
+                    StepError::unknown(format!("status query: no answer within {:?}", w.timeout));
+                self.record_error(i, e, true, w.retry, started).await
             }
         }
     }
@@ -867,40 +878,28 @@ impl Run<'_> {
                 .bind(key)
                 .execute(&mut *tx)
                 .await?;
-            if store::event(&mut tx, &self.sh.schema, key).await?.is_some() {
+            if self.c.lease.event(&mut tx, key).await?.is_some() {
                 tx.rollback().await?;
                 self.put(conn);
                 return Ok(None);
             }
         }
-        store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
+        self.c.lease.fence(&mut tx).await?;
         let name = self.steps[i].name.clone();
         let reason = match key {
             Some(key) => format!("{name} waits for event {key} until {}", until.to_rfc3339()),
             None => format!("{name} continues at {}", until.to_rfc3339()),
         };
         if first {
-            store::begin_wait(
-                &mut tx,
-                &self.sh.schema,
-                self.c.id,
-                self.c.token,
-                self.steps[i].seq,
-                key,
-                until,
-                &reason,
-            )
-            .await?;
+            self.c
+                .lease
+                .begin_wait(&mut tx, self.steps[i].seq, key, until, &reason)
+                .await?;
         }
-        store::change_process(
-            &mut tx,
-            &self.sh.schema,
-            self.c.id,
-            self.c.token,
-            ProcessChange::WaitUntil(next),
-            &reason,
-        )
-        .await?;
+        self.c
+            .lease
+            .change_process(&mut tx, ProcessChange::WaitUntil(next), &reason)
+            .await?;
         tx.commit().await?;
         self.put(conn);
         if first {
@@ -920,33 +919,27 @@ impl Run<'_> {
     }
 
     /// Step `i` (local) and the local steps right after it in this phase that are due now, at
-    /// most `local_group` of them (fewer after a step of a longer group failed).
+    /// most `local_group` of them (fewer after a step of a longer group failed):
+    /// [`decide::local_group`].
     fn local_group(&mut self, i: usize, first: LocalAction) -> Vec<(usize, LocalAction)> {
         let max = match self.group_cap.take() {
             Some((first, len)) if first == i => len,
             _ => self.sh.local_group,
-        }
-        .max(1);
-        let role = self.steps[i].role;
-        let now = Utc::now();
-        let past_deadline = self.phase == Phase::Forward
-            && self.c.deadline_at.is_some_and(|deadline| deadline <= now);
+        };
+        let local = |j| matches!(self.action(j), Some((Action::Local(_), _, _)));
+        let at = decide::local_group(
+            &self.steps,
+            i,
+            max,
+            self.phase,
+            self.c.deadline_at,
+            Utc::now(),
+            local,
+        );
         let mut group = vec![(i, first)];
-        for (j, s) in self.steps.iter().enumerate().skip(i + 1) {
-            if group.len() >= max || past_deadline {
-                break;
-            }
-            if s.role != role || s.status == StepStatus::Succeeded {
-                continue;
-            }
-            let due = s.status == StepStatus::Pending
-                || (s.status == StepStatus::Retryable
-                    && s.next_attempt_at.is_none_or(|at| at <= now));
-            match self.action(j) {
-                Some((Action::Local(step), retry, timeout)) if due => {
-                    group.push((j, (step, retry, timeout)));
-                }
-                _ => break,
+        for j in at.into_iter().skip(1) {
+            if let Some((Action::Local(step), retry, timeout)) = self.action(j) {
+                group.push((j, (step, retry, timeout)));
             }
         }
         group
@@ -1001,44 +994,10 @@ impl Run<'_> {
             for ((j, _), row) in group.iter().zip(saved) {
                 self.steps[*j] = row;
             }
-            if k == 0 {
-                return self.record_error(j, e, true, retry, started).await;
-            }
-            tracing::debug!(process = %self.c.id, step = %self.steps[j].name, error = %e.message, "a step of a local group failed; running the steps before it alone first");
-            self.group_cap = Some((i, k));
-            return Ok(None);
+            return self.local_failed(i, k, j, e, retry, started).await;
         }
-        let successes: Vec<store::LocalSuccess<'_>> = done
-            .iter()
-            .map(|(j, d, _)| store::LocalSuccess {
-                seq: self.steps[*j].seq,
-                reference: &d.reference,
-                output: d.output.as_ref(),
-            })
-            .collect();
-        let role = self.steps[i].role;
-        let finish = (!self
-            .steps
-            .iter()
-            .any(|s| s.role == role && s.status != StepStatus::Succeeded))
-        .then_some(match self.phase {
-            Phase::Forward => (store::Finish::Succeeded, "every step succeeded"),
-            Phase::Compensating => (store::Finish::Compensated, "every compensation succeeded"),
-        });
-        let fenced = store::checkpoint_local(
-            &mut tx,
-            &self.sh.schema,
-            self.c.id,
-            self.c.token,
-            &successes,
-            finish,
-        )
-        .await;
-        if let Err(WriteError::Fenced(_)) = fenced {
-            events::fenced(&self.c.kind);
-            tracing::warn!(process = %self.c.id, step = %self.steps[i].name, "checkpoint fenced off: another worker holds the lease; the effects are rolled back");
-        }
-        fenced?;
+        let finish = decide::all_succeeded(&self.steps, self.steps[i].role).then_some(self.phase);
+        self.checkpoint(&mut tx, i, &done, finish).await?;
         tx.commit().await?;
         self.put(conn);
         for (j, _, took) in &done {
@@ -1050,14 +1009,59 @@ impl Run<'_> {
                 *took,
             );
         }
-        if let Some((end, _)) = finish {
-            self.finished(match end {
-                store::Finish::Succeeded => ProcessChange::Succeeded,
-                store::Finish::Compensated => ProcessChange::Compensated,
-            });
+        if let Some(phase) = finish {
+            self.finished(phase.end().0);
             return Ok(Some(TurnEnd::Finished));
         }
         Ok(None)
+    }
+
+    /// Step `j`, the `k`-th of the local group from step `i`, failed with `e` (the group rolled
+    /// back): alone, its error is recorded; in a group, the steps before it run again first.
+    async fn local_failed(
+        &mut self,
+        i: usize,
+        k: usize,
+        j: usize,
+        e: StepError,
+        retry: RetryPolicy,
+        started: Instant,
+    ) -> Result<Option<TurnEnd>, WriteError> {
+        if k == 0 {
+            return self.record_error(j, e, true, retry, started).await;
+        }
+        tracing::debug!(process = %self.c.id(), step = %self.steps[j].name, error = %e.message, "a step of a local group failed; running the steps before it alone first");
+        self.group_cap = Some((i, k));
+        Ok(None)
+    }
+
+    /// The fenced checkpoint of the local group from step `i` whose effects ran in `tx`, and with
+    /// `finish` the end of the process: every step of the phase succeeded.
+    async fn checkpoint(
+        &mut self,
+        tx: &mut sqlx::PgConnection,
+        i: usize,
+        done: &[(usize, Done, Duration)],
+        finish: Option<Phase>,
+    ) -> Result<(), WriteError> {
+        let successes: Vec<store::LocalSuccess<'_>> = done
+            .iter()
+            .map(|(j, d, _)| store::LocalSuccess {
+                seq: self.steps[*j].seq,
+                reference: &d.reference,
+                output: d.output.as_ref(),
+            })
+            .collect();
+        let finish = finish.map(|phase| match phase {
+            Phase::Forward => (store::Finish::Succeeded, phase.end().1),
+            Phase::Compensating => (store::Finish::Compensated, phase.end().1),
+        });
+        let fenced = self.c.lease.checkpoint_local(tx, &successes, finish).await;
+        if let Err(WriteError::Fenced(_)) = fenced {
+            events::fenced(&self.c.kind);
+            tracing::warn!(process = %self.c.id(), step = %self.steps[i].name, "checkpoint fenced off: another worker holds the lease; the effects are rolled back");
+        }
+        fenced
     }
 
     fn mark_succeeded(&mut self, i: usize, remote: bool, done: Done) {
@@ -1080,27 +1084,27 @@ impl Run<'_> {
         reason: &str,
         started: Instant,
     ) -> Result<Option<TurnEnd>, WriteError> {
-        let last = self.is_last(i);
+        let last = decide::is_last(&self.steps, i);
         let mut conn = self.take().await?;
         let mut tx = conn.begin().await?;
-        let fenced = store::change_step(
-            &mut *tx,
-            &self.sh.schema,
-            self.c.id,
-            self.c.token,
-            self.steps[i].seq,
-            &StepChange::Succeeded {
-                remote: true,
-                reference: &redact::truncate(&done.reference, 500),
-                output: done.output.as_ref(),
-                count_attempt: false,
-                reason,
-            },
-        )
-        .await;
+        let fenced = self
+            .c
+            .lease
+            .change_step(
+                &mut *tx,
+                self.steps[i].seq,
+                &StepChange::Succeeded {
+                    remote: true,
+                    reference: &redact::truncate(&done.reference, 500),
+                    output: done.output.as_ref(),
+                    count_attempt: false,
+                    reason,
+                },
+            )
+            .await;
         if let Err(WriteError::Fenced(_)) = fenced {
             events::fenced(&self.c.kind);
-            tracing::warn!(process = %self.c.id, step = %self.steps[i].name, "completion fenced off: another worker holds the lease");
+            tracing::warn!(process = %self.c.id(), step = %self.steps[i].name, "completion fenced off: another worker holds the lease");
         }
         fenced?;
         let finish = last.then_some(match self.phase {
@@ -1108,15 +1112,10 @@ impl Run<'_> {
             Phase::Compensating => ProcessChange::Compensated,
         });
         if let Some(change) = finish {
-            store::change_process(
-                &mut tx,
-                &self.sh.schema,
-                self.c.id,
-                self.c.token,
-                change,
-                "every step succeeded",
-            )
-            .await?;
+            self.c
+                .lease
+                .change_process(&mut tx, change, "every step succeeded")
+                .await?;
         }
         tx.commit().await?;
         self.put(conn);
@@ -1135,7 +1134,8 @@ impl Run<'_> {
         Ok(None)
     }
 
-    /// A step attempt failed with `e`: retry, fail (and compensate) or review, by class and budget.
+    /// A step attempt failed with `e`: retry, fail (and compensate) or review, by class and budget
+    /// ([`decide::after_error`]).
     async fn record_error(
         &mut self,
         i: usize,
@@ -1145,7 +1145,6 @@ impl Run<'_> {
         started: Instant,
     ) -> Result<Option<TurnEnd>, WriteError> {
         let s = &self.steps[i];
-        let attempts = s.attempts + i32::from(count_attempt);
         let message = redact::message(&e.message);
         let class = e.class;
         events::step_attempt(
@@ -1155,49 +1154,24 @@ impl Run<'_> {
             class.as_str(),
             started.elapsed(),
         );
-        if class == ErrorClass::Unknown && s.remote == Some(Remote::Neither) {
-            events::unknown_outcome(&self.c.kind, &s.name, StepStatus::ManualReview.as_str());
-            let reason = format!(
-                "outcome of {} unknown ({message}) and the remote offers neither key nor query",
-                s.name
-            );
-            self.review(i, Some(class), Some(&message), count_attempt, &reason)
-                .await?;
-            return Ok(Some(TurnEnd::Parked));
-        }
-        if class == ErrorClass::Permanent {
-            return self
-                .fail(i, StepError::permanent(message), count_attempt)
-                .await;
-        }
         let now = Utc::now();
-        let at = now
-            + chrono::Duration::from_std(retry.delay_after(attempts))
-                .unwrap_or(chrono::TimeDelta::zero());
-        let first = s.first_attempt_at.unwrap_or(now);
-        let past_deadline = retry.deadline.is_some_and(|d| {
-            first + chrono::Duration::from_std(d).unwrap_or(chrono::TimeDelta::MAX) <= at
-        });
-        if attempts >= s.max_attempts || past_deadline {
-            let why = if past_deadline {
-                "deadline passed"
-            } else {
-                "attempts exhausted"
+        let (at, attempts) =
+            match decide::after_error(s, class, &message, count_attempt, &retry, now) {
+                AfterError::Review {
+                    reason,
+                    unknown_outcome,
+                } => {
+                    if unknown_outcome {
+                        let review = StepStatus::ManualReview.as_str();
+                        events::unknown_outcome(&self.c.kind, &s.name, review);
+                    }
+                    self.review(i, Some(class), Some(&message), count_attempt, &reason)
+                        .await?;
+                    return Ok(Some(TurnEnd::Parked));
+                }
+                AfterError::Fail(e) => return self.fail(i, e, count_attempt).await,
+                AfterError::Retry { at, attempts } => (at, attempts),
             };
-            if class == ErrorClass::Unknown || s.role == Role::Compensation {
-                let reason = format!("{why} ({attempts} attempts) for {}: {message}", s.name);
-                self.review(i, Some(class), Some(&message), count_attempt, &reason)
-                    .await?;
-                return Ok(Some(TurnEnd::Parked));
-            }
-            return self
-                .fail(
-                    i,
-                    StepError::new(class, format!("{why} after {attempts} attempts: {message}")),
-                    count_attempt,
-                )
-                .await;
-        }
         let reason = format!(
             "{} error on attempt {attempts}; next attempt at {}",
             class.as_str(),
@@ -1205,21 +1179,14 @@ impl Run<'_> {
         );
         let seq = s.seq;
         let mut conn = self.take().await?;
-        store::change_step(
-            &mut *conn,
-            &self.sh.schema,
-            self.c.id,
-            self.c.token,
-            seq,
-            &StepChange::Retryable {
-                class: class.as_str(),
-                message: &message,
-                at,
-                count_attempt,
-                reason: &reason,
-            },
-        )
-        .await?;
+        let change = StepChange::Retryable {
+            class: class.as_str(),
+            message: &message,
+            at,
+            count_attempt,
+            reason: &reason,
+        };
+        self.c.lease.change_step(&mut *conn, seq, &change).await?;
         self.put(conn);
         let s = &mut self.steps[i];
         s.status = StepStatus::Retryable;
@@ -1253,21 +1220,20 @@ impl Run<'_> {
         );
         let mut conn = self.take().await?;
         let mut tx = conn.begin().await?;
-        store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
-        store::change_step(
-            &mut *tx,
-            &self.sh.schema,
-            self.c.id,
-            self.c.token,
-            self.steps[i].seq,
-            &StepChange::Failed {
-                class: e.class.as_str(),
-                message: &message,
-                count_attempt,
-                reason: &reason,
-            },
-        )
-        .await?;
+        self.c.lease.fence(&mut tx).await?;
+        self.c
+            .lease
+            .change_step(
+                &mut *tx,
+                self.steps[i].seq,
+                &StepChange::Failed {
+                    class: e.class.as_str(),
+                    message: &message,
+                    count_attempt,
+                    reason: &reason,
+                },
+            )
+            .await?;
         self.steps[i].status = StepStatus::Failed;
         let end = self.begin_compensation(&mut tx, &reason).await?;
         tx.commit().await?;
@@ -1284,63 +1250,46 @@ impl Run<'_> {
 
     /// Inside a fenced transaction: adds compensations for the forward steps that succeeded, in
     /// reverse order, and moves the process to compensating; or fails it if there is nothing to
-    /// undo. Returns the change made.
+    /// undo ([`decide::compensation_plan`]). Returns the change made.
     async fn begin_compensation(
         &mut self,
         tx: &mut sqlx::PgConnection,
         reason: &str,
     ) -> Result<ProcessChange, WriteError> {
-        let mut comps = Vec::new();
-        for s in self.steps.iter().rev() {
-            if s.role != Role::Forward || s.status != StepStatus::Succeeded {
-                continue;
-            }
-            if self
-                .steps
-                .iter()
-                .any(|o| o.role == Role::Compensation && o.acts_on == Some(s.seq))
-            {
-                continue;
-            }
-            if let Some(c) = self
-                .def
-                .step_named(&s.name)
+        let compensation = |name: &str| {
+            self.def
+                .step_named(name)
                 .and_then(|d| d.compensation.as_ref())
-            {
-                comps.push(store::NewCompensation {
+        };
+        let plan = match decide::compensation_plan(&self.steps, |s| compensation(&s.name).is_some())
+        {
+            Undo::Nothing => {
+                let lease = &self.c.lease;
+                lease
+                    .change_process(tx, ProcessChange::Failed, reason)
+                    .await?;
+                return Ok(ProcessChange::Failed);
+            }
+            Undo::Compensate(plan) => plan,
+        };
+        let comps: Vec<store::NewCompensation> = plan
+            .into_iter()
+            .filter_map(|s| {
+                compensation(&s.name).map(|c| store::NewCompensation {
                     acts_on: s.seq,
                     name: s.name.clone(),
                     execution: c.action.execution(),
                     remote: c.action.remote().map(|r| r.as_str()),
                     sensitive: c.sensitive,
                     max_attempts: c.retry.max_attempts.max(1),
-                });
-            }
-        }
-        let has_existing = self.steps.iter().any(|o| o.role == Role::Compensation);
-        if comps.is_empty() && !has_existing {
-            store::change_process(
-                tx,
-                &self.sh.schema,
-                self.c.id,
-                self.c.token,
-                ProcessChange::Failed,
-                reason,
-            )
+                })
+            })
+            .collect();
+        let lease = &self.c.lease;
+        lease.add_compensations(tx, &comps, reason).await?;
+        lease
+            .change_process(tx, ProcessChange::Compensating, reason)
             .await?;
-            return Ok(ProcessChange::Failed);
-        }
-        store::add_compensations(tx, &self.sh.schema, self.c.id, self.c.token, &comps, reason)
-            .await?;
-        store::change_process(
-            tx,
-            &self.sh.schema,
-            self.c.id,
-            self.c.token,
-            ProcessChange::Compensating,
-            reason,
-        )
-        .await?;
         Ok(ProcessChange::Compensating)
     }
 
@@ -1354,7 +1303,7 @@ impl Run<'_> {
         }
         self.phase = Phase::Compensating;
         let mut conn = self.take().await?;
-        self.steps = store::steps(&mut conn, &self.sh.schema, self.c.id).await?;
+        self.steps = self.c.lease.steps(&mut conn).await?;
         self.put(conn);
         Ok(None)
     }
@@ -1371,36 +1320,30 @@ impl Run<'_> {
         let message = message.map(redact::message);
         let mut conn = self.take().await?;
         let mut tx = conn.begin().await?;
-        store::fence(&mut tx, &self.sh.schema, self.c.id, self.c.token).await?;
+        self.c.lease.fence(&mut tx).await?;
         if self.steps[i].status != StepStatus::ManualReview {
-            store::change_step(
-                &mut *tx,
-                &self.sh.schema,
-                self.c.id,
-                self.c.token,
-                self.steps[i].seq,
-                &StepChange::Review {
-                    class: class.map(|c| c.as_str()),
-                    message: message.as_deref(),
-                    count_attempt,
-                    reason,
-                },
-            )
-            .await?;
+            self.c
+                .lease
+                .change_step(
+                    &mut *tx,
+                    self.steps[i].seq,
+                    &StepChange::Review {
+                        class: class.map(|c| c.as_str()),
+                        message: message.as_deref(),
+                        count_attempt,
+                        reason,
+                    },
+                )
+                .await?;
         }
-        store::change_process(
-            &mut tx,
-            &self.sh.schema,
-            self.c.id,
-            self.c.token,
-            ProcessChange::ManualReview,
-            reason,
-        )
-        .await?;
+        self.c
+            .lease
+            .change_process(&mut tx, ProcessChange::ManualReview, reason)
+            .await?;
         tx.commit().await?;
         self.put(conn);
         self.steps[i].status = StepStatus::ManualReview;
-        tracing::warn!(process = %self.c.id, kind = %self.c.kind, step = %self.steps[i].name, reason, "process needs manual review");
+        tracing::warn!(process = %self.c.id(), kind = %self.c.kind, step = %self.steps[i].name, reason, "process needs manual review");
         events::step_attempt(
             &self.c.kind,
             &self.steps[i].name,
@@ -1411,10 +1354,4 @@ impl Run<'_> {
         self.finished(ProcessChange::ManualReview);
         Ok(())
     }
-}
-
-/// The previous attempt may have acted: its worker died mid-call, or it ended without an answer.
-fn in_doubt(s: &StepRow) -> bool {
-    s.status == StepStatus::Running
-        || (s.status == StepStatus::Retryable && s.error_class.as_deref() == Some("unknown"))
 }

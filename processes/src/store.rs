@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use shared::schema::Schema;
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{FromRow, PgConnection, PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -34,16 +34,251 @@ pub enum WriteError {
     Database(#[from] sqlx::Error),
 }
 
+/// The lease a claim took on one process: the schema it lives in, the process and the fencing
+/// token the claim drew. A turn's every write goes through it (as underway hands its
+/// `InProgressTask` around), so no write can name another process or an older token by mistake.
+/// Each write matches the process row only while it carries this token: after a takeover (a new
+/// claim, or an operator's action, drew a newer one) every write returns [`Fenced`] and changes
+/// nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    schema: Schema,
+    id: Uuid,
+    token: i64,
+}
+
+impl Lease {
+    /// The process the lease is on.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
+    /// The fencing token the claim drew.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    /// Extends the lease; `Fenced` if it was taken over.
+    pub async fn heartbeat(&self, pool: &PgPool, lease: Duration) -> Result<(), WriteError> {
+        let r = sqlx::query(self.schema.sql(
+            "UPDATE {{schema}}.processes SET lease_until = now() + make_interval(secs => $3::float8), \
+             next_run_at = now() + make_interval(secs => $3::float8) \
+             WHERE id = $1 AND lease_token = $2 AND lease_owner IS NOT NULL",
+        ))
+        .bind(self.id)
+        .bind(self.token)
+        .bind(lease.as_secs_f64())
+        .execute(pool)
+        .await?;
+        matched(r.rows_affected())
+    }
+
+    /// Locks the process row if the token is still current (the start of every fenced
+    /// transaction).
+    pub async fn fence(&self, conn: &mut PgConnection) -> Result<(), WriteError> {
+        let r = sqlx::query(self.schema.sql(
+            "SELECT 1 AS one FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE",
+        ))
+        .bind(self.id)
+        .bind(self.token)
+        .fetch_optional(&mut *conn)
+        .await?;
+        matched(u64::from(r.is_some()))
+    }
+
+    /// Applies `change` to step `seq`, fenced by the token (alone or inside a fenced
+    /// transaction).
+    pub async fn change_step<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        conn: E,
+        seq: i32,
+        change: &StepChange<'_>,
+    ) -> Result<(), WriteError> {
+        let c = change.columns();
+        let r = sqlx::query(self.schema.sql(STEP_UPDATE))
+            .bind(self.id)
+            .bind(self.token)
+            .bind(seq)
+            .bind(c.status)
+            .bind(c.count_attempt)
+            .bind(c.at)
+            .bind(c.class)
+            .bind(c.message)
+            .bind(c.remote_ref)
+            .bind(c.result_ref)
+            .bind(c.output.map(sqlx::types::Json))
+            .bind(crate::redact::truncate(c.reason, 1000))
+            .execute(conn)
+            .await?;
+        matched(r.rows_affected())
+    }
+
+    /// The checkpoint of local steps whose effects ran in `conn`'s transaction, in one
+    /// statement: every step in `done` becomes succeeded (an attempt counted, its reference as
+    /// the result) and, with `finish`, the process ends and its lease is released. The statement
+    /// takes the fence itself (the process row, locked to commit, must carry the token), so the
+    /// effects commit with their checkpoints or, fenced, not at all: on [`Fenced`] the caller
+    /// must roll back.
+    pub async fn checkpoint_local(
+        &self,
+        conn: &mut PgConnection,
+        done: &[LocalSuccess<'_>],
+        finish: Option<(Finish, &str)>,
+    ) -> Result<(), WriteError> {
+        let seqs: Vec<i32> = done.iter().map(|d| d.seq).collect();
+        let references: Vec<String> = done
+            .iter()
+            .map(|d| crate::redact::truncate(d.reference, 500))
+            .collect();
+        let outputs: Vec<Option<String>> = done
+            .iter()
+            .map(|d| d.output.map(Value::to_string))
+            .collect();
+        let (template, fence) = if finish.is_some() {
+            (
+                CHECKPOINT_FINISH,
+                "EXISTS (SELECT 1 FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2)",
+            )
+        } else {
+            (CHECKPOINT_ONLY, "EXISTS (SELECT 1 FROM fence)")
+        };
+        let sql = template.replace("{{steps}}", &CHECKPOINT_STEPS.replace("{{fence}}", fence));
+        let mut q = sqlx::query(self.schema.sql(&sql))
+            .bind(self.id)
+            .bind(self.token)
+            .bind(&seqs)
+            .bind(&references)
+            .bind(&outputs);
+        if let Some((end, reason)) = finish {
+            q = q
+                .bind(end.status())
+                .bind(crate::redact::truncate(reason, 1000));
+        }
+        let r = q.fetch_one(&mut *conn).await?;
+        let steps: i64 = r.try_get("steps")?;
+        let processes: i64 = r.try_get("processes")?;
+        let all = done.len() as i64;
+        match (steps, processes) {
+            // No step row under our token, or every one but the process row taken over meanwhile.
+            (0, _) => Err(Fenced.into()),
+            (n, 0) if n == all => Err(Fenced.into()),
+            (n, 1) if n == all => Ok(()),
+            // The claim loaded these steps under the same token: a missing row is a bug, never data.
+            (n, p) => Err(WriteError::Database(sqlx::Error::Protocol(format!(
+                "checkpoint matched {n} of {} step rows and {p} process rows",
+                done.len()
+            )))),
+        }
+    }
+
+    /// Applies `change` to the process inside `conn`'s transaction, which must hold the fence.
+    pub async fn change_process(
+        &self,
+        conn: &mut PgConnection,
+        change: ProcessChange,
+        reason: &str,
+    ) -> Result<(), WriteError> {
+        let reason = crate::redact::truncate(reason, 1000);
+        let (status_sql, keep_lease, next) = change.columns();
+        let lease = if keep_lease {
+            ""
+        } else {
+            "lease_owner = NULL, lease_until = NULL,"
+        };
+        let sql = format!(
+            "UPDATE {{{{schema}}}}.processes SET status = {status_sql}, {lease} \
+             next_run_at = CASE WHEN $4::timestamptz IS NOT NULL THEN $4 WHEN $5 THEN next_run_at ELSE now() END, \
+             finished_at = CASE WHEN {status_sql} IN ('succeeded', 'failed', 'compensated') THEN now() END, \
+             last_reason = CASE WHEN {status_sql} = status THEN last_reason ELSE $3 END, \
+             last_actor = 'system', updated_at = now() \
+             WHERE id = $1 AND lease_token = $2"
+        );
+        let r = sqlx::query(self.schema.sql(&sql))
+            .bind(self.id)
+            .bind(self.token)
+            .bind(reason)
+            .bind(next)
+            .bind(keep_lease)
+            .execute(&mut *conn)
+            .await?;
+        matched(r.rows_affected())
+    }
+
+    /// Inserts the compensation steps (already in the order they run), fenced: inside the
+    /// caller's transaction, which it locks to the token first if it did not yet.
+    pub async fn add_compensations(
+        &self,
+        conn: &mut PgConnection,
+        steps: &[NewCompensation],
+        reason: &str,
+    ) -> Result<(), WriteError> {
+        self.fence(conn).await?;
+        add_compensations(conn, &self.schema, self.id, self.token, steps, reason).await?;
+        Ok(())
+    }
+
+    /// A wait or timer step begins waiting (pending -> running, an attempt counted): its key
+    /// (for a wait) and until when, fenced by the token.
+    pub async fn begin_wait(
+        &self,
+        conn: &mut PgConnection,
+        seq: i32,
+        key: Option<&str>,
+        until: DateTime<Utc>,
+        reason: &str,
+    ) -> Result<(), WriteError> {
+        let r = sqlx::query(self.schema.sql(
+            "WITH fence AS (SELECT id FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE) \
+             UPDATE {{schema}}.process_steps SET status = 'running', attempts = attempts + 1, \
+                 first_attempt_at = coalesce(first_attempt_at, now()), last_attempt_at = now(), \
+                 wait_key = $4, wait_since = now(), wait_until = $5, last_reason = $6, \
+                 last_actor = 'system', lease_token = $2, updated_at = now() \
+             WHERE process_id = $1 AND seq = $3 AND EXISTS (SELECT 1 FROM fence)",
+        ))
+        .bind(self.id)
+        .bind(self.token)
+        .bind(seq)
+        .bind(key)
+        .bind(until)
+        .bind(crate::redact::truncate(reason, 1000))
+        .execute(&mut *conn)
+        .await?;
+        matched(r.rows_affected())
+    }
+
+    /// Every step of the process, in order (a read: not fenced).
+    pub async fn steps(&self, conn: &mut PgConnection) -> Result<Vec<StepRow>, sqlx::Error> {
+        steps(conn, &self.schema, self.id).await
+    }
+
+    /// The event stored for `key` by [`crate::signal()`], if any (a read: not fenced).
+    pub async fn event(
+        &self,
+        conn: &mut PgConnection,
+        key: &str,
+    ) -> Result<Option<Value>, sqlx::Error> {
+        event(conn, &self.schema, key).await
+    }
+}
+
+/// A fenced write that matched no row was fenced off.
+fn matched(rows: u64) -> Result<(), WriteError> {
+    if rows == 0 {
+        return Err(Fenced.into());
+    }
+    Ok(())
+}
+
 /// A process a worker claimed.
 #[derive(Debug, Clone)]
 pub struct Claimed {
-    pub id: Uuid,
+    /// The claim's lease: every write of the turn goes through it.
+    pub lease: Lease,
     pub kind: String,
     pub version: i32,
     pub business_key: String,
     pub status: ProcessStatus,
     pub input: Value,
-    pub token: i64,
     pub deadline_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     /// The owner whose expired lease this claim took over, if any.
@@ -53,7 +288,7 @@ pub struct Claimed {
 }
 
 /// One step row as the worker needs it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StepRow {
     pub seq: i32,
     pub name: String,
@@ -74,6 +309,13 @@ pub struct StepRow {
     pub wait_key: Option<String>,
     /// Wait steps: the deadline; timers: when to continue.
     pub wait_until: Option<DateTime<Utc>>,
+}
+
+impl Claimed {
+    /// The claimed process.
+    pub fn id(&self) -> Uuid {
+        self.lease.id()
+    }
 }
 
 impl StepRow {
@@ -141,7 +383,7 @@ pub async fn claim(
     // skipped again after it), as a process whose steps cannot be read always was.
     Ok(rows
         .iter()
-        .filter_map(|r| match claimed(r) {
+        .filter_map(|r| match claimed(r, schema) {
             Ok(c) => Some(c),
             Err(e) => {
                 let id: Option<Uuid> = r.try_get("id").ok();
@@ -152,28 +394,48 @@ pub async fn claim(
         .collect())
 }
 
-fn claimed(r: &PgRow) -> Result<Claimed, sqlx::Error> {
+/// A claimed row as the claim returns it.
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    id: Uuid,
+    kind: String,
+    definition_version: i32,
+    business_key: String,
+    status: ProcessStatus,
+    input: sqlx::types::Json<Value>,
+    lease_token: i64,
+    deadline_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    previous_owner: Option<String>,
+    steps: Option<sqlx::types::Json<Vec<StepColumns>>>,
+}
+
+fn claimed(r: &PgRow, schema: &Schema) -> Result<Claimed, sqlx::Error> {
+    let r = ClaimRow::from_row(r)?;
     Ok(Claimed {
-        id: r.try_get("id")?,
-        kind: r.try_get("kind")?,
-        version: r.try_get("definition_version")?,
-        business_key: r.try_get("business_key")?,
-        status: r.try_get("status")?,
-        input: r.try_get::<sqlx::types::Json<Value>, _>("input")?.0,
-        token: r.try_get("lease_token")?,
-        deadline_at: r.try_get("deadline_at")?,
-        created_at: r.try_get("created_at")?,
-        previous_owner: r.try_get("previous_owner")?,
+        lease: Lease {
+            schema: schema.clone(),
+            id: r.id,
+            token: r.lease_token,
+        },
+        kind: r.kind,
+        version: r.definition_version,
+        business_key: r.business_key,
+        status: r.status,
+        input: r.input.0,
+        deadline_at: r.deadline_at,
+        created_at: r.created_at,
+        previous_owner: r.previous_owner,
         steps: r
-            .try_get::<Option<sqlx::types::Json<Vec<StepJson>>>, _>("steps")?
+            .steps
             .map(|j| j.0.into_iter().map(StepRow::from).collect())
             .unwrap_or_default(),
     })
 }
 
-/// A step row as the claim returns it (`json_agg` of the step columns).
-#[derive(Debug, serde::Deserialize)]
-struct StepJson {
+/// A step row as the claim returns it (`json_agg` of the step columns) and [`steps`] reads it.
+#[derive(Debug, serde::Deserialize, sqlx::FromRow)]
+struct StepColumns {
     seq: i32,
     name: String,
     role: String,
@@ -193,8 +455,8 @@ struct StepJson {
     wait_until: Option<DateTime<Utc>>,
 }
 
-impl From<StepJson> for StepRow {
-    fn from(s: StepJson) -> Self {
+impl From<StepColumns> for StepRow {
+    fn from(s: StepColumns) -> Self {
         StepRow {
             seq: s.seq,
             name: s.name,
@@ -224,7 +486,7 @@ pub async fn unknown_versions(
     kinds: &[String],
     versions: &[i32],
 ) -> Result<Vec<(String, i32, i64)>, sqlx::Error> {
-    let rows = sqlx::query(schema.sql(
+    sqlx::query_as(schema.sql(
         "SELECT p.kind, p.definition_version, count(*) AS n FROM {{schema}}.processes p \
          WHERE p.status IN ('pending', 'running', 'waiting', 'compensating') AND NOT p.paused \
            AND p.next_run_at <= now() \
@@ -234,16 +496,7 @@ pub async fn unknown_versions(
     .bind(kinds)
     .bind(versions)
     .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok((
-                r.try_get("kind")?,
-                r.try_get("definition_version")?,
-                r.try_get("n")?,
-            ))
-        })
-        .collect()
+    .await
 }
 
 const STEP_COLUMNS: &str = "seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts, \
@@ -265,73 +518,7 @@ pub async fn steps(
 }
 
 fn step_row(r: &PgRow) -> Result<StepRow, sqlx::Error> {
-    let role: String = r.try_get("role")?;
-    let remote: Option<String> = r.try_get("remote")?;
-    Ok(StepRow {
-        seq: r.try_get("seq")?,
-        name: r.try_get("name")?,
-        role: Role::parse(&role).unwrap_or(Role::Resolution),
-        acts_on: r.try_get("acts_on")?,
-        remote: remote.as_deref().and_then(Remote::parse),
-        status: r.try_get("status")?,
-        operation_id: r.try_get("operation_id")?,
-        attempts: r.try_get("attempts")?,
-        max_attempts: r.try_get("max_attempts")?,
-        next_attempt_at: r.try_get("next_attempt_at")?,
-        first_attempt_at: r.try_get("first_attempt_at")?,
-        error_class: r.try_get("error_class")?,
-        remote_ref: r.try_get("remote_ref")?,
-        result_ref: r.try_get("result_ref")?,
-        output: r
-            .try_get::<Option<sqlx::types::Json<Value>>, _>("output")?
-            .map(|j| j.0),
-        wait_key: r.try_get("wait_key")?,
-        wait_until: r.try_get("wait_until")?,
-    })
-}
-
-/// Extends the lease; `Fenced` if it was taken over.
-pub async fn heartbeat(
-    pool: &PgPool,
-    schema: &Schema,
-    id: Uuid,
-    token: i64,
-    lease: Duration,
-) -> Result<(), WriteError> {
-    let r = sqlx::query(schema.sql(
-        "UPDATE {{schema}}.processes SET lease_until = now() + make_interval(secs => $3::float8), \
-         next_run_at = now() + make_interval(secs => $3::float8) \
-         WHERE id = $1 AND lease_token = $2 AND lease_owner IS NOT NULL",
-    ))
-    .bind(id)
-    .bind(token)
-    .bind(lease.as_secs_f64())
-    .execute(pool)
-    .await?;
-    if r.rows_affected() == 0 {
-        return Err(Fenced.into());
-    }
-    Ok(())
-}
-
-/// Locks the process row if the token is still current (the start of every fenced transaction).
-pub async fn fence(
-    conn: &mut PgConnection,
-    schema: &Schema,
-    id: Uuid,
-    token: i64,
-) -> Result<(), WriteError> {
-    let r = sqlx::query(schema.sql(
-        "SELECT 1 AS one FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE",
-    ))
-    .bind(id)
-    .bind(token)
-    .fetch_optional(&mut *conn)
-    .await?;
-    match r {
-        Some(_) => Ok(()),
-        None => Err(Fenced.into()),
-    }
+    StepColumns::from_row(r).map(StepRow::from)
 }
 
 /// How a step row changes.
@@ -369,6 +556,84 @@ pub enum StepChange<'a> {
     },
 }
 
+/// The columns a [`StepChange`] writes.
+struct StepWrite<'a> {
+    status: StepStatus,
+    /// 1 if the change counts an attempt.
+    count_attempt: i32,
+    at: Option<DateTime<Utc>>,
+    class: Option<&'a str>,
+    message: Option<&'a str>,
+    remote_ref: Option<&'a str>,
+    result_ref: Option<&'a str>,
+    output: Option<&'a Value>,
+    reason: &'a str,
+}
+
+impl<'a> StepChange<'a> {
+    /// What the change writes into the step row.
+    fn columns(&self) -> StepWrite<'a> {
+        let none = |status, count_attempt: bool, reason| StepWrite {
+            status,
+            count_attempt: i32::from(count_attempt),
+            at: None,
+            class: None,
+            message: None,
+            remote_ref: None,
+            result_ref: None,
+            output: None,
+            reason,
+        };
+        match *self {
+            StepChange::Begin { reason } => none(StepStatus::Running, true, reason),
+            StepChange::Succeeded {
+                remote,
+                reference,
+                output,
+                count_attempt,
+                reason,
+            } => StepWrite {
+                remote_ref: remote.then_some(reference),
+                result_ref: (!remote).then_some(reference),
+                output,
+                ..none(StepStatus::Succeeded, count_attempt, reason)
+            },
+            StepChange::Retryable {
+                class,
+                message,
+                at,
+                count_attempt,
+                reason,
+            } => StepWrite {
+                at: Some(at),
+                class: Some(class),
+                message: Some(message),
+                ..none(StepStatus::Retryable, count_attempt, reason)
+            },
+            StepChange::Failed {
+                class,
+                message,
+                count_attempt,
+                reason,
+            } => StepWrite {
+                class: Some(class),
+                message: Some(message),
+                ..none(StepStatus::Failed, count_attempt, reason)
+            },
+            StepChange::Review {
+                class,
+                message,
+                count_attempt,
+                reason,
+            } => StepWrite {
+                class,
+                message,
+                ..none(StepStatus::ManualReview, count_attempt, reason)
+            },
+        }
+    }
+}
+
 const STEP_UPDATE: &str = "\
 WITH fence AS (
     SELECT id FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE
@@ -390,115 +655,6 @@ UPDATE {{schema}}.process_steps SET
     lease_token = $2,
     updated_at = now()
 WHERE process_id = $1 AND seq = $3 AND EXISTS (SELECT 1 FROM fence)";
-
-/// Applies `change` to step `seq`, fenced by the token (alone or inside a fenced transaction).
-pub async fn change_step<'e, E: sqlx::PgExecutor<'e>>(
-    conn: E,
-    schema: &Schema,
-    id: Uuid,
-    token: i64,
-    seq: i32,
-    change: &StepChange<'_>,
-) -> Result<(), WriteError> {
-    let (status, inc, at, class, message, remote_ref, result_ref, output, reason) = match change {
-        StepChange::Begin { reason } => (
-            StepStatus::Running,
-            1,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            *reason,
-        ),
-        StepChange::Succeeded {
-            remote,
-            reference,
-            output,
-            count_attempt,
-            reason,
-        } => (
-            StepStatus::Succeeded,
-            i32::from(*count_attempt),
-            None,
-            None,
-            None,
-            remote.then_some(*reference),
-            (!remote).then_some(*reference),
-            *output,
-            *reason,
-        ),
-        StepChange::Retryable {
-            class,
-            message,
-            at,
-            count_attempt,
-            reason,
-        } => (
-            StepStatus::Retryable,
-            i32::from(*count_attempt),
-            Some(*at),
-            Some(*class),
-            Some(*message),
-            None,
-            None,
-            None,
-            *reason,
-        ),
-        StepChange::Failed {
-            class,
-            message,
-            count_attempt,
-            reason,
-        } => (
-            StepStatus::Failed,
-            i32::from(*count_attempt),
-            None,
-            Some(*class),
-            Some(*message),
-            None,
-            None,
-            None,
-            *reason,
-        ),
-        StepChange::Review {
-            class,
-            message,
-            count_attempt,
-            reason,
-        } => (
-            StepStatus::ManualReview,
-            i32::from(*count_attempt),
-            None,
-            *class,
-            *message,
-            None,
-            None,
-            None,
-            *reason,
-        ),
-    };
-    let r = sqlx::query(schema.sql(STEP_UPDATE))
-        .bind(id)
-        .bind(token)
-        .bind(seq)
-        .bind(status)
-        .bind(inc)
-        .bind(at)
-        .bind(class)
-        .bind(message)
-        .bind(remote_ref)
-        .bind(result_ref)
-        .bind(output.map(sqlx::types::Json))
-        .bind(crate::redact::truncate(reason, 1000))
-        .execute(conn)
-        .await?;
-    if r.rows_affected() == 0 {
-        return Err(Fenced.into());
-    }
-    Ok(())
-}
 
 /// A local step that succeeded inside the caller's transaction.
 #[derive(Debug, Clone)]
@@ -570,65 +726,6 @@ impl Finish {
     }
 }
 
-/// The checkpoint of local steps whose effects ran in `conn`'s transaction, in one statement:
-/// every step in `done` becomes succeeded (an attempt counted, its reference as the result) and,
-/// with `finish`, the process ends and its lease is released. The statement takes the fence
-/// itself (the process row, locked to commit, must carry `token`), so the effects commit with
-/// their checkpoints or, fenced, not at all: on [`Fenced`] the caller must roll back.
-pub async fn checkpoint_local(
-    conn: &mut PgConnection,
-    schema: &Schema,
-    id: Uuid,
-    token: i64,
-    done: &[LocalSuccess<'_>],
-    finish: Option<(Finish, &str)>,
-) -> Result<(), WriteError> {
-    let seqs: Vec<i32> = done.iter().map(|d| d.seq).collect();
-    let references: Vec<String> = done
-        .iter()
-        .map(|d| crate::redact::truncate(d.reference, 500))
-        .collect();
-    let outputs: Vec<Option<String>> = done
-        .iter()
-        .map(|d| d.output.map(Value::to_string))
-        .collect();
-    let (template, fence) = if finish.is_some() {
-        (
-            CHECKPOINT_FINISH,
-            "EXISTS (SELECT 1 FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2)",
-        )
-    } else {
-        (CHECKPOINT_ONLY, "EXISTS (SELECT 1 FROM fence)")
-    };
-    let sql = template.replace("{{steps}}", &CHECKPOINT_STEPS.replace("{{fence}}", fence));
-    let mut q = sqlx::query(schema.sql(&sql))
-        .bind(id)
-        .bind(token)
-        .bind(&seqs)
-        .bind(&references)
-        .bind(&outputs);
-    if let Some((end, reason)) = finish {
-        q = q
-            .bind(end.status())
-            .bind(crate::redact::truncate(reason, 1000));
-    }
-    let r = q.fetch_one(&mut *conn).await?;
-    let steps: i64 = r.try_get("steps")?;
-    let processes: i64 = r.try_get("processes")?;
-    let all = done.len() as i64;
-    match (steps, processes) {
-        // No step row under our token, or every one but the process row taken over meanwhile.
-        (0, _) => Err(Fenced.into()),
-        (n, 0) if n == all => Err(Fenced.into()),
-        (n, 1) if n == all => Ok(()),
-        // The claim loaded these steps under the same token: a missing row is a bug, never data.
-        (n, p) => Err(WriteError::Database(sqlx::Error::Protocol(format!(
-            "checkpoint matched {n} of {} step rows and {p} process rows",
-            done.len()
-        )))),
-    }
-}
-
 /// How a process row changes at the end of a worker's turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProcessChange {
@@ -643,54 +740,24 @@ pub enum ProcessChange {
     ManualReview,
 }
 
-/// Applies `change` to the process inside `conn`'s transaction, which must hold the fence.
-pub async fn change_process(
-    conn: &mut PgConnection,
-    schema: &Schema,
-    id: Uuid,
-    token: i64,
-    change: ProcessChange,
-    reason: &str,
-) -> Result<(), WriteError> {
-    let reason = crate::redact::truncate(reason, 1000);
-    let (status_sql, keep_lease, next) = match change {
-        ProcessChange::Release => ("status", false, None),
-        ProcessChange::WaitUntil(at) => (
-            "CASE WHEN status = 'running' THEN 'waiting' ELSE status END",
-            false,
-            Some(at),
-        ),
-        ProcessChange::Succeeded => ("'succeeded'", false, None),
-        ProcessChange::Failed => ("'failed'", false, None),
-        ProcessChange::Compensating => ("'compensating'", true, None),
-        ProcessChange::Compensated => ("'compensated'", false, None),
-        ProcessChange::ManualReview => ("'manual_review'", false, None),
-    };
-    let lease = if keep_lease {
-        ""
-    } else {
-        "lease_owner = NULL, lease_until = NULL,"
-    };
-    let sql = format!(
-        "UPDATE {{{{schema}}}}.processes SET status = {status_sql}, {lease} \
-         next_run_at = CASE WHEN $4::timestamptz IS NOT NULL THEN $4 WHEN $5 THEN next_run_at ELSE now() END, \
-         finished_at = CASE WHEN {status_sql} IN ('succeeded', 'failed', 'compensated') THEN now() END, \
-         last_reason = CASE WHEN {status_sql} = status THEN last_reason ELSE $3 END, \
-         last_actor = 'system', updated_at = now() \
-         WHERE id = $1 AND lease_token = $2"
-    );
-    let r = sqlx::query(schema.sql(&sql))
-        .bind(id)
-        .bind(token)
-        .bind(reason)
-        .bind(next)
-        .bind(keep_lease)
-        .execute(&mut *conn)
-        .await?;
-    if r.rows_affected() == 0 {
-        return Err(Fenced.into());
+impl ProcessChange {
+    /// The new status (an SQL expression over the row), whether the lease is kept, and when the
+    /// process is due next (now, unless kept or given).
+    fn columns(self) -> (&'static str, bool, Option<DateTime<Utc>>) {
+        match self {
+            ProcessChange::Release => ("status", false, None),
+            ProcessChange::WaitUntil(at) => (
+                "CASE WHEN status = 'running' THEN 'waiting' ELSE status END",
+                false,
+                Some(at),
+            ),
+            ProcessChange::Succeeded => ("'succeeded'", false, None),
+            ProcessChange::Failed => ("'failed'", false, None),
+            ProcessChange::Compensating => ("'compensating'", true, None),
+            ProcessChange::Compensated => ("'compensated'", false, None),
+            ProcessChange::ManualReview => ("'manual_review'", false, None),
+        }
     }
-    Ok(())
 }
 
 /// A compensation step to add, linked to the step it undoes.
@@ -704,8 +771,9 @@ pub struct NewCompensation {
     pub max_attempts: i32,
 }
 
-/// Inserts the compensation steps (already in the order they run), inside the fenced transaction.
-pub async fn add_compensations(
+/// Inserts the compensation steps (already in the order they run), inside the fenced transaction
+/// ([`Lease::add_compensations`] takes the fence).
+async fn add_compensations(
     conn: &mut PgConnection,
     schema: &Schema,
     id: Uuid,
@@ -746,41 +814,6 @@ pub async fn add_compensations(
     .bind(&max_attempts)
     .execute(&mut *conn)
     .await?;
-    Ok(())
-}
-
-/// A wait or timer step begins waiting (pending -> running, an attempt counted): its key (for a
-/// wait) and until when, fenced by the token.
-#[allow(clippy::too_many_arguments)]
-pub async fn begin_wait(
-    conn: &mut PgConnection,
-    schema: &Schema,
-    id: Uuid,
-    token: i64,
-    seq: i32,
-    key: Option<&str>,
-    until: DateTime<Utc>,
-    reason: &str,
-) -> Result<(), WriteError> {
-    let r = sqlx::query(schema.sql(
-        "WITH fence AS (SELECT id FROM {{schema}}.processes WHERE id = $1 AND lease_token = $2 FOR UPDATE) \
-         UPDATE {{schema}}.process_steps SET status = 'running', attempts = attempts + 1, \
-             first_attempt_at = coalesce(first_attempt_at, now()), last_attempt_at = now(), \
-             wait_key = $4, wait_since = now(), wait_until = $5, last_reason = $6, \
-             last_actor = 'system', lease_token = $2, updated_at = now() \
-         WHERE process_id = $1 AND seq = $3 AND EXISTS (SELECT 1 FROM fence)",
-    ))
-    .bind(id)
-    .bind(token)
-    .bind(seq)
-    .bind(key)
-    .bind(until)
-    .bind(crate::redact::truncate(reason, 1000))
-    .execute(&mut *conn)
-    .await?;
-    if r.rows_affected() == 0 {
-        return Err(Fenced.into());
-    }
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use crate::definition::Registry;
 use crate::internal_events as events;
 use crate::runner::{self, Shared, Spare, TurnEnd};
 use crate::start::notify_channel;
-use crate::store;
+use crate::store::{self, Claimed};
 use shared::schema::Schema;
 use sqlx::{PgPool, Row};
 use std::collections::HashSet;
@@ -103,25 +103,11 @@ impl Worker {
         registry: Registry,
         shutdown: CancellationToken,
     ) -> Result<(), WorkerError> {
-        if registry.is_empty() {
-            return Err(WorkerError::EmptyRegistry);
-        }
-        if config.heartbeat >= config.lease
-            || config.concurrency == 0
-            || config.claim_batch < 1
-            || config.local_steps_per_transaction == 0
-        {
-            return Err(WorkerError::Config(
-                "heartbeat must be shorter than the lease; concurrency, claim_batch and local_steps_per_transaction at least 1"
-                    .into(),
-            ));
-        }
+        check(&config, &registry)?;
         events::describe();
-        let registry = Arc::new(registry);
         let (kinds, versions) = registry.known();
         let shared = Shared {
             pool: config.pool.clone(),
-            schema: config.schema.clone(),
             lease: config.lease,
             heartbeat: config.heartbeat,
             local_group: config.local_steps_per_transaction,
@@ -141,91 +127,87 @@ impl Worker {
             versions.clone(),
             background.clone(),
         ));
-        let abandon = CancellationToken::new();
-        let mut running: JoinSet<()> = JoinSet::new();
-        let mut failures = 0u32;
-        let mut database_up = None;
+        tracing::info!(worker = %config.worker_id, "process worker started");
+        let mut turns = Turns {
+            config: &config,
+            registry: Arc::new(registry),
+            shared,
+            kinds,
+            versions,
+            running: JoinSet::new(),
+            abandon: CancellationToken::new(),
+            failures: 0,
+            database_up: None,
+        };
+        turns.claim_until(&shutdown, &wake).await;
+        turns.finish().await;
+        background.cancel();
+        let _ = listener.await;
+        let _ = stats.await;
+        tracing::info!(worker = %config.worker_id, "process worker stopped");
+        Ok(())
+    }
+}
+
+/// A configuration the worker cannot run with.
+fn check(config: &WorkerConfig, registry: &Registry) -> Result<(), WorkerError> {
+    if registry.is_empty() {
+        return Err(WorkerError::EmptyRegistry);
+    }
+    if config.heartbeat >= config.lease
+        || config.concurrency == 0
+        || config.claim_batch < 1
+        || config.local_steps_per_transaction == 0
+    {
+        return Err(WorkerError::Config(
+            "heartbeat must be shorter than the lease; concurrency, claim_batch and local_steps_per_transaction at least 1"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The worker's claims and the turns they started, one task per claimed process.
+struct Turns<'a> {
+    config: &'a WorkerConfig,
+    registry: Arc<Registry>,
+    shared: Shared,
+    kinds: Vec<String>,
+    versions: Vec<i32>,
+    running: JoinSet<()>,
+    /// Cancelled when the shutdown's grace is over: calls still in flight are abandoned.
+    abandon: CancellationToken,
+    /// Claims failed in a row (the backoff grows with them).
+    failures: u32,
+    /// What the hook was last told ([`report_database`]).
+    database_up: Option<bool>,
+}
+
+impl Turns<'_> {
+    /// Claims and starts turns until `shutdown`: at once again while claims come back full,
+    /// otherwise on a NOTIFY, the poll, or a finished turn.
+    async fn claim_until(&mut self, shutdown: &CancellationToken, wake: &Notify) {
+        let config = self.config;
         // A finished process frees one slot; claiming for each would cost a claim per process
         // under load. Slots freed by finished processes are claimed for once a quarter of a batch
         // is free (or nothing runs); a NOTIFY or the poll claims for any free slot.
         let refill = (config.concurrency.min(config.claim_batch as usize) / 4).max(1);
         let mut woke_by_finish = false;
-        tracing::info!(worker = %config.worker_id, "process worker started");
         while !shutdown.is_cancelled() {
-            let free = config.concurrency.saturating_sub(running.len());
+            let free = config.concurrency.saturating_sub(self.running.len());
             let mut full = false;
-            if free > 0 && (!woke_by_finish || free >= refill || running.is_empty()) {
-                let limit = (free as i64).min(config.claim_batch);
-                let claimed = match shared.spare.take(&config.pool).await {
-                    Ok(mut conn) => {
-                        let claimed = store::claim(
-                            &mut conn,
-                            &config.schema,
-                            &kinds,
-                            &versions,
-                            limit,
-                            &config.worker_id,
-                            config.lease,
-                        )
-                        .await;
-                        if claimed.is_ok() {
-                            shared.spare.give(conn);
-                        }
-                        claimed
-                    }
-                    Err(e) => Err(e),
-                };
-                match claimed {
-                    Ok(claimed) => {
-                        report_database(&config, &mut database_up, true);
-                        failures = 0;
-                        full = claimed.len() as i64 == limit;
-                        if claimed.is_empty() {
-                            // Nothing due: an idle worker holds no connections.
-                            shared.spare.clear();
-                        }
-                        for c in claimed {
-                            events::claimed(&c.kind, c.previous_owner.is_some());
-                            if let Some(prev) = &c.previous_owner {
-                                tracing::info!(process = %c.id, previous = %prev, token = c.token, "took over an expired lease");
-                            }
-                            let Some(def) = registry.get(&c.kind, c.version).cloned() else {
-                                continue; // the claim filters by known versions
-                            };
-                            let sh = shared.clone();
-                            let stop = shutdown.clone();
-                            let abandon = abandon.clone();
-                            running.spawn(async move {
-                                let id = c.id;
-                                match runner::run(&sh, def, c, stop, abandon).await {
-                                    Ok(TurnEnd::Fenced) => {
-                                        tracing::warn!(process = %id, "lease lost: this worker's remaining writes were fenced off");
-                                    }
-                                    Ok(_) => {}
-                                    Err(e) => {
-                                        tracing::warn!(process = %id, error = %e, "database error while running a process; its lease will expire and another claim resumes it");
-                                    }
-                                }
-                            });
-                        }
-                    }
-                    Err(e) => {
-                        failures += 1;
-                        report_database(&config, &mut database_up, false);
-                        shared.spare.clear();
-                        tracing::warn!(error = %e, "claim failed; retrying");
-                    }
-                }
+            if free > 0 && (!woke_by_finish || free >= refill || self.running.is_empty()) {
+                full = self.claim_and_start(free, shutdown).await;
             }
-            if full && failures == 0 {
+            if full && self.failures == 0 {
                 // More may be due right now; still let finished tasks be reaped.
-                while running.try_join_next().is_some() {}
+                while self.running.try_join_next().is_some() {}
                 continue;
             }
-            let idle = if failures > 0 {
+            let idle = if self.failures > 0 {
                 config
                     .poll_interval
-                    .max(Duration::from_millis(200) * failures.min(10))
+                    .max(Duration::from_millis(200) * self.failures.min(10))
             } else {
                 config.poll_interval
             };
@@ -233,28 +215,103 @@ impl Worker {
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(idle) => {}
-                Some(_) = running.join_next(), if !running.is_empty() => {
-                    while running.try_join_next().is_some() {}
+                Some(_) = self.running.join_next(), if !self.running.is_empty() => {
+                    while self.running.try_join_next().is_some() {}
                     woke_by_finish = true;
                 }
                 _ = shutdown.cancelled() => {}
             }
         }
-        tracing::info!(worker = %config.worker_id, in_flight = running.len(), "stopping: finishing current steps");
+    }
+
+    /// Claims up to `free` processes (at most a batch) and starts a turn for each; true if the
+    /// claim came back full (more may be due).
+    async fn claim_and_start(&mut self, free: usize, shutdown: &CancellationToken) -> bool {
+        let config = self.config;
+        let limit = (free as i64).min(config.claim_batch);
+        let claimed = match self.shared.spare.take(&config.pool).await {
+            Ok(mut conn) => {
+                let claimed = store::claim(
+                    &mut conn,
+                    &config.schema,
+                    &self.kinds,
+                    &self.versions,
+                    limit,
+                    &config.worker_id,
+                    config.lease,
+                )
+                .await;
+                if claimed.is_ok() {
+                    self.shared.spare.give(conn);
+                }
+                claimed
+            }
+            Err(e) => Err(e),
+        };
+        match claimed {
+            Ok(claimed) => {
+                report_database(config, &mut self.database_up, true);
+                self.failures = 0;
+                let full = claimed.len() as i64 == limit;
+                if claimed.is_empty() {
+                    // Nothing due: an idle worker holds no connections.
+                    self.shared.spare.clear();
+                }
+                for c in claimed {
+                    self.start(c, shutdown);
+                }
+                full
+            }
+            Err(e) => {
+                self.failures += 1;
+                report_database(config, &mut self.database_up, false);
+                self.shared.spare.clear();
+                tracing::warn!(error = %e, "claim failed; retrying");
+                false
+            }
+        }
+    }
+
+    /// Starts the turn of claimed process `c` in a task of its own.
+    fn start(&mut self, c: Claimed, shutdown: &CancellationToken) {
+        events::claimed(&c.kind, c.previous_owner.is_some());
+        if let Some(prev) = &c.previous_owner {
+            tracing::info!(process = %c.id(), previous = %prev, token = c.lease.token(), "took over an expired lease");
+        }
+        let Some(def) = self.registry.get(&c.kind, c.version).cloned() else {
+            return; // the claim filters by known versions
+        };
+        let sh = self.shared.clone();
+        let stop = shutdown.clone();
+        let abandon = self.abandon.clone();
+        self.running.spawn(async move {
+            let id = c.id();
+            match runner::run(&sh, def, c, stop, abandon).await {
+                Ok(TurnEnd::Fenced) => {
+                    tracing::warn!(process = %id, "lease lost: this worker's remaining writes were fenced off");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(process = %id, error = %e, "database error while running a process; its lease will expire and another claim resumes it");
+                }
+            }
+        });
+    }
+
+    /// After shutdown: lets each turn finish its current step; after the grace, abandons the
+    /// calls still in flight (their turns release their leases).
+    async fn finish(&mut self) {
+        let config = self.config;
+        tracing::info!(worker = %config.worker_id, in_flight = self.running.len(), "stopping: finishing current steps");
         let grace = tokio::time::sleep(config.shutdown_grace);
         tokio::pin!(grace);
         loop {
             tokio::select! {
-                r = running.join_next() => if r.is_none() { break },
-                _ = &mut grace, if !abandon.is_cancelled() => abandon.cancel(),
+                r = self.running.join_next() => if r.is_none() { break },
+                _ = &mut grace, if !self.abandon.is_cancelled() => self.abandon.cancel(),
             }
         }
-        shared.spare.clear();
-        background.cancel();
-        let _ = listener.await;
-        let _ = stats.await;
-        tracing::info!(worker = %config.worker_id, "process worker stopped");
-        Ok(())
+        self.shared.spare.clear();
     }
 }
 

@@ -129,6 +129,50 @@ pub async fn run_with_pool(
     let leases = Arc::new(Leases::new(instance_id, schema.clone(), opts.lease()));
     let wake = Arc::new(Notify::new());
     let tasks = CancellationToken::new();
+    let handles = spawn_helpers(&pool, &config, &leases, &wake, &readiness, &tasks);
+
+    let publisher = Publisher::new(
+        &config.connections.amqp_url,
+        &config.connections.exchange,
+        opts.alternate_exchange,
+    )
+    .with_tls(config.connections.amqp_tls.clone());
+    let mut publisher = pipeline::Pipeline::new(
+        &pool,
+        publisher,
+        &leases,
+        &wake,
+        &readiness,
+        &opts,
+        cloudevents,
+    )
+    .run(&shutdown)
+    .await;
+
+    // Safe point: nothing is in flight and everything confirmed is marked (or given up on after a
+    // bounded wait). Hand the partitions over at once instead of making the others wait the lease.
+    tasks.cancel();
+    stop_helpers(handles, &leases, &pool).await;
+    publisher.disconnect().await;
+    readiness.set_postgres(false);
+    readiness.set_rabbitmq(false);
+    internal_events::ready(false);
+    tracing::info!("relay stopped");
+    Ok(())
+}
+
+/// The relay's helper tasks beside the pipeline: lease renewal, the LISTEN loop, statistics and
+/// (if configured) retention; they stop when `tasks` is cancelled.
+fn spawn_helpers(
+    pool: &PgPool,
+    config: &RelayConfig,
+    leases: &Arc<Leases>,
+    wake: &Arc<Notify>,
+    readiness: &Arc<Readiness>,
+    tasks: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let opts = &config.options;
+    let schema = &config.connections.schema;
     let mut handles = vec![
         tokio::spawn(leases::renew_loop(
             pool.clone(),
@@ -171,28 +215,11 @@ pub async fn run_with_pool(
             tasks.clone(),
         )));
     }
+    handles
+}
 
-    let publisher = Publisher::new(
-        &config.connections.amqp_url,
-        &config.connections.exchange,
-        opts.alternate_exchange,
-    )
-    .with_tls(config.connections.amqp_tls.clone());
-    let mut publisher = pipeline::Pipeline::new(
-        &pool,
-        publisher,
-        &leases,
-        &wake,
-        &readiness,
-        &opts,
-        cloudevents,
-    )
-    .run(&shutdown)
-    .await;
-
-    // Safe point: nothing is in flight and everything confirmed is marked (or given up on after a
-    // bounded wait). Hand the partitions over at once instead of making the others wait the lease.
-    tasks.cancel();
+/// After the helpers were told to stop: waits for them briefly, then hands the partitions over.
+async fn stop_helpers(handles: Vec<tokio::task::JoinHandle<()>>, leases: &Leases, pool: &PgPool) {
     // The helpers stop at their next wait; one stuck on a silent database is not waited for.
     for mut h in handles {
         if tokio::time::timeout(Duration::from_secs(2), &mut h)
@@ -202,18 +229,12 @@ pub async fn run_with_pool(
             h.abort();
         }
     }
-    if let Err(e) = tokio::time::timeout(Duration::from_secs(5), leases.release_all(&pool))
+    if let Err(e) = tokio::time::timeout(Duration::from_secs(5), leases.release_all(pool))
         .await
         .unwrap_or(Ok(()))
     {
         tracing::warn!(error = %ErrorChain(&e), "could not release partitions; they expire after the lease");
     }
-    publisher.disconnect().await;
-    readiness.set_postgres(false);
-    readiness.set_rabbitmq(false);
-    internal_events::ready(false);
-    tracing::info!("relay stopped");
-    Ok(())
 }
 
 fn validate(opts: &RelayOptions) -> Result<(), RelayError> {

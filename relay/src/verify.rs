@@ -133,55 +133,8 @@ pub async fn verify(
     .bind(settle_before)
     .fetch_one(pool)
     .await?;
-    type Row = (
-        uuid::Uuid,
-        String,
-        String,
-        String,
-        chrono::DateTime<chrono::Utc>,
-        Option<chrono::DateTime<chrono::Utc>>,
-    );
-    let rows: Vec<Row> = sqlx::query_as(schema.sql(&format!(
-        "SELECT m.id, m.event_type, m.aggregate_type, m.aggregate_id, m.created_at, m.published_at \
-         {unprocessed} AND (m.published_at IS NULL OR m.published_at < $5) ORDER BY m.seq LIMIT $6"
-    )))
-    .bind(req.since)
-    .bind(req.until)
-    .bind(&req.event_types)
-    .bind(&req.consumer)
-    .bind(settle_before)
-    .bind(req.list_limit)
-    .fetch_all(pool)
-    .await?;
-    let missing_ids = rows
-        .into_iter()
-        .map(
-            |(id, event_type, aggregate_type, aggregate_id, created_at, published_at)| Missing {
-                id,
-                event_type,
-                aggregate_type,
-                aggregate_id,
-                created_at,
-                published_at,
-            },
-        )
-        .collect();
-    let (processed, p50, p99, max): (i64, Option<f64>, Option<f64>, Option<f64>) =
-        sqlx::query_as(schema.sql(&format!(
-            // The lag needs a processing time: an ordered consumer's messages count, without one.
-            "WITH lag AS (SELECT (SELECT extract(epoch FROM p.processed_at - m.created_at)::float8 \
-                 FROM {{{{schema}}}}.processed_messages p \
-                 WHERE p.consumer = $4 AND p.message_id = m.id) AS s \
-               FROM {{{{schema}}}}.messages m WHERE {FILTER} AND {RECORDED}) \
-             SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY s), \
-                    percentile_cont(0.99) WITHIN GROUP (ORDER BY s), max(s) FROM lag"
-        )))
-        .bind(req.since)
-        .bind(req.until)
-        .bind(&req.event_types)
-        .bind(&req.consumer)
-        .fetch_one(pool)
-        .await?;
+    let missing_ids = missing_ids(pool, schema, req, settle_before, &unprocessed).await?;
+    let (processed, lag) = processed_and_lag(pool, schema, req).await?;
     let processed_unknown: i64 = sqlx::query_scalar(schema.sql(
         "SELECT count(*) FROM {{schema}}.processed_messages p \
          WHERE p.consumer = $1 AND p.processed_at >= $2 AND p.processed_at < $3 \
@@ -207,12 +160,82 @@ pub async fn verify(
         processed_unknown,
         duplicates_applied: 0,
         duplicates_note: DUPLICATES_NOTE,
-        lag: Lag {
-            p50_seconds: p50,
-            p99_seconds: p99,
-            max_seconds: max,
-        },
+        lag,
     })
+}
+
+/// The messages of the window published before `settle_before` that never reached the consumer
+/// (`unprocessed`: the FROM and WHERE that find them), oldest first, at most `list_limit`.
+async fn missing_ids(
+    pool: &PgPool,
+    schema: &Schema,
+    req: &VerifyRequest,
+    settle_before: chrono::DateTime<chrono::Utc>,
+    unprocessed: &str,
+) -> Result<Vec<Missing>, sqlx::Error> {
+    type Row = (
+        uuid::Uuid,
+        String,
+        String,
+        String,
+        chrono::DateTime<chrono::Utc>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    );
+    let rows: Vec<Row> = sqlx::query_as(schema.sql(&format!(
+        "SELECT m.id, m.event_type, m.aggregate_type, m.aggregate_id, m.created_at, m.published_at \
+         {unprocessed} AND (m.published_at IS NULL OR m.published_at < $5) ORDER BY m.seq LIMIT $6"
+    )))
+    .bind(req.since)
+    .bind(req.until)
+    .bind(&req.event_types)
+    .bind(&req.consumer)
+    .bind(settle_before)
+    .bind(req.list_limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(id, event_type, aggregate_type, aggregate_id, created_at, published_at)| Missing {
+                id,
+                event_type,
+                aggregate_type,
+                aggregate_id,
+                created_at,
+                published_at,
+            },
+        )
+        .collect())
+}
+
+/// How many messages of the window reached the consumer, and their lag from commit to processing.
+async fn processed_and_lag(
+    pool: &PgPool,
+    schema: &Schema,
+    req: &VerifyRequest,
+) -> Result<(i64, Lag), sqlx::Error> {
+    let (processed, p50, p99, max): (i64, Option<f64>, Option<f64>, Option<f64>) =
+        sqlx::query_as(schema.sql(&format!(
+            // The lag needs a processing time: an ordered consumer's messages count, without one.
+            "WITH lag AS (SELECT (SELECT extract(epoch FROM p.processed_at - m.created_at)::float8 \
+                 FROM {{{{schema}}}}.processed_messages p \
+                 WHERE p.consumer = $4 AND p.message_id = m.id) AS s \
+               FROM {{{{schema}}}}.messages m WHERE {FILTER} AND {RECORDED}) \
+             SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY s), \
+                    percentile_cont(0.99) WITHIN GROUP (ORDER BY s), max(s) FROM lag"
+        )))
+        .bind(req.since)
+        .bind(req.until)
+        .bind(&req.event_types)
+        .bind(&req.consumer)
+        .fetch_one(pool)
+        .await?;
+    let lag = Lag {
+        p50_seconds: p50,
+        p99_seconds: p99,
+        max_seconds: max,
+    };
+    Ok((processed, lag))
 }
 
 fn secs(v: Option<f64>) -> String {

@@ -1029,3 +1029,160 @@ async fn operator_actions_pause_resume_escalate_and_cancel() {
     assert!(h.iter().filter(|e| e.actor == "carol").count() >= 3);
     close(db).await;
 }
+
+/// The process row, its step rows and its history count, as they are: what a fenced write must
+/// leave untouched.
+async fn snapshot(pool: &PgPool, id: Uuid) -> (serde_json::Value, serde_json::Value, i64) {
+    let process: serde_json::Value =
+        sqlx::query_scalar("SELECT to_jsonb(p) FROM outbox.processes p WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let steps: serde_json::Value = sqlx::query_scalar(
+        "SELECT jsonb_agg(to_jsonb(s) ORDER BY seq) FROM outbox.process_steps s WHERE process_id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let history: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox.process_history WHERE process_id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    (process, steps, history)
+}
+
+/// A lease handle whose process was taken over (a later claim drew a newer token) is fenced off:
+/// every write it offers fails with `Fenced`, and the process, its steps and its history stay
+/// exactly as the takeover left them; the new owner's handle still writes.
+#[tokio::test]
+async fn every_write_of_a_lease_taken_over_is_fenced_off_and_changes_nothing() {
+    use processes::store::{self, Finish, LocalSuccess, NewCompensation, ProcessChange};
+    use processes::store::{StepChange, WriteError};
+    let db = setup().await;
+    let pool = &db.pool;
+    let id = start(pool, "order_key", "fenced", &input("ok")).await;
+    let (kinds, versions) = (vec!["order_key".to_string()], vec![1]);
+    let claim = |owner: &'static str, lease: Duration| {
+        let (kinds, versions) = (kinds.clone(), versions.clone());
+        async move {
+            let mut conn = pool.acquire().await.unwrap();
+            store::claim(&mut conn, &schema(), &kinds, &versions, 1, owner, lease)
+                .await
+                .unwrap()
+        }
+    };
+    let old = claim("old", Duration::from_millis(1)).await;
+    assert_eq!(old.len(), 1, "the old owner claims the process");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let new = claim("new", Duration::from_secs(60)).await;
+    assert_eq!(new.len(), 1, "the new owner takes the expired lease over");
+    let (old, new) = (&old[0].lease, &new[0].lease);
+    assert_eq!(new.id(), id);
+    assert!(new.token() > old.token(), "the takeover drew a newer token");
+    let before = snapshot(pool, id).await;
+    let fenced = |what: &str, r: Result<(), WriteError>| {
+        assert!(matches!(r, Err(WriteError::Fenced(_))), "{what}: {r:?}");
+    };
+    fenced(
+        "heartbeat",
+        old.heartbeat(pool, Duration::from_secs(60)).await,
+    );
+    let mut tx = pool.begin().await.unwrap();
+    fenced("fence", old.fence(&mut tx).await);
+    tx.commit().await.unwrap();
+    let output = json!({"x": 1});
+    let changes = [
+        StepChange::Begin { reason: "r" },
+        StepChange::Succeeded {
+            remote: true,
+            reference: "ref",
+            output: Some(&output),
+            count_attempt: true,
+            reason: "r",
+        },
+        StepChange::Retryable {
+            class: "transient",
+            message: "m",
+            at: chrono::Utc::now(),
+            count_attempt: true,
+            reason: "r",
+        },
+        StepChange::Failed {
+            class: "permanent",
+            message: "m",
+            count_attempt: true,
+            reason: "r",
+        },
+        StepChange::Review {
+            class: None,
+            message: None,
+            count_attempt: false,
+            reason: "r",
+        },
+    ];
+    for change in &changes {
+        fenced(
+            &format!("{change:?}"),
+            old.change_step(pool, 1, change).await,
+        );
+    }
+    let done = [LocalSuccess {
+        seq: 1,
+        reference: "ref",
+        output: None,
+    }];
+    for finish in [None, Some((Finish::Succeeded, "r"))] {
+        let mut tx = pool.begin().await.unwrap();
+        let r = old.checkpoint_local(&mut tx, &done, finish).await;
+        fenced(&format!("checkpoint_local {finish:?}"), r);
+        tx.commit().await.unwrap();
+    }
+    for change in [
+        ProcessChange::Release,
+        ProcessChange::WaitUntil(chrono::Utc::now()),
+        ProcessChange::Succeeded,
+        ProcessChange::Failed,
+        ProcessChange::Compensating,
+        ProcessChange::Compensated,
+        ProcessChange::ManualReview,
+    ] {
+        let mut tx = pool.begin().await.unwrap();
+        let r = old.change_process(&mut tx, change, "r").await;
+        fenced(&format!("change_process {change:?}"), r);
+        tx.commit().await.unwrap();
+    }
+    let comp = [NewCompensation {
+        acts_on: 1,
+        name: "charge".into(),
+        execution: "local",
+        remote: None,
+        sensitive: false,
+        max_attempts: 1,
+    }];
+    let mut tx = pool.begin().await.unwrap();
+    fenced(
+        "add_compensations",
+        old.add_compensations(&mut tx, &comp, "r").await,
+    );
+    tx.commit().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let until = chrono::Utc::now() + chrono::TimeDelta::minutes(5);
+    let r = old.begin_wait(&mut tx, 1, Some("key"), until, "r").await;
+    fenced("begin_wait", r);
+    tx.commit().await.unwrap();
+    assert_eq!(
+        snapshot(pool, id).await,
+        before,
+        "a fenced write changed nothing"
+    );
+    // The new owner's handle is not fenced: the writes above failed by the token alone.
+    new.heartbeat(pool, Duration::from_secs(60)).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    new.fence(&mut tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    close(db).await;
+}
