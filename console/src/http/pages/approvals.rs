@@ -40,7 +40,7 @@ fn card(session: &Session, a: &approvals::Approval, back: Option<&str>) -> Marku
     html! {
         div.approval.card id={ "approval-" (id) } {
             p {
-                b { (shown(&approval_title(a))) } " · " span.status { (shown(&a.status)) }
+                b { (shown(&approval_title(a))) } " · " span.status { (super::badge::badge(&a.status)) }
                 @match (&a.decided_by, a.status.as_str()) {
                     (Some(by), _) => { " by " (shown(by)) },
                     (None, "superseded") => {
@@ -150,7 +150,7 @@ fn approval_terms(a: &approvals::Approval) -> Markup {
         "process " a href={ "/processes/" (p["id"].as_str().unwrap_or("")) } {
             (s(&p["kind"])) " " (s(&p["business_key"]))
         }
-        ", now " b { (s(&p["status"])) }
+        ", now " (super::badge::badge(p["status"].as_str().unwrap_or("")))
         @if p["paused"] == json!(true) { " (paused)" }
         " at version " (shown(&p["version"].to_string()))
         " (asked at version " (shown(&a.request["request"]["version"].to_string())) ")"

@@ -1,13 +1,15 @@
 //! The process pages: the list (filters kind, status, age; manual_review first) and one process
-//! ([`mod@page`]: overall and per-step status, the last classified error, attempts, operation ids,
+//! ([`mod@page`]: the [`strip`] of its steps first, overall and per-step status, the last classified error, attempts, operation ids,
 //! external references, the [`timeline`] of transitions and operator actions, and the
 //! [`actions`] allowed now that the user's role may ask for). Everything shown is redacted.
 
 pub mod actions;
 pub mod page;
+pub mod strip;
 pub mod timeline;
 pub mod values;
 
+use super::badge::badge;
 use super::errors::error_page;
 use super::layout::{page, shown};
 use super::session::WebSession;
@@ -95,7 +97,7 @@ fn row(p: &Value) -> Markup {
             td { a href={ "/processes/" (id) } id={ "process-" (id) } { code { (id) } } }
             td { (shown(&txt(p, "kind"))) " v" (shown(&txt(p, "definition_version"))) }
             td { (shown(&txt(p, "business_key"))) }
-            td.status { b { (shown(&status)) } @if p["paused"] == json!(true) { " (paused)" } }
+            td.status { (badge(&status)) @if p["paused"] == json!(true) { " " (badge("paused")) } }
             td { (shown(&txt(p, "attempt"))) }
             td { (when(p, "created_at")) }
             td { (when(p, "updated_at")) }
