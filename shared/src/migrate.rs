@@ -86,6 +86,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "aggregate numbers: one cache per schema, no number for a repeated id, one flush per transaction",
         include_str!("../../migrations/0014_aggregate_seq_fixes.sql"),
     ),
+    (
+        16,
+        "console look: compensation labels, processes by business key, console samples",
+        include_str!("../../migrations/0016_console_look.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

@@ -40,10 +40,10 @@ impl RefreshQuery {
 pub fn ago(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
     let secs = (now - t).num_seconds();
     let span = humantime::format_duration(std::time::Duration::from_secs(secs.unsigned_abs()));
-    match secs {
-        0 => "just now".into(),
-        s if s > 0 => format!("{span} ago"),
-        _ => format!("in {span}"),
+    if secs >= 0 {
+        format!("{span} ago")
+    } else {
+        format!("in {span}")
     }
 }
 
