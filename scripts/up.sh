@@ -63,10 +63,16 @@ job() {
 }
 
 job scripts/services.sh
-echo "building release binaries"
-job cargo build --release --bins -q
+# UP_BIN_DIR=target/debug uses binaries already built there instead of building release ones
+# (how the stop time was measured without a release build).
+if [[ -n "${UP_BIN_DIR:-}" ]]; then
+    BIN="$UP_BIN_DIR"
+else
+    echo "building release binaries"
+    job cargo build --release --bins -q
+    BIN=target/release
+fi
 pids=()
-BIN=target/release
 mkdir -p "$LOG_DIR"
 
 # A fresh demo database every run (UP_KEEP_DB=1 keeps the last run's): the example's state is

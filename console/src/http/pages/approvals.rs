@@ -150,7 +150,7 @@ fn approval_terms(a: &approvals::Approval) -> Markup {
         "process " a href={ "/processes/" (p["id"].as_str().unwrap_or("")) } {
             (s(&p["kind"])) " " (s(&p["business_key"]))
         }
-        ", now " (super::badge::badge(p["status"].as_str().unwrap_or("")))
+        ", now " b { (s(&p["status"])) }
         @if p["paused"] == json!(true) { " (paused)" }
         " at version " (shown(&p["version"].to_string()))
         " (asked at version " (shown(&a.request["request"]["version"].to_string())) ")"

@@ -50,13 +50,13 @@ impl Chart<'_> {
                 }
                 svg xmlns="http://www.w3.org/2000/svg" width=(W) height=(H) viewBox={ "0 0 " (W) " " (H) } role="img" {
                     title { (self.title) " over the last hour: " (self.series.len()) " samples" }
-                    rect x="0" y="0" width=(W) height=(H) fill="#fafafa" stroke="#ddd";
+                    rect x="0" y="0" width=(W) height=(H) fill="#fafafa" stroke="#ddd" {}
                     @if self.series.is_empty() {
                         text x=(W / 2.0) y=(H / 2.0) text-anchor="middle" font-size="12" fill="#777" { "no samples yet" }
                     } @else {
-                        polyline points=(points.join(" ")) fill="none" stroke="#1e63b5" stroke-width="2";
+                        polyline points=(points.join(" ")) fill="none" stroke="#1e63b5" stroke-width="2" {}
                         @if let Some((t, v)) = self.series.last() {
-                            circle cx=(x(*t)) cy=(y(*v)) r="3" fill="#1e63b5";
+                            circle cx=(x(*t)) cy=(y(*v)) r="3" fill="#1e63b5" {}
                         }
                     }
                     text x=(PAD) y=(H - PAD - 2.0) font-size="9" fill="#777" { "-1h" }

@@ -97,7 +97,7 @@ const LOOK: &str = "svg#strip{max-width:100%;height:auto;border:1px solid #ddd;b
 details#history{margin:1em 0}details#history>summary{cursor:pointer}\
 .tiles{display:flex;flex-wrap:wrap;gap:.6em;margin:.5em 0 1em}.tile{border:1px solid #bbb;border-radius:5px;padding:.5em .8em;min-width:11em}\
 .tile .figure{font-size:1.8em;font-weight:bold;display:block}.tile.alert{border-left:6px solid #c62828}.tile.calm{border-left:6px solid #2e7d32}\
-.charts{display:flex;flex-wrap:wrap;gap:1em}.chart{border:1px solid #ddd;padding:.3em .5em}.refresh{float:right}\
+.charts{display:flex;flex-wrap:wrap;gap:1em}.chart{border:1px solid #ddd;padding:.3em .5em;margin:0}.refresh{color:#444}\
 .diff-removed{background:#fbe3e3;color:#8a1414;text-decoration:line-through}.diff-added{background:#e2f5e2;color:#145214}\
 .diff-changed{font-weight:bold}table.diff td{font-size:.85em}";
 

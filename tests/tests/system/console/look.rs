@@ -492,7 +492,7 @@ async fn page_weight_and_render_time_of_the_overview_and_a_process_with_50_histo
     let c = console(&[]).await;
     let viewer = c.user("vera", Role::Viewer).await;
     let order = format!("order-{}", Uuid::new_v4());
-    let (id, _) = refund_waiting(&c, &order, 15).await;
+    let (id, _) = refund_waiting(&c, &order, 25).await;
     let history: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox.process_history WHERE process_id = $1")
             .bind(id)

@@ -89,11 +89,10 @@ fn boxes(steps: &[Value], labels: &HashMap<i32, String>, total_w: f64) -> Markup
             a href={ "#step-" (seq) } {
                 g.strip-step id={ "strip-step-" (seq) } data-status=(status) {
                     title { (label) " (step " (seq) "): " (status) ", " (txt(st, "attempts")) " attempts" }
-                    rect x=(x) y="2" width=(w) height=(BOX_H) rx="5" fill=(colour(&status));
+                    rect x=(x) y="2" width=(w) height=(BOX_H) rx="5" fill=(colour(&status)) {}
                     text x=(x + 7.0) y="20" fill="#fff" font-size="13" font-weight="bold" { (clip(&label, w)) }
                     text x=(x + 7.0) y="38" fill="#fff" font-size="11" {
-                        (status) " · " (txt(st, "attempts")) "×"
-                        @if txt(st, "role") == "compensation" { " · compensation" }
+                        (clip(&format!("{status} · {}×", txt(st, "attempts")), w * 1.2))
                     }
                 }
             }
@@ -119,7 +118,7 @@ fn operator_lane(entries: &[audit::Entry], axis: &Axis, y: f64) -> Markup {
     let mid = y + LANE_H / 2.0;
     html! {
         text x="4" y=(mid + 4.0) font-size="12" fill="#333" { "operator actions" }
-        line x1=(LABEL_W) x2=(LABEL_W + PLOT_W) y1=(mid) y2=(mid) stroke="#ddd";
+        line x1=(LABEL_W) x2=(LABEL_W + PLOT_W) y1=(mid) y2=(mid) stroke="#ddd" {}
         @for e in entries {
             @let x = axis.x(e.at);
             g.op-mark data-action=(shown(&e.action)) {
@@ -127,7 +126,7 @@ fn operator_lane(entries: &[audit::Entry], axis: &Axis, y: f64) -> Markup {
                     (e.at.format("%H:%M:%S%.3f")) " " (shown(&e.action)) " by " (shown(&e.actor_name))
                     ": " (shown(&e.outcome)) " — " (shown(&e.reason))
                 }
-                path d={ "M" (x) " " (mid - 7.0) " l6 7 l-6 7 l-6 -7 z" } fill=(colour(&e.outcome)) stroke="#222" stroke-width="0.7";
+                path d={ "M" (x) " " (mid - 7.0) " l6 7 l-6 7 l-6 -7 z" } fill=(colour(&e.outcome)) stroke="#222" stroke-width="0.7" {}
                 text x=(x + 7.0) y=(mid - 3.0) font-size="10" fill="#222" { (short_action(&e.action)) }
             }
         }
@@ -158,13 +157,13 @@ fn lane(
     let waits = matches!(txt(st, "execution").as_str(), "wait" | "timer");
     let segments = segments(&mine, waits, end);
     let mid = y + LANE_H / 2.0;
-    let attempts = mine.iter().filter(|(_, s)| s == "running").count();
+    let attempts = txt(st, "attempts");
     html! {
         g.strip-lane id={ "strip-lane-" (txt(st, "seq")) } {
             text x="4" y=(mid + 4.0) font-size="12" fill="#333" {
                 (clip(&step_label(st, labels, steps), LABEL_W - 40.0)) " · " (attempts) "×"
             }
-            line x1=(LABEL_W) x2=(LABEL_W + PLOT_W) y1=(mid) y2=(mid) stroke="#eee";
+            line x1=(LABEL_W) x2=(LABEL_W + PLOT_W) y1=(mid) y2=(mid) stroke="#eee" {}
             @for s in &segments { (s.draw(axis, mid)) }
         }
     }
@@ -196,11 +195,23 @@ fn segments(mine: &[(DateTime<Utc>, String)], waits: bool, end: DateTime<Utc>) -
     let mut out = Vec::new();
     for (i, (at, status)) in mine.iter().enumerate() {
         let next = mine.get(i + 1);
+        let after_run = i > 0 && mine[i - 1].1 == "running";
         let kind = match status.as_str() {
             "running" if waits => SegmentKind::Wait,
             "running" => SegmentKind::Attempt,
             "retryable" => SegmentKind::Backoff,
             "manual_review" => SegmentKind::Review,
+            // A local step runs and commits in one transaction: it ends without a recorded
+            // `running`, and that end is its attempt.
+            "succeeded" | "failed" if !after_run => {
+                out.push(Segment {
+                    kind: SegmentKind::Attempt,
+                    from: *at,
+                    to: *at,
+                    ended: Some(status.clone()),
+                });
+                continue;
+            }
             _ => continue,
         };
         out.push(Segment {
@@ -232,7 +243,7 @@ impl Segment {
             SegmentKind::Attempt => html! {
                 g.tick data-outcome=(ended) {
                     title { "attempt at " (when) " → " (ended) }
-                    rect x=(x1 - 2.0) y=(mid - 8.0) width="4" height="16" fill=(colour(ended));
+                    rect x=(x1 - 2.0) y=(mid - 8.0) width="4" height="16" fill=(colour(ended)) {}
                 }
             },
             kind => {
@@ -245,7 +256,7 @@ impl Segment {
                 html! {
                     g class=(class) {
                         title { (word) " from " (when) ": " (span) @if self.ended.is_none() { " so far" } }
-                        rect x=(x1) y=(mid - 4.0) width=((x2 - x1).max(2.0)) height="8" rx="3" fill=(fill);
+                        rect x=(x1) y=(mid - 4.0) width=((x2 - x1).max(2.0)) height="8" rx="3" fill=(fill) {}
                         @if x2 - x1 > 46.0 && kind != SegmentKind::Backoff {
                             text x=((x1 + x2) / 2.0) y=(mid + 15.0) font-size="10" text-anchor="middle" fill="#333" {
                                 (word) " " (span)
@@ -317,7 +328,7 @@ impl Axis {
             .zip(self.xs.windows(2))
             .filter(|(t, _)| (t[1] - t[0]).num_milliseconds() as f64 / 1000.0 > FOLD_SECONDS);
         html! {
-            line x1=(LABEL_W) x2=(LABEL_W + PLOT_W) y1=(y) y2=(y) stroke="#888";
+            line x1=(LABEL_W) x2=(LABEL_W + PLOT_W) y1=(y) y2=(y) stroke="#888" {}
             text x="4" y=(y + 4.0) font-size="11" fill="#555" { "time (UTC, folded)" }
             text x=(LABEL_W) y=(y + 16.0) font-size="10" fill="#555" { (first.format("%H:%M:%S")) }
             text x=(LABEL_W + PLOT_W) y=(y + 16.0) font-size="10" fill="#555" text-anchor="end" {
@@ -327,7 +338,7 @@ impl Axis {
                 @let mx = (x[0] + x[1]) / 2.0;
                 g.axis-fold {
                     title { "folded: " (duration(t[0], t[1])) " between " (t[0].format("%H:%M:%S")) " and " (t[1].format("%H:%M:%S")) }
-                    path d={ "M" (mx - 5.0) " " (y + 5.0) " l4 -10 M" (mx + 1.0) " " (y + 5.0) " l4 -10" } stroke="#555" stroke-width="1.5";
+                    path d={ "M" (mx - 5.0) " " (y + 5.0) " l4 -10 M" (mx + 1.0) " " (y + 5.0) " l4 -10" } stroke="#555" stroke-width="1.5" {}
                     text x=(mx) y=(y + 26.0) font-size="10" fill="#555" text-anchor="middle" { "≈ " (duration(t[0], t[1])) }
                 }
             }
