@@ -593,3 +593,114 @@ async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itsel
     assert_eq!(text_of(&b, "refresh-state").await, "every 10 s");
     screenshot_and_close(b, "console-overview-dashboard.png").await;
 }
+
+/// Runs `scripts/up.sh` on the debug binaries (`UP_BIN_DIR`, no release build) in its own
+/// process group with its own database, ports and exchange, until it prints that it runs; then
+/// sends `signal` (to the script, or with `group` to the whole group, as Ctrl-C does) and
+/// returns how long it took to exit, after checking nothing of the group is left.
+async fn up_sh_stops(signal: &str, group: bool) -> Duration {
+    use std::os::unix::process::CommandExt;
+    let bins = bin_path("producer").parent().unwrap().to_path_buf();
+    for b in ["console", "relay", "payment-provider"] {
+        bin_path(b);
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let logs = system_tests::TempDir::new("up_logs");
+    let db = format!("up_test_{}", Uuid::new_v4().simple());
+    let port = || system_tests::free_addr().to_string();
+    let metrics = 20_000 + (Uuid::new_v4().as_u128() % 40_000) as u16;
+    let out = logs.path().join("up.out");
+    let mut child = std::process::Command::new(root.join("scripts/up.sh"))
+        .current_dir(&root)
+        .env("UP_BIN_DIR", &bins)
+        .env(
+            "DATABASE_URL",
+            format!("postgres://postgres@127.0.0.1:5432/{db}"),
+        )
+        .env("API_ADDR", port())
+        .env("PROVIDER_ADDR", port())
+        .env("CONSOLE_ADDR", port())
+        .env("UP_METRICS_PORT", metrics.to_string())
+        .env(
+            "OUTBOX_EXCHANGE",
+            format!("up.test.{}", Uuid::new_v4().simple()),
+        )
+        .env("LOG_DIR", logs.path())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    wait_until("up.sh runs", Duration::from_secs(120), || async {
+        std::fs::read_to_string(&out)
+            .ok()
+            .filter(|o| o.contains("\nload: "))
+            .map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let target = if group {
+        format!("-{pid}")
+    } else {
+        pid.clone()
+    };
+    let t = Instant::now();
+    let sent = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), "--", &target])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let exited = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = t.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let left = std::process::Command::new("kill")
+        .args(["-0", "--", &format!("-{pid}")])
+        .status()
+        .unwrap();
+    let left_ps = std::process::Command::new("ps")
+        .args(["-o", "pid,cmd", "-g", &pid])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    if exited.is_none() || left.success() {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .status();
+    }
+    let _ = std::process::Command::new("psql")
+        .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qc"])
+        .arg(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .status();
+    assert!(
+        exited.is_some(),
+        "up.sh still runs 30 s after {signal}: {}",
+        std::fs::read_to_string(&out).unwrap_or_default()
+    );
+    assert!(
+        !left.success(),
+        "a process of up.sh's group outlived it: {left_ps}"
+    );
+    took
+}
+
+/// `scripts/up.sh` stops within 10 s of SIGTERM, and of Ctrl-C (SIGINT to its whole process
+/// group), in its run phase, every child with it (issue 23: it ignored SIGTERM for 3½ minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_sh_stops_within_10_s_of_sigterm_or_ctrl_c_while_it_runs() {
+    let term = up_sh_stops("TERM", false).await;
+    let int = up_sh_stops("INT", true).await;
+    println!(
+        "MEASURE up.sh stopped {term:?} after SIGTERM, {int:?} after Ctrl-C (SIGINT to the group)"
+    );
+    assert!(term < Duration::from_secs(10), "SIGTERM: {term:?}");
+    assert!(int < Duration::from_secs(10), "Ctrl-C: {int:?}");
+}
