@@ -9,6 +9,8 @@
 #                                 # what happened and fails if a payment is undecided or charged twice
 #   PROVIDER_FAULTS=timeout_after_charge:10,decline:5 scripts/up.sh   # a misbehaving provider
 #   UP_KEEP_DB=1 scripts/up.sh   # keep the demo database of the last run (default: a fresh one)
+#   UP_BIN_DIR=target/debug scripts/up.sh   # binaries already built there, no release build
+#   UP_METRICS_PORT=9101         # the relays', ledger's and worker's metrics: this port and the next three
 #
 #   PROVIDER_MODE=async scripts/up.sh   # charges confirmed later, by signed webhook
 #
@@ -31,6 +33,8 @@ export PROVIDER_WEBHOOK_SECRET="${PROVIDER_WEBHOOK_SECRET:-$(od -An -N24 -tx1 /d
 export PAYMENT_CONFIRMATION_TIMEOUT="${PAYMENT_CONFIRMATION_TIMEOUT:-30s}"
 CONSOLE_ADDR="${CONSOLE_ADDR:-127.0.0.1:8070}"
 LOG_DIR="${LOG_DIR:-target/up-logs}"
+# The relays', the ledger's and the worker's metrics: this port and the next three.
+METRICS_PORT="${UP_METRICS_PORT:-9101}"
 
 # Stopping. Bash runs a trap only once the foreground command it waits for has ended, so every
 # long wait below (the build, the run) is a background job and a `wait`, which a signal ends at
@@ -44,7 +48,14 @@ cleanup() {
     trap - INT TERM
     ((${#pids[@]})) || return 0
     echo "stopping"
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    # A child's own children (the load generator's curl and sleep) go too, not orphaned.
+    local kids
+    for p in "${pids[@]}"; do
+        kids=$(pgrep -P "$p" 2>/dev/null || true)
+        kill -TERM "$p" 2>/dev/null || true
+        # shellcheck disable=SC2086 # one pid a word
+        if [[ -n "$kids" ]]; then kill -TERM $kids 2>/dev/null || true; fi
+    done
     local deadline=$((SECONDS + ${UP_STOP_GRACE:-8}))
     for p in "${pids[@]}"; do
         while kill -0 "$p" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
@@ -63,10 +74,16 @@ job() {
 }
 
 job scripts/services.sh
-echo "building release binaries"
-job cargo build --release --bins -q
+# UP_BIN_DIR=target/debug uses binaries already built there instead of building release ones
+# (how the stop time was measured without a release build).
+if [[ -n "${UP_BIN_DIR:-}" ]]; then
+    BIN="$UP_BIN_DIR"
+else
+    echo "building release binaries"
+    job cargo build --release --bins -q
+    BIN=target/release
+fi
 pids=()
-BIN=target/release
 mkdir -p "$LOG_DIR"
 
 # A fresh demo database every run (UP_KEEP_DB=1 keeps the last run's): the example's state is
@@ -83,25 +100,25 @@ API_KEY="$("$BIN/producer" api-key create --tenant demo)"
 CONSOLE_TOKEN="$("$BIN/console" user create --name demo-admin --role admin --replace | tail -n 1)"
 CONSOLE_ADDR="$CONSOLE_ADDR" CONSOLE_CONSUMERS=ledger "$BIN/console" serve >"$LOG_DIR/console.log" 2>&1 & pids+=($!)
 LISTEN_ADDR="$API_ADDR" "$BIN/producer" >"$LOG_DIR/producer.log" 2>&1 & pids+=($!)
-METRICS_ADDR=127.0.0.1:9101 "$BIN/relay" >"$LOG_DIR/relay-1.log" 2>&1 & pids+=($!)
-METRICS_ADDR=127.0.0.1:9102 "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($!)
-METRICS_ADDR=127.0.0.1:9103 "$BIN/producer" ledger --name ledger --bind "payment.*" --bind "order.*" >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
+METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 0)) "$BIN/relay" >"$LOG_DIR/relay-1.log" 2>&1 & pids+=($!)
+METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 1)) "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($!)
+METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 2)) "$BIN/producer" ledger --name ledger --bind "payment.*" --bind "order.*" >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
 # The payment provider simulator (schema provider; PROVIDER_* come through from the environment).
 "$BIN/payment-provider" >"$LOG_DIR/payment-provider.log" 2>&1 & pids+=($!)
 # The payment process worker: charges at the provider, waits for pending charges' webhooks (at
 # most PAYMENT_CONFIRMATION_TIMEOUT, then asks the provider), records captures, compensates declines.
-PROVIDER_URL="http://$PROVIDER_ADDR" METRICS_ADDR=127.0.0.1:9104 "$BIN/producer" worker >"$LOG_DIR/payment-worker.log" 2>&1 & pids+=($!)
+PROVIDER_URL="http://$PROVIDER_ADDR" METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 3)) "$BIN/producer" worker >"$LOG_DIR/payment-worker.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 1 100); do curl -fsS "http://$API_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 for _ in $(seq 1 100); do curl -fsS "http://$PROVIDER_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 cat <<EOT
 running:
   producer API   http://$API_ADDR  (API key: $API_KEY)
-  relay metrics  http://127.0.0.1:9101/metrics  http://127.0.0.1:9102/metrics
-  ledger         http://127.0.0.1:9103/metrics (producer ledger, the example consumer: applies payment.captured, acks the other events)
+  relay metrics  http://127.0.0.1:$((METRICS_PORT + 0))/metrics  http://127.0.0.1:$((METRICS_PORT + 1))/metrics
+  ledger         http://127.0.0.1:$((METRICS_PORT + 2))/metrics (producer ledger, the example consumer: applies payment.captured, acks the other events)
   provider       http://$PROVIDER_ADDR  payment provider simulator (mode: ${PROVIDER_MODE:-sync}; faults: ${PROVIDER_FAULTS:-none}; charges: /admin/charges; webhooks: /admin/events -> $PROVIDER_WEBHOOK_URL)
   console        http://$CONSOLE_ADDR  (log in with the admin token: $CONSOLE_TOKEN; docs/console.md)
-  worker         http://127.0.0.1:9104/metrics (producer worker: the payment processes)
+  worker         http://127.0.0.1:$((METRICS_PORT + 3))/metrics (producer worker: the payment processes)
   logs           $LOG_DIR/
 load: deploy/loadgen.sh places an order and pays it every 200 ms (with replays, conflicts, mismatches)
 EOT

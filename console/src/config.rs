@@ -43,6 +43,46 @@ pub struct ServeConfig {
     /// `card_number`, `email` ... are always).
     #[arg(long, env = "CONSOLE_SECRET_FIELDS", value_delimiter = ',')]
     pub secret_fields: Vec<String>,
+    #[command(flatten)]
+    pub look: LookConfig,
+}
+
+/// What the pages link to and how often the overview's charts are sampled.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LookConfig {
+    /// Grafana's base URL (`https://grafana.example`): the overview's charts link to the matching
+    /// panels of the provisioned dashboards.
+    #[arg(long, env = "CONSOLE_GRAFANA_URL")]
+    pub grafana_url: Option<String>,
+    /// A trace viewer's URL with `{trace_id}` in it (`https://jaeger.example/trace/{trace_id}`):
+    /// a process or message carrying a W3C traceparent links to its trace.
+    #[arg(long, env = "CONSOLE_TRACE_URL")]
+    pub trace_url: Option<String>,
+    /// The remote's page of a reference, with `{ref}` in it
+    /// (`https://provider.example/charges/{ref}`): a step's remote reference links there.
+    #[arg(long, env = "CONSOLE_REMOTE_URL")]
+    pub remote_url: Option<String>,
+    /// How often the sampler records the overview's figures, in milliseconds.
+    #[arg(long, env = "CONSOLE_SAMPLE_INTERVAL_MS", default_value_t = 60_000)]
+    pub sample_interval_ms: u64,
+}
+
+impl Default for LookConfig {
+    fn default() -> Self {
+        Self {
+            grafana_url: None,
+            trace_url: None,
+            remote_url: None,
+            sample_interval_ms: 60_000,
+        }
+    }
+}
+
+impl LookConfig {
+    /// The sampling interval, at least 100 ms.
+    pub fn sample_interval(&self) -> Duration {
+        Duration::from_millis(self.sample_interval_ms.max(100))
+    }
 }
 
 impl ServeConfig {
@@ -93,4 +133,6 @@ pub struct Settings {
     pub audit_retention_days: u32,
     /// An ordered consumer's aggregate waiting this long for a missing message shows as stuck.
     pub ordered_gap_after: Duration,
+    /// Where the pages link to (Grafana, traces, the remote) and the sampling interval.
+    pub look: LookConfig,
 }

@@ -103,6 +103,23 @@ pub async fn page(
     result.map(|(letters, depth)| (letters.into_iter().skip(skip).collect(), depth))
 }
 
+/// How many dead letters consumer `name` holds (the dead-letter queue's depth), without reading
+/// any: a passive declare.
+pub async fn depth(amqp_url: &str, tls: &AmqpTls, name: &str) -> Result<usize, DlqError> {
+    let topology = Topology::new(name, &[]);
+    let conn =
+        plumbing::amqp_nodes::connect(amqp_url, tls, &format!("consumer {name} dlq depth")).await?;
+    let result = async {
+        let ch = conn.create_channel().await?;
+        let n = dlq_count(&ch, name, &topology).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), ch.close(200, "counted".into())).await;
+        n
+    }
+    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
+    result
+}
+
 /// Up to `limit` dead letters from the head, and the queue's depth.
 async fn list_on(
     conn: &Connection,

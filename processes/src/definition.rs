@@ -299,6 +299,9 @@ pub struct Compensation {
     pub sensitive: bool,
     pub retry: RetryPolicy,
     pub timeout: Duration,
+    /// What it does in business words ("refund", "release"), so a person reads the refund as a
+    /// refund and not as the step it undoes; stored with the compensation step.
+    pub label: Option<String>,
 }
 
 /// One step of a definition.
@@ -363,7 +366,24 @@ impl Step {
             sensitive: false,
             retry: RetryPolicy::default(),
             timeout: self.timeout,
+            label: None,
         });
+        self
+    }
+    /// [`Step::compensate`], named for what it does (`"release"`): the label is stored with the
+    /// compensation step and shown instead of "undo <step>" (1 to 100 bytes; longer is cut).
+    pub fn compensate_as(self, label: impl Into<String>, action: Action) -> Self {
+        self.compensate(action).labelled(label)
+    }
+    /// [`Step::compensate_sensitive`], named for what it does (`"refund"`).
+    pub fn compensate_sensitive_as(self, label: impl Into<String>, action: Action) -> Self {
+        self.compensate_sensitive(action).labelled(label)
+    }
+    fn labelled(mut self, label: impl Into<String>) -> Self {
+        let label = crate::redact::truncate(label.into().trim(), 100);
+        if let Some(c) = self.compensation.as_mut() {
+            c.label = Some(label).filter(|l| !l.is_empty());
+        }
         self
     }
     /// Compensated by `action`, but only after an approver confirms (it waits in manual_review).
@@ -373,6 +393,7 @@ impl Step {
             sensitive: true,
             retry: RetryPolicy::default(),
             timeout: self.timeout,
+            label: None,
         });
         self
     }

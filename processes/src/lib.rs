@@ -19,6 +19,8 @@
 //!   caller's transaction; an event that comes before its wait is kept for it.
 //! - [`admin`]: what operators see and may do (list, get with history, the actions allowed now).
 //! - [`status`]: [`ProcessStatus`] and [`StepStatus`], the states as types.
+//! - [`look`]: what a person looking at processes reads besides the views: compensation labels,
+//!   the manual-review backlog, the processes of a business key.
 //! - [`redact`]: inputs and messages as stored for display.
 //! - [`internal_events`]: the metrics.
 //!
@@ -36,6 +38,7 @@ pub mod definition;
 pub mod error;
 pub mod find;
 pub mod internal_events;
+pub mod look;
 pub mod redact;
 pub mod retry;
 mod runner;

@@ -1282,6 +1282,7 @@ impl Run<'_> {
                     remote: c.action.remote().map(|r| r.as_str()),
                     sensitive: c.sensitive,
                     max_attempts: c.retry.max_attempts.max(1),
+                    label: c.label.clone(),
                 })
             })
             .collect();

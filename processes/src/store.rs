@@ -769,6 +769,8 @@ pub struct NewCompensation {
     pub remote: Option<&'static str>,
     pub sensitive: bool,
     pub max_attempts: i32,
+    /// What it does in business words, from the definition (`compensation_label`).
+    pub label: Option<String>,
 }
 
 /// Inserts the compensation steps (already in the order they run), inside the fenced transaction
@@ -790,17 +792,18 @@ async fn add_compensations(
     let remotes: Vec<Option<&str>> = steps.iter().map(|s| s.remote).collect();
     let sensitive: Vec<bool> = steps.iter().map(|s| s.sensitive).collect();
     let max_attempts: Vec<i32> = steps.iter().map(|s| s.max_attempts).collect();
+    let labels: Vec<Option<&str>> = steps.iter().map(|s| s.label.as_deref()).collect();
     sqlx::query(schema.sql(
         "INSERT INTO {{schema}}.process_steps \
              (process_id, seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, \
-              max_attempts, last_reason, lease_token) \
+              max_attempts, last_reason, lease_token, compensation_label) \
          SELECT $1, (SELECT max(seq) FROM {{schema}}.process_steps WHERE process_id = $1) + c.n, c.name, \
                 'compensation', c.acts_on, c.execution, c.remote, c.sensitive, \
                 CASE WHEN c.sensitive THEN 'manual_review' ELSE 'pending' END, \
                 md5($1::text || '/compensation/' || c.name)::uuid, c.max_attempts, \
-                CASE WHEN c.sensitive THEN 'sensitive compensation: waits for approval; ' || $7 ELSE $7 END, $8 \
-         FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::bool[], $9::int[]) \
-              WITH ORDINALITY AS c(acts_on, name, execution, remote, sensitive, max_attempts, n) \
+                CASE WHEN c.sensitive THEN 'sensitive compensation: waits for approval; ' || $7 ELSE $7 END, $8, c.label \
+         FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::bool[], $9::int[], $10::text[]) \
+              WITH ORDINALITY AS c(acts_on, name, execution, remote, sensitive, max_attempts, label, n) \
          ORDER BY c.n",
     ))
     .bind(id)
@@ -812,6 +815,7 @@ async fn add_compensations(
     .bind(crate::redact::truncate(reason, 900))
     .bind(token)
     .bind(&max_attempts)
+    .bind(&labels)
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -18,6 +18,7 @@
 //!   size) before anything is sent: a row that can never be published goes dead, never reaches lapin.
 //! - [`publisher`]: the RabbitMQ connection and confirm channel.
 //! - [`internal_events`]: every metric the relay emits.
+//! - [`aggregate`]: the retained messages of one aggregate, for a person following a link.
 //! - [`verify`]: `relay verify`: reconcile what was published in a window against a consumer's
 //!   `processed_messages` (missing ids, end-to-end lag).
 //! - [`run`] / [`run_with_pool`]: the loop tying them together; the binary and embedding services call these.
@@ -34,6 +35,7 @@
 //! requeue: [`store`]), and `relay_partitions` and `relay_instances` (leases). Other crates change
 //! them only through [`store`] (the console's requeue is `store::requeue_dead_in`).
 
+pub mod aggregate;
 pub mod cloudevents;
 pub mod config;
 pub mod dead;

@@ -92,6 +92,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../migrations/0015_cheaper_inserts.sql"),
     ),
     (
+        16,
+        "console look: compensation labels, processes by business key, console samples",
+        include_str!("../../migrations/0016_console_look.sql"),
+    ),
+    (
         17,
         "console find: indexed search keys and keyset pages of processes",
         include_str!("../../migrations/0017_console_find.sql"),

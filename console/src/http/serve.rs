@@ -59,6 +59,7 @@ pub async fn start(
             cookie_secure: config.cookie_secure,
             audit_retention_days: config.audit_retention_days,
             ordered_gap_after: Duration::from_secs(config.ordered_gap_seconds),
+            look: config.look.clone(),
         }),
         processes: targets::processes::Admin::new(config.db.schema.clone()),
         idempotency: keys::store(pool.clone(), config.db.schema.clone()),
@@ -69,6 +70,7 @@ pub async fn start(
     };
     actions::approvals::refresh_pending_gauge(&state).await;
     keys::purge(state.idempotency.clone(), shutdown.clone());
+    targets::samples::spawn(state.clone(), shutdown.clone());
     // Readiness follows the database.
     {
         let (pool, readiness, shutdown) = (pool.clone(), readiness.clone(), shutdown.clone());

@@ -2,6 +2,7 @@
 //! crate's `messages`), consumer dead letters (RabbitMQ, through `consumer::dlq`), processes
 //! (`processes::admin`) and ordered consumers (`consumer::ordered::admin`). Each target says
 //! what an effect changed as a [`Change`], which the actions layer writes to the audit log.
+//! [`samples`] keeps the overview's figures over time (the console's own table).
 
 pub mod change;
 pub mod cursor;
@@ -11,5 +12,6 @@ pub mod ordered;
 pub mod outbox_dead;
 pub mod outbox_dead_page;
 pub mod processes;
+pub mod samples;
 
 pub use change::Change;

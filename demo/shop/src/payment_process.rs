@@ -128,13 +128,16 @@ fn definition_version(flow: &PaymentFlow, version: i32) -> Definition {
         .step(
             Step::local("reserve_order", Reserve)
                 .retry(local_retry)
-                .compensate(Action::local(Release(flow.clone()))),
+                .compensate_as("release", Action::local(Release(flow.clone()))),
         )
         .step(
             Step::external("charge", flow.remote, Charge(flow.clone()))
                 .retry(flow.retry)
                 .timeout(step_timeout)
-                .compensate_sensitive(Action::external(Remote::HonoursKey, Refund(flow.clone()))),
+                .compensate_sensitive_as(
+                    "refund",
+                    Action::external(Remote::HonoursKey, Refund(flow.clone())),
+                ),
         );
     let d = if version >= 2 {
         d.step(

@@ -652,6 +652,7 @@ impl Console {
             ordered_gap_seconds: 1,
             login_attempts_per_minute: 5,
             secret_fields: vec![],
+            look: Default::default(),
         };
         let shutdown = tokio_util::sync::CancellationToken::new();
         let running = console::start(config, shutdown.clone()).await.unwrap();

@@ -1162,6 +1162,7 @@ async fn every_write_of_a_lease_taken_over_is_fenced_off_and_changes_nothing() {
         remote: None,
         sensitive: false,
         max_attempts: 1,
+        label: None,
     }];
     let mut tx = pool.begin().await.unwrap();
     fenced(

@@ -40,7 +40,7 @@ fn card(session: &Session, a: &approvals::Approval, back: Option<&str>) -> Marku
     html! {
         div.approval.card id={ "approval-" (id) } {
             p {
-                b { (shown(&approval_title(a))) } " · " span.status { (shown(&a.status)) }
+                b { (shown(&approval_title(a))) } " · " span.status { (super::badge::badge(&a.status)) }
                 @match (&a.decided_by, a.status.as_str()) {
                     (Some(by), _) => { " by " (shown(by)) },
                     (None, "superseded") => {

@@ -1,6 +1,8 @@
 //! The audit log page (filtered, newest first) and the audit table other pages show (recent
 //! entries on the overview, a process's operator actions on its page).
 
+use super::badge::badge;
+use super::diff::{diff, target_link};
 use super::errors::error_page;
 use super::layout::{page, shown};
 use super::session::WebSession;
@@ -12,9 +14,6 @@ use maud::{Markup, html};
 
 /// Audit entries as a table with HTML id `id`.
 pub fn audit_table(id: &str, entries: &[audit::Entry]) -> Markup {
-    let json = |v: &Option<serde_json::Value>| {
-        shown(&v.as_ref().map(|v| v.to_string()).unwrap_or_default())
-    };
     html! {
         table id=(id) {
             tr {
@@ -28,11 +27,11 @@ pub fn audit_table(id: &str, entries: &[audit::Entry]) -> Markup {
                     td { (shown(&e.actor_name)) }
                     td { (shown(&e.roles.join(","))) }
                     td { (shown(&e.action)) }
-                    td { (shown(&e.target)) }
+                    td { (target_link(&e.target)) }
                     td { (shown(&e.reason)) }
                     td { (shown(e.approver.as_deref().unwrap_or(""))) }
-                    td.outcome { (shown(&e.outcome)) }
-                    td { code { (json(&e.before)) } " → " code { (json(&e.after)) } }
+                    td.outcome { (badge(&e.outcome)) }
+                    td.change { (diff(e.before.as_ref(), e.after.as_ref())) }
                 }
             }
         }

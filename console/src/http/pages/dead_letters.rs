@@ -114,7 +114,12 @@ fn letters_form(
                             input type="checkbox" name="item" value={ (shown(id)) "|" (shown(&l.version)) };
                         }
                     }
-                    td { (shown(l.message_id.as_deref().unwrap_or(""))) }
+                    td {
+                        (shown(l.message_id.as_deref().unwrap_or("")))
+                        @if let Some(agg) = l.headers["aggregate_id"].as_str() {
+                            br; a.aggregate href=(super::links::Links::messages(agg)) { "events of " (shown(agg)) }
+                        }
+                    }
                     td { (shown(&l.event_type)) }
                     td { (shown(&l.kind)) }
                     td { (shown(&l.reason)) }

@@ -16,6 +16,17 @@ pub fn shown(text: &str) -> String {
 
 /// A whole page: `body` under the navigation (for a signed-in `session`) and the title.
 pub fn page(session: Option<&Session>, title: &str, body: Markup) -> Html<String> {
+    page_refreshing(session, title, body, None)
+}
+
+/// [`page`], reloaded by the browser every `refresh` seconds when set (`<meta http-equiv>`: no
+/// script needed).
+pub fn page_refreshing(
+    session: Option<&Session>,
+    title: &str,
+    body: Markup,
+    refresh: Option<u32>,
+) -> Html<String> {
     let title = shown(title);
     Html(
         html! {
@@ -23,6 +34,7 @@ pub fn page(session: Option<&Session>, title: &str, body: Markup) -> Html<String
             html {
                 head {
                     meta charset="utf-8";
+                    @if let Some(n) = refresh { meta http-equiv="refresh" content=(n); }
                     title { (title) " · outbox console" }
                     link rel="stylesheet" href="/style.css";
                 }
@@ -64,7 +76,7 @@ pub async fn stylesheet() -> Response {
             (header::CONTENT_TYPE, "text/css; charset=utf-8"),
             (header::CACHE_CONTROL, "max-age=300"),
         ],
-        STYLE,
+        format!("{STYLE}{}{LOOK}", super::badge::STYLE),
     )
         .into_response()
 }
@@ -79,6 +91,15 @@ form.process-action{border:1px solid #ccc;padding:.5em;margin:.5em 0}form.inline
 .card{border:1px solid #bbb;border-radius:4px;padding:.5em .75em;margin:.5em 0;max-width:60em}\
 .partitions{display:flex;flex-wrap:wrap;gap:4px;margin:.5em 0 1em}.partition{width:7.5em;padding:.3em;border:2px solid #999;border-radius:3px;font-size:.8em;overflow:hidden}\
 .partition.held{border-color:#c33}.card.stuck{border-left:6px solid #c33}.amount{font-size:1.1em}.safe{color:#2a7a2a;font-weight:bold}";
+
+/// The step strip's, the overview's tiles' and charts' and the audit diff's rules.
+const LOOK: &str = "svg#strip{max-width:100%;height:auto;border:1px solid #ddd;background:#fff;margin:.5em 0}\
+details#history{margin:1em 0}details#history>summary{cursor:pointer}\
+.tiles{display:flex;flex-wrap:wrap;gap:.6em;margin:.5em 0 1em}.tile{border:1px solid #bbb;border-radius:5px;padding:.5em .8em;min-width:11em}\
+.tile .figure{font-size:1.8em;font-weight:bold;display:block}.tile.alert{border-left:6px solid #c62828}.tile.calm{border-left:6px solid #2e7d32}\
+.charts{display:flex;flex-wrap:wrap;gap:1em}.chart{border:1px solid #ddd;padding:.3em .5em;margin:0}.refresh{color:#444}\
+.diff-removed{background:#fbe3e3;color:#8a1414;text-decoration:line-through}.diff-added{background:#e2f5e2;color:#145214}\
+.diff-changed{font-weight:bold}table.diff td{font-size:.85em}";
 
 #[cfg(test)]
 mod tests {

@@ -7,16 +7,24 @@
 //!
 //! One file a page: [`overview`], [`processes`], [`dead_letters`], [`ordered`], [`idempotency`],
 //! [`audit`], [`login`]; shared parts: [`layout`], [`errors`], [`forms`], [`session`],
-//! [`notice`], [`approvals`] (the approval cards several pages show).
+//! [`notice`], [`approvals`] (the approval cards several pages show), [`badge`] (status colours),
+//! [`charts`] (the overview's SVG charts), [`links`] (where names link to); [`messages`]: an
+//! aggregate's outbox messages.
 
 pub mod approvals;
 pub mod audit;
+pub mod badge;
+pub mod charts;
+pub mod dashboard;
 pub mod dead_letters;
+pub mod diff;
 pub mod errors;
 pub mod forms;
 pub mod idempotency;
 pub mod layout;
+pub mod links;
 pub mod login;
+pub mod messages;
 pub mod notice;
 pub mod ordered;
 pub mod overview;
@@ -51,6 +59,7 @@ pub fn router() -> Router<AppState> {
             "/ui/consumers/{consumer}/ordered/{action}",
             post(ordered::action),
         )
+        .route("/messages", get(messages::messages_page))
         .route("/processes", get(processes::list_page))
         .route("/processes/{id}", get(processes::page::process_page))
         .route(

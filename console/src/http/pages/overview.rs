@@ -1,11 +1,12 @@
-//! The overview: processes in manual review, the outbox backlog, dead outbox rows with the
+//! The overview: the [`super::dashboard`] (tiles, charts, refresh toggle), processes in manual review, the outbox backlog, dead outbox rows with the
 //! requeue form (and its dry run), approval requests and the recent audit entries.
 
 use super::approvals::approvals_table;
 use super::audit::audit_table;
+use super::dashboard::{RefreshQuery, dashboard};
 use super::errors::{answer_page, error_page};
 use super::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
-use super::layout::{page, shown};
+use super::layout::{page, page_refreshing, shown};
 use super::notice::NoticeQuery;
 use super::session::WebSession;
 use crate::actions::{Action, allowed, approvals, audit};
@@ -24,8 +25,9 @@ pub async fn overview(
     State(s): State<AppState>,
     WebSession(session): WebSession,
     Query(n): Query<NoticeQuery>,
+    Query(r): Query<RefreshQuery>,
 ) -> Response {
-    match render_overview(&s, &session, &n).await {
+    match render_overview(&s, &session, &n, r.seconds()).await {
         Ok(h) => h.into_response(),
         Err(e) => error_page(Some(&session), &e),
     }
@@ -35,7 +37,9 @@ async fn render_overview(
     s: &AppState,
     session: &Session,
     notice: &NoticeQuery,
+    refresh: Option<u32>,
 ) -> Result<Html<String>, ConsoleError> {
+    let dashboard = dashboard(s, session, refresh).await?;
     let backlog = outbox_dead::backlog(&s.pool, &s.schema).await?;
     let dead = outbox_dead::list(&s.pool, &s.schema, 200).await?;
     let pending = approvals::list(&s.pool, s, None).await?;
@@ -52,6 +56,7 @@ async fn render_overview(
     let in_review = s.processes.in_manual_review(&s.pool).await?;
     let body = html! {
         (notice.html())
+        (dashboard)
         h2 { "Processes" }
         p #manual-review {
             a href="/processes?status=manual_review" { (in_review) " in manual review" }
@@ -70,7 +75,12 @@ async fn render_overview(
         h2 { "Recent audit entries" }
         (audit_table("audit", &recent))
     };
-    Ok(page(Some(session), "Operations console", body))
+    Ok(page_refreshing(
+        Some(session),
+        "Operations console",
+        body,
+        refresh,
+    ))
 }
 
 /// The dead rows (the first of `total`), in the requeue form when the user's role may requeue,
@@ -102,7 +112,10 @@ fn dead_rows(session: &Session, dead: &[outbox_dead::DeadRow], total: i64) -> Ma
                     }
                     td { (r.id) }
                     td { (shown(&r.event_type)) }
-                    td { (shown(&r.aggregate_type)) "/" (shown(&r.aggregate_id)) }
+                    td {
+                        (shown(&r.aggregate_type)) "/"
+                        a.aggregate href=(super::links::Links::messages(&r.aggregate_id)) { (shown(&r.aggregate_id)) }
+                    }
                     td { (r.attempts) }
                     td { (shown(r.last_error.as_deref().unwrap_or(""))) }
                     td { (r.version) }

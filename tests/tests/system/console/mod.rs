@@ -16,6 +16,8 @@ use system_tests::{TestDb, amqp_url, bin_path, wait_until};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+mod look;
+
 const CARD: &str = "4111111111111111";
 const SECRET: &str = "hunter2-very-secret";
 
@@ -56,6 +58,7 @@ impl Console {
             ordered_gap_seconds: 60,
             login_attempts_per_minute: login_attempts,
             secret_fields: vec!["customer_secret".into()],
+            look: Default::default(),
         };
         let shutdown = CancellationToken::new();
         let running = console::start(config, shutdown.clone())
@@ -2279,6 +2282,8 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
             "{who} {outcome}: {actions}"
         );
     }
+    // The full history sits behind the step strip: open it to read it.
+    click(&b, "history-toggle").await;
     let timeline = text_of(&b, "timeline").await;
     assert!(
         timeline.contains("operator-olivia")

@@ -1,5 +1,6 @@
-//! The process pages: the list ([`find`]: one search box, filters, counts by status, keyset pages) and one process
-//! ([`mod@page`]: overall and per-step status, the last classified error, attempts, operation ids,
+//! The process pages: the list ([`find`]: one search box, filters, counts by status, keyset pages,
+//! [`bulk`] actions by filter) and one process ([`mod@page`]: the [`strip`] of its steps first,
+//! overall and per-step status, the last classified error, attempts, operation ids,
 //! external references, the [`timeline`] of transitions and operator actions, and the
 //! [`actions`] allowed now that the user's role may ask for). Everything shown is redacted.
 
@@ -7,11 +8,13 @@ pub mod actions;
 pub mod bulk;
 pub mod find;
 pub mod page;
+pub mod strip;
 pub mod timeline;
 pub mod values;
 
 pub use find::list_page;
 
+use super::badge::badge;
 use super::layout::shown;
 use maud::{Markup, html};
 use serde_json::{Value, json};
@@ -26,7 +29,7 @@ pub(crate) fn row(p: &Value) -> Markup {
             td { a href={ "/processes/" (id) } id={ "process-" (id) } { code { (id) } } }
             td { (shown(&txt(p, "kind"))) " v" (shown(&txt(p, "definition_version"))) }
             td { (shown(&txt(p, "business_key"))) }
-            td.status { b { (shown(&status)) } @if p["paused"] == json!(true) { " (paused)" } }
+            td.status { (badge(&status)) @if p["paused"] == json!(true) { " " (badge("paused")) } }
             td { (shown(&txt(p, "attempt"))) }
             td { (when(p, "created_at")) }
             td { (when(p, "updated_at")) }

@@ -3,6 +3,7 @@
 //! requests, operator actions and the timeline.
 
 use super::actions::actions;
+use super::strip::strip;
 use super::timeline::timeline;
 use super::values::{short, time_of, txt, when};
 use crate::actions::{approvals, audit};
@@ -10,8 +11,10 @@ use crate::auth::sessions::Session;
 use crate::error::ConsoleError;
 use crate::http::pages::approvals::approvals_table;
 use crate::http::pages::audit::audit_table;
+use crate::http::pages::badge::badge;
 use crate::http::pages::errors::error_page;
 use crate::http::pages::layout::{page, shown};
+use crate::http::pages::links::Links;
 use crate::http::pages::notice::NoticeQuery;
 use crate::http::pages::session::WebSession;
 use crate::redact;
@@ -22,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use processes::StepStatus;
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use uuid::Uuid;
 
 /// `GET /processes/{id}`.
@@ -50,15 +54,21 @@ async fn render(
     let pending = approvals::of_process(&s.pool, s, id).await?;
     let entries = audit::of_process(&s.pool, &s.schema, id).await?;
     let steps: Vec<Value> = v["steps"].as_array().cloned().unwrap_or_default();
+    let labels: HashMap<i32, String> = processes::look::compensation_labels(&s.pool, &s.schema, id)
+        .await?
+        .into_iter()
+        .collect();
+    let links = Links::new(&s.settings.look);
     let body = html! {
         (notice.html())
-        (summary(&v))
+        (strip(&v, &entries, &labels))
+        (summary(&v, &links))
         (last_error(&v))
         (unknown_outcomes(&v))
         (waits(&steps))
         h2 { "Input" }
         p { code #input { (shown(&v["input"].to_string())) } }
-        (steps_table(&steps))
+        (steps_table(&steps, &labels, &links))
         (actions(session, id, &v, &steps, &pending))
         @if !pending.is_empty() {
             h2 { "Approval requests" }
@@ -68,7 +78,10 @@ async fn render(
             h2 { "Operator actions" }
             (audit_table("process-audit", &entries))
         }
-        (timeline(&v, &steps, &entries))
+        details #history {
+            summary #history-toggle { b { "Full history" } " (" (v["history"].as_array().map(Vec::len).unwrap_or(0)) " transitions and " (entries.len()) " console actions, by time)" }
+            (timeline(&v, &steps, &entries))
+        }
         p { a href="/processes" { "All processes" } }
     };
     let title = format!("Process {} {}", txt(&v, "kind"), txt(&v, "business_key"));
@@ -76,14 +89,17 @@ async fn render(
 }
 
 /// The process at a glance: id, kind, key, revision, status, attempt, version, times, lease,
-/// last change.
-fn summary(v: &Value) -> Markup {
+/// last change, and what it names (its business key's and input's outbox messages, its trace).
+fn summary(v: &Value, links: &Links) -> Markup {
     let t = |k: &str| shown(&txt(v, k));
     html! {
         table #process {
             tr { th { "id" } td { code { (t("id")) } } }
             tr { th { "kind" } td { (t("kind")) " (definition v" (t("definition_version")) ")" } }
-            tr { th { "business key" } td { (t("business_key")) } }
+            tr {
+                th { "business key" }
+                td { a #business-key href=(Links::messages(&txt(v, "business_key"))) { (t("business_key")) } }
+            }
             tr {
                 th { "revision" }
                 td {
@@ -94,7 +110,10 @@ fn summary(v: &Value) -> Markup {
             }
             tr {
                 th { "status" }
-                td { b #process-status { (t("status")) } @if v["paused"] == json!(true) { " " b { "paused" } } }
+                td {
+                    span #process-status { (badge(&txt(v, "status"))) }
+                    @if v["paused"] == json!(true) { " " (badge("paused")) }
+                }
             }
             tr { th { "attempt" } td { (t("attempt")) } }
             tr { th { "version" } td { span #process-version { (t("version")) } } }
@@ -115,6 +134,32 @@ fn summary(v: &Value) -> Markup {
                 }
             }
             tr { th { "last change" } td { (t("last_actor")) ": " (t("last_reason")) } }
+            (related(v, links))
+        }
+    }
+}
+
+/// The things the process names: the outbox messages of its business key and of the ids in its
+/// input (an order, a payment), its trace when the input carries a traceparent.
+fn related(v: &Value, links: &Links) -> Markup {
+    let input = &v["input"];
+    let ids: Vec<(&str, String)> = [("order", "order_id"), ("payment", "payment_id")]
+        .into_iter()
+        .filter_map(|(label, k)| input[k].as_str().map(|id| (label, shown(id))))
+        .collect();
+    let trace = input["traceparent"].as_str().and_then(|tp| links.trace(tp));
+    html! {
+        tr {
+            th { "related" }
+            td #related {
+                a href=(Links::messages(&txt(v, "business_key"))) { "outbox messages of " (shown(&txt(v, "business_key"))) }
+                @for (label, id) in &ids {
+                    " · " a.related href=(Links::messages(id)) id={ "related-" (label) } { (label) " " code { (id) } " and its messages" }
+                }
+                @if let Some((id, url)) = trace {
+                    " · " a #trace href=(url) { "trace " code { (id) } }
+                }
+            }
         }
     }
 }
@@ -205,7 +250,7 @@ fn relative(d: chrono::TimeDelta) -> String {
 }
 
 /// The steps: role, how each runs, status, attempts, error, operation id, references, times.
-fn steps_table(steps: &[Value]) -> Markup {
+fn steps_table(steps: &[Value], labels: &HashMap<i32, String>, links: &Links) -> Markup {
     html! {
         h2 { "Steps" }
         table #steps {
@@ -214,13 +259,13 @@ fn steps_table(steps: &[Value]) -> Markup {
                 th { "error" } th { "operation id" } th { "external references" } th { "times" }
                 th { "last change" }
             }
-            @for st in steps { (step_row(st)) }
+            @for st in steps { (step_row(st, labels, links)) }
         }
     }
 }
 
 /// One step of [`steps_table`].
-fn step_row(st: &Value) -> Markup {
+fn step_row(st: &Value, labels: &HashMap<i32, String>, links: &Links) -> Markup {
     let t = |k: &str| shown(&txt(st, k));
     let seq = txt(st, "seq");
     let refs: Vec<(&str, String)> = [("remote", "remote_ref"), ("result", "result_ref")]
@@ -240,7 +285,12 @@ fn step_row(st: &Value) -> Markup {
     html! {
         tr.step id={ "step-" (seq) } {
             td { (seq) }
-            td.name { (t("name")) @if st["sensitive"] == json!(true) { " " small { "sensitive" } } }
+            td.name {
+                @if let Some(l) = st["seq"].as_i64().and_then(|q| labels.get(&(q as i32))) {
+                    b.compensation-label { (shown(l)) } " (" (t("name")) ")"
+                } @else { (t("name")) }
+                @if st["sensitive"] == json!(true) { " " small { "sensitive" } }
+            }
             td.role {
                 (t("role"))
                 @let on = txt(st, "acts_on");
@@ -251,7 +301,7 @@ fn step_row(st: &Value) -> Markup {
                 @let remote = txt(st, "remote");
                 @if !remote.is_empty() { " (" (shown(&remote)) ")" }
             }
-            td.status id={ "step-" (seq) "-status" } { (t("status")) }
+            td.status id={ "step-" (seq) "-status" } { (badge(&txt(st, "status"))) }
             td { (t("attempts")) "/" (t("max_attempts")) }
             td {
                 @let class = txt(st, "error_class");
@@ -261,7 +311,11 @@ fn step_row(st: &Value) -> Markup {
             td {
                 @for (i, (label, r)) in refs.iter().enumerate() {
                     @if i > 0 { br; }
-                    (label) ": " code { (r) }
+                    (label) ": "
+                    @match (*label, links.remote(r)) {
+                        ("remote", Some(url)) => { a.remote-ref href=(url) { code { (r) } } },
+                        _ => { code { (r) } },
+                    }
                 }
             }
             td {

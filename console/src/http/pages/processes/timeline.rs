@@ -24,7 +24,6 @@ pub fn timeline(v: &Value, steps: &[Value], entries: &[audit::Entry]) -> Markup 
     rows.extend(entries.iter().map(action));
     rows.sort_by_key(|r| (r.0, r.1, r.2));
     html! {
-        h2 { "Timeline" }
         table #timeline {
             tr {
                 th { "when (UTC)" } th { "source" } th { "what" } th { "change / outcome" } th { "who" }
