@@ -4,8 +4,8 @@
 -- The process id and the operation id already have their unique indexes (primary key,
 -- process_steps_operation_unique).
 
--- Search by business key alone (processes_business_key_revision leads with kind).
-CREATE INDEX processes_business_key_idx ON {{schema}}.processes (business_key);
+-- Search by business key alone: processes_business_key (migration 16; the unique
+-- processes_business_key_revision leads with kind).
 -- Search by any top-level value of the displayed input (an order id, a payment id): the GIN index
 -- answers `input_redacted @? '$.* ? (@ == "...")'`. Only the redacted input is indexed, so a
 -- sensitive value can never be found by guessing it.
