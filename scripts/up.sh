@@ -11,6 +11,7 @@
 #   UP_KEEP_DB=1 scripts/up.sh   # keep the demo database of the last run (default: a fresh one)
 #   UP_BIN_DIR=target/debug scripts/up.sh   # binaries already built there, no release build
 #   UP_METRICS_PORT=9101         # the relays', ledger's and worker's metrics: this port and the next three
+#   LEDGER_NAME=ledger           # the ledger consumer's name (its queues: NAME, NAME.dlq, NAME.retry.*)
 #
 #   PROVIDER_MODE=async scripts/up.sh   # charges confirmed later, by signed webhook
 #
@@ -26,6 +27,7 @@ cd "$(dirname "$0")/.."
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/outbox_demo}"
 export AMQP_URL="${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
 export OUTBOX_EXCHANGE="${OUTBOX_EXCHANGE:-outbox.events}"
+LEDGER_NAME="${LEDGER_NAME:-ledger}"
 API_ADDR="${API_ADDR:-127.0.0.1:8080}"
 export PROVIDER_ADDR="${PROVIDER_ADDR:-127.0.0.1:8090}"
 export PROVIDER_WEBHOOK_URL="${PROVIDER_WEBHOOK_URL:-http://$API_ADDR/webhooks/provider}"
@@ -98,11 +100,11 @@ psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE 
 
 API_KEY="$("$BIN/producer" api-key create --tenant demo)"
 CONSOLE_TOKEN="$("$BIN/console" user create --name demo-admin --role admin --replace | tail -n 1)"
-CONSOLE_ADDR="$CONSOLE_ADDR" CONSOLE_CONSUMERS=ledger "$BIN/console" serve >"$LOG_DIR/console.log" 2>&1 & pids+=($!)
+CONSOLE_ADDR="$CONSOLE_ADDR" CONSOLE_CONSUMERS="$LEDGER_NAME" "$BIN/console" serve >"$LOG_DIR/console.log" 2>&1 & pids+=($!)
 LISTEN_ADDR="$API_ADDR" "$BIN/producer" >"$LOG_DIR/producer.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 0)) "$BIN/relay" >"$LOG_DIR/relay-1.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 1)) "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($!)
-METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 2)) "$BIN/producer" ledger --name ledger --bind "payment.*" --bind "order.*" >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
+METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 2)) "$BIN/producer" ledger --name "$LEDGER_NAME" --bind "payment.*" --bind "order.*" >"$LOG_DIR/consumer-ledger.log" 2>&1 & pids+=($!)
 # The payment provider simulator (schema provider; PROVIDER_* come through from the environment).
 "$BIN/payment-provider" >"$LOG_DIR/payment-provider.log" 2>&1 & pids+=($!)
 # The payment process worker: charges at the provider, waits for pending charges' webhooks (at

@@ -610,6 +610,11 @@ async fn up_sh_stops(signal: &str, group: bool) -> Duration {
     let port = || system_tests::free_addr().to_string();
     let metrics = 20_000 + (Uuid::new_v4().as_u128() % 40_000) as u16;
     let out = logs.path().join("up.out");
+    // The ledger consumer's queues get a name of their own, deleted with the broker handle.
+    let broker = system_tests::TestBroker::new();
+    let ledger = broker.queue("up_ledger");
+    let default_delays = consumer::Config::new("x", "x", "x").retry_delays;
+    system_tests::consumers::track_consumer(&broker, &ledger, &default_delays, None);
     let mut child = std::process::Command::new(root.join("scripts/up.sh"))
         .current_dir(&root)
         .env("UP_BIN_DIR", &bins)
@@ -621,11 +626,9 @@ async fn up_sh_stops(signal: &str, group: bool) -> Duration {
         .env("PROVIDER_ADDR", port())
         .env("CONSOLE_ADDR", port())
         .env("UP_METRICS_PORT", metrics.to_string())
-        .env(
-            "OUTBOX_EXCHANGE",
-            format!("up.test.{}", Uuid::new_v4().simple()),
-        )
+        .env("OUTBOX_EXCHANGE", broker.outbox_exchange("up_test"))
         .env("LOG_DIR", logs.path())
+        .env("LEDGER_NAME", &ledger)
         .stdout(std::fs::File::create(&out).unwrap())
         .stderr(std::process::Stdio::null())
         .process_group(0)
