@@ -95,6 +95,13 @@ fn approval_title(a: &approvals::Approval) -> String {
                 r["consumer"].as_str().unwrap_or("?")
             )
         }
+        Some("process_bulk") => {
+            let action = r["action"].as_str().unwrap_or("?").replace('_', " ");
+            match r["step"].as_str() {
+                Some(step) => format!("{action} of step {step} on {n} processes a filter selected"),
+                None => format!("{action} on {n} processes a filter selected"),
+            }
+        }
         Some("process") => {
             let step = &r["request"]["step"];
             let what = match r["action"].as_str() {
@@ -118,6 +125,9 @@ fn approval_title(a: &approvals::Approval) -> String {
 fn approval_terms(a: &approvals::Approval) -> Markup {
     if a.request["kind"] == json!("ordered_discard") {
         return ordered_terms(&a.request);
+    }
+    if a.request["kind"] == json!("process_bulk") {
+        return bulk_terms(&a.request);
     }
     let Some(p) = &a.process else {
         return html! {};
@@ -169,6 +179,48 @@ fn approval_terms(a: &approvals::Approval) -> Markup {
             @for (i, t) in terms.iter().enumerate() {
                 @if i > 0 { " · " }
                 (t)
+            }
+        }
+    }
+}
+
+/// The processes a bulk request froze, in the approver's terms: the filter as asked (a link to
+/// the list it selects now) and each process with the version it is acted on at, linked.
+fn bulk_terms(r: &Value) -> Markup {
+    let filter: Vec<(String, String)> = r["filter"]
+        .as_object()
+        .map(|f| {
+            f.iter()
+                .filter_map(|(k, v)| {
+                    let v = v
+                        .as_str()
+                        .map(str::to_string)
+                        .or_else(|| (v.is_number() || v.is_boolean()).then(|| v.to_string()))?;
+                    (!v.trim().is_empty()).then(|| (k.clone(), v))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let query = filter
+        .iter()
+        .map(|(k, v)| format!("{k}={}", crate::text::url_encode(v)))
+        .collect::<Vec<_>>()
+        .join("&");
+    let items = r["items"].as_array().cloned().unwrap_or_default();
+    html! {
+        p.terms {
+            "filter "
+            @for (i, (k, v)) in filter.iter().enumerate() {
+                @if i > 0 { ", " }
+                code { (shown(k)) "=" (shown(v)) }
+            }
+            " · " a.bulk-filter href={ "/processes?" (query) } { "what it selects now" }
+            " · acts only on these processes at these versions (one that moved on is skipped):"
+        }
+        ul.bulk-items {
+            @for item in &items {
+                @let id = item["id"].as_str().unwrap_or("");
+                li { a href={ "/processes/" (id) } { code { (shown(id)) } } " at version " (shown(&item["version"].to_string())) }
             }
         }
     }

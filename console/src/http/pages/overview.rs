@@ -13,12 +13,23 @@ use crate::actions::{Action, allowed, approvals, audit};
 use crate::auth::sessions::Session;
 use crate::error::ConsoleError;
 use crate::state::AppState;
-use crate::targets::outbox_dead;
+use crate::targets::{outbox_dead, outbox_dead_page};
 use axum::Form;
 use axum::extract::{Query, State};
 use axum::response::{Html, IntoResponse, Response};
 use maud::{Markup, html};
 use serde_json::{Value, json};
+
+/// Where the overview's list of dead rows is: `after` the cursor of its "Next" link, `from` the
+/// number of the page's first row.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct DeadRowsQuery {
+    after: Option<String>,
+    from: Option<String>,
+}
+
+/// Dead rows the overview shows on one page.
+const DEAD_ROWS_PER_PAGE: i64 = 200;
 
 /// `GET /`.
 pub async fn overview(
@@ -26,8 +37,9 @@ pub async fn overview(
     WebSession(session): WebSession,
     Query(n): Query<NoticeQuery>,
     Query(r): Query<RefreshQuery>,
+    Query(d): Query<DeadRowsQuery>,
 ) -> Response {
-    match render_overview(&s, &session, &n, r.seconds()).await {
+    match render_overview(&s, &session, &n, r.seconds(), &d).await {
         Ok(h) => h.into_response(),
         Err(e) => error_page(Some(&session), &e),
     }
@@ -38,10 +50,18 @@ async fn render_overview(
     session: &Session,
     notice: &NoticeQuery,
     refresh: Option<u32>,
+    where_: &DeadRowsQuery,
 ) -> Result<Html<String>, ConsoleError> {
+    let first = super::paging::first_row(where_.from.as_deref())?;
+    let dead = outbox_dead_page::page(
+        &s.pool,
+        &s.schema,
+        where_.after.as_deref(),
+        Some(DEAD_ROWS_PER_PAGE),
+    )
+    .await?;
     let dashboard = dashboard(s, session, refresh).await?;
     let backlog = outbox_dead::backlog(&s.pool, &s.schema).await?;
-    let dead = outbox_dead::list(&s.pool, &s.schema, 200).await?;
     let pending = approvals::list(&s.pool, s, None).await?;
     let recent = audit::list(
         &s.pool,
@@ -69,7 +89,7 @@ async fn render_overview(
             " s) · dead " b #dead-count { (backlog.dead) }
         }
         h2 { "Dead outbox rows" }
-        (dead_rows(session, &dead, backlog.dead))
+        (dead_rows(session, &dead, first))
         h2 { "Approval requests" }
         (approvals_table(session, &pending, None))
         h2 { "Recent audit entries" }
@@ -83,16 +103,14 @@ async fn render_overview(
     ))
 }
 
-/// The dead rows (the first of `total`), in the requeue form when the user's role may requeue,
-/// with "all that match" besides the ticked rows.
-fn dead_rows(session: &Session, dead: &[outbox_dead::DeadRow], total: i64) -> Markup {
+/// A page of dead rows (`first` is the number of its first row), in the requeue form when the
+/// user's role may requeue, with "all that match" besides the ticked rows.
+fn dead_rows(session: &Session, page: &outbox_dead_page::DeadPage, first: i64) -> Markup {
     let may_requeue = allowed(session.principal.role, Action::OutboxRequeue);
-    // Never a silent cut: how many of how many (all of them through the API's pages).
+    let (dead, total) = (&page.items, page.total);
+    // Never a silent cut: which rows of how many, and the next page.
     let shown_of = html! {
-        p #dead-paging {
-            "showing " (dead.len()) " of " span #dead-total { (super::paging::thousands(total)) }
-            @if (dead.len() as i64) < total { " (all of them: " code { "GET /api/outbox/dead?after=..." } ")" }
-        }
+        div #dead-paging { (super::paging::footer("/", first, dead.len(), total, page.next.as_deref())) }
     };
     let table = html! {
         table #dead-rows {

@@ -455,6 +455,38 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
             "nothing runs before approval"
         );
     }
+    // The approver's card says what it does in business terms: the action and step, how many
+    // processes, the filter with a link to what it selects now, and each process at its version.
+    let cookie = login(&c, &ap).await;
+    let card = c
+        .http
+        .get(format!("{}/", c.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        card.contains("rerun step of step charge on 3 processes a filter selected"),
+        "{card}"
+    );
+    assert!(card.contains("error_class=unknown"), "{card}");
+    assert!(
+        card.contains("class=\"bulk-filter\" href=\"/processes?"),
+        "{card}"
+    );
+    for i in plan["items"].as_array().unwrap() {
+        let id = i["id"].as_str().unwrap();
+        assert!(
+            card.contains(&format!(
+                "<a href=\"/processes/{id}\"><code>{id}</code></a> at version {}",
+                i["version"]
+            )),
+            "{id} at its version on the card: {card}"
+        );
+    }
 
     // One of them moves on before the approval: it is skipped and reported, never acted on.
     let moved = keyed[1];
@@ -825,4 +857,130 @@ async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replay
         json!(0)
     );
     let _ = conn.close(200, "done".into()).await;
+}
+
+/// The overview's dead rows are a list like the others: 200 a page, "showing 1–200 of 230" and a
+/// Next link whose page holds the other 30, every row once; a bad cursor is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_pages_its_dead_rows_with_n_of_m_and_a_next_link() {
+    let c = Console::start().await;
+    let viewer = c.user("vera", Role::Viewer).await;
+    let ids = c.dead_rows(230).await;
+    let cookie = login(&c, &viewer).await;
+    let get = |path: String| {
+        let req = c
+            .http
+            .get(format!("{}{path}", c.base))
+            .header("cookie", &cookie);
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status(), r.text().await.unwrap())
+        }
+    };
+    let shown = |html: &str| -> Vec<Uuid> {
+        ids.iter()
+            .copied()
+            .filter(|id| html.contains(&format!("<td>{id}</td>")))
+            .collect()
+    };
+    let (status, first) = get("/".into()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(first.contains("showing <span id=\"first-row\">1</span>–<span id=\"last-row\">200</span> of <span id=\"total\">230</span>"), "{first}");
+    let next = first
+        .split("id=\"next\" href=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a Next link")
+        .replace("&amp;", "&");
+    let (status, second) = get(next).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(second.contains("<span id=\"first-row\">201</span>–<span id=\"last-row\">230</span> of <span id=\"total\">230</span>"), "{second}");
+    assert!(!second.contains("id=\"next\""), "the last page has no Next");
+    let (a, b) = (shown(&first), shown(&second));
+    assert_eq!(a.len(), 200);
+    assert_eq!(b.len(), 30);
+    assert!(a.iter().all(|id| !b.contains(id)), "no row on both pages");
+    let (status, _) = get("/?after=zzz".into()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+/// Item 1 of the console issue, in a real browser for each role: a charge whose outcome is unknown
+/// (a key-honouring remote) opens with "the remote may have acted" and its safe action (rerun
+/// with the same key) first. A viewer reads and can do nothing; an operator is offered the safe
+/// action first; an approver who asks to resolve it as failed without saying what was checked at
+/// the remote is refused, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_real_browser_each_role_meets_an_unknown_outcome_as_the_safe_decision_needs() {
+    use fantoccini::Locator;
+    let c = Console::start().await;
+    let viewer = c.user("vera", Role::Viewer).await;
+    let op = c.user("olga", Role::Operator).await;
+    let ap = c.user("arthur", Role::Approver).await;
+    let id = start_many(&c, "order_key", processes::Remote::HonoursKey, 1).await[0];
+    charge_in_review(&c, id, "unknown").await;
+    let view = c.process_view(&op, id).await;
+    let doubt = &view["unknown_outcomes"][0];
+    assert_eq!(doubt["safe_action"], json!("rerun_step"), "{view}");
+    let seq = doubt["step"].as_i64().unwrap();
+    let before = c.process_state(id).await;
+
+    let (_driver, b) = chromedriver().await;
+    for (token, role) in [(&viewer, "viewer"), (&op, "operator"), (&ap, "approver")] {
+        log_in(&b, &c.base, token).await;
+        b.goto(&format!("{}/processes/{id}", c.base)).await.unwrap();
+        let warning = text_of(&b, &format!("unknown-outcome-{seq}")).await;
+        assert!(
+            warning.contains("The remote may have acted") && warning.contains("Safe action first"),
+            "{role}: {warning}"
+        );
+        let forms = b
+            .find_all(Locator::Css("form.process-action"))
+            .await
+            .unwrap();
+        let first = b
+            .find(Locator::Css("#actions > *"))
+            .await
+            .unwrap()
+            .attr("id")
+            .await
+            .unwrap()
+            .unwrap_or_default();
+        match role {
+            "viewer" => {
+                assert!(forms.is_empty(), "a viewer gets no form");
+                assert!(text_of(&b, "actions").await.contains("Viewers read only."));
+            }
+            _ => assert_eq!(
+                first,
+                format!("form-rerun_step-{seq}"),
+                "{role}: the safe action comes first"
+            ),
+        }
+        if role == "approver" {
+            let slug = format!("resolve_failed-{seq}");
+            assert_eq!(
+                text_of(&b, &format!("action-{slug}")).await,
+                "Request resolve as failed"
+            );
+            type_into(&b, &format!("reason-{slug}"), "I think it failed").await;
+            click(&b, &format!("action-{slug}")).await;
+            let refused = text_of(&b, "error").await;
+            assert!(refused.starts_with("400"), "{refused}");
+            screenshot_keep(&b, "console-unknown-outcome-refused.png").await;
+        }
+        log_out(&b).await;
+    }
+    b.close().await.unwrap();
+    assert_eq!(c.process_state(id).await, before, "nothing changed");
+    assert_eq!(c.approvals().await, 0, "no approval was asked for");
+}
+
+/// Saves the page as `target/<file>` (a PNG), leaving the browser open.
+async fn screenshot_keep(b: &fantoccini::Client, file: &str) {
+    let png = b.screenshot().await.unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target")
+        .join(file);
+    std::fs::write(path, &png).unwrap();
 }
