@@ -3070,6 +3070,12 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
                     "/api/audit/actions/purge".to_string(),
                     json!({"reason": text}),
                 ),
+                (
+                    "/api/processes/actions/rerun_step".to_string(),
+                    json!({"filter": {"q": text, "step": text, "error_class": text,
+                                      "in_review_longer_than": text},
+                           "step": text, "reason": text, "dry_run": true}),
+                ),
             ] {
                 let (s, b, _) = c.post(token, &path, body, None).await;
                 answers.push((format!("{who} POST {path}: {b}"), s));
@@ -3081,6 +3087,7 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
             "/api/audit".to_string(),
             "/api/approvals".to_string(),
             "/api/dead-letters".to_string(),
+            "/api/outbox/dead".to_string(),
         ] {
             let r = c
                 .http
@@ -3092,6 +3099,13 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
                     ("actor", &text),
                     ("target", &text),
                     ("consumer", &text),
+                    ("q", &text),
+                    ("step", &text),
+                    ("error_class", &text),
+                    ("remote", &text),
+                    ("paused", &text),
+                    ("in_review_longer_than", &text),
+                    ("after", &text),
                 ])
                 .send()
                 .await
@@ -3109,7 +3123,7 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
         answers.push((format!("idempotency: {b}"), s));
         // The web side: pages with the text in their filters, a form the viewer may not send, a
         // login with it as the token.
-        for path in ["/audit", "/processes", "/dead-letters", "/"] {
+        for path in ["/audit", "/processes", "/dead-letters", "/messages", "/"] {
             let r = c
                 .http
                 .get(format!("{}{path}", c.base))
@@ -3119,6 +3133,8 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
                     ("kind", &text),
                     ("consumer", &text),
                     ("notice", &text),
+                    ("q", &text),
+                    ("aggregate_id", &text),
                 ])
                 .send()
                 .await
