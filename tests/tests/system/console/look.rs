@@ -21,42 +21,17 @@ const KIND: &str = "look_order";
 /// A console with every link target configured (trace viewer, remote, Grafana), samples every
 /// 300 ms, and `consumers` as CONSOLE_CONSUMERS.
 async fn console(consumers: &[&str]) -> Console {
-    let db = TestDb::new().await;
-    let config = ServeConfig {
-        db: DbConfig {
-            database_url: db.url.clone(),
-            schema: Schema::default(),
-        },
-        amqp_url: amqp_url(),
-        amqp_tls: Default::default(),
-        addr: "127.0.0.1:0".parse().unwrap(),
-        consumers: consumers.iter().map(|c| c.to_string()).collect(),
-        session_ttl_seconds: 3600,
-        cookie_secure: false,
-        audit_retention_days: 365,
-        ordered_gap_seconds: 60,
-        login_attempts_per_minute: 50,
-        secret_fields: vec![],
-        look: LookConfig {
+    Console::start_configured(consumers, |c| {
+        c.login_attempts_per_minute = 50;
+        c.secret_fields = vec![];
+        c.look = LookConfig {
             grafana_url: Some("https://grafana.example".into()),
             trace_url: Some("https://traces.example/trace/{trace_id}".into()),
             remote_url: Some("https://provider.example/charges/{ref}".into()),
             sample_interval_ms: 300,
-        },
-    };
-    let shutdown = CancellationToken::new();
-    let running = console::start(config, shutdown.clone())
-        .await
-        .expect("console starts");
-    Console {
-        db,
-        base: format!("http://{}", running.addr),
-        shutdown,
-        http: reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap(),
-    }
+        };
+    })
+    .await
 }
 
 /// A local step that succeeds with its reference.

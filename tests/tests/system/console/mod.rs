@@ -42,8 +42,17 @@ impl Console {
     /// A console with `login_attempts` failed logins a minute per address, and `consumers` as
     /// its CONSOLE_CONSUMERS (the dead-letter queues it may browse and replay).
     async fn start_with(login_attempts: usize, consumers: &[&str]) -> Self {
+        Self::start_configured(consumers, |c| {
+            c.login_attempts_per_minute = login_attempts;
+        })
+        .await
+    }
+
+    /// A console on a fresh database with `consumers` as its CONSOLE_CONSUMERS and the test
+    /// defaults (5 failed logins a minute, `customer_secret` declared secret), changed by `adjust`.
+    async fn start_configured(consumers: &[&str], adjust: impl FnOnce(&mut ServeConfig)) -> Self {
         let db = TestDb::new().await;
-        let config = ServeConfig {
+        let mut config = ServeConfig {
             db: DbConfig {
                 database_url: db.url.clone(),
                 schema: Schema::default(),
@@ -56,10 +65,11 @@ impl Console {
             cookie_secure: false,
             audit_retention_days: 365,
             ordered_gap_seconds: 60,
-            login_attempts_per_minute: login_attempts,
+            login_attempts_per_minute: 5,
             secret_fields: vec!["customer_secret".into()],
             look: Default::default(),
         };
+        adjust(&mut config);
         let shutdown = CancellationToken::new();
         let running = console::start(config, shutdown.clone())
             .await
