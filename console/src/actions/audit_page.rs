@@ -50,14 +50,7 @@ pub async fn page(pool: &PgPool, schema: &Schema, f: &Filter) -> Result<AuditPag
         .bind(limit + 1)
         .fetch_all(pool)
         .await?;
-    let more = rows.len() as i64 > limit;
-    rows.truncate(limit as usize);
-    let next = if more {
-        rows.last()
-            .map(|e| cursor::encode(List::Audit, &e.seq.to_string()))
-    } else {
-        None
-    };
+    let next = cursor::cut_page(&mut rows, limit, List::Audit, |e| e.seq);
     let total: i64 = sqlx::query_scalar(schema.sql(&format!(
         "SELECT count(*) FROM {{{{schema}}}}.console_audit {WHERE}"
     )))

@@ -36,6 +36,23 @@ pub fn encode(list: List, key: &str) -> String {
     format!("{}{key}", list.tag())
 }
 
+/// Cuts `rows`, read with one row more than `limit`, to the page, and returns the cursor of the
+/// next page (after the page's last row, whose key is `seq_of` it), or `None` on the last page.
+pub fn cut_page<T>(
+    rows: &mut Vec<T>,
+    limit: i64,
+    list: List,
+    seq_of: impl Fn(&T) -> i64,
+) -> Option<String> {
+    let more = rows.len() as i64 > limit;
+    rows.truncate(usize::try_from(limit).unwrap_or(0));
+    if more {
+        rows.last().map(|r| encode(list, &seq_of(r).to_string()))
+    } else {
+        None
+    }
+}
+
 /// The key in a cursor of `list`; anything else is a 400.
 fn key(list: List, cursor: &str) -> Result<&str, ConsoleError> {
     cursor

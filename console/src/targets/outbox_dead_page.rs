@@ -46,14 +46,7 @@ pub async fn page(
     .bind(limit + 1)
     .fetch_all(pool)
     .await?;
-    let more = rows.len() as i64 > limit;
-    rows.truncate(limit as usize);
-    let next = if more {
-        rows.last()
-            .map(|r| cursor::encode(List::Dead, &r.seq.to_string()))
-    } else {
-        None
-    };
+    let next = cursor::cut_page(&mut rows, limit, List::Dead, |r| r.seq);
     let total: i64 = sqlx::query_scalar(
         schema.sql("SELECT count(*) FROM {{schema}}.messages WHERE state = 'dead'"),
     )
