@@ -272,7 +272,7 @@ async fn one_search_finds_a_process_by_each_key_and_every_filter_narrows() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_a_real_browser_an_operator_searches_and_pages_through_processes() {
+async fn in_a_real_browser_an_operator_and_a_viewer_search_and_page_through_processes() {
     let c = Console::start().await;
     let op = c.user("operator-olivia", Role::Operator).await;
     let ids = start_many(&c, "order_key", processes::Remote::HonoursKey, 120).await;
@@ -340,6 +340,22 @@ async fn in_a_real_browser_an_operator_searches_and_pages_through_processes() {
     let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approval request"), "{notice}");
     assert_eq!(c.approvals().await, 1);
+    b.screenshot().await.unwrap();
+
+    // A viewer searches and pages the same list, and is offered no bulk form.
+    let viewer = c.user("viewer-vic", Role::Viewer).await;
+    log_out(&b).await;
+    log_in(&b, &c.base, &viewer).await;
+    b.goto(&format!("{}/processes", c.base)).await.unwrap();
+    let paging = wait_for(&b, "paging").await.text().await.unwrap();
+    assert!(paging.contains("showing 1–50 of 120"), "{paging}");
+    type_into(&b, "search", "ord-order_key-42").await;
+    click(&b, "filter").await;
+    wait_for(&b, &format!("process-{}", ids[42])).await;
+    assert!(
+        b.find(fantoccini::Locator::Id("bulk-form")).await.is_err(),
+        "no bulk form for a viewer"
+    );
     screenshot_and_close(b, "console-find-search.png").await;
 }
 

@@ -566,6 +566,26 @@ async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itsel
     )
     .await;
     assert_eq!(text_of(&b, "refresh-state").await, "every 10 s");
+    b.screenshot().await.unwrap();
+
+    // A viewer and an operator see the same strip (reading needs no more than the viewer role).
+    for (name, role) in [
+        ("viewer-vic", Role::Viewer),
+        ("operator-olga", Role::Operator),
+    ] {
+        let token = c.user(name, role).await;
+        log_out(&b).await;
+        log_in(&b, &c.base, &token).await;
+        b.goto(&format!("{}/processes/{id}", c.base)).await.unwrap();
+        wait_for(&b, "strip").await;
+        let boxes = b
+            .find_all(fantoccini::Locator::Css("#strip g.strip-step"))
+            .await
+            .unwrap();
+        assert_eq!(boxes.len(), 5, "{name}");
+    }
+    b.goto(&format!("{}/", c.base)).await.unwrap();
+    wait_for(&b, "as-of").await;
     screenshot_and_close(b, "console-overview-dashboard.png").await;
 }
 
