@@ -952,60 +952,28 @@ mod tests {
     use super::*;
 
     fn process(status: ProcessStatus) -> ProcessSummary {
-        let now = Utc::now();
-        ProcessSummary {
-            id: Uuid::nil(),
-            kind: "payment".into(),
-            definition_version: 1,
-            business_key: "p-1".into(),
-            revision: 0,
-            revision_of: None,
-            status,
-            paused: false,
-            attempt: 1,
-            last_reason: String::new(),
-            last_actor: "system".into(),
-            created_at: now,
-            updated_at: now,
-            finished_at: None,
-            deadline_at: None,
-            lease_owner: None,
-            lease_until: None,
-            row_version: 3,
-        }
+        crate::decide::tests::process(status, false)
     }
 
+    /// The charge step in manual review after two attempts: external on `remote`, else local.
     fn step(seq: i32, remote: Option<Remote>, class: Option<&str>) -> StepView {
+        let execution = if remote.is_some() {
+            "external"
+        } else {
+            "local"
+        };
         StepView {
-            seq,
             name: "charge".into(),
-            role: "forward".into(),
-            acts_on: None,
-            execution: if remote.is_some() {
-                "external"
-            } else {
-                "local"
-            }
-            .into(),
             remote: remote.map(|r| r.as_str().to_string()),
-            sensitive: false,
-            status: StepStatus::ManualReview,
-            operation_id: Uuid::nil(),
             attempts: 2,
             max_attempts: 2,
-            next_attempt_at: None,
-            first_attempt_at: None,
-            last_attempt_at: None,
-            finished_at: None,
             error_class: class.map(String::from),
-            error_message: None,
-            remote_ref: None,
-            result_ref: None,
-            last_reason: String::new(),
-            last_actor: "system".into(),
-            wait_key: None,
-            wait_since: None,
-            wait_until: None,
+            ..crate::decide::tests::view(
+                seq,
+                crate::definition::Role::Forward,
+                execution,
+                StepStatus::ManualReview,
+            )
         }
     }
 

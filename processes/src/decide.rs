@@ -431,7 +431,7 @@ pub fn allowed_actions(p: &ProcessSummary, steps: &[StepView]) -> Vec<Action> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::admin::Action;
     use uuid::Uuid;
@@ -809,7 +809,8 @@ mod tests {
         assert_eq!(compensation_plan(&no_comp, |_| false), Undo::Nothing);
     }
 
-    fn process(status: ProcessStatus, paused: bool) -> ProcessSummary {
+    /// A process summary for tests over decisions (also used by `admin`'s tests).
+    pub(crate) fn process(status: ProcessStatus, paused: bool) -> ProcessSummary {
         let now = Utc::now();
         ProcessSummary {
             id: Uuid::nil(),
@@ -833,7 +834,8 @@ mod tests {
         }
     }
 
-    fn view(seq: i32, role: Role, execution: &str, status: StepStatus) -> StepView {
+    /// A step as a view, for tests over decisions (also used by `admin`'s tests).
+    pub(crate) fn view(seq: i32, role: Role, execution: &str, status: StepStatus) -> StepView {
         StepView {
             seq,
             name: format!("s{seq}"),
