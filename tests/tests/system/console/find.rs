@@ -743,13 +743,8 @@ async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replay
     let ap = c.user("dan", Role::Approver).await;
     let viewer = c.user("vera", Role::Viewer).await;
     let exchange = broker.exchange("console.find.events");
+    system_tests::consumers::track_consumer(&broker, &name, &[], None);
     let topology = consumer::Topology::new(&name, &[]);
-    for q in topology.queues() {
-        broker.track_queue(&q);
-    }
-    for e in topology.exchanges() {
-        broker.track_exchange(&e);
-    }
     let conn = broker.connect().await;
     topology.declare(&conn, &exchange, &[]).await.unwrap();
     let ch = conn.create_channel().await.unwrap();

@@ -342,13 +342,8 @@ async fn a_process_page_opens_with_its_step_strip_and_every_link_on_the_looked_a
 async fn the_overview_is_a_dashboard_with_sampled_charts_dlq_tiles_and_a_refresh_toggle() {
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.look");
+    system_tests::consumers::track_consumer(&broker, &name, &[], None);
     let topology = consumer::Topology::new(&name, &[]);
-    for q in topology.queues() {
-        broker.track_queue(&q);
-    }
-    for e in topology.exchanges() {
-        broker.track_exchange(&e);
-    }
     let exchange = broker.exchange("console.look.events");
     let conn = broker.connect().await;
     topology.declare(&conn, &exchange, &[]).await.unwrap();

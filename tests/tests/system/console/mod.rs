@@ -1727,13 +1727,8 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     let op = c.user("dora", Role::Operator).await;
     let ap = c.user("dan", Role::Approver).await;
     let exchange = broker.exchange("console.events");
+    system_tests::consumers::track_consumer(&broker, &name, &[], None);
     let topology = consumer::Topology::new(&name, &[]);
-    for q in topology.queues() {
-        broker.track_queue(&q);
-    }
-    for e in topology.exchanges() {
-        broker.track_exchange(&e);
-    }
     let conn = broker.connect().await;
     topology.declare(&conn, &exchange, &[]).await.unwrap();
     let ch = conn.create_channel().await.unwrap();
