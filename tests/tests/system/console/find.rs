@@ -742,7 +742,7 @@ async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replay
     let op = c.user("dora", Role::Operator).await;
     let ap = c.user("dan", Role::Approver).await;
     let viewer = c.user("vera", Role::Viewer).await;
-    let exchange = broker.exchange("console.find.events");
+    let exchange = broker.outbox_exchange("console.find.events");
     system_tests::consumers::track_consumer(&broker, &name, &[], None);
     let topology = consumer::Topology::new(&name, &[]);
     let conn = broker.connect().await;

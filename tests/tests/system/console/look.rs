@@ -344,7 +344,7 @@ async fn the_overview_is_a_dashboard_with_sampled_charts_dlq_tiles_and_a_refresh
     let name = broker.queue("console.look");
     system_tests::consumers::track_consumer(&broker, &name, &[], None);
     let topology = consumer::Topology::new(&name, &[]);
-    let exchange = broker.exchange("console.look.events");
+    let exchange = broker.outbox_exchange("console.look.events");
     let conn = broker.connect().await;
     topology.declare(&conn, &exchange, &[]).await.unwrap();
     let ch = conn.create_channel().await.unwrap();

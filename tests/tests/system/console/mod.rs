@@ -1726,7 +1726,7 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     let c = Console::start_with(5, &[&name]).await;
     let op = c.user("dora", Role::Operator).await;
     let ap = c.user("dan", Role::Approver).await;
-    let exchange = broker.exchange("console.events");
+    let exchange = broker.outbox_exchange("console.events");
     system_tests::consumers::track_consumer(&broker, &name, &[], None);
     let topology = consumer::Topology::new(&name, &[]);
     let conn = broker.connect().await;
