@@ -135,6 +135,7 @@ pub(crate) async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
             per_partition: &per_partition,
             limit: 1000,
             held: &[],
+            statements: relay::store::Statements::Prepared,
         };
         let rows = relay::store::claim(&env.pool, &schema, "bench", &args).await?;
         let seqs: Vec<i64> = rows
@@ -147,7 +148,14 @@ pub(crate) async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
         if seqs.is_empty() {
             break;
         }
-        relay::store::mark_published(&env.pool, &schema, &seqs, false).await?;
+        relay::store::mark_published(
+            &env.pool,
+            &schema,
+            &seqs,
+            false,
+            relay::store::Statements::Prepared,
+        )
+        .await?;
         done += seqs.len() as u64;
     }
     let rate = done as f64 / started.elapsed().as_secs_f64();

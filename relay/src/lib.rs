@@ -148,6 +148,9 @@ pub async fn run_with_pool(
         &opts,
         cloudevents,
     )
+    .with_statements(store::Statements::for_pooler(
+        config.connections.database_pooler,
+    ))
     .run(&shutdown)
     .await;
 

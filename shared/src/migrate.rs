@@ -101,6 +101,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "console find: indexed search keys and keyset pages of processes",
         include_str!("../../migrations/0017_console_find.sql"),
     ),
+    (
+        18,
+        "robust plans: the claim's partition index and the insert trigger's id lookup whatever the statistics",
+        include_str!("../../migrations/0018_robust_plans.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

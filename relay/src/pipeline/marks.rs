@@ -43,7 +43,13 @@ impl Marks {
     }
 
     /// Starts a mark of every waiting row, unless one runs.
-    pub fn start(&mut self, pool: &PgPool, schema: &Schema, retain: bool) {
+    pub fn start(
+        &mut self,
+        pool: &PgPool,
+        schema: &Schema,
+        retain: bool,
+        statements: store::Statements,
+    ) {
         if self.running.is_some() || self.waiting.is_empty() {
             return;
         }
@@ -51,8 +57,10 @@ impl Marks {
         let (pool, schema, batch) = (pool.clone(), schema.clone(), seqs.clone());
         let task = tokio::spawn(async move {
             let started = Instant::now();
-            let done =
-                plumbing::db::bounded(store::mark_published(&pool, &schema, &batch, retain)).await;
+            let done = plumbing::db::bounded(store::mark_published(
+                &pool, &schema, &batch, retain, statements,
+            ))
+            .await;
             internal_events::db_duration(DbOp::Mark, started.elapsed());
             done
         });

@@ -71,6 +71,8 @@ pub(crate) struct Pipeline<'a> {
     opts: &'a RelayOptions,
     /// CloudEvents binary mode, checked at start; `None` when off.
     cloudevents: Option<Arc<cloudevents::Binary>>,
+    /// Prepared claims and marks on a direct session, unnamed through a transaction pooler.
+    statements: store::Statements,
     health: Health<'a>,
     claims: Claims,
     /// The running claim and what it asked for.
@@ -101,6 +103,7 @@ impl<'a> Pipeline<'a> {
             wake,
             opts,
             cloudevents,
+            statements: store::Statements::default(),
             health: Health::new(readiness),
             claims: Claims::new(),
             claiming: None,
@@ -110,6 +113,13 @@ impl<'a> Pipeline<'a> {
             gate: Gate::default(),
             replace_link: false,
         }
+    }
+
+    /// How the claim and the mark reach PostgreSQL (unnamed statements through a transaction
+    /// pooler).
+    pub(crate) fn with_statements(mut self, statements: store::Statements) -> Self {
+        self.statements = statements;
+        self
     }
 
     /// Runs until `shutdown`, then settles what is in flight and marks what was confirmed, for at
@@ -166,6 +176,7 @@ impl<'a> Pipeline<'a> {
                 self.pool,
                 self.leases.schema(),
                 self.opts.retention_secs > 0,
+                self.statements,
             );
         }
         if !stopping && self.claim_due() {
@@ -294,6 +305,7 @@ impl<'a> Pipeline<'a> {
         let (pool, schema) = (self.pool.clone(), self.leases.schema().clone());
         let owner = self.leases.instance_id.clone();
         let args = plan.clone();
+        let statements = self.statements;
         let task = tokio::spawn(async move {
             let started = Instant::now();
             let rows = plumbing::db::bounded(store::claim(
@@ -305,6 +317,7 @@ impl<'a> Pipeline<'a> {
                     per_partition: &args.limits,
                     limit: args.limit,
                     held: &args.held,
+                    statements,
                 },
             ))
             .await;

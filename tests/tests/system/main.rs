@@ -23,6 +23,7 @@ mod payment_async;
 mod payment_flow;
 mod payment_provider;
 mod pgbouncer;
+mod plans;
 mod process_groups;
 mod process_waits;
 mod processes;

@@ -1,0 +1,178 @@
+//! Plans that hold whatever the outbox's statistics say (migration 18, `relay::store`): the
+//! outbox is emptied as fast as it fills, so its statistics are usually wrong, and the two
+//! statements that run for every row must read their index anyway.
+//!
+//! Each test makes the statistics wrong on purpose, runs the statement, and reads which scans it
+//! did from `pg_stat_get_xact_numscans` in the same transaction (before and after, so counts that
+//! the session has not flushed yet do not count).
+
+use relay::store::{self, ClaimArgs, Claimed, Statements};
+use shared::NewMessage;
+use shared::schema::Schema;
+use sqlx::PgConnection;
+use system_tests::TestDb;
+
+/// Scans of `outbox.messages` so far in this session's unflushed statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Scans {
+    seq: i64,
+    claim_idx: i64,
+    pkey: i64,
+    id_idx: i64,
+}
+
+impl Scans {
+    async fn now(conn: &mut PgConnection) -> Scans {
+        // For a table its sequential scans, for an index its scans; this transaction's included.
+        let (seq, claim_idx, pkey, id_idx): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT pg_stat_get_xact_numscans('outbox.messages'::regclass), \
+                    pg_stat_get_xact_numscans('outbox.messages_claim_idx'::regclass), \
+                    pg_stat_get_xact_numscans('outbox.messages_pkey'::regclass), \
+                    pg_stat_get_xact_numscans('outbox.messages_id_idx'::regclass)",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        Scans {
+            seq,
+            claim_idx,
+            pkey,
+            id_idx,
+        }
+    }
+
+    fn since(self, before: Scans) -> Scans {
+        Scans {
+            seq: self.seq - before.seq,
+            claim_idx: self.claim_idx - before.claim_idx,
+            pkey: self.pkey - before.pkey,
+            id_idx: self.id_idx - before.id_idx,
+        }
+    }
+}
+
+fn rows(keys: impl Iterator<Item = String>) -> Vec<NewMessage> {
+    keys.map(|k| NewMessage::new("plans", k, "plans.test", serde_json::json!({"k": 1})))
+        .collect()
+}
+
+/// The last ANALYZE saw every pending row on one aggregate (one partition); then a backlog over
+/// 10,000 aggregates arrived. The planner, trusting the sample, took `partition = $p` to match
+/// nearly every row and read the primary key in seq order for each of the 64 partitions. The
+/// relay's claim reads each partition's head from `messages_claim_idx` all the same, and returns
+/// the oldest rows.
+#[tokio::test]
+async fn a_claim_reads_the_partition_index_when_the_statistics_saw_one_hot_aggregate() {
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    shared::outbox::enqueue_many(&db.pool, &rows((0..2000).map(|_| "hot".to_string())))
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE outbox.messages")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM outbox.messages")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let backlog = rows((0..20_000).map(|i| format!("agg-{}", i % 10_000)));
+    for chunk in backlog.chunks(1000) {
+        shared::outbox::enqueue_many(&db.pool, chunk).await.unwrap();
+    }
+    sqlx::query("UPDATE outbox.relay_partitions SET owner = 'plans', lease_until = now() + interval '1 hour'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let partitions: Vec<i16> = (0..64).collect();
+    let per_partition = vec![64i64; 64];
+    let args = ClaimArgs {
+        partitions: &partitions,
+        per_partition: &per_partition,
+        limit: 2000,
+        held: &[],
+        statements: Statements::Prepared,
+    };
+
+    let mut tx = store::begin_indexed(&db.pool, false).await.unwrap();
+    let before = Scans::now(&mut tx).await;
+    let claimed = store::claim_in(&mut tx, &schema, "plans", &args)
+        .await
+        .unwrap();
+    let scans = Scans::now(&mut tx).await.since(before);
+    tx.commit().await.unwrap();
+
+    assert_eq!(claimed.len(), 2000, "a full claim");
+    let seqs: Vec<i64> = claimed
+        .iter()
+        .map(|c| match c {
+            Claimed::Row(r) => r.seq,
+            Claimed::Undecodable { seq, .. } => *seq,
+        })
+        .collect();
+    let oldest: Vec<i64> = sqlx::query_scalar(
+        "SELECT seq FROM outbox.messages WHERE state = 'pending' ORDER BY seq LIMIT 2000",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let mut sorted = seqs.clone();
+    sorted.sort_unstable();
+    assert!(
+        sorted.iter().zip(&oldest).filter(|(a, b)| a == b).count() > 1500,
+        "the claim returns the heads of the partitions, mostly the oldest rows"
+    );
+    assert_eq!(
+        (scans.seq, scans.pkey),
+        (0, 0),
+        "no sequential scan and no walk of the primary key: {scans:?}"
+    );
+    assert_eq!(
+        scans.claim_idx, 64,
+        "one read of messages_claim_idx per owned partition: {scans:?}"
+    );
+}
+
+/// The insert trigger looks every new row's id up (a repeated id takes no number). PL/pgSQL keeps
+/// that statement's plan for the session; planned on an empty, freshly analyzed outbox it was a
+/// sequential scan, run once per row for the rest of the session (quadratic in a bulk load). It
+/// probes `messages_id_idx`, whatever the table looked like when the session planned it.
+#[tokio::test]
+async fn the_insert_triggers_id_lookup_probes_the_index_in_a_session_that_planned_it_on_an_empty_outbox()
+ {
+    let db = TestDb::new().await;
+    sqlx::query("ANALYZE outbox.messages")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    // More than five single-row inserts: PL/pgSQL settles on a generic plan after five.
+    for i in 0..8 {
+        shared::outbox::enqueue_many(&mut *conn, &rows(std::iter::once(format!("first-{i}"))))
+            .await
+            .unwrap();
+    }
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let before = Scans::now(&mut tx).await;
+    let bulk = rows((0..3000).map(|i| format!("bulk-{}", i % 7)));
+    for chunk in bulk.chunks(500) {
+        shared::outbox::enqueue_many(&mut *tx, chunk).await.unwrap();
+    }
+    let scans = Scans::now(&mut tx).await.since(before);
+    tx.commit().await.unwrap();
+    assert_eq!(
+        scans.seq, 0,
+        "no sequential scan of the outbox per inserted row: {scans:?}"
+    );
+    assert_eq!(
+        scans.id_idx, 3000,
+        "one probe of messages_id_idx per inserted row: {scans:?}"
+    );
+    let numbered: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT (aggregate_id, aggregate_seq)) FROM outbox.messages WHERE aggregate_id LIKE 'bulk-%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(numbered, 3000, "every row got its own number");
+}
