@@ -1,5 +1,5 @@
 //! The backlog gauges (pending, oldest age, dead) and the unrouted-queue depth, refreshed on a
-//! timer of their own so the publish loop never waits on them.
+//! timer of their own ([`plumbing::periodic`]) so the publish loop never waits on them.
 
 use crate::{internal_events, publisher, store};
 use plumbing::amqp_tls::AmqpTls;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Refreshes the backlog gauges, and the unrouted-queue depth over a connection of its own, so
-/// the publish loop never waits on these.
+/// the publish loop never waits on these; that connection is closed at `stop`.
 pub(crate) async fn stats_loop(
     pool: PgPool,
     schema: Schema,
@@ -18,34 +18,48 @@ pub(crate) async fn stats_loop(
     every: Duration,
     stop: CancellationToken,
 ) {
-    let mut conn: Option<lapin::Connection> = None;
-    loop {
-        match plumbing::db::bounded(store::backlog(&pool, &schema)).await {
-            Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
-            Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
-        }
-        if let Some((url, tls, exchange)) = &amqp {
-            if !conn.as_ref().is_some_and(|c| c.status().connected()) {
-                conn = plumbing::amqp_nodes::connect(url, tls, "outbox-relay-stats")
-                    .await
-                    .ok();
-            }
-            if let Some(c) = &conn
-                && let Some(depth) = publisher::unrouted_depth(c, exchange).await
-            {
-                internal_events::unrouted(depth);
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = stop.cancelled() => break,
-        }
-    }
-    if let Some(c) = conn {
+    let gauges = Gauges {
+        pool,
+        schema,
+        amqp,
+        conn: None,
+    };
+    let gauges = plumbing::periodic::every(every, &stop, gauges).await;
+    if let Some(c) = gauges.conn {
         let _ = tokio::time::timeout(
             Duration::from_secs(2),
             c.close(200, "relay stopping".into()),
         )
         .await;
+    }
+}
+
+/// What one refresh reads, and the AMQP connection kept between refreshes.
+struct Gauges {
+    pool: PgPool,
+    schema: Schema,
+    /// URL, TLS and exchange, when the exchange has an unrouted queue to measure.
+    amqp: Option<(String, AmqpTls, String)>,
+    conn: Option<lapin::Connection>,
+}
+
+impl plumbing::periodic::Refresh for Gauges {
+    async fn refresh(&mut self) {
+        match plumbing::db::bounded(store::backlog(&self.pool, &self.schema)).await {
+            Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
+            Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
+        }
+        if let Some((url, tls, exchange)) = &self.amqp {
+            if !self.conn.as_ref().is_some_and(|c| c.status().connected()) {
+                self.conn = plumbing::amqp_nodes::connect(url, tls, "outbox-relay-stats")
+                    .await
+                    .ok();
+            }
+            if let Some(c) = &self.conn
+                && let Some(depth) = publisher::unrouted_depth(c, exchange).await
+            {
+                internal_events::unrouted(depth);
+            }
+        }
     }
 }
