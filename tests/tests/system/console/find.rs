@@ -101,13 +101,7 @@ async fn two_hundred_fifty_processes_are_paged_each_exactly_once_with_n_of_m_and
 
     // The page says "showing 1–50 of 250", links the next page, and that says "51–100".
     let cookie = login(&c, &viewer).await;
-    let first = c
-        .http
-        .get(format!("{}/processes", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let first = c.web_get(&cookie, "/processes").await;
     let html = first.text().await.unwrap();
     assert!(html.contains("of <span id=\"total\">250</span>"), "{html}");
     let next = html
@@ -118,13 +112,7 @@ async fn two_hundred_fifty_processes_are_paged_each_exactly_once_with_n_of_m_and
         .next()
         .unwrap()
         .replace("&amp;", "&");
-    let second = c
-        .http
-        .get(format!("{}{next}", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let second = c.web_get(&cookie, &next).await;
     assert_eq!(second.status(), StatusCode::OK);
     let html = second.text().await.unwrap();
     assert!(
@@ -257,13 +245,7 @@ async fn one_search_finds_a_process_by_each_key_and_every_filter_narrows() {
             err["error"].is_string() && err.as_object().unwrap().len() == 1,
             "{bad}: {err}"
         );
-        let r = c
-            .http
-            .get(format!("{}/processes?{bad}", c.base))
-            .header("cookie", &cookie)
-            .send()
-            .await
-            .unwrap();
+        let r = c.web_get(&cookie, &format!("/processes?{bad}")).await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "page {bad}");
     }
     // Without a valid token: 401 before any filter is read.
@@ -437,8 +419,9 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
 
     // The dry run lists exactly the matching processes with their versions; nothing changes.
     let want: HashSet<Uuid> = keyed[..3].iter().copied().collect();
-    let (s, plan, _) = c.post(&op, path, body(true), None).await;
-    assert_eq!(s, StatusCode::OK, "{plan}");
+    let plan = c
+        .post_expect(&op, path, body(true), None, StatusCode::OK)
+        .await;
     let listed: HashSet<Uuid> = plan["items"]
         .as_array()
         .unwrap()
@@ -454,8 +437,9 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
     assert_eq!(c.approvals().await, 0, "a dry run asks nobody");
 
     // One request, one reason, one approval; asking again answers with it.
-    let (s, asked, _) = c.post(&op, path, body(false), Some("bulk-1")).await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{asked}");
+    let asked = c
+        .post_expect(&op, path, body(false), Some("bulk-1"), StatusCode::ACCEPTED)
+        .await;
     assert_eq!(asked["selected"], json!(3));
     let (s, again, _) = c.post(&op, path, body(false), Some("bulk-2")).await;
     assert_eq!(s, StatusCode::ACCEPTED);
@@ -474,16 +458,7 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
     // The approver's card says what it does in business terms: the action and step, how many
     // processes, the filter with a link to what it selects now, and each process at its version.
     let cookie = login(&c, &ap).await;
-    let card = c
-        .http
-        .get(format!("{}/", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let card = c.web_get(&cookie, "/").await.text().await.unwrap();
     assert!(
         card.contains("rerun step of step charge on 3 processes a filter selected"),
         "{card}"
@@ -507,26 +482,25 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
     // One of them moves on before the approval: it is skipped and reported, never acted on.
     let moved = keyed[1];
     let v = c.process_state(moved).await.2;
-    let (s, b, _) = c
-        .post(
-            &op,
-            &format!("/api/processes/{moved}/actions/pause"),
-            json!({"reason": "hold it", "version": v}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
+    c.post_expect(
+        &op,
+        &format!("/api/processes/{moved}/actions/pause"),
+        json!({"reason": "hold it", "version": v}),
+        None,
+        StatusCode::OK,
+    )
+    .await;
 
     let approval = asked["approval"].as_str().unwrap();
-    let (s, done, _) = c
-        .post(
+    let done = c
+        .post_expect(
             &ap,
             &format!("/api/approvals/{approval}/approve"),
             json!({"reason": "checked the provider", "version": 1}),
             None,
+            StatusCode::OK,
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{done}");
     let skipped = done["result"]["skipped"].as_array().unwrap();
     assert_eq!(skipped.len(), 1, "{done}");
     assert_eq!(skipped[0]["id"], json!(moved));
@@ -637,51 +611,49 @@ async fn dead_rows_and_the_audit_log_are_paged_with_n_of_m_and_all_dead_rows_are
         .await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     assert_eq!(c.audit_count("vera", "outbox.requeue", "denied").await, 1);
-    let (s, plan, _) = c
-        .post(
+    let plan = c
+        .post_expect(
             &op,
             path,
             json!({"reason": "gateway fixed", "all": true, "dry_run": true}),
             None,
+            StatusCode::OK,
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{plan}");
     assert_eq!(plan["items"].as_array().unwrap().len(), 120, "{plan}");
     assert!(
         ids.iter()
             .all(|id| plan.to_string().contains(&id.to_string()))
     );
-    let (s, both, _) = c
-        .post(
-            &op,
-            path,
-            json!({"reason": "x", "all": true, "items": [{"id": ids[0], "version": 1}]}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{both}");
-    let (s, asked, _) = c
-        .post(
+    c.post_expect(
+        &op,
+        path,
+        json!({"reason": "x", "all": true, "items": [{"id": ids[0], "version": 1}]}),
+        None,
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    let asked = c
+        .post_expect(
             &op,
             path,
             json!({"reason": "gateway fixed", "all": true}),
             None,
+            StatusCode::ACCEPTED,
         )
         .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{asked}");
     for id in &ids {
         assert_eq!(c.state(*id).await, "dead", "nothing before the approval");
     }
     let approval = asked["approval"].as_str().unwrap();
-    let (s, done, _) = c
-        .post(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{done}");
+    c.post_expect(
+        &ap,
+        &format!("/api/approvals/{approval}/approve"),
+        json!({"reason": "ok", "version": 1}),
+        None,
+        StatusCode::OK,
+    )
+    .await;
     for id in &ids {
         assert_ne!(c.state(*id).await, "dead", "{id} requeued");
     }
@@ -710,23 +682,13 @@ async fn dead_rows_and_the_audit_log_are_paged_with_n_of_m_and_all_dead_rows_are
     // The audit page says "of M" and links the next page.
     let cookie = login(&c, &viewer).await;
     let html = c
-        .http
-        .get(format!("{}/audit?limit=2", c.base))
-        .header("cookie", &cookie)
-        .send()
+        .web_get(&cookie, "/audit?limit=2")
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
     assert!(html.contains("id=\"paging\""), "{html}");
-    let r = c
-        .http
-        .get(format!("{}/audit?after=zzz", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let r = c.web_get(&cookie, "/audit?after=zzz").await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }
 
@@ -815,35 +777,34 @@ async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replay
         .await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     assert_eq!(c.audit_count("vera", "dlq.replay", "denied").await, 1);
-    let (s, plan, _) = c
-        .post(
+    let plan = c
+        .post_expect(
             &op,
             &path,
             json!({"reason": "fixed", "all": true, "dry_run": true}),
             None,
+            StatusCode::OK,
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{plan}");
     assert_eq!(plan["items"].as_array().unwrap().len(), 7, "{plan}");
-    let (s, asked, _) = c
-        .post(
+    let asked = c
+        .post_expect(
             &op,
             &path,
             json!({"reason": "handler fixed", "all": true}),
             None,
+            StatusCode::ACCEPTED,
         )
         .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{asked}");
     let approval = asked["approval"].as_str().unwrap();
-    let (s, done, _) = c
-        .post(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{done}");
+    c.post_expect(
+        &ap,
+        &format!("/api/approvals/{approval}/approve"),
+        json!({"reason": "ok", "version": 1}),
+        None,
+        StatusCode::OK,
+    )
+    .await;
     let count = |q: String| {
         let conn = &conn;
         async move {

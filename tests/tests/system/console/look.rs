@@ -140,13 +140,7 @@ async fn events(c: &Console, order: &str, payment: &str) {
 /// `GET path` with the session `cookie`: status, body, and how long the answer took.
 async fn page(c: &Console, cookie: &str, path: &str) -> (StatusCode, String, Duration) {
     let t = Instant::now();
-    let r = c
-        .http
-        .get(format!("{}{path}", c.base))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .unwrap();
+    let r = c.web_get(cookie, path).await;
     let status = r.status();
     let body = r.text().await.unwrap();
     (status, body, t.elapsed())
@@ -223,15 +217,10 @@ async fn a_process_page_opens_with_its_step_strip_and_every_link_on_the_looked_a
         "undone in reverse order, each named for what it does"
     );
     // Alice asks for the refund; Bob approves it: operator actions on the strip.
-    let (s, body, _) = c
-        .post(
-            &alice,
+    let body = c.post_expect(&alice,
             &format!("/api/processes/{id}/actions/run_compensation"),
             json!({"reason": "order cancelled, refund it", "version": view["version"], "step": refund["seq"]}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+            None, StatusCode::ACCEPTED).await;
     let approval = body["approval"].as_str().unwrap().to_string();
     let alice_cookie = login(&c, &alice).await;
     let bob_cookie = login(&c, &bob).await;
