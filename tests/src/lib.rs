@@ -475,6 +475,46 @@ impl Received {
     }
 }
 
+/// What most relay tests start from: a fresh database, a broker with the outbox exchange, and a
+/// queue bound to it whose messages arrive on `rx`.
+pub struct Relayed {
+    pub db: TestDb,
+    pub exchange: String,
+    pub rx: tokio::sync::mpsc::UnboundedReceiver<Received>,
+    /// Bind it for the whole test (`declared: _declared` when unused): dropping it deletes what
+    /// the test declared.
+    pub declared: Declared,
+}
+
+/// The broker side of [`Relayed`]: the connection that declared the exchange and the queue, the
+/// queue's name, and the broker (deleting what the test declared when dropped, after the
+/// connection: fields drop in this order).
+pub struct Declared {
+    pub conn: lapin::Connection,
+    pub queue: String,
+    pub broker: TestBroker,
+}
+
+/// [`Relayed`]: the outbox exchange (`alternate`: with its unrouted queue) and queue `q` bound
+/// with `keys`, collected.
+pub async fn relayed(alternate: bool, keys: &[&str]) -> Relayed {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (conn, exchange) = broker.declared_outbox(alternate).await;
+    let queue = broker.queue("q");
+    let rx = collect_queue(&conn, &exchange, &queue, keys).await;
+    Relayed {
+        db,
+        exchange,
+        rx,
+        declared: Declared {
+            conn,
+            queue,
+            broker,
+        },
+    }
+}
+
 /// Declares `queue` (classic, durable: RabbitMQ 4.3 refuses transient non-exclusive queues and
 /// closes the connection; the test's [`TestBroker`] deletes it) bound to `exchange` with `keys`,
 /// and returns a stream of everything it receives, acked on receipt.

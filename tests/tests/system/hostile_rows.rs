@@ -316,11 +316,12 @@ async fn assert_dead_with_reasons(pool: &sqlx::PgPool, bad: &HashMap<uuid::Uuid,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_past_the_door_go_dead_while_the_same_relay_publishes_everything_else_once() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(false).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let Relayed {
+        db,
+        exchange,
+        mut rx,
+        declared: _declared,
+    } = relayed(false, &["#"]).await;
     drop_the_door(&db.pool).await;
 
     // A relay started with the bad rows already there (the crash-loop case) drains the rest.
@@ -424,11 +425,12 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 /// keeps its process and publishes the rest, including the rows behind it in its partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(false).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let Relayed {
+        db,
+        exchange,
+        mut rx,
+        declared: _declared,
+    } = relayed(false, &["#"]).await;
 
     let huge = msg("huge", "thing.ok", 0);
     sqlx::query(
