@@ -695,9 +695,6 @@ async fn dead_rows_and_the_audit_log_are_paged_with_n_of_m_and_all_dead_rows_are
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replayed_after_one_approval()
  {
-    use lapin::BasicProperties;
-    use lapin::options::BasicPublishOptions;
-    use lapin::types::FieldTable;
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.find.dlq");
     let c = Console::start_with(5, &[&name]).await;
@@ -706,42 +703,29 @@ async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replay
     let viewer = c.user("vera", Role::Viewer).await;
     let exchange = broker.outbox_exchange("console.find.events");
     system_tests::consumers::track_consumer(&broker, &name, &[], None);
-    let topology = consumer::Topology::new(&name, &[]);
-    let conn = broker.connect().await;
-    topology.declare(&conn, &exchange, &[]).await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
+    let (conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
     let ids: Vec<String> = (0..7).map(|_| Uuid::new_v4().to_string()).collect();
+    let headers = [
+        (consumer::message::headers::DEAD_LETTER_KIND, "permanent"),
+        (
+            consumer::message::headers::DEAD_LETTER_REASON,
+            "handler refused",
+        ),
+        (
+            consumer::message::headers::DEAD_LETTERED_AT,
+            "2026-12-01T10:00:00Z",
+        ),
+    ];
     for id in &ids {
-        let mut h = FieldTable::default();
-        for (k, v) in [
-            (consumer::message::headers::DEAD_LETTER_KIND, "permanent"),
-            (
-                consumer::message::headers::DEAD_LETTER_REASON,
-                "handler refused",
-            ),
-            (
-                consumer::message::headers::DEAD_LETTERED_AT,
-                "2026-12-01T10:00:00Z",
-            ),
-        ] {
-            consumer::message::set_text(&mut h, k, v);
-        }
-        let props = BasicProperties::default()
-            .with_message_id(id.as_str().into())
-            .with_type("payment.captured".into())
-            .with_headers(h);
-        ch.basic_publish(
-            "".into(),
-            topology.dead_letter_queue.as_str().into(),
-            BasicPublishOptions::default(),
+        publish_dead_letter(
+            &ch,
+            &topology,
+            id,
+            "payment.captured",
+            &headers,
             br#"{"amount": 5}"#,
-            props,
         )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        .await;
     }
 
     // Pages of 3 from the head: 7 in all, each exactly once, left in place.

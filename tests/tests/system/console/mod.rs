@@ -1686,9 +1686,6 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_approval() {
-    use lapin::BasicProperties;
-    use lapin::options::BasicPublishOptions;
-    use lapin::types::FieldTable;
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.dlq");
     let c = Console::start_with(5, &[&name]).await;
@@ -1696,45 +1693,28 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     let ap = c.user("dan", Role::Approver).await;
     let exchange = broker.outbox_exchange("console.events");
     system_tests::consumers::track_consumer(&broker, &name, &[], None);
-    let topology = consumer::Topology::new(&name, &[]);
-    let conn = broker.connect().await;
-    topology.declare(&conn, &exchange, &[]).await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
+    let (conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
     let ids: Vec<String> = (0..3).map(|_| Uuid::new_v4().to_string()).collect();
+    let reason = format!("card {CARD} refused");
+    let body = json!({"card_number": CARD, "customer_secret": SECRET, "amount": 5}).to_string();
     for id in &ids {
-        let mut h = FieldTable::default();
-        consumer::message::set_text(
-            &mut h,
-            consumer::message::headers::DEAD_LETTER_KIND,
-            "permanent",
-        );
-        consumer::message::set_text(
-            &mut h,
-            consumer::message::headers::DEAD_LETTER_REASON,
-            &format!("card {CARD} refused"),
-        );
-        consumer::message::set_text(
-            &mut h,
-            consumer::message::headers::DEAD_LETTERED_AT,
-            "2026-12-01T10:00:00Z",
-        );
-        let props = BasicProperties::default()
-            .with_message_id(id.as_str().into())
-            .with_type("payment.captured".into())
-            .with_headers(h);
-        let body = json!({"card_number": CARD, "customer_secret": SECRET, "amount": 5}).to_string();
-        ch.basic_publish(
-            "".into(),
-            topology.dead_letter_queue.as_str().into(),
-            BasicPublishOptions::default(),
+        let headers = [
+            (consumer::message::headers::DEAD_LETTER_KIND, "permanent"),
+            (consumer::message::headers::DEAD_LETTER_REASON, &reason),
+            (
+                consumer::message::headers::DEAD_LETTERED_AT,
+                "2026-12-01T10:00:00Z",
+            ),
+        ];
+        publish_dead_letter(
+            &ch,
+            &topology,
+            id,
+            "payment.captured",
+            &headers,
             body.as_bytes(),
-            props,
         )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        .await;
     }
 
     let (s, listed) = c
@@ -1844,56 +1824,78 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     let _ = conn.close(200, "done".into()).await;
 }
 
+/// Consumer `name`'s plain topology declared on `exchange`, and a confirming channel to publish
+/// dead letters on (keep the connection for the test).
+async fn dead_letter_topology(
+    broker: &system_tests::TestBroker,
+    name: &str,
+    exchange: &str,
+) -> (lapin::Connection, lapin::Channel, consumer::Topology) {
+    let topology = consumer::Topology::new(name, &[]);
+    let conn = broker.connect().await;
+    topology.declare(&conn, exchange, &[]).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    (conn, ch, topology)
+}
+
+/// Publishes `body` straight into `topology`'s dead-letter queue (and waits for the broker's
+/// confirm), as message `id` of type `event_type` with the dead-letter `headers` the consumer
+/// runtime would have set.
+async fn publish_dead_letter(
+    ch: &lapin::Channel,
+    topology: &consumer::Topology,
+    id: &str,
+    event_type: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) {
+    let mut h = lapin::types::FieldTable::default();
+    for (k, v) in headers {
+        consumer::message::set_text(&mut h, k, v);
+    }
+    ch.basic_publish(
+        "".into(),
+        topology.dead_letter_queue.as_str().into(),
+        lapin::options::BasicPublishOptions::default(),
+        body,
+        lapin::BasicProperties::default()
+            .with_message_id(id.into())
+            .with_type(event_type.into())
+            .with_headers(h),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+}
+
 /// An ordered consumer's dead letters are listed, but a replay (dry run, one now, or several for
 /// approval) answers 409 with only an `error` that says why and what to do instead; the letter
 /// stays in the dead-letter queue and nothing reaches the consumer's plain queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ordered_consumers_dead_letters_are_listed_but_replay_answers_409() {
-    use lapin::BasicProperties;
-    use lapin::options::BasicPublishOptions;
-    use lapin::types::FieldTable;
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.ord");
     let c = Console::start_with(5, &[&name]).await;
     let op = c.user("olga", Role::Operator).await;
     let exchange = broker.outbox_exchange("console.events");
     system_tests::consumers::track_consumer(&broker, &name, &[], Some(2));
-    let conn = broker.connect().await;
     // The topology an ordered consumer declares: its plain queues and its partition routing.
-    let topology = consumer::Topology::new(&name, &[]);
-    topology.declare(&conn, &exchange, &[]).await.unwrap();
+    let (conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
     consumer::ordered::topology::declare(&conn, &exchange, &name, 2, &["#".to_string()])
         .await
         .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
     let ids: Vec<String> = (0..2).map(|_| Uuid::new_v4().to_string()).collect();
-    for id in &ids {
-        let mut h = FieldTable::default();
-        consumer::message::set_text(
-            &mut h,
-            consumer::message::headers::DEAD_LETTER_KIND,
-            "operator",
-        );
-        consumer::message::set_text(
-            &mut h,
+    let headers = [
+        (consumer::message::headers::DEAD_LETTER_KIND, "operator"),
+        (
             consumer::message::headers::DEAD_LETTERED_AT,
             "2026-12-01T10:00:00Z",
-        );
-        ch.basic_publish(
-            "".into(),
-            topology.dead_letter_queue.as_str().into(),
-            BasicPublishOptions::default(),
-            b"{}",
-            BasicProperties::default()
-                .with_message_id(id.as_str().into())
-                .with_type("thing.changed".into())
-                .with_headers(h),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        ),
+    ];
+    for id in &ids {
+        publish_dead_letter(&ch, &topology, id, "thing.changed", &headers, b"{}").await;
     }
     let (s, listed) = c
         .get(&op, &format!("/api/dead-letters?consumer={name}"))
