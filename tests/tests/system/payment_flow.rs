@@ -378,17 +378,24 @@ async fn an_unknown_outcome_without_keys_is_resolved_by_the_status_query_and_cha
     assert_eq!(f.row(payment).await, ("succeeded".into(), "paid".into()));
 }
 
-#[tokio::test]
-async fn an_unknown_outcome_with_neither_goes_to_manual_review() {
+/// A payment whose charge timed out at a provider with neither keys nor a status query, once it
+/// is in manual review: the flow, its worker and the payment.
+async fn unknown_with_neither() -> (Flow, Child, Uuid) {
     let f = Flow::timing_out(
         "3s",
         &["PROVIDER_IDEMPOTENCY", "PROVIDER_STATUS_QUERY"],
         "none",
     )
     .await;
-    let _w = f.worker("w1", &[]);
+    let w = f.worker("w1", &[]);
     let (_order, payment) = f.pay(1).await;
     f.wait_status(payment, "manual_review").await;
+    (f, w, payment)
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_with_neither_goes_to_manual_review() {
+    let (f, _w, payment) = unknown_with_neither().await;
     assert_eq!(
         f.step(payment, "forward", "charge").await.0,
         "manual_review"
@@ -411,15 +418,7 @@ async fn an_unknown_outcome_with_neither_goes_to_manual_review() {
 #[tokio::test]
 async fn an_operator_resolves_an_unknown_charge_with_the_providers_charge_id_and_the_capture_is_recorded()
  {
-    let f = Flow::timing_out(
-        "3s",
-        &["PROVIDER_IDEMPOTENCY", "PROVIDER_STATUS_QUERY"],
-        "none",
-    )
-    .await;
-    let _w = f.worker("w1", &[]);
-    let (_order, payment) = f.pay(1).await;
-    f.wait_status(payment, "manual_review").await;
+    let (f, _w, payment) = unknown_with_neither().await;
     f.admin.set_faults("").await.unwrap();
     // The operator looks the payment up at the provider (by its reference, the payment id) ...
     let charges = f.charges(payment).await;

@@ -332,12 +332,8 @@ async fn the_overview_is_a_dashboard_with_sampled_charts_dlq_tiles_and_a_refresh
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.look");
     system_tests::consumers::track_consumer(&broker, &name, &[], None);
-    let topology = consumer::Topology::new(&name, &[]);
     let exchange = broker.outbox_exchange("console.look.events");
-    let conn = broker.connect().await;
-    topology.declare(&conn, &exchange, &[]).await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
+    let (_conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
     for _ in 0..2 {
         ch.basic_publish(
             "".into(),
@@ -486,6 +482,19 @@ async fn page_weight_and_render_time_of_the_overview_and_a_process_with_50_histo
     }
 }
 
+/// The step boxes of process `id`'s strip, once its page drew them.
+async fn strip_boxes(
+    b: &fantoccini::Client,
+    base: &str,
+    id: Uuid,
+) -> Vec<fantoccini::elements::Element> {
+    b.goto(&format!("{base}/processes/{id}")).await.unwrap();
+    wait_for(b, "strip").await;
+    b.find_all(fantoccini::Locator::Css("#strip g.strip-step"))
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itself() {
     let c = console(&[]).await;
@@ -495,12 +504,7 @@ async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itsel
     events(&c, &order, &payment).await;
     let (_driver, b) = chromedriver().await;
     log_in(&b, &c.base, &ap).await;
-    b.goto(&format!("{}/processes/{id}", c.base)).await.unwrap();
-    wait_for(&b, "strip").await;
-    let boxes = b
-        .find_all(fantoccini::Locator::Css("#strip g.strip-step"))
-        .await
-        .unwrap();
+    let boxes = strip_boxes(&b, &c.base, id).await;
     assert_eq!(
         boxes.len(),
         5,
@@ -560,12 +564,7 @@ async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itsel
         let token = c.user(name, role).await;
         log_out(&b).await;
         log_in(&b, &c.base, &token).await;
-        b.goto(&format!("{}/processes/{id}", c.base)).await.unwrap();
-        wait_for(&b, "strip").await;
-        let boxes = b
-            .find_all(fantoccini::Locator::Css("#strip g.strip-step"))
-            .await
-            .unwrap();
+        let boxes = strip_boxes(&b, &c.base, id).await;
         assert_eq!(boxes.len(), 5, "{name}");
     }
     b.goto(&format!("{}/", c.base)).await.unwrap();
