@@ -475,18 +475,18 @@ impl Received {
     }
 }
 
-/// What most relay tests start from: a fresh database, a broker with the outbox exchange, and a
-/// queue bound to it whose messages arrive on `rx`.
-pub struct Relayed {
-    pub db: TestDb,
-    pub exchange: String,
-    pub rx: tokio::sync::mpsc::UnboundedReceiver<Received>,
-    /// Bind it for the whole test (`declared: _declared` when unused): dropping it deletes what
-    /// the test declared.
-    pub declared: Declared,
+/// Message number `n` of `aggregate` (type `test`): its body names both, which is what
+/// [`ordering`] and the relay tests check order with.
+pub fn msg(aggregate: &str, event_type: &str, n: i64) -> shared::NewMessage {
+    shared::NewMessage::new(
+        "test",
+        aggregate,
+        event_type,
+        serde_json::json!({ "aggregate": aggregate, "n": n }),
+    )
 }
 
-/// The broker side of [`Relayed`]: the connection that declared the exchange and the queue, the
+/// The broker side of [`relayed`]: the connection that declared the exchange and the queue, the
 /// queue's name, and the broker (deleting what the test declared when dropped, after the
 /// connection: fields drop in this order).
 pub struct Declared {
@@ -495,24 +495,30 @@ pub struct Declared {
     pub broker: TestBroker,
 }
 
-/// [`Relayed`]: the outbox exchange (`alternate`: with its unrouted queue) and queue `q` bound
-/// with `keys`, collected.
-pub async fn relayed(alternate: bool, keys: &[&str]) -> Relayed {
+/// What most relay tests start from: a fresh database, the outbox exchange (`alternate`: with its
+/// unrouted queue) and queue `q` bound to it with `keys`. Returns the database, the exchange, what
+/// arrives in the queue, and the broker side, to keep for the whole test (dropping it deletes what
+/// the test declared).
+pub async fn relayed(
+    alternate: bool,
+    keys: &[&str],
+) -> (
+    TestDb,
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<Received>,
+    Declared,
+) {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
     let (conn, exchange) = broker.declared_outbox(alternate).await;
     let queue = broker.queue("q");
     let rx = collect_queue(&conn, &exchange, &queue, keys).await;
-    Relayed {
-        db,
-        exchange,
-        rx,
-        declared: Declared {
-            conn,
-            queue,
-            broker,
-        },
-    }
+    let declared = Declared {
+        conn,
+        queue,
+        broker,
+    };
+    (db, exchange, rx, declared)
 }
 
 /// Declares `queue` (classic, durable: RabbitMQ 4.3 refuses transient non-exclusive queues and

@@ -43,15 +43,6 @@ fn spawn_patient_relay(
     )
 }
 
-fn msg(aggregate: &str, event_type: &str, n: i64) -> NewMessage {
-    NewMessage::new(
-        "test",
-        aggregate,
-        event_type,
-        json!({ "aggregate": aggregate, "n": n }),
-    )
-}
-
 /// Inserts messages numbered `ns` for each of `aggregates`, `per_tx` rows per transaction,
 /// in order per aggregate. Returns all ids.
 async fn produce(
@@ -103,6 +94,18 @@ async fn receive_all(
     receive_rest(rx, received, &want, within, what).await;
 }
 
+/// Waits (up to `timeout`) until the outbox holds no row at all (`what` names the wait).
+async fn wait_outbox_empty(pool: &sqlx::PgPool, what: &str, timeout: Duration) {
+    wait_until(what, timeout, || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        (n == 0).then_some(())
+    })
+    .await;
+}
+
 /// The message ids among `received`, each once.
 fn received_ids(received: &[Received]) -> HashSet<String> {
     received.iter().map(|r| r.message_id.clone()).collect()
@@ -139,12 +142,7 @@ fn assert_resent_suffixes_only(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared: _declared,
-    } = relayed(true, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
 
     // Rolled back: must never appear.
     let mut tx = db.pool.begin().await.unwrap();
@@ -211,12 +209,7 @@ async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plain_sql_contract_works_for_any_language() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared: _declared,
-    } = relayed(true, &["order.*"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["order.*"]).await;
 
     let mut tx = db.pool.begin().await.unwrap();
     sqlx::query("INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4::jsonb)")
@@ -316,12 +309,7 @@ async fn three_relays_publish_10k_rows_once_each_in_aggregate_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_relays_rows_are_published_by_the_other() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared: _declared,
-    } = relayed(true, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let mut a = spawn_relay(
         &db.url,
         &exchange,
@@ -380,12 +368,7 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared: _declared,
-    } = relayed(true, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
     let amqp_via_proxy = amqp_url().replace("127.0.0.1:5672", &proxy.addr.to_string());
     let opts = RelayOptions {
@@ -456,12 +439,7 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_database_link_recovers_without_loss() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared: _declared,
-    } = relayed(true, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let relay_pool = plumbing::db::connect(&db.url_via(proxy.addr), 4, "relay-under-test")
         .await
@@ -598,25 +576,13 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         receive_n(&mut rx2, 1, Duration::from_secs(20)).await[0].message_id,
         nacked.to_string()
     );
-    wait_until("outbox empty", Duration::from_secs(10), || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        (n == 0).then_some(())
-    })
-    .await;
+    wait_outbox_empty(&db.pool, "outbox empty", Duration::from_secs(10)).await;
     relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared,
-    } = relayed(false, &["thing.ok"]).await;
+    let (db, exchange, mut rx, declared) = relayed(false, &["thing.ok"]).await;
 
     // Aggregate "x": ok, unroutable, ok. Other aggregates: ok.
     let mut tx = db.pool.begin().await.unwrap();
@@ -742,12 +708,7 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared: _declared,
-    } = relayed(true, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let ids = produce(&db.pool, 100, 0..200, 1000).await;
     let mut relay = spawn_patient_relay(&db.url, &exchange, free_addr(), &["--batch-size", "200"]);
     let mut received = receive_n(&mut rx, 1000, Duration::from_secs(30)).await;
@@ -800,12 +761,7 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn published_rows_are_kept_for_the_retention_then_removed() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared: _declared,
-    } = relayed(true, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let opts = RelayOptions {
         retention_secs: 5,
         ..test_options()
@@ -825,25 +781,13 @@ async fn published_rows_are_kept_for_the_retention_then_removed() {
     })
     .await;
     // ...and removed by the sweep once the retention has passed.
-    wait_until("published rows purged", Duration::from_secs(30), || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        (n == 0).then_some(())
-    })
-    .await;
+    wait_outbox_empty(&db.pool, "published rows purged", Duration::from_secs(30)).await;
     relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared: _declared,
-    } = relayed(true, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
     proxy.set_mode(ProxyMode::Down);
     let metrics = free_addr();
@@ -874,12 +818,7 @@ async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_bounded_time() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared: _declared,
-    } = relayed(true, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
     let via_proxy = amqp_url().replace("127.0.0.1:5672", &proxy.addr.to_string());
     let mut relay = spawn_relay(&db.url, &exchange, free_addr(), &["--amqp-url", &via_proxy]);
@@ -920,12 +859,7 @@ async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_the_database_black_holed_exits_in_bounded_time_and_loses_nothing() {
-    let Relayed {
-        db,
-        exchange,
-        mut rx,
-        declared: _declared,
-    } = relayed(true, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let mut relay = spawn_relay(&db.url_via(proxy.addr), &exchange, free_addr(), &[]);
     let first = produce(&db.pool, 10, 0..10, 100).await;
