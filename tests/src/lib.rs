@@ -105,30 +105,34 @@ fn replace_db(url: &str, db: &str) -> String {
     format!("{base}/{db}")
 }
 
+/// Runs `cleanup` to its end on a thread and runtime of its own, for a `Drop` that runs inside
+/// the test's runtime: that one is blocked in the drop, so nothing could be awaited on it.
+fn on_own_runtime(cleanup: impl Future<Output = ()> + Send + 'static) {
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(cleanup);
+    })
+    .join();
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
         let admin = admin_url();
         // The pool's connections belong to the test's runtime, which is blocked in this drop:
         // closing them from here could wait forever. DROP ... WITH (FORCE) ends them instead.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                if let Ok(mut conn) =
-                    <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await
-                {
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                    )))
-                    .execute(&mut conn)
-                    .await;
-                }
-            });
-        })
-        .join();
+        on_own_runtime(async move {
+            if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                )))
+                .execute(&mut conn)
+                .await;
+            }
+        });
     }
 }
 
@@ -204,35 +208,28 @@ impl Drop for TestBroker {
         let url = self.url.clone();
         let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
         let queues = std::mem::take(&mut *self.queues.lock().unwrap());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let Ok(conn) =
-                    plumbing::amqp::connect(&url, &Default::default(), "tests-cleanup").await
-                else {
-                    return;
-                };
-                for q in queues {
-                    if let Ok(ch) = conn.create_channel().await {
-                        let _ = ch
-                            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-                            .await;
-                    }
+        on_own_runtime(async move {
+            let Ok(conn) =
+                plumbing::amqp::connect(&url, &Default::default(), "tests-cleanup").await
+            else {
+                return;
+            };
+            for q in queues {
+                if let Ok(ch) = conn.create_channel().await {
+                    let _ = ch
+                        .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                        .await;
                 }
-                for e in exchanges {
-                    if let Ok(ch) = conn.create_channel().await {
-                        let _ = ch
-                            .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
-                            .await;
-                    }
+            }
+            for e in exchanges {
+                if let Ok(ch) = conn.create_channel().await {
+                    let _ = ch
+                        .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
+                        .await;
                 }
-                let _ = conn.close(200, "bye".into()).await;
-            });
-        })
-        .join();
+            }
+            let _ = conn.close(200, "bye".into()).await;
+        });
     }
 }
 
