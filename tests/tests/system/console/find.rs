@@ -646,14 +646,7 @@ async fn dead_rows_and_the_audit_log_are_paged_with_n_of_m_and_all_dead_rows_are
         assert_eq!(c.state(*id).await, "dead", "nothing before the approval");
     }
     let approval = asked["approval"].as_str().unwrap();
-    c.post_expect(
-        &ap,
-        &format!("/api/approvals/{approval}/approve"),
-        json!({"reason": "ok", "version": 1}),
-        None,
-        StatusCode::OK,
-    )
-    .await;
+    c.approve(&ap, approval).await;
     for id in &ids {
         assert_ne!(c.state(*id).await, "dead", "{id} requeued");
     }
@@ -781,23 +774,8 @@ async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replay
         )
         .await;
     let approval = asked["approval"].as_str().unwrap();
-    c.post_expect(
-        &ap,
-        &format!("/api/approvals/{approval}/approve"),
-        json!({"reason": "ok", "version": 1}),
-        None,
-        StatusCode::OK,
-    )
-    .await;
-    let count = |q: String| {
-        let conn = &conn;
-        async move {
-            plumbing::amqp::inspect_queue(conn, &q)
-                .await
-                .map(|q| q.message_count())
-                .unwrap_or(u32::MAX)
-        }
-    };
+    c.approve(&ap, approval).await;
+    let count = |q: String| queue_depth(&conn, q);
     wait_until(
         "all seven back in the queue",
         Duration::from_secs(30),

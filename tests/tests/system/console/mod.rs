@@ -218,6 +218,18 @@ impl Console {
         body
     }
 
+    /// `token` approves `approval` (version 1), which must answer 200; returns the answer.
+    async fn approve(&self, token: &str, approval: &str) -> Value {
+        self.post_expect(
+            token,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "ok", "version": 1}),
+            None,
+            StatusCode::OK,
+        )
+        .await
+    }
+
     /// Inserts `n` dead rows carrying secrets; returns their ids.
     async fn dead_rows(&self, n: usize) -> Vec<Uuid> {
         sqlx::query_scalar(
@@ -1774,15 +1786,7 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     assert_eq!(s, StatusCode::CONFLICT);
     // One: now.
     c.post_expect(&op, &path, json!({"reason": "handler fixed", "items": [{"message_id": ids[0], "version": "2026-12-01T10:00:00Z"}]}), None, StatusCode::OK).await;
-    let count = |q: String| {
-        let conn = &conn;
-        async move {
-            plumbing::amqp::inspect_queue(conn, &q)
-                .await
-                .map(|q| q.message_count())
-                .unwrap_or(u32::MAX)
-        }
-    };
+    let count = |q: String| queue_depth(&conn, q);
     wait_until(
         "one message back in the queue",
         Duration::from_secs(30),
@@ -1802,14 +1806,7 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
         .await;
     assert_eq!(count(topology.dead_letter_queue.clone()).await, 2);
     let approval = body["approval"].as_str().unwrap().to_string();
-    c.post_expect(
-        &ap,
-        &format!("/api/approvals/{approval}/approve"),
-        json!({"reason": "ok", "version": 1}),
-        None,
-        StatusCode::OK,
-    )
-    .await;
+    c.approve(&ap, &approval).await;
     wait_until(
         "all three back in the queue",
         Duration::from_secs(30),
@@ -1822,6 +1819,14 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     assert_eq!(c.audit_count("dora", "dlq.replay", "succeeded").await, 3);
     assert_eq!(c.audit_count("dora", "dlq.replay", "conflict").await, 1);
     let _ = conn.close(200, "done".into()).await;
+}
+
+/// Messages in queue `q` now (`u32::MAX` when it cannot be inspected).
+async fn queue_depth(conn: &lapin::Connection, q: String) -> u32 {
+    plumbing::amqp::inspect_queue(conn, &q)
+        .await
+        .map(|q| q.message_count())
+        .unwrap_or(u32::MAX)
 }
 
 /// Consumer `name`'s plain topology declared on `exchange`, and a confirming channel to publish
