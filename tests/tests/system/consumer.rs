@@ -259,6 +259,28 @@ async fn queue_depth(broker: &TestBroker, queue: &str) -> u32 {
     q.message_count()
 }
 
+/// Waits until consumer `name` has at least `n` processed rows (`what` names the wait).
+async fn wait_processed(pool: &PgPool, name: &str, n: i64, what: &str) {
+    wait_until(what, LONG, || async {
+        (processed_rows(pool, name).await >= n).then_some(())
+    })
+    .await;
+}
+
+/// A consumer process started again after the first one died or stopped, once it is ready and
+/// the ledger has `updates` updates in all.
+async fn restarted_until_applied(
+    db: &TestDb,
+    exchange: &str,
+    name: &str,
+    updates: i64,
+) -> ConsumerProcess {
+    let second = ConsumerProcess::spawn(&db.url, exchange, name, &[]);
+    second.wait_ready().await;
+    wait_for_updates(&db.pool, updates, LONG).await;
+    second
+}
+
 /// Waits until the ledger shows `n` applied events in total.
 async fn wait_for_updates(pool: &PgPool, n: i64, timeout: Duration) {
     wait_until(&format!("{n} ledger updates"), timeout, || async move {
@@ -501,10 +523,7 @@ async fn sigkill_with_a_thousand_messages_in_flight_then_restart_applies_each_on
             "1h",
         ],
     );
-    wait_until("a committed batch", LONG, || async {
-        (processed_rows(&db.pool, &name).await > 0).then_some(())
-    })
-    .await;
+    wait_processed(&db.pool, &name, 1, "a committed batch").await;
     first.child.kill().await.unwrap(); // SIGKILL
     let _ = first.child.wait().await;
     let committed = processed_rows(&db.pool, &name).await;
@@ -524,9 +543,7 @@ async fn sigkill_with_a_thousand_messages_in_flight_then_restart_applies_each_on
     })
     .await;
 
-    let second = ConsumerProcess::spawn(&db.url, &exchange, &name, &[]);
-    second.wait_ready().await;
-    wait_for_updates(&db.pool, 1000, LONG).await;
+    let second = restarted_until_applied(&db, &exchange, &name, 1000).await;
     assert_eq!(
         ledger(&db.pool).await,
         expected,
@@ -574,10 +591,7 @@ async fn sigterm_during_processing_exits_zero_and_loses_or_repeats_nothing() {
             "300ms",
         ],
     );
-    wait_until("some batches committed", LONG, || async {
-        (processed_rows(&db.pool, &name).await >= 100).then_some(())
-    })
-    .await;
+    wait_processed(&db.pool, &name, 100, "some batches committed").await;
     first.sigterm();
     let status = first.exit_status().await;
     assert_eq!(status.code(), Some(0), "SIGTERM exits 0");
@@ -588,9 +602,7 @@ async fn sigterm_during_processing_exits_zero_and_loses_or_repeats_nothing() {
         "the consumer was stopped mid-stream ({committed} committed)"
     );
 
-    let second = ConsumerProcess::spawn(&db.url, &exchange, &name, &[]);
-    second.wait_ready().await;
-    wait_for_updates(&db.pool, 1000, LONG).await;
+    let second = restarted_until_applied(&db, &exchange, &name, 1000).await;
     assert_eq!(ledger(&db.pool).await, expected);
     let m = second.metrics;
     let n = name.as_str();
