@@ -319,77 +319,12 @@ pub(crate) async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let relay = env.spawn_relay(&[])?;
     wait_partitions_split(env, 1).await?;
     let busy = env.settle().await?;
-
-    // Producers: like relay-latency, but ledger events, recording each commit's wall-clock time.
-    let commits: Arc<Mutex<HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>>>> =
-        Arc::new(Mutex::new(HashMap::new()));
-    let c = commits.clone();
-    let record: OnCommit = Arc::new(move |msgs: &[NewMessage]| {
-        let now = chrono::Utc::now();
-        let mut c = c.lock().unwrap();
-        for m in msgs {
-            c.insert(m.id, now);
-        }
-    });
-    let cpu = env::CpuSnapshot::take();
-    for p in spawn_commit_load(env, duration, 1000, "payment.captured", Some(record)) {
-        p.await??;
-    }
-    let total = commits.lock().unwrap().len() as i64;
-    let cpu_note = env::CpuSnapshot::take().report_since(&cpu, total as u64);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let done: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1",
-        )
-        .bind(&name)
-        .fetch_one(&env.pool)
-        .await?;
-        if done >= total {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "only {done} of {total} processed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let rows: Vec<(uuid::Uuid, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT message_id, processed_at FROM outbox.processed_messages WHERE consumer = $1",
-    )
-    .bind(&name)
-    .fetch_all(&env.pool)
-    .await?;
-    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    {
-        let commits = commits.lock().unwrap();
-        for (id, at) in rows {
-            if let Some(c) = commits.get(&id) {
-                h.record((at - *c).num_microseconds().unwrap_or(0).max(1) as u64)
-                    .ok();
-            }
-        }
-    }
+    let (h, cpu_note) = commit_to_effect(env, &name, duration).await?;
     env::stop(relay).await;
     env::stop(consumer).await;
     delete_consumer_topology(env, &name).await;
     anyhow::ensure!(!h.is_empty(), "no latencies measured");
-    // The floor: the same rate published straight into a quorum queue (the consumer's queue
-    // type), publish -> delivery, no database on either side.
-    let floor_q = env.quorum_queue("e2e-floor", "floor.quorum").await?;
-    let floor_time = duration.min(Duration::from_secs(10));
-    let floor =
-        measure_publish_to_delivery(env, &floor_q, "floor.quorum", floor_time, 1000).await?;
-    // The same, while PostgreSQL commits 1,000 rows/s as in the run (both services fsync to one
-    // disk): how much of the end-to-end latency the services' own contention explains.
-    let load = spawn_commit_load(env, floor_time, 1000, "bench.load", None);
-    let floor_loaded =
-        measure_publish_to_delivery(env, &floor_q, "floor.quorum", floor_time, 1000).await?;
-    for l in load {
-        l.await??;
-    }
-    env.reset_outbox().await?;
-    env.delete_queue(&floor_q).await;
+    let (floor, floor_loaded) = quorum_floors(env, duration).await?;
     let ms = |us: u64| us as f64 / 1000.0;
     let mut lines = latency_lines(
         "end-to-end",
@@ -420,4 +355,85 @@ pub(crate) async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             .note("quorum queues deliver after their Raft log is fsynced; PostgreSQL fsyncs its WAL on the same disk"),
     );
     Ok(lines)
+}
+
+/// Producers like relay-latency's, but ledger events, recording each commit's wall-clock time;
+/// then waits until consumer `name` processed them all and returns each message's commit to its
+/// `processed_at` (microseconds) with the CPU note of the load.
+async fn commit_to_effect(
+    env: &BenchEnv,
+    name: &str,
+    duration: Duration,
+) -> anyhow::Result<(Histogram<u64>, String)> {
+    let commits: Arc<Mutex<HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>>>> =
+        Arc::new(Mutex::new(HashMap::new()));
+    let c = commits.clone();
+    let record: OnCommit = Arc::new(move |msgs: &[NewMessage]| {
+        let now = chrono::Utc::now();
+        let mut c = c.lock().unwrap();
+        for m in msgs {
+            c.insert(m.id, now);
+        }
+    });
+    let cpu = env::CpuSnapshot::take();
+    for p in spawn_commit_load(env, duration, 1000, "payment.captured", Some(record)) {
+        p.await??;
+    }
+    let total = commits.lock().unwrap().len() as i64;
+    let cpu_note = env::CpuSnapshot::take().report_since(&cpu, total as u64);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1",
+        )
+        .bind(name)
+        .fetch_one(&env.pool)
+        .await?;
+        if done >= total {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {done} of {total} processed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rows: Vec<(uuid::Uuid, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT message_id, processed_at FROM outbox.processed_messages WHERE consumer = $1",
+    )
+    .bind(name)
+    .fetch_all(&env.pool)
+    .await?;
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let commits = commits.lock().unwrap();
+    for (id, at) in rows {
+        if let Some(c) = commits.get(&id) {
+            h.record((at - *c).num_microseconds().unwrap_or(0).max(1) as u64)
+                .ok();
+        }
+    }
+    Ok((h, cpu_note))
+}
+
+/// The floor: the same rate published straight into a quorum queue (the consumer's queue type),
+/// publish -> delivery, no database on either side; then the same while PostgreSQL commits 1,000
+/// rows/s as in the run (both services fsync to one disk): how much of the end-to-end latency
+/// the services' own contention explains. Returns (floor, floor under load).
+async fn quorum_floors(
+    env: &BenchEnv,
+    duration: Duration,
+) -> anyhow::Result<(Histogram<u64>, Histogram<u64>)> {
+    let floor_q = env.quorum_queue("e2e-floor", "floor.quorum").await?;
+    let floor_time = duration.min(Duration::from_secs(10));
+    let floor =
+        measure_publish_to_delivery(env, &floor_q, "floor.quorum", floor_time, 1000).await?;
+    let load = spawn_commit_load(env, floor_time, 1000, "bench.load", None);
+    let floor_loaded =
+        measure_publish_to_delivery(env, &floor_q, "floor.quorum", floor_time, 1000).await?;
+    for l in load {
+        l.await??;
+    }
+    env.reset_outbox().await?;
+    env.delete_queue(&floor_q).await;
+    Ok((floor, floor_loaded))
 }

@@ -123,22 +123,10 @@ pub async fn consumer_ordered_scale(env: &BenchEnv) -> anyhow::Result<Vec<Line>>
 /// Declares the consumer (start, stop), lets the relay publish the messages into its queues,
 /// then times the consumer instances draining them (from the first effect to the last).
 async fn drain(env: &BenchEnv, d: &Drain<'_>) -> anyhow::Result<f64> {
-    let (n, aggregates, ordered) = (d.n, d.aggregates, d.ordered);
     env.reset_outbox().await?;
-    // Each run its own consumer name (and so its own rows in demo.timeline): the cluster's one
-    // instance once shared the name, and the rows, of consumer-ordered's run on the local broker.
-    let mode = match (ordered, d.cluster.is_some()) {
-        (false, _) => "u",
-        (true, false) => "o",
-        (true, true) => "oc",
-    };
-    let name = format!(
-        "{}-tl-{mode}{aggregates}-{}",
-        env.exchange.replace('.', "-"),
-        d.instances
-    );
+    let name = consumer_name(env, d);
     let mut args = vec!["timeline", "--name", name.as_str(), "--bind", "#"];
-    if ordered {
+    if d.ordered {
         args.push("--ordered");
     }
     if d.cluster.is_some() {
@@ -150,7 +138,7 @@ async fn drain(env: &BenchEnv, d: &Drain<'_>) -> anyhow::Result<f64> {
         None => Vec::new(),
     };
     let conn = d.cluster.map(|c| &c.conn).unwrap_or(&env.conn);
-    let probe = if ordered {
+    let probe = if d.ordered {
         consumer::ordered::topology::queue(&name, 0)
     } else {
         name.clone()
@@ -159,15 +147,55 @@ async fn drain(env: &BenchEnv, d: &Drain<'_>) -> anyhow::Result<f64> {
     wait_queue_consumed(conn, &probe).await?;
     env::stop(first).await;
 
-    // Aggregates named after the run, so their numbers start at 1 for this consumer.
+    publish_backlog(env, d, &name, &amqp).await?;
+    let rate = time_consumers(env, d, &name, &args, &amqp).await?;
+    if d.ordered {
+        let v = demo::timeline::violations(&env.pool, &name).await?;
+        anyhow::ensure!(
+            v == demo::timeline::Violations::default(),
+            "{name}: {v:?} in demo.timeline"
+        );
+    }
+    if d.cluster.is_none() {
+        // The cluster goes with its nodes; the bench's broker keeps what is not deleted.
+        delete_topology(env, d.ordered, &name).await;
+    }
+    Ok(rate)
+}
+
+/// Each run its own consumer name (and so its own rows in demo.timeline): the cluster's one
+/// instance once shared the name, and the rows, of consumer-ordered's run on the local broker.
+fn consumer_name(env: &BenchEnv, d: &Drain<'_>) -> String {
+    let mode = match (d.ordered, d.cluster.is_some()) {
+        (false, _) => "u",
+        (true, false) => "o",
+        (true, true) => "oc",
+    };
+    format!(
+        "{}-tl-{mode}{}-{}",
+        env.exchange.replace('.', "-"),
+        d.aggregates,
+        d.instances
+    )
+}
+
+/// Enqueues the `n` messages (1,000 a transaction) and runs a relay until none is pending, so
+/// the drain that follows reads a full queue and times the consumer alone. Aggregates are named
+/// after the run, so their numbers start at 1 for this consumer.
+async fn publish_backlog(
+    env: &BenchEnv,
+    d: &Drain<'_>,
+    name: &str,
+    amqp: &[(&str, &str)],
+) -> anyhow::Result<()> {
     let mut done = 0;
-    while done < n {
-        let k = (n - done).min(1000);
+    while done < d.n {
+        let k = (d.n - done).min(1000);
         let msgs: Vec<NewMessage> = (done..done + k)
             .map(|i| {
                 NewMessage::new(
                     "bench",
-                    format!("{name}-{}", i % aggregates),
+                    format!("{name}-{}", i % d.aggregates),
                     "bench.timeline",
                     payload(i),
                 )
@@ -178,7 +206,7 @@ async fn drain(env: &BenchEnv, d: &Drain<'_>) -> anyhow::Result<f64> {
         tx.commit().await?;
         done += k;
     }
-    let relay = env.spawn("relay", &[], &amqp)?;
+    let relay = env.spawn("relay", &[], amqp)?;
     let deadline = Instant::now() + Duration::from_secs(300);
     while pending(env).await? > 0 {
         anyhow::ensure!(Instant::now() < deadline, "relay did not publish in 300 s");
@@ -186,16 +214,28 @@ async fn drain(env: &BenchEnv, d: &Drain<'_>) -> anyhow::Result<f64> {
     }
     env::stop(relay).await;
     env.settle().await?;
+    Ok(())
+}
 
+/// Starts the consumer instances, waits until every message has its effect, stops them and
+/// returns messages/s from the first effect to the last.
+async fn time_consumers(
+    env: &BenchEnv,
+    d: &Drain<'_>,
+    name: &str,
+    args: &[&str],
+    amqp: &[(&str, &str)],
+) -> anyhow::Result<f64> {
+    let n = d.n;
     let mut consumers = Vec::new();
     for _ in 0..d.instances {
-        consumers.push(env.spawn("producer", &args, &amqp)?);
+        consumers.push(env.spawn("producer", args, amqp)?);
     }
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let applied: i64 =
             sqlx::query_scalar("SELECT count(*) FROM demo.timeline WHERE consumer = $1")
-                .bind(&name)
+                .bind(name)
                 .fetch_one(&env.pool)
                 .await?;
         if applied as u64 >= n {
@@ -213,27 +253,22 @@ async fn drain(env: &BenchEnv, d: &Drain<'_>) -> anyhow::Result<f64> {
         "SELECT count(*), coalesce(extract(epoch FROM max(applied_at) - min(applied_at)), 0)::float8 \
          FROM demo.timeline WHERE consumer = $1",
     )
-    .bind(&name)
+    .bind(name)
     .fetch_one(&env.pool)
     .await?;
     let rate = (applied - 1).max(0) as f64 / span.max(1e-6);
     for c in consumers {
         env::stop(c).await;
     }
-    if ordered {
-        let v = demo::timeline::violations(&env.pool, &name).await?;
-        anyhow::ensure!(
-            v == demo::timeline::Violations::default(),
-            "{name}: {v:?} in demo.timeline"
-        );
-    }
-    if d.cluster.is_some() {
-        // The cluster goes with its nodes.
-        return Ok(rate);
-    }
+    Ok(rate)
+}
+
+/// Deletes the consumer's queues and exchanges from the bench's broker (the ordered mode's
+/// partition queues and exchanges too).
+async fn delete_topology(env: &BenchEnv, ordered: bool, name: &str) {
     if ordered {
         let (queues, exchanges) =
-            consumer::ordered::topology::names(&name, consumer::config::DEFAULT_PARTITIONS);
+            consumer::ordered::topology::names(name, consumer::config::DEFAULT_PARTITIONS);
         for q in queues {
             env.delete_queue(&q).await;
         }
@@ -245,6 +280,5 @@ async fn drain(env: &BenchEnv, d: &Drain<'_>) -> anyhow::Result<f64> {
             }
         }
     }
-    delete_consumer_topology(env, &name).await;
-    Ok(rate)
+    delete_consumer_topology(env, name).await;
 }

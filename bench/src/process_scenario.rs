@@ -207,9 +207,25 @@ async fn commit_ceiling(env: &BenchEnv, connections: usize, secs: Duration) -> a
     Ok(rate)
 }
 
+/// The whole scenario, phase after phase: each phase leaves the processes it ran succeeded, so
+/// `done` (processes succeeded so far) is carried from one to the next.
 pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let mut lines = Vec::new();
     env.settle().await?;
+    let ceiling = measure_ceiling(env, &mut lines).await?;
+    let n = env.n(20_000, 500);
+    let workers = cold_drain(env, n, &mut lines).await?;
+    let mut done = n;
+    let steps_per_s = warm_drain(env, &mut done, n, &mut lines).await?;
+    steady_latency(env, &mut done, &mut lines).await?;
+    workers.stop().await;
+    wire_counts(env, done, steps_per_s, ceiling, &mut lines).await?;
+    Ok(lines)
+}
+
+/// The commit ceiling on as many connections as the workers use: what the drains' commits/s are
+/// measured against.
+async fn measure_ceiling(env: &BenchEnv, lines: &mut Vec<Line>) -> anyhow::Result<f64> {
     let (n_workers, concurrency) = (workers(), concurrency());
     let ceiling = commit_ceiling(env, n_workers * concurrency, env.secs(5.0, 1.0)).await?;
     lines.push(
@@ -218,10 +234,14 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             n_workers * concurrency
         )),
     );
+    Ok(ceiling)
+}
 
-    // Cold drain: a backlog started before the workers, timed from the workers' start (their
-    // connections, prepared statements and PL/pgSQL caches are made during it).
-    let n = env.n(20_000, 500);
+/// Cold drain: a backlog of `n` started before the workers, timed from the workers' start (their
+/// connections, prepared statements and PL/pgSQL caches are made during it). Returns the
+/// workers, kept running for the warm phases.
+async fn cold_drain(env: &BenchEnv, n: u64, lines: &mut Vec<Line>) -> anyhow::Result<Workers> {
+    let (n_workers, concurrency) = (workers(), concurrency());
     start_many(&env.pool, 0, n).await?;
     vacuum(env).await?;
     env.settle().await?;
@@ -235,16 +255,25 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             "{n} processes started before {n_workers} new workers x {concurrency}, timed from the workers' start"
         )),
     );
+    Ok(workers)
+}
 
-    // Warm drain: the same workers, now idle, get a backlog committed in one transaction.
+/// Warm drain: the same workers, now idle, get a backlog of `n` committed in one transaction.
+/// Returns the steps/s, which the wire counts turn into commits/s.
+async fn warm_drain(
+    env: &BenchEnv,
+    done: &mut u64,
+    n: u64,
+    lines: &mut Vec<Line>,
+) -> anyhow::Result<f64> {
+    let (n_workers, concurrency) = (workers(), concurrency());
     vacuum(env).await?;
     env.settle().await?;
-    let mut done = n;
-    let t0 = start_backlog(&env.pool, done, n).await?;
+    let t0 = start_backlog(&env.pool, *done, n).await?;
     let cpu = CpuSnapshot::take();
     let started = Instant::now();
-    done += n;
-    let t1 = wait_succeeded(&env.pool, done, started).await?;
+    *done += n;
+    let t1 = wait_succeeded(&env.pool, *done, started).await?;
     let took = secs_between(t0, t1);
     let cpu_note = CpuSnapshot::take().report_per(&cpu, n, "processes");
     let rate = n as f64 / took;
@@ -257,8 +286,16 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             )),
     );
     lines.push(Line::new("processes drain steps", steps_per_s, "steps/s"));
+    Ok(steps_per_s)
+}
 
-    // Latency at a steady 100 processes/s, with the workers idle between starts.
+/// Latency at a steady 100 processes/s, with the (running) workers idle between starts; read
+/// from the database's own timestamps.
+async fn steady_latency(
+    env: &BenchEnv,
+    done: &mut u64,
+    lines: &mut Vec<Line>,
+) -> anyhow::Result<()> {
     let secs = env.secs(20.0, 2.0);
     let total = (100.0 * secs.as_secs_f64()) as u64;
     let def = definition();
@@ -274,9 +311,8 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         )
         .await?;
     }
-    done += total;
-    wait_succeeded(&env.pool, done, started).await?;
-    workers.stop().await;
+    *done += total;
+    wait_succeeded(&env.pool, *done, started).await?;
     let micros: Vec<i64> = sqlx::query_scalar(
         "SELECT (extract(epoch FROM finished_at - created_at) * 1e6)::bigint FROM outbox.processes \
          WHERE business_key LIKE 'lat%' AND status = 'succeeded'",
@@ -303,9 +339,19 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         ms(h.max()),
         "ms",
     ));
+    Ok(())
+}
 
-    // Round trips on the wire: new workers behind the proxy, warmed on a first backlog, then
-    // counted while they drain a second one (committed at once, like the warm drain).
+/// Round trips on the wire: new workers behind the proxy, warmed on a first backlog, then
+/// counted while they drain a second one (committed at once, like the warm drain). The proxy
+/// costs CPU of its own, which is why the timed drains run without it.
+async fn wire_counts(
+    env: &BenchEnv,
+    mut done: u64,
+    steps_per_s: f64,
+    ceiling: f64,
+    lines: &mut Vec<Line>,
+) -> anyhow::Result<()> {
     let m = env.n(2_000, 300);
     let upstream = upstream_addr(&env.db_url).await?;
     let proxy = WireCounter::start(upstream).await?;
@@ -352,7 +398,7 @@ pub async fn run(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         .vs_ceiling(ceiling, None)
         .note("drain steps/s x commits per step, against the same run's commit ceiling"),
     );
-    Ok(lines)
+    Ok(())
 }
 
 const POLL: Duration = Duration::from_millis(20);

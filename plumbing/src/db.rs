@@ -219,7 +219,7 @@ pub async fn connect_and_migrate_with(
                     Duration::from_millis(200),
                     Duration::from_secs(5),
                 );
-                tracing::warn!(error = %crate::telemetry::ErrorChain(&e), ?delay, "PostgreSQL not ready, retrying");
+                tracing::warn!(error = %crate::error::ErrorChain(&e), ?delay, "PostgreSQL not ready, retrying");
                 tokio::time::sleep(delay).await;
             }
         }

@@ -24,6 +24,10 @@
 //! - [`redact`]: inputs and messages as stored for display.
 //! - [`internal_events`]: the metrics.
 //!
+//! The worker wakes through `plumbing::listen` (LISTEN on its own one-connection pool) and
+//! refreshes its gauges through `plumbing::periodic`; it takes `plumbing` without default
+//! features, so embedding a worker pulls neither lapin nor axum nor OpenTelemetry.
+//!
 //! The state machine lives in the database (migration `0005_processes.sql`): CHECK constraints,
 //! a table of allowed transitions enforced by triggers, evidence required by terminal states, and
 //! an append-only history of every transition with its reason.

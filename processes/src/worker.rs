@@ -115,18 +115,25 @@ impl Worker {
         };
         let wake = Arc::new(Notify::new());
         let background = CancellationToken::new();
-        let listener = tokio::spawn(listen_loop(
-            config.pool.clone(),
+        // The listener gets a pool of its own, so a dropped listener never holds up closing the
+        // caller's pool.
+        let listener = tokio::spawn(plumbing::listen::wake_on_notify(
+            plumbing::listen::ListenOn::own_pool(&config.pool),
             notify_channel(&config.schema),
             wake.clone(),
             background.clone(),
         ));
-        let stats = tokio::spawn(stats_loop(
-            config.clone(),
-            kinds.clone(),
-            versions.clone(),
-            background.clone(),
-        ));
+        let stats = Stats {
+            config: config.clone(),
+            kinds: kinds.clone(),
+            versions: versions.clone(),
+            seen: HashSet::new(),
+            warned: HashSet::new(),
+        };
+        let (interval, stop) = (config.stats_interval, background.clone());
+        let stats = tokio::spawn(async move {
+            plumbing::periodic::every(interval, &stop, stats).await;
+        });
         tracing::info!(worker = %config.worker_id, "process worker started");
         let mut turns = Turns {
             config: &config,
@@ -325,58 +332,30 @@ fn report_database(config: &WorkerConfig, last: &mut Option<bool>, up: bool) {
     }
 }
 
-async fn listen_loop(pool: PgPool, channel: String, wake: Arc<Notify>, stop: CancellationToken) {
-    // The listener gets a pool of its own: sqlx hands a dropped listener's connection back from a
-    // spawned task, which must never hold up closing the caller's pool.
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect_lazy_with(pool.connect_options().as_ref().clone());
-    let mut failures = 0u32;
-    loop {
-        let result = async {
-            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
-            listener.listen(&channel).await?;
-            wake.notify_one();
-            loop {
-                // A notification, or Ok(None) after a reconnect that may have dropped some.
-                listener.try_recv().await?;
-                wake.notify_one();
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), sqlx::Error>(())
-        };
-        tokio::select! {
-            r = result => if let Err(e) = r {
-                failures += 1;
-                tracing::warn!(error = %e, "LISTEN connection failed; the poll covers until it is back");
-            },
-            _ = stop.cancelled() => return,
-        }
-        let delay = Duration::from_millis(200) * failures.clamp(1, 25);
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = stop.cancelled() => return,
-        }
-    }
-}
-
 /// Refreshes the status gauges and the manual-review backlog, and says (metric and log) when due
-/// processes wait for a definition version this worker does not have.
-async fn stats_loop(
+/// processes wait for a definition version this worker does not have; every
+/// `config.stats_interval`, through [`plumbing::periodic`].
+struct Stats {
     config: WorkerConfig,
     kinds: Vec<String>,
     versions: Vec<i32>,
-    stop: CancellationToken,
-) {
-    let mut seen: HashSet<(String, String)> = HashSet::new();
-    let mut warned: HashSet<(String, i32)> = HashSet::new();
-    loop {
-        if let Err(e) = refresh(&config, &kinds, &versions, &mut seen, &mut warned).await {
+    /// The (kind, status) gauges set last time, to zero those that are gone.
+    seen: HashSet<(String, String)>,
+    /// The unknown versions already logged, to log each once.
+    warned: HashSet<(String, i32)>,
+}
+
+impl plumbing::periodic::Refresh for Stats {
+    async fn refresh(&mut self) {
+        let Stats {
+            config,
+            kinds,
+            versions,
+            seen,
+            warned,
+        } = self;
+        if let Err(e) = refresh(config, kinds, versions, seen, warned).await {
             tracing::debug!(error = %e, "process statistics not refreshed");
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(config.stats_interval) => {}
-            _ = stop.cancelled() => return,
         }
     }
 }

@@ -5,8 +5,9 @@
 //! - [`config`]: flags and env vars ([`RelayConfig`]).
 //! - [`leases`]: which of the 64 outbox partitions this instance publishes; takeover after a crash;
 //!   the renewal loop.
-//! - `listen`: LISTEN/NOTIFY wake-ups, reconnected with backoff (the poll covers the gaps).
-//! - `stats`: the backlog and unrouted-queue gauges, on a timer of their own.
+//! - `listen`: where the relay LISTENs (pool, direct URL, or nowhere behind a transaction pooler);
+//!   the wake-up loop itself is [`plumbing::listen`] (reconnects with backoff; the poll covers the gaps).
+//! - `stats`: the backlog and unrouted-queue gauges, refreshed by [`plumbing::periodic`].
 //! - `retention`: purging published rows kept for `--retention-secs`.
 //! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead rows.
 //! - `pipeline`: claims, publishes and marks overlapping. Its parts are plain types with their own

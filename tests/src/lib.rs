@@ -105,30 +105,34 @@ fn replace_db(url: &str, db: &str) -> String {
     format!("{base}/{db}")
 }
 
+/// Runs `cleanup` to its end on a thread and runtime of its own, for a `Drop` that runs inside
+/// the test's runtime: that one is blocked in the drop, so nothing could be awaited on it.
+fn on_own_runtime(cleanup: impl Future<Output = ()> + Send + 'static) {
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(cleanup);
+    })
+    .join();
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
         let admin = admin_url();
         // The pool's connections belong to the test's runtime, which is blocked in this drop:
         // closing them from here could wait forever. DROP ... WITH (FORCE) ends them instead.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                if let Ok(mut conn) =
-                    <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await
-                {
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                    )))
-                    .execute(&mut conn)
-                    .await;
-                }
-            });
-        })
-        .join();
+        on_own_runtime(async move {
+            if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(&admin).await {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                )))
+                .execute(&mut conn)
+                .await;
+            }
+        });
     }
 }
 
@@ -204,35 +208,28 @@ impl Drop for TestBroker {
         let url = self.url.clone();
         let exchanges = std::mem::take(&mut *self.exchanges.lock().unwrap());
         let queues = std::mem::take(&mut *self.queues.lock().unwrap());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let Ok(conn) =
-                    plumbing::amqp::connect(&url, &Default::default(), "tests-cleanup").await
-                else {
-                    return;
-                };
-                for q in queues {
-                    if let Ok(ch) = conn.create_channel().await {
-                        let _ = ch
-                            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
-                            .await;
-                    }
+        on_own_runtime(async move {
+            let Ok(conn) =
+                plumbing::amqp::connect(&url, &Default::default(), "tests-cleanup").await
+            else {
+                return;
+            };
+            for q in queues {
+                if let Ok(ch) = conn.create_channel().await {
+                    let _ = ch
+                        .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                        .await;
                 }
-                for e in exchanges {
-                    if let Ok(ch) = conn.create_channel().await {
-                        let _ = ch
-                            .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
-                            .await;
-                    }
+            }
+            for e in exchanges {
+                if let Ok(ch) = conn.create_channel().await {
+                    let _ = ch
+                        .exchange_delete(e.as_str().into(), ExchangeDeleteOptions::default())
+                        .await;
                 }
-                let _ = conn.close(200, "bye".into()).await;
-            });
-        })
-        .join();
+            }
+            let _ = conn.close(200, "bye".into()).await;
+        });
     }
 }
 
@@ -473,6 +470,52 @@ impl Received {
         let h = self.properties.headers().as_ref()?;
         plumbing::amqp::header_str(h, name).map(|c| c.into_owned())
     }
+}
+
+/// Message number `n` of `aggregate` (type `test`): its body names both, which is what
+/// [`ordering`] and the relay tests check order with.
+pub fn msg(aggregate: &str, event_type: &str, n: i64) -> shared::NewMessage {
+    shared::NewMessage::new(
+        "test",
+        aggregate,
+        event_type,
+        serde_json::json!({ "aggregate": aggregate, "n": n }),
+    )
+}
+
+/// The broker side of [`relayed`]: the connection that declared the exchange and the queue, the
+/// queue's name, and the broker (deleting what the test declared when dropped, after the
+/// connection: fields drop in this order).
+pub struct Declared {
+    pub conn: lapin::Connection,
+    pub queue: String,
+    pub broker: TestBroker,
+}
+
+/// What most relay tests start from: a fresh database, the outbox exchange (`alternate`: with its
+/// unrouted queue) and queue `q` bound to it with `keys`. Returns the database, the exchange, what
+/// arrives in the queue, and the broker side, to keep for the whole test (dropping it deletes what
+/// the test declared).
+pub async fn relayed(
+    alternate: bool,
+    keys: &[&str],
+) -> (
+    TestDb,
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<Received>,
+    Declared,
+) {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let (conn, exchange) = broker.declared_outbox(alternate).await;
+    let queue = broker.queue("q");
+    let rx = collect_queue(&conn, &exchange, &queue, keys).await;
+    let declared = Declared {
+        conn,
+        queue,
+        broker,
+    };
+    (db, exchange, rx, declared)
 }
 
 /// Declares `queue` (classic, durable: RabbitMQ 4.3 refuses transient non-exclusive queues and

@@ -329,6 +329,25 @@ impl ExternalStep for Refund {
     }
 }
 
+/// The fake steps of the order definitions, each over the same pool and failpoint.
+struct Fakes<'a> {
+    pool: &'a PgPool,
+    fp: &'a Failpoint,
+}
+
+impl Fakes<'_> {
+    /// One fake step (or compensation), made of the shared pool and failpoint.
+    fn make<T>(&self, fake: fn(PgPool, Failpoint) -> T) -> T {
+        fake(self.pool.clone(), self.fp.clone())
+    }
+
+    /// The reserve step, released when compensated (as every order definition has it).
+    fn reserve_step(&self) -> Step {
+        Step::local("reserve", self.make(|pool, fp| Reserve { pool, fp }))
+            .compensate(Action::local(self.make(|pool, fp| Release { pool, fp })))
+    }
+}
+
 /// The order process of `kind` whose charge's remote is `remote`, at `version`.
 pub fn order(
     kind: &str,
@@ -337,6 +356,7 @@ pub fn order(
     pool: &PgPool,
     fp: &Failpoint,
 ) -> Definition {
+    let fakes = Fakes { pool, fp };
     let retry = RetryPolicy::default()
         .initial(Duration::from_millis(50))
         .max_delay(Duration::from_millis(200))
@@ -345,48 +365,20 @@ pub fn order(
     Definition::new(kind, version)
         .redact("card")
         .step(
-            Step::local(
-                "reserve",
-                Reserve {
-                    pool: pool.clone(),
-                    fp: fp.clone(),
-                },
-            )
-            .retry(retry)
-            .compensate(Action::local(Release {
-                pool: pool.clone(),
-                fp: fp.clone(),
-            })),
+            Step::local("reserve", fakes.make(|pool, fp| Reserve { pool, fp }))
+                .retry(retry)
+                .compensate(Action::local(fakes.make(|pool, fp| Release { pool, fp }))),
         )
         .step(
-            Step::external(
-                "charge",
-                remote,
-                Charge {
-                    pool: pool.clone(),
-                    fp: fp.clone(),
-                },
-            )
-            .retry(retry)
-            .timeout(CHARGE_TIMEOUT)
-            .compensate(Action::external(
-                Remote::HonoursKey,
-                Refund {
-                    pool: pool.clone(),
-                    fp: fp.clone(),
-                },
-            )),
+            Step::external("charge", remote, fakes.make(|pool, fp| Charge { pool, fp }))
+                .retry(retry)
+                .timeout(CHARGE_TIMEOUT)
+                .compensate(Action::external(
+                    Remote::HonoursKey,
+                    fakes.make(|pool, fp| Refund { pool, fp }),
+                )),
         )
-        .step(
-            Step::local(
-                "confirm",
-                Confirm {
-                    pool: pool.clone(),
-                    fp: fp.clone(),
-                },
-            )
-            .retry(retry),
-        )
+        .step(Step::local("confirm", fakes.make(|pool, fp| Confirm { pool, fp })).retry(retry))
 }
 
 /// Like [`order`] with a charge retried for at most `deadline` (many attempts allowed).
@@ -396,77 +388,41 @@ pub fn order_with_deadline(
     pool: &PgPool,
     fp: &Failpoint,
 ) -> Definition {
+    let fakes = Fakes { pool, fp };
     let retry = RetryPolicy::default()
         .initial(Duration::from_millis(50))
         .max_delay(Duration::from_millis(100))
         .max_attempts(1000)
         .deadline(Some(deadline));
-    Definition::new(kind, 1)
-        .step(
-            Step::local(
-                "reserve",
-                Reserve {
-                    pool: pool.clone(),
-                    fp: fp.clone(),
-                },
-            )
-            .compensate(Action::local(Release {
-                pool: pool.clone(),
-                fp: fp.clone(),
-            })),
+    Definition::new(kind, 1).step(fakes.reserve_step()).step(
+        Step::external(
+            "charge",
+            Remote::HonoursKey,
+            fakes.make(|pool, fp| Charge { pool, fp }),
         )
-        .step(
-            Step::external(
-                "charge",
-                Remote::HonoursKey,
-                Charge {
-                    pool: pool.clone(),
-                    fp: fp.clone(),
-                },
-            )
-            .retry(retry),
-        )
+        .retry(retry),
+    )
 }
 
 /// Like [`order`] whose charge's refund is sensitive (waits for approval).
 pub fn order_sensitive_refund(kind: &str, pool: &PgPool, fp: &Failpoint) -> Definition {
+    let fakes = Fakes { pool, fp };
     Definition::new(kind, 1)
-        .step(
-            Step::local(
-                "reserve",
-                Reserve {
-                    pool: pool.clone(),
-                    fp: fp.clone(),
-                },
-            )
-            .compensate(Action::local(Release {
-                pool: pool.clone(),
-                fp: fp.clone(),
-            })),
-        )
+        .step(fakes.reserve_step())
         .step(
             Step::external(
                 "charge",
                 Remote::HonoursKey,
-                Charge {
-                    pool: pool.clone(),
-                    fp: fp.clone(),
-                },
+                fakes.make(|pool, fp| Charge { pool, fp }),
             )
             .compensate_sensitive(Action::external(
                 Remote::HonoursKey,
-                Refund {
-                    pool: pool.clone(),
-                    fp: fp.clone(),
-                },
+                fakes.make(|pool, fp| Refund { pool, fp }),
             )),
         )
         .step(Step::local(
             "confirm",
-            Confirm {
-                pool: pool.clone(),
-                fp: fp.clone(),
-            },
+            fakes.make(|pool, fp| Confirm { pool, fp }),
         ))
 }
 

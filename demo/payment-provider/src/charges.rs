@@ -16,7 +16,7 @@
 use crate::api::{Charge, ChargeRequest, ChargeStatus, IDEMPOTENCY_KEY_HEADER, REPLAYED_HEADER};
 use crate::connection::AbortConnection;
 use crate::error::{ApiError, Body};
-use crate::faults::FaultMode;
+use crate::faults::{FaultMode, Strikes};
 use crate::internal_events::{self, ChargeOutcome};
 use crate::mode::ConfirmationMode;
 use crate::state::AppState;
@@ -125,6 +125,27 @@ pub async fn create(
     } else {
         ChargeStatus::Succeeded
     };
+    let (row, replayed) = store_or_find(&state, &req, key.as_deref(), outcome).await?;
+    let charge = row.into_charge()?;
+    internal_events::charge(match (replayed, charge.status) {
+        (true, _) => ChargeOutcome::Replayed,
+        (false, ChargeStatus::Declined) => ChargeOutcome::Declined,
+        (false, ChargeStatus::Pending) => ChargeOutcome::Pending,
+        (false, _) => ChargeOutcome::Succeeded,
+    });
+    after_charge_faults(&state, &strikes, &abort, &req.reference).await;
+    Ok(charge_response(&charge, replayed))
+}
+
+/// Commits the charge with `outcome` (or `pending` with it planned, in async mode), or finds the
+/// key's earlier charge: one `INSERT ... ON CONFLICT (idempotency_key) DO NOTHING`. Returns the
+/// row and whether it is a replay; an earlier charge with another body is a key mismatch.
+async fn store_or_find(
+    state: &AppState,
+    req: &ChargeRequest,
+    key: Option<&str>,
+    outcome: ChargeStatus,
+) -> Result<(ChargeRow, bool), ApiError> {
     let mode = state.mode.get();
     let (status, planned, decide_at) = match mode {
         ConfirmationMode::Sync => (outcome, None, None),
@@ -146,56 +167,57 @@ pub async fn create(
     .bind(req.amount)
     .bind(&req.currency)
     .bind(status.as_str())
-    .bind(key.as_deref())
+    .bind(key)
     .bind(mode.as_str())
     .bind(planned)
     .bind(decide_at)
     .fetch_optional(&state.pool)
     .await?;
-    let (row, replayed) = match inserted {
-        Some(row) => {
-            if outcome == ChargeStatus::Declined {
-                internal_events::fault_injected(FaultMode::Decline, &req.reference);
-            }
-            (row, false)
+    if let Some(row) = inserted {
+        if outcome == ChargeStatus::Declined {
+            internal_events::fault_injected(FaultMode::Decline, &req.reference);
         }
-        None => {
-            // The key's charge exists (the unique index made this insert wait for its commit).
-            let row: ChargeRow = sqlx::query_as(
-                "SELECT id, reference, amount, currency, status, idempotency_key, created_at, refunded_at
-                   FROM provider.charges WHERE idempotency_key = $1",
-            )
-            .bind(key.as_deref())
-            .fetch_one(&state.pool)
-            .await?;
-            if row.reference != req.reference
-                || row.amount != req.amount
-                || row.currency != req.currency
-            {
-                internal_events::charge(ChargeOutcome::KeyMismatch);
-                return Err(ApiError::KeyMismatch);
-            }
-            (row, true)
-        }
-    };
-    let charge = row.into_charge()?;
-    internal_events::charge(match (replayed, charge.status) {
-        (true, _) => ChargeOutcome::Replayed,
-        (false, ChargeStatus::Declined) => ChargeOutcome::Declined,
-        (false, ChargeStatus::Pending) => ChargeOutcome::Pending,
-        (false, _) => ChargeOutcome::Succeeded,
-    });
+        return Ok((row, false));
+    }
+    // The key's charge exists (the unique index made this insert wait for its commit).
+    let row: ChargeRow = sqlx::query_as(
+        "SELECT id, reference, amount, currency, status, idempotency_key, created_at, refunded_at
+           FROM provider.charges WHERE idempotency_key = $1",
+    )
+    .bind(key)
+    .fetch_one(&state.pool)
+    .await?;
+    if row.reference != req.reference || row.amount != req.amount || row.currency != req.currency {
+        internal_events::charge(ChargeOutcome::KeyMismatch);
+        return Err(ApiError::KeyMismatch);
+    }
+    Ok((row, true))
+}
 
+/// The faults that strike once the charge is committed (replays too: the network does not care
+/// whether the charge is new): `reset_after_charge` resets the connection and never answers,
+/// `timeout_after_charge` holds the answer back.
+async fn after_charge_faults(
+    state: &AppState,
+    strikes: &Strikes,
+    abort: &AbortConnection,
+    reference: &str,
+) {
     if strikes.has(FaultMode::ResetAfterCharge) {
-        internal_events::fault_injected(FaultMode::ResetAfterCharge, &req.reference);
+        internal_events::fault_injected(FaultMode::ResetAfterCharge, reference);
         abort.reset();
         // The connection task drops this request with its connection; never answer.
         std::future::pending::<()>().await;
     }
     if strikes.has(FaultMode::TimeoutAfterCharge) {
-        internal_events::fault_injected(FaultMode::TimeoutAfterCharge, &req.reference);
+        internal_events::fault_injected(FaultMode::TimeoutAfterCharge, reference);
         state.pause(state.timeout_delay).await;
     }
+}
+
+/// The answer for a charge: 402 when declined, 202 while pending, 201 otherwise (with its
+/// `Location`); a replay says so in its header.
+fn charge_response(charge: &Charge, replayed: bool) -> Response {
     let mut response = match charge.status {
         ChargeStatus::Declined => ApiError::Declined {
             charge_id: charge.id,
@@ -207,7 +229,7 @@ pub async fn create(
             } else {
                 StatusCode::CREATED
             };
-            let mut r = (code, Json(&charge)).into_response();
+            let mut r = (code, Json(charge)).into_response();
             if let Ok(v) = HeaderValue::from_str(&format!("/charges/{}", charge.id)) {
                 r.headers_mut().insert(header::LOCATION, v);
             }
@@ -219,7 +241,7 @@ pub async fn create(
             .headers_mut()
             .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     }
-    Ok(response)
+    response
 }
 
 /// `GET /charges/{id}`.

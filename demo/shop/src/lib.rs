@@ -8,6 +8,8 @@
 //! - [`orders`], [`payments`]: the handlers, request and response types, and each route's
 //!   Idempotency-Key layer (the `idempotency` crate: reservation before the effect, the effect's
 //!   transaction, fenced completion, release on failure, replay, expiry and purge).
+//! - [`idempotent_post`]: what both POST routes share: the layer over a validated body, and the
+//!   end of the effect (the event into the outbox, the fault hook before the commit).
 //! - [`payment_process`]: the `payment` process definition (reserve the order, charge at the
 //!   provider, record the capture; release and a sensitive refund as compensations) that
 //!   `POST /payments` starts in its transaction.
@@ -42,6 +44,7 @@ pub mod config;
 pub mod error;
 pub mod fault;
 pub mod http;
+pub mod idempotent_post;
 pub mod internal_events;
 pub mod ledger;
 pub mod migrate;

@@ -4,14 +4,12 @@
 use crate::auth::Tenant;
 use crate::error::{ApiError, ErrorBody, ValidationErrorBody};
 use crate::fault::{Operation, Stage};
-use crate::replay_marker::mark_replayed;
 use crate::state::AppState;
-use crate::{trace_context, validation};
+use crate::{idempotent_post, trace_context, validation};
 use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -133,24 +131,12 @@ pub async fn create_order(
 /// The Idempotency-Key layer of `POST /orders`: scoped by tenant, fingerprinted over the validated
 /// order (which the handler gets as an extension).
 pub(crate) fn idempotency(state: &AppState) -> IdempotencyLayer {
-    state
-        .idempotency
-        .route(Operation::CreateOrder.as_str())
-        .scope(tenant_scope)
-        .fingerprint(|parts, bytes| {
-            let order = validation::json_body(&parts.headers, Ok(bytes.clone()))
-                .and_then(|body| validation::order(&body))?;
-            let normalized = order.normalized();
-            parts.extensions.insert(order);
-            Ok::<_, ApiError>(normalized)
-        })
-        .location(|id| Operation::CreateOrder.location(id))
-        .replay_body(mark_replayed)
-}
-
-/// The scope of a key: the tenant the API-key middleware authenticated.
-pub(crate) fn tenant_scope(parts: &Parts) -> Option<String> {
-    parts.extensions.get::<Tenant>().map(|t| t.0.clone())
+    idempotent_post::layer(
+        state,
+        Operation::CreateOrder,
+        validation::order,
+        validation::NewOrder::normalized,
+    )
 }
 
 async fn place(
@@ -232,15 +218,7 @@ async fn place(
     .bind(&totals)
     .execute(&mut *tx)
     .await?;
-    // Into the configured product schema, like the idempotency record.
-    shared::outbox::Outbox::new(state.settings.schema.clone())
-        .enqueue(&mut *tx, &message)
-        .await
-        .map_err(sqlx::Error::from)?;
-    drop(tx);
-    state
-        .hook(Stage::BeforeCommit, Operation::CreateOrder)
-        .await?;
+    idempotent_post::enqueue_and_finish(&state, tx, &message, Operation::CreateOrder).await?;
     Ok(json_response(StatusCode::CREATED, ResourceId(id), body))
 }
 

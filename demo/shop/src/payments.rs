@@ -6,10 +6,9 @@
 use crate::auth::Tenant;
 use crate::error::{ApiError, ErrorBody, FieldError, ValidationErrorBody};
 use crate::fault::{Operation, Stage};
-use crate::orders::{PositiveInteger, json_response, parse_id, tenant_scope};
-use crate::replay_marker::mark_replayed;
+use crate::orders::{PositiveInteger, json_response, parse_id};
 use crate::state::AppState;
-use crate::{trace_context, validation};
+use crate::{idempotent_post, trace_context, validation};
 use axum::Extension;
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -20,6 +19,7 @@ use chrono::{DateTime, Utc};
 use idempotency::{Effect, IdempotencyLayer, Pending, ResourceId};
 use serde::{Deserialize, Serialize};
 use shared::NewMessage;
+use sqlx::PgConnection;
 use tracing::Instrument;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -101,21 +101,16 @@ pub async fn create_payment(
 /// The Idempotency-Key layer of `POST /payments`: scoped by tenant, fingerprinted over the
 /// validated payment (which the handler gets as an extension).
 pub(crate) fn idempotency(state: &AppState) -> IdempotencyLayer {
-    state
-        .idempotency
-        .route(Operation::CreatePayment.as_str())
-        .scope(tenant_scope)
-        .fingerprint(|parts, bytes| {
-            let payment = validation::json_body(&parts.headers, Ok(bytes.clone()))
-                .and_then(|body| validation::payment(&body))?;
-            let normalized = payment.normalized();
-            parts.extensions.insert(payment);
-            Ok::<_, ApiError>(normalized)
-        })
-        .location(|id| Operation::CreatePayment.location(id))
-        .replay_body(mark_replayed)
+    idempotent_post::layer(
+        state,
+        Operation::CreatePayment,
+        validation::payment,
+        validation::NewPayment::normalized,
+    )
 }
 
+/// The effect of `POST /payments`: the order checked, then the payment row, its process and its
+/// `payment.requested` event in the effect's transaction; answers 202 (the charge is downstream).
 async fn request(
     state: AppState,
     effect: Effect,
@@ -128,31 +123,10 @@ async fn request(
         .await?;
     let now = effect.now();
     let mut tx = effect.tx().await?;
-    let order_currency: Option<String> =
-        sqlx::query_scalar("SELECT currency FROM demo.orders WHERE id = $1 AND tenant = $2")
-            .bind(payment.order_id)
-            .bind(&tenant.0)
-            .fetch_optional(&mut *tx)
-            .await?;
-
     // Definitive business errors (4xx) are stored by the layer (status failed) and replayed like
     // successes.
-    let definitive_error = match order_currency {
-        None => Some(ApiError::NotFound("order")),
-        Some(currency) if currency != payment.currency => {
-            Some(ApiError::Validation(vec![FieldError::new(
-                "currency",
-                "currency_mismatch",
-                format!("must equal the order currency ({currency})"),
-            )]))
-        }
-        Some(_) => None,
-    };
-    if let Some(error) = definitive_error {
-        drop(tx);
-        state
-            .hook(Stage::BeforeCommit, Operation::CreatePayment)
-            .await?;
+    if let Some(error) = order_refuses(&mut tx, &tenant, &payment).await? {
+        idempotent_post::finish(&state, tx, Operation::CreatePayment).await?;
         return Err(error);
     }
 
@@ -183,6 +157,54 @@ async fn request(
         .with_header("tenant", tenant.0.clone());
     tracing::Span::current().record("message_id", tracing::field::display(message.id));
 
+    insert_with_process(&state, &mut tx, &tenant, &payment, id, now, traceparent).await?;
+    idempotent_post::enqueue_and_finish(&state, tx, &message, Operation::CreatePayment).await?;
+    // The outcome of the charge is not known yet: the record is stored `pending` (never purged)
+    // until the payment leaves `pending` (trigger in the demo's migration).
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        (ResourceId(id), Pending),
+        body,
+    ))
+}
+
+/// Why the order refuses this payment, if it does: it is not the tenant's (404) or its currency
+/// differs (422). Both are definitive, so the layer stores and replays them.
+async fn order_refuses(
+    tx: &mut PgConnection,
+    tenant: &Tenant,
+    payment: &validation::NewPayment,
+) -> Result<Option<ApiError>, ApiError> {
+    let order_currency: Option<String> =
+        sqlx::query_scalar("SELECT currency FROM demo.orders WHERE id = $1 AND tenant = $2")
+            .bind(payment.order_id)
+            .bind(&tenant.0)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(match order_currency {
+        None => Some(ApiError::NotFound("order")),
+        Some(currency) if currency != payment.currency => {
+            Some(ApiError::Validation(vec![FieldError::new(
+                "currency",
+                "currency_mismatch",
+                format!("must equal the order currency ({currency})"),
+            )]))
+        }
+        Some(_) => None,
+    })
+}
+
+/// The payment row and its payment process, in the same transaction: business key = the payment
+/// id, so the request's effect and its process commit together or not at all.
+async fn insert_with_process(
+    state: &AppState,
+    tx: &mut PgConnection,
+    tenant: &Tenant,
+    payment: &validation::NewPayment,
+    id: Uuid,
+    now: DateTime<Utc>,
+    traceparent: String,
+) -> Result<(), ApiError> {
     sqlx::query(
         "INSERT INTO demo.payments (id, tenant, order_id, amount, currency, status, created_at, updated_at) \
          VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6)",
@@ -195,14 +217,12 @@ async fn request(
     .bind(now)
     .execute(&mut *tx)
     .await?;
-    // The payment process, in the same transaction: business key = the payment id, so the
-    // request's effect and its process commit together or not at all.
     let flow = crate::payment_process::PaymentFlow::starter(
         state.settings.schema.clone(),
         state.settings.payment_remote,
     );
     let started = crate::payment_process::start(
-        &mut tx,
+        tx,
         &flow,
         &crate::payment_process::PaymentInput {
             payment_id: id,
@@ -220,22 +240,7 @@ async fn request(
         .bind(started.id)
         .execute(&mut *tx)
         .await?;
-    // Into the configured product schema, like the idempotency record.
-    shared::outbox::Outbox::new(state.settings.schema.clone())
-        .enqueue(&mut *tx, &message)
-        .await
-        .map_err(sqlx::Error::from)?;
-    drop(tx);
-    state
-        .hook(Stage::BeforeCommit, Operation::CreatePayment)
-        .await?;
-    // The outcome of the charge is not known yet: the record is stored `pending` (never purged)
-    // until the payment leaves `pending` (trigger in the demo's migration).
-    Ok(json_response(
-        StatusCode::ACCEPTED,
-        (ResourceId(id), Pending),
-        body,
-    ))
+    Ok(())
 }
 
 /// Reads a payment of the caller's tenant, with its current status.

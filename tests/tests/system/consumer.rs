@@ -200,6 +200,32 @@ fn payments(n: usize, accounts: usize) -> (Vec<NewMessage>, BTreeMap<String, (i6
     (msgs, expected)
 }
 
+/// Declares consumer `name`'s topology (queue bound to `payment.captured`) before any consumer
+/// runs, so what is published next waits in its queue. Returns the connection it used.
+async fn declared_before_start(broker: &TestBroker, exchange: &str, name: &str) -> Connection {
+    let conn = broker.connect().await;
+    Topology::new(name, &RETRY_DELAYS)
+        .declare(&conn, exchange, &["payment.captured".into()])
+        .await
+        .unwrap();
+    conn
+}
+
+/// Publishes [`payments`]`(n, accounts)` to `exchange`; returns the balances they must make.
+async fn publish_payments(
+    broker: &TestBroker,
+    exchange: &str,
+    n: usize,
+    accounts: usize,
+) -> BTreeMap<String, (i64, i64)> {
+    let (msgs, expected) = payments(n, accounts);
+    Publisher::new(broker, exchange)
+        .await
+        .publish_all(&msgs)
+        .await;
+    expected
+}
+
 async fn ledger(pool: &PgPool) -> BTreeMap<String, (i64, i64)> {
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
         "SELECT account, balance, updates FROM demo.ledger_balances ORDER BY account",
@@ -231,6 +257,28 @@ async fn queue_depth(broker: &TestBroker, queue: &str) -> u32 {
     let q = plumbing::amqp::inspect_queue(&conn, queue).await.unwrap();
     let _ = conn.close(200, "bye".into()).await;
     q.message_count()
+}
+
+/// Waits until consumer `name` has at least `n` processed rows (`what` names the wait).
+async fn wait_processed(pool: &PgPool, name: &str, n: i64, what: &str) {
+    wait_until(what, LONG, || async {
+        (processed_rows(pool, name).await >= n).then_some(())
+    })
+    .await;
+}
+
+/// A consumer process started again after the first one died or stopped, once it is ready and
+/// the ledger has `updates` updates in all.
+async fn restarted_until_applied(
+    db: &TestDb,
+    exchange: &str,
+    name: &str,
+    updates: i64,
+) -> ConsumerProcess {
+    let second = ConsumerProcess::spawn(&db.url, exchange, name, &[]);
+    second.wait_ready().await;
+    wait_for_updates(&db.pool, updates, LONG).await;
+    second
 }
 
 /// Waits until the ledger shows `n` applied events in total.
@@ -455,14 +503,8 @@ async fn sigkill_with_a_thousand_messages_in_flight_then_restart_applies_each_on
     let broker = TestBroker::new();
     let (exchange, name) = names(&broker);
     // Queue first, so all 1,000 messages wait in it before the consumer starts.
-    let conn = broker.connect().await;
-    Topology::new(&name, &RETRY_DELAYS)
-        .declare(&conn, &exchange, &["payment.captured".into()])
-        .await
-        .unwrap();
-    let publisher = Publisher::new(&broker, &exchange).await;
-    let (msgs, expected) = payments(1000, 17);
-    publisher.publish_all(&msgs).await;
+    let _conn = declared_before_start(&broker, &exchange, &name).await;
+    let expected = publish_payments(&broker, &exchange, 1000, 17).await;
 
     // Prefetch 2 x 500: every message is delivered to the process. The first batch of each worker
     // commits, then the worker waits between commit and ack (fault injection) until it is killed.
@@ -481,10 +523,7 @@ async fn sigkill_with_a_thousand_messages_in_flight_then_restart_applies_each_on
             "1h",
         ],
     );
-    wait_until("a committed batch", LONG, || async {
-        (processed_rows(&db.pool, &name).await > 0).then_some(())
-    })
-    .await;
+    wait_processed(&db.pool, &name, 1, "a committed batch").await;
     first.child.kill().await.unwrap(); // SIGKILL
     let _ = first.child.wait().await;
     let committed = processed_rows(&db.pool, &name).await;
@@ -504,9 +543,7 @@ async fn sigkill_with_a_thousand_messages_in_flight_then_restart_applies_each_on
     })
     .await;
 
-    let second = ConsumerProcess::spawn(&db.url, &exchange, &name, &[]);
-    second.wait_ready().await;
-    wait_for_updates(&db.pool, 1000, LONG).await;
+    let second = restarted_until_applied(&db, &exchange, &name, 1000).await;
     assert_eq!(
         ledger(&db.pool).await,
         expected,
@@ -536,14 +573,8 @@ async fn sigterm_during_processing_exits_zero_and_loses_or_repeats_nothing() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
     let (exchange, name) = names(&broker);
-    let conn = broker.connect().await;
-    Topology::new(&name, &RETRY_DELAYS)
-        .declare(&conn, &exchange, &["payment.captured".into()])
-        .await
-        .unwrap();
-    let publisher = Publisher::new(&broker, &exchange).await;
-    let (msgs, expected) = payments(1000, 13);
-    publisher.publish_all(&msgs).await;
+    let _conn = declared_before_start(&broker, &exchange, &name).await;
+    let expected = publish_payments(&broker, &exchange, 1000, 13).await;
 
     // A pause between commit and ack makes it certain that SIGTERM finds committed,
     // unacknowledged batches: shutdown must acknowledge them before exiting.
@@ -560,10 +591,7 @@ async fn sigterm_during_processing_exits_zero_and_loses_or_repeats_nothing() {
             "300ms",
         ],
     );
-    wait_until("some batches committed", LONG, || async {
-        (processed_rows(&db.pool, &name).await >= 100).then_some(())
-    })
-    .await;
+    wait_processed(&db.pool, &name, 100, "some batches committed").await;
     first.sigterm();
     let status = first.exit_status().await;
     assert_eq!(status.code(), Some(0), "SIGTERM exits 0");
@@ -574,9 +602,7 @@ async fn sigterm_during_processing_exits_zero_and_loses_or_repeats_nothing() {
         "the consumer was stopped mid-stream ({committed} committed)"
     );
 
-    let second = ConsumerProcess::spawn(&db.url, &exchange, &name, &[]);
-    second.wait_ready().await;
-    wait_for_updates(&db.pool, 1000, LONG).await;
+    let second = restarted_until_applied(&db, &exchange, &name, 1000).await;
     assert_eq!(ledger(&db.pool).await, expected);
     let m = second.metrics;
     let n = name.as_str();
@@ -858,11 +884,7 @@ async fn a_failing_message_in_a_batch_fails_alone() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
     let (exchange, name) = names(&broker);
-    let conn = broker.connect().await;
-    Topology::new(&name, &RETRY_DELAYS)
-        .declare(&conn, &exchange, &["payment.captured".into()])
-        .await
-        .unwrap();
+    let _conn = declared_before_start(&broker, &exchange, &name).await;
     // Every third message is refused; all wait in the queue before the consumer starts.
     let mut expected: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     let msgs: Vec<NewMessage> = (0..210)
@@ -1548,11 +1570,7 @@ async fn a_graceful_stop_returns_the_buffered_deliveries_with_a_nack() {
     });
     let handlers = Handlers::new().on("payment.captured", gated.clone());
     let mut running = Running::start(config.clone(), pool, handlers).await;
-    let (msgs, expected) = payments(50, 3);
-    Publisher::new(&broker, &exchange)
-        .await
-        .publish_all(&msgs)
-        .await;
+    let expected = publish_payments(&broker, &exchange, 50, 3).await;
     gated.entered.notified().await;
     wait_until("all 50 sent to the consumer", LONG, || async {
         (queue_depth(&broker, &name).await == 0).then_some(())
@@ -1595,16 +1613,8 @@ async fn a_crash_loop_counts_redeliveries_and_warns_near_the_delivery_limit() {
     let db = TestDb::new().await;
     let broker = TestBroker::new();
     let (exchange, name) = names(&broker);
-    let conn = broker.connect().await;
-    Topology::new(&name, &RETRY_DELAYS)
-        .declare(&conn, &exchange, &["payment.captured".into()])
-        .await
-        .unwrap();
-    let (msgs, expected) = payments(1000, 17);
-    Publisher::new(&broker, &exchange)
-        .await
-        .publish_all(&msgs)
-        .await;
+    let conn = declared_before_start(&broker, &exchange, &name).await;
+    let expected = publish_payments(&broker, &exchange, 1000, 17).await;
     let warn_at = (KILLS - 1).to_string();
     let mut per_incarnation = Vec::new();
     for round in 0..KILLS {

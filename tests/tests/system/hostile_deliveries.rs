@@ -31,6 +31,15 @@ impl Handler for Recorder {
     }
 }
 
+/// Waits until the dead-letter queue `dlq` holds a letter (`what` names the wait).
+async fn wait_dead_lettered(conn: &lapin::Connection, dlq: &str, what: &str) {
+    wait_until(what, LONG, || async move {
+        let q = plumbing::amqp::inspect_queue(conn, dlq).await.ok()?;
+        (q.message_count() >= 1).then_some(())
+    })
+    .await;
+}
+
 /// A consumer in this process: if a delivery overflowed its stack, this test process would die.
 use system_tests::consumers::RunningConsumer as Running;
 
@@ -141,15 +150,7 @@ async fn bad_among_good(
     .await;
     let conn = s.broker.connect().await;
     let dlq = s.topology.dead_letter_queue.clone();
-    wait_until("the bad delivery dead-lettered", LONG, || {
-        let conn = &conn;
-        let dlq = dlq.clone();
-        async move {
-            let q = plumbing::amqp::inspect_queue(conn, &dlq).await.ok()?;
-            (q.message_count() >= 1).then_some(())
-        }
-    })
-    .await;
+    wait_dead_lettered(&conn, &dlq, "the bad delivery dead-lettered").await;
     let ch = conn.create_channel().await.unwrap();
     let letter = ch
         .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: true })
@@ -289,15 +290,7 @@ async fn control_characters_cannot_forge_lines_in_consumer_dlq_list() {
     publish(&mut s, &bad, b"{}").await;
     let conn = s.broker.connect().await;
     let dlq = s.topology.dead_letter_queue.clone();
-    wait_until("dead-lettered", LONG, || {
-        let conn = &conn;
-        let dlq = dlq.clone();
-        async move {
-            let q = plumbing::amqp::inspect_queue(conn, &dlq).await.ok()?;
-            (q.message_count() >= 1).then_some(())
-        }
-    })
-    .await;
+    wait_dead_lettered(&conn, &dlq, "dead-lettered").await;
     let name = dlq.trim_end_matches(".dlq").to_string();
     let out = tokio::process::Command::new(bin_path("consumer"))
         .args(["--name", &name, "dlq", "list"])

@@ -24,15 +24,6 @@ const CONSTRAINTS: [&str; 8] = [
     "messages_headers_at_most_256_entries_and_64_kib",
 ];
 
-fn msg(aggregate: &str, event_type: &str, n: i64) -> NewMessage {
-    NewMessage::new(
-        "test",
-        aggregate,
-        event_type,
-        json!({ "aggregate": aggregate, "n": n }),
-    )
-}
-
 fn with_header(mut m: NewMessage, name: &str, value: Value) -> NewMessage {
     m.headers.insert(name.to_string(), value);
     m
@@ -316,11 +307,7 @@ async fn assert_dead_with_reasons(pool: &sqlx::PgPool, bad: &HashMap<uuid::Uuid,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_past_the_door_go_dead_while_the_same_relay_publishes_everything_else_once() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(false).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(false, &["#"]).await;
     drop_the_door(&db.pool).await;
 
     // A relay started with the bad rows already there (the crash-loop case) drains the rest.
@@ -424,11 +411,7 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 /// keeps its process and publishes the rest, including the rows behind it in its partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(false).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(false, &["#"]).await;
 
     let huge = msg("huge", "thing.ok", 0);
     sqlx::query(

@@ -169,6 +169,14 @@ async fn owners(pool: &PgPool, name: &str) -> Vec<i64> {
     .unwrap()
 }
 
+/// A consumer whose link came back: it is ready again (`ready`), the three share the partitions
+/// again, and 200 more events are applied (`applied`).
+async fn rejoined(pool: &PgPool, name: &str, consumer: &Component, ready: &str, applied: &str) {
+    consumer.wait_ready(ready, LONG).await;
+    wait_held_by(pool, name, 3, "the three share the partitions again").await;
+    wait_applied_more(pool, name, 200, applied).await;
+}
+
 /// Waits until all partitions are held by exactly `n` instances (none by one that lost them).
 async fn wait_held_by(pool: &PgPool, name: &str, n: usize, what: &str) -> Duration {
     let t = Instant::now();
@@ -401,15 +409,11 @@ async fn every_event_applied_once_in_order_through_relay_kills_link_cuts_and_nac
     )
     .await;
     consumers.instances[0].amqp.set_mode(ProxyMode::Pass);
-    consumers.instances[0]
-        .component
-        .wait_ready("consumer after its broker link came back", LONG)
-        .await;
-    wait_held_by(&db.pool, &name, 3, "the three share the partitions again").await;
-    wait_applied_more(
+    rejoined(
         &db.pool,
         &name,
-        200,
+        &consumers.instances[0].component,
+        "consumer after its broker link came back",
         "events applied after the consumer link",
     )
     .await;
@@ -441,15 +445,11 @@ async fn every_event_applied_once_in_order_through_relay_kills_link_cuts_and_nac
     .await;
     let caught_up = cut_at.elapsed();
     consumers.instances[1].db.set_mode(ProxyMode::Pass);
-    consumers.instances[1]
-        .component
-        .wait_ready("consumer after its database link came back", LONG)
-        .await;
-    wait_held_by(&db.pool, &name, 3, "the three share the partitions again").await;
-    wait_applied_more(
+    rejoined(
         &db.pool,
         &name,
-        200,
+        &consumers.instances[1].component,
+        "consumer after its database link came back",
         "events applied after the database link",
     )
     .await;

@@ -38,6 +38,18 @@ struct Flow {
 
 impl Flow {
     /// `provider_env`: PROVIDER_* of the simulator; `remote`: PAYMENT_REMOTE of API and workers.
+    /// A flow whose provider charges and then holds its answer back for `delay` (past the
+    /// worker's call timeout: an unknown outcome), with each of `off` (`PROVIDER_IDEMPOTENCY`,
+    /// `PROVIDER_STATUS_QUERY`) turned off.
+    async fn timing_out(delay: &str, off: &[&str], remote: &'static str) -> Self {
+        let mut env = vec![
+            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
+            ("PROVIDER_TIMEOUT_DELAY", delay),
+        ];
+        env.extend(off.iter().map(|k| (*k, "off")));
+        Self::start(&env, remote).await
+    }
+
     async fn start(provider_env: &[(&str, &str)], remote: &'static str) -> Self {
         let db = TestDb::new().await;
         let (provider, provider_url) = demo_stack::spawn_provider(&db, provider_env).await;
@@ -346,14 +358,7 @@ async fn unknown_outcome_then(f: &Flow, faults: &str) -> Uuid {
 
 #[tokio::test]
 async fn an_unknown_outcome_with_keys_is_retried_with_the_same_key_and_charged_once() {
-    let f = Flow::start(
-        &[
-            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
-            ("PROVIDER_TIMEOUT_DELAY", "3s"),
-        ],
-        "honours_key",
-    )
-    .await;
+    let f = Flow::timing_out("3s", &[], "honours_key").await;
     let _w = f.worker("w1", &[]);
     let payment = unknown_outcome_then_cleared(&f).await;
     f.wait_status(payment, "succeeded").await;
@@ -364,15 +369,7 @@ async fn an_unknown_outcome_with_keys_is_retried_with_the_same_key_and_charged_o
 
 #[tokio::test]
 async fn an_unknown_outcome_without_keys_is_resolved_by_the_status_query_and_charged_once() {
-    let f = Flow::start(
-        &[
-            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
-            ("PROVIDER_TIMEOUT_DELAY", "3s"),
-            ("PROVIDER_IDEMPOTENCY", "off"),
-        ],
-        "queryable",
-    )
-    .await;
+    let f = Flow::timing_out("3s", &["PROVIDER_IDEMPOTENCY"], "queryable").await;
     let _w = f.worker("w1", &[]);
     let payment = unknown_outcome_then_cleared(&f).await;
     f.wait_status(payment, "succeeded").await;
@@ -381,21 +378,24 @@ async fn an_unknown_outcome_without_keys_is_resolved_by_the_status_query_and_cha
     assert_eq!(f.row(payment).await, ("succeeded".into(), "paid".into()));
 }
 
-#[tokio::test]
-async fn an_unknown_outcome_with_neither_goes_to_manual_review() {
-    let f = Flow::start(
-        &[
-            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
-            ("PROVIDER_TIMEOUT_DELAY", "3s"),
-            ("PROVIDER_IDEMPOTENCY", "off"),
-            ("PROVIDER_STATUS_QUERY", "off"),
-        ],
+/// A payment whose charge timed out at a provider with neither keys nor a status query, once it
+/// is in manual review: the flow, its worker and the payment.
+async fn unknown_with_neither() -> (Flow, Child, Uuid) {
+    let f = Flow::timing_out(
+        "3s",
+        &["PROVIDER_IDEMPOTENCY", "PROVIDER_STATUS_QUERY"],
         "none",
     )
     .await;
-    let _w = f.worker("w1", &[]);
+    let w = f.worker("w1", &[]);
     let (_order, payment) = f.pay(1).await;
     f.wait_status(payment, "manual_review").await;
+    (f, w, payment)
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_with_neither_goes_to_manual_review() {
+    let (f, _w, payment) = unknown_with_neither().await;
     assert_eq!(
         f.step(payment, "forward", "charge").await.0,
         "manual_review"
@@ -418,19 +418,7 @@ async fn an_unknown_outcome_with_neither_goes_to_manual_review() {
 #[tokio::test]
 async fn an_operator_resolves_an_unknown_charge_with_the_providers_charge_id_and_the_capture_is_recorded()
  {
-    let f = Flow::start(
-        &[
-            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
-            ("PROVIDER_TIMEOUT_DELAY", "3s"),
-            ("PROVIDER_IDEMPOTENCY", "off"),
-            ("PROVIDER_STATUS_QUERY", "off"),
-        ],
-        "none",
-    )
-    .await;
-    let _w = f.worker("w1", &[]);
-    let (_order, payment) = f.pay(1).await;
-    f.wait_status(payment, "manual_review").await;
+    let (f, _w, payment) = unknown_with_neither().await;
     f.admin.set_faults("").await.unwrap();
     // The operator looks the payment up at the provider (by its reference, the payment id) ...
     let charges = f.charges(payment).await;
@@ -461,14 +449,7 @@ async fn an_operator_resolves_an_unknown_charge_with_the_providers_charge_id_and
 /// order with the money kept.
 #[tokio::test]
 async fn unavailable_retries_after_an_unknown_charge_end_in_review_not_in_a_failed_payment() {
-    let f = Flow::start(
-        &[
-            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
-            ("PROVIDER_TIMEOUT_DELAY", "3s"),
-        ],
-        "honours_key",
-    )
-    .await;
+    let f = Flow::timing_out("3s", &[], "honours_key").await;
     let _w = f.worker("w1", &[]);
     // From then on every call is refused before the provider looks at its key.
     let payment = unknown_outcome_then(&f, "error_before_charge:100").await;
@@ -497,14 +478,7 @@ async fn unavailable_retries_after_an_unknown_charge_end_in_review_not_in_a_fail
 async fn a_worker_killed_after_the_provider_charged_is_replaced_and_the_payment_charged_once() {
     // The answer is held far longer than the worker waits for it: the worker is mid-call when the
     // charge exists, and is SIGKILLed there, before it could store the result.
-    let f = Flow::start(
-        &[
-            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
-            ("PROVIDER_TIMEOUT_DELAY", "60s"),
-        ],
-        "honours_key",
-    )
-    .await;
+    let f = Flow::timing_out("60s", &[], "honours_key").await;
     let mut a = f.worker("a", &[("PROVIDER_CALL_TIMEOUT_MS", "50000")]);
     let (_order, payment) = f.pay(1).await;
     f.wait_charged(payment).await;
@@ -520,14 +494,7 @@ async fn a_worker_killed_after_the_provider_charged_is_replaced_and_the_payment_
 
 #[tokio::test]
 async fn an_order_cancelled_before_the_capture_needs_an_approved_refund() {
-    let f = Flow::start(
-        &[
-            ("PROVIDER_FAULTS", "timeout_after_charge:100"),
-            ("PROVIDER_TIMEOUT_DELAY", "3s"),
-        ],
-        "honours_key",
-    )
-    .await;
+    let f = Flow::timing_out("3s", &[], "honours_key").await;
     let _w = f.worker("w1", &[]);
     let (order, payment) = f.pay(1).await;
     f.wait_charged(payment).await;

@@ -81,6 +81,22 @@ impl Provider {
             .await
             .unwrap()
     }
+
+    /// The value of the metric `series` (name and labels) now.
+    async fn counter(&self, series: &str) -> f64 {
+        counter(&self.metrics().await, series)
+    }
+
+    /// `POST /charges` with `Idempotency-Key: key` and `body`, raw.
+    async fn keyed_charge(&self, key: &str, body: &serde_json::Value) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(self.url("/charges"))
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
 }
 
 fn command(db: &TestDb, addr: SocketAddr, env: &[(&str, &str)]) -> Command {
@@ -298,10 +314,8 @@ async fn error_before_charge_is_unavailable_and_charges_nothing() {
     }
     assert!(p.charges().await.is_empty());
     assert_eq!(
-        counter(
-            &p.metrics().await,
-            "provider_faults_injected_total{mode=\"error_before_charge\"}"
-        ),
+        p.counter("provider_faults_injected_total{mode=\"error_before_charge\"}")
+            .await,
         3.0
     );
     // Once the provider is healthy again, the same key charges once.
@@ -372,10 +386,8 @@ async fn timeout_after_charge_charges_although_the_caller_gave_up() {
     assert_eq!(replayed, charge);
     assert_eq!(p.charges().await.len(), 1);
     assert_eq!(
-        counter(
-            &p.metrics().await,
-            "provider_faults_injected_total{mode=\"timeout_after_charge\"}"
-        ),
+        p.counter("provider_faults_injected_total{mode=\"timeout_after_charge\"}")
+            .await,
         1.0
     );
 }
@@ -439,10 +451,8 @@ async fn slow_answers_late_but_charges() {
     let charge = p.client.charge("order-s", 300, "EUR", None).await.unwrap();
     assert_eq!(charge.status, ChargeStatus::Succeeded);
     assert_eq!(
-        counter(
-            &p.metrics().await,
-            "provider_faults_injected_total{mode=\"slow\"}"
-        ),
+        p.counter("provider_faults_injected_total{mode=\"slow\"}")
+            .await,
         1.0
     );
 }
@@ -456,13 +466,12 @@ async fn idempotency_keys_replay_refuse_mismatches_and_serialise_races() {
         .charge("order-k", 1000, "EUR", Some("key-k"))
         .await
         .unwrap();
-    let replay = reqwest::Client::new()
-        .post(p.url("/charges"))
-        .header("Idempotency-Key", "key-k")
-        .json(&json!({"amount": 1000, "currency": "EUR", "reference": "order-k"}))
-        .send()
-        .await
-        .unwrap();
+    let replay = p
+        .keyed_charge(
+            "key-k",
+            &json!({"amount": 1000, "currency": "EUR", "reference": "order-k"}),
+        )
+        .await;
     assert_eq!(replay.status().as_u16(), 201);
     assert_eq!(
         replay
@@ -483,13 +492,12 @@ async fn idempotency_keys_replay_refuse_mismatches_and_serialise_races() {
         matches!(err, ChargeError::Invalid { status: 422, .. }),
         "{err:?}"
     );
-    let mismatch = reqwest::Client::new()
-        .post(p.url("/charges"))
-        .header("Idempotency-Key", "key-k")
-        .json(&json!({"amount": 1000, "currency": "EUR", "reference": "order-other"}))
-        .send()
-        .await
-        .unwrap();
+    let mismatch = p
+        .keyed_charge(
+            "key-k",
+            &json!({"amount": 1000, "currency": "EUR", "reference": "order-other"}),
+        )
+        .await;
     assert_only_error(mismatch, 422, "key reused for another reference").await;
     assert_eq!(p.charges().await, vec![first.clone()]);
 
@@ -510,10 +518,8 @@ async fn idempotency_keys_replay_refuse_mismatches_and_serialise_races() {
         1
     );
     assert_eq!(
-        counter(
-            &p.metrics().await,
-            "provider_charges_total{outcome=\"replayed\"}"
-        ),
+        p.counter("provider_charges_total{outcome=\"replayed\"}")
+            .await,
         20.0
     );
 }

@@ -171,6 +171,32 @@ async fn step_history(pool: &PgPool, id: Uuid) -> Vec<(i32, Option<String>, Stri
     .unwrap()
 }
 
+/// Steps a, b and c all still pending, never attempted: the group committed nothing.
+async fn assert_no_step_ran(pool: &PgPool, id: Uuid) {
+    assert_eq!(
+        steps(pool, id).await,
+        [
+            row("a", "forward", "pending", 0),
+            row("b", "forward", "pending", 0),
+            row("c", "forward", "pending", 0),
+        ]
+    );
+}
+
+/// The process is running under the lease of `owner`.
+async fn assert_running_under(pool: &PgPool, id: Uuid, owner: &str) {
+    let (status, lease_owner): (String, Option<String>) =
+        sqlx::query_as("SELECT status, lease_owner FROM outbox.processes WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), lease_owner.as_deref()),
+        ("running", Some(owner))
+    );
+}
+
 fn row(name: &str, role: &str, status: &str, attempts: i32) -> (String, String, String, i32) {
     (name.into(), role.into(), status.into(), attempts)
 }
@@ -349,25 +375,9 @@ async fn a_group_whose_lease_was_taken_over_meanwhile_commits_nothing() {
         effects(&db.pool, id).await.is_empty(),
         "no effect of the fenced group committed"
     );
-    assert_eq!(
-        steps(&db.pool, id).await,
-        [
-            row("a", "forward", "pending", 0),
-            row("b", "forward", "pending", 0),
-            row("c", "forward", "pending", 0),
-        ]
-    );
+    assert_no_step_ran(&db.pool, id).await;
     assert!(step_history(&db.pool, id).await.is_empty());
-    let (status, owner): (String, Option<String>) =
-        sqlx::query_as("SELECT status, lease_owner FROM outbox.processes WHERE id = $1")
-            .bind(id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        (status.as_str(), owner.as_deref()),
-        ("running", Some("other"))
-    );
+    assert_running_under(&db.pool, id, "other").await;
     db.pool.close().await;
 }
 
@@ -423,24 +433,8 @@ async fn a_takeover_committed_while_the_finishing_checkpoint_waits_for_the_row_c
         effects(&db.pool, id).await.is_empty(),
         "no effect of the fenced group committed"
     );
-    assert_eq!(
-        steps(&db.pool, id).await,
-        [
-            row("a", "forward", "pending", 0),
-            row("b", "forward", "pending", 0),
-            row("c", "forward", "pending", 0),
-        ]
-    );
-    let (status, owner): (String, Option<String>) =
-        sqlx::query_as("SELECT status, lease_owner FROM outbox.processes WHERE id = $1")
-            .bind(id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        (status.as_str(), owner.as_deref()),
-        ("running", Some("other"))
-    );
+    assert_no_step_ran(&db.pool, id).await;
+    assert_running_under(&db.pool, id, "other").await;
     db.pool.close().await;
 }
 

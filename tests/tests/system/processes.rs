@@ -90,6 +90,48 @@ type StepRow = (
     Option<String>,
 );
 
+/// Waits until the lease of process `id` has run out (its holder stopped renewing it).
+async fn wait_lease_expired(pool: &PgPool, id: Uuid) {
+    wait_until("lease expired", WAIT, || async move {
+        let expired: bool =
+            sqlx::query_scalar("SELECT lease_until < now() FROM outbox.processes WHERE id = $1")
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        expired.then_some(())
+    })
+    .await;
+}
+
+/// An operator's action on process `id` (the default schema).
+async fn act(
+    pool: &PgPool,
+    id: Uuid,
+    request: &Request,
+) -> Result<admin::Outcome, processes::Error> {
+    admin::act(pool, &schema(), id, request).await
+}
+
+/// Alice resolves the charge at `seq` as succeeded, with the provider's charge `ch_<remote_ref>`
+/// as evidence, having seen `seen_version`, approved by `approved_by`.
+fn found_in_dashboard(
+    seq: i32,
+    remote_ref: i64,
+    seen_version: i64,
+    approved_by: Option<&str>,
+) -> Request {
+    Request {
+        action: AdminAction::ResolveSucceeded { seq },
+        reason: "charge found in the provider dashboard".into(),
+        seen_version,
+        actor: "alice".into(),
+        evidence: Some(format!("ch_{remote_ref}")),
+        remote_check: None,
+        approved_by: approved_by.map(String::from),
+    }
+}
+
 async fn steps(pool: &PgPool, id: Uuid) -> Vec<StepRow> {
     sqlx::query("SELECT name, role, status, attempts, error_class, remote_ref, result_ref FROM outbox.process_steps WHERE process_id = $1 ORDER BY seq")
         .bind(id)
@@ -359,26 +401,21 @@ async fn killed_after_the_remote_acted_with_neither_goes_to_manual_review_and_an
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    let stale = admin::act(
+    let stale = act(
         &db.pool,
-        &schema(),
         id,
-        &Request {
-            action: AdminAction::ResolveSucceeded { seq: charge.seq },
-            reason: "charge found in the provider dashboard".into(),
-            seen_version: view.process.row_version - 1,
-            actor: "alice".into(),
-            evidence: Some(format!("ch_{remote_ref}")),
-            remote_check: None,
-            approved_by: Some("bob".into()),
-        },
+        &found_in_dashboard(
+            charge.seq,
+            remote_ref,
+            view.process.row_version - 1,
+            Some("bob"),
+        ),
     )
     .await
     .unwrap_err();
     assert!(matches!(stale, processes::Error::Stale { .. }), "{stale}");
-    let missing = admin::act(
+    let missing = act(
         &db.pool,
-        &schema(),
         id,
         &Request {
             action: AdminAction::ResolveSucceeded { seq: charge.seq },
@@ -429,9 +466,8 @@ async fn killed_after_the_remote_acted_with_neither_goes_to_manual_review_and_an
             "'checked'",
         ),
     ] {
-        let e = admin::act(
+        let e = act(
             &db.pool,
-            &schema(),
             id,
             &Request {
                 action: failed.clone(),
@@ -447,19 +483,10 @@ async fn killed_after_the_remote_acted_with_neither_goes_to_manual_review_and_an
         .unwrap_err();
         assert!(e.to_string().contains(refused), "{refused}: {e}");
     }
-    let alone = admin::act(
+    let alone = act(
         &db.pool,
-        &schema(),
         id,
-        &Request {
-            action: AdminAction::ResolveSucceeded { seq: charge.seq },
-            reason: "charge found in the provider dashboard".into(),
-            seen_version: view.process.row_version,
-            actor: "alice".into(),
-            evidence: Some(format!("ch_{remote_ref}")),
-            remote_check: None,
-            approved_by: None,
-        },
+        &found_in_dashboard(charge.seq, remote_ref, view.process.row_version, None),
     )
     .await
     .unwrap_err();
@@ -476,19 +503,15 @@ async fn killed_after_the_remote_acted_with_neither_goes_to_manual_review_and_an
         view.process.row_version,
         "nothing refused changed anything"
     );
-    let done = admin::act(
+    let done = act(
         &db.pool,
-        &schema(),
         id,
-        &Request {
-            action: AdminAction::ResolveSucceeded { seq: charge.seq },
-            reason: "charge found in the provider dashboard".into(),
-            seen_version: view.process.row_version,
-            actor: "alice".into(),
-            evidence: Some(format!("ch_{remote_ref}")),
-            remote_check: None,
-            approved_by: Some("bob".into()),
-        },
+        &found_in_dashboard(
+            charge.seq,
+            remote_ref,
+            view.process.row_version,
+            Some("bob"),
+        ),
     )
     .await
     .unwrap();
@@ -597,21 +620,7 @@ async fn a_worker_whose_lease_expired_during_a_call_is_fenced_off() {
         .await
         .unwrap();
     a.signal("STOP"); // paused: no heartbeats
-    let p = db.pool.clone();
-    wait_until("lease expired", WAIT, || {
-        let p = p.clone();
-        async move {
-            let expired: bool = sqlx::query_scalar(
-                "SELECT lease_until < now() FROM outbox.processes WHERE id = $1",
-            )
-            .bind(id)
-            .fetch_one(&p)
-            .await
-            .unwrap();
-            expired.then_some(())
-        }
-    })
-    .await;
+    wait_lease_expired(&db.pool, id).await;
     let _b = ChildWorker::spawn(&db, "b", &[]);
     wait_status(&db.pool, id, "succeeded").await;
     sqlx::query("INSERT INTO fake_remote.flags (name) VALUES ('release')")
@@ -800,21 +809,7 @@ async fn a_worker_without_the_definition_version_leaves_the_process_alone() {
     let mut a = ChildWorker::spawn(&db, "a", &[("PROCESS_FAILPOINT", "hang_before:confirm")]);
     wait_failpoint(&db.pool, "hang_before:confirm").await;
     a.sigkill();
-    let p = db.pool.clone();
-    wait_until("lease expired", WAIT, || {
-        let p = p.clone();
-        async move {
-            let expired: bool = sqlx::query_scalar(
-                "SELECT lease_until < now() FROM outbox.processes WHERE id = $1",
-            )
-            .bind(old)
-            .fetch_one(&p)
-            .await
-            .unwrap();
-            expired.then_some(())
-        }
-    })
-    .await;
+    wait_lease_expired(&db.pool, old).await;
     // Only v2 deployed: it runs new processes and leaves the v1 one alone, saying so.
     let mut tx = db.pool.begin().await.unwrap();
     let new = processes::start(&mut *tx, &v2, "new", &input("ok"))
@@ -937,9 +932,8 @@ async fn a_sensitive_compensation_waits_for_approval() {
     let action = AdminAction::RunCompensation { seq: refund.seq };
     assert!(view.allowed.contains(&action), "{:?}", view.allowed);
     assert!(action.sensitive());
-    admin::act(
+    act(
         &db.pool,
-        &schema(),
         id,
         &Request {
             action,
@@ -974,9 +968,8 @@ async fn operator_actions_pause_resume_escalate_and_cancel() {
         remote_check: None,
         approved_by: None,
     };
-    let o = admin::act(
+    let o = act(
         &db.pool,
-        &schema(),
         id,
         &req(AdminAction::Pause, v.process.row_version),
     )
@@ -987,41 +980,25 @@ async fn operator_actions_pause_resume_escalate_and_cancel() {
     let other = start(&db.pool, "order_key", "k2", &input("ok")).await;
     wait_status(&db.pool, other, "succeeded").await;
     assert_eq!(status(&db.pool, id).await, "pending");
-    let e = admin::act(
+    let e = act(
         &db.pool,
-        &schema(),
         id,
         &req(AdminAction::Resume, v.process.row_version),
     )
     .await
     .unwrap_err();
     assert!(matches!(e, processes::Error::Stale { .. }));
-    let o = admin::act(
-        &db.pool,
-        &schema(),
-        id,
-        &req(AdminAction::Escalate, o.row_version),
-    )
-    .await
-    .unwrap();
+    let o = act(&db.pool, id, &req(AdminAction::Escalate, o.row_version))
+        .await
+        .unwrap();
     assert_eq!(o.status.as_str(), "manual_review");
-    let e = admin::act(
-        &db.pool,
-        &schema(),
-        id,
-        &req(AdminAction::Escalate, o.row_version),
-    )
-    .await
-    .unwrap_err();
+    let e = act(&db.pool, id, &req(AdminAction::Escalate, o.row_version))
+        .await
+        .unwrap_err();
     assert!(matches!(e, processes::Error::NotAllowed { .. }), "{e}");
-    let o = admin::act(
-        &db.pool,
-        &schema(),
-        id,
-        &req(AdminAction::Cancel, o.row_version),
-    )
-    .await
-    .unwrap();
+    let o = act(&db.pool, id, &req(AdminAction::Cancel, o.row_version))
+        .await
+        .unwrap();
     assert_eq!(o.status.as_str(), "cancelled");
     w.stop().await;
     assert_eq!(fx::effects(&db.pool, id).await, (0, 0));

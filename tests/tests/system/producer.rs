@@ -164,6 +164,24 @@ impl Api {
             .expect(sql)
     }
 
+    /// Outbox rows of `event_type`.
+    async fn events(&self, event_type: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox.messages WHERE event_type = $1")
+            .bind(event_type)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Idempotency records in `status`.
+    async fn keys_in(&self, status: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox.idempotency_keys WHERE status = $1")
+            .bind(status)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
     /// Places an order for tenant `a` and returns its id.
     async fn order(&self, key: &str) -> Uuid {
         let r = self.post("/orders", Some(&self.a), Some(key), ORDER).await;
@@ -268,26 +286,12 @@ async fn concurrent_identical(payments: bool, n: usize) {
     eprintln!("{n} concurrent requests: 1 fresh, {replays} replays, {conflicts} conflicts");
     if payments {
         assert_eq!(api.count("SELECT count(*) FROM demo.payments").await, 1);
-        assert_eq!(
-            api.count(
-                "SELECT count(*) FROM outbox.messages WHERE event_type = 'payment.requested'"
-            )
-            .await,
-            1
-        );
+        assert_eq!(api.events("payment.requested").await, 1);
     } else {
         assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 1);
-        assert_eq!(
-            api.count("SELECT count(*) FROM outbox.messages WHERE event_type = 'order.placed'")
-                .await,
-            1
-        );
+        assert_eq!(api.events("order.placed").await, 1);
     }
-    assert_eq!(
-        api.count("SELECT count(*) FROM outbox.idempotency_keys WHERE status = 'processing'")
-            .await,
-        0
-    );
+    assert_eq!(api.keys_in("processing").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,11 +375,7 @@ async fn replay_is_byte_identical_and_other_payloads_are_rejected() {
     assert_eq!(api.count("SELECT count(*) FROM demo.orders").await, 1);
     assert_eq!(api.count("SELECT count(*) FROM demo.order_items").await, 1);
     assert_eq!(api.count("SELECT count(*) FROM outbox.messages").await, 1);
-    assert_eq!(
-        api.count("SELECT count(*) FROM outbox.idempotency_keys WHERE status = 'completed'")
-            .await,
-        1
-    );
+    assert_eq!(api.keys_in("completed").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -422,16 +422,8 @@ async fn definitive_business_errors_are_stored_and_replayed() {
     assert_eq!(r.status, 404, "{}", r.body);
 
     assert_eq!(api.count("SELECT count(*) FROM demo.payments").await, 0);
-    assert_eq!(
-        api.count("SELECT count(*) FROM outbox.messages WHERE event_type = 'payment.requested'")
-            .await,
-        0
-    );
-    assert_eq!(
-        api.count("SELECT count(*) FROM outbox.idempotency_keys WHERE status = 'failed'")
-            .await,
-        3
-    );
+    assert_eq!(api.events("payment.requested").await, 0);
+    assert_eq!(api.keys_in("failed").await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,15 +43,6 @@ fn spawn_patient_relay(
     )
 }
 
-fn msg(aggregate: &str, event_type: &str, n: i64) -> NewMessage {
-    NewMessage::new(
-        "test",
-        aggregate,
-        event_type,
-        json!({ "aggregate": aggregate, "n": n }),
-    )
-}
-
 /// Inserts messages numbered `ns` for each of `aggregates`, `per_tx` rows per transaction,
 /// in order per aggregate. Returns all ids.
 async fn produce(
@@ -91,13 +82,67 @@ fn assert_first_occurrences_in_order(received: &[Received]) {
     }
 }
 
+/// Receives until every one of `ids` arrived (60 s in all), adding to `received`.
+async fn receive_all(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Received>,
+    received: &mut Vec<Received>,
+    ids: &[uuid::Uuid],
+    what: &str,
+) {
+    let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
+    let within = Patience::InAll(Duration::from_secs(60));
+    receive_rest(rx, received, &want, within, what).await;
+}
+
+/// Waits (up to `timeout`) until the outbox holds no row at all (`what` names the wait).
+async fn wait_outbox_empty(pool: &sqlx::PgPool, what: &str, timeout: Duration) {
+    wait_until(what, timeout, || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        (n == 0).then_some(())
+    })
+    .await;
+}
+
+/// The message ids among `received`, each once.
+fn received_ids(received: &[Received]) -> HashSet<String> {
+    received.iter().map(|r| r.message_id.clone()).collect()
+}
+
+/// The ids still in the outbox.
+async fn left_in_outbox(pool: &sqlx::PgPool) -> HashSet<uuid::Uuid> {
+    sqlx::query_scalar("SELECT id FROM outbox.messages")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// The README's table for a relay that sent again what was not confirmed: a queue sees copies
+/// of a suffix (1 2 3 2 3 4), never a first copy out of order, and every one of `aggregates`
+/// (`agg-0`...) complete up to message `last`. Returns what was observed, for the log.
+fn assert_resent_suffixes_only(
+    received: &[Received],
+    aggregates: usize,
+    last: i64,
+) -> ordering::Observed {
+    assert_first_occurrences_in_order(received);
+    let observed = ordering::Observed::new(received);
+    observed.assert_only_resends();
+    observed.assert_last_copies_in_order();
+    let expected = (0..aggregates)
+        .map(|a| (format!("agg-{a}"), last))
+        .collect();
+    observed.assert_complete(&expected, &HashSet::new());
+    observed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
 
     // Rolled back: must never appear.
     let mut tx = db.pool.begin().await.unwrap();
@@ -128,7 +173,7 @@ async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
     let late = drain(&mut rx, Duration::from_millis(300)).await;
     assert!(late.is_empty(), "published more than once: {late:?}");
 
-    let got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
+    let got = received_ids(&received);
     assert_eq!(got.len(), 201, "no duplicates");
     assert!(!got.contains(&rolled_back.to_string()));
     for id in ids.iter().chain([&first_id]) {
@@ -164,11 +209,7 @@ async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plain_sql_contract_works_for_any_language() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["order.*"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["order.*"]).await;
 
     let mut tx = db.pool.begin().await.unwrap();
     sqlx::query("INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4::jsonb)")
@@ -268,11 +309,7 @@ async fn three_relays_publish_10k_rows_once_each_in_aggregate_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_relays_rows_are_published_by_the_other() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let mut a = spawn_relay(
         &db.url,
         &exchange,
@@ -306,16 +343,7 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
     a.start_kill().unwrap(); // SIGKILL
     a.wait().await.unwrap();
     // The survivor takes the dead relay's partitions after the 2 s lease and publishes everything.
-    let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
-    let within = Patience::InAll(Duration::from_secs(60));
-    receive_rest(
-        &mut rx,
-        &mut received,
-        &want,
-        within,
-        "published after the kill",
-    )
-    .await;
+    receive_all(&mut rx, &mut received, &ids, "published after the kill").await;
     let owner: Vec<Option<String>> =
         sqlx::query_scalar("SELECT DISTINCT owner FROM outbox.relay_partitions")
             .fetch_all(&db.pool)
@@ -328,12 +356,7 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
     );
     // The README's table, "relay killed": the takeover publishes again what was not marked, so
     // a queue sees copies of a suffix (1 2 3 2 3 4), never a first copy out of order.
-    assert_first_occurrences_in_order(&received);
-    let observed = ordering::Observed::new(&received);
-    observed.assert_only_resends();
-    observed.assert_last_copies_in_order();
-    let expected = (0..50).map(|a| (format!("agg-{a}"), 200)).collect();
-    observed.assert_complete(&expected, &HashSet::new());
+    let observed = assert_resent_suffixes_only(&received, 50, 200);
     eprintln!(
         "relay killed: {} copies; agg-0: {}",
         observed.copies(),
@@ -345,11 +368,7 @@ async fn a_killed_relays_rows_are_published_by_the_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
     let amqp_via_proxy = amqp_url().replace("127.0.0.1:5672", &proxy.addr.to_string());
     let opts = RelayOptions {
@@ -375,16 +394,11 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
     // While the broker is unreachable nothing may be marked: what is gone from the outbox was received.
     ids.extend(produce(&db.pool, 20, 50..70, 100).await);
     let gone_while_down: Vec<uuid::Uuid> = {
-        let left: HashSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox.messages")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
+        let left = left_in_outbox(&db.pool).await;
         ids.iter().filter(|i| !left.contains(i)).copied().collect()
     };
     received.extend(drain(&mut rx, Duration::from_millis(500)).await);
-    let got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
+    let got = received_ids(&received);
     for id in &gone_while_down {
         assert!(
             got.contains(&id.to_string()),
@@ -404,25 +418,17 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
     proxy.set_mode(ProxyMode::Down);
     proxy.set_mode(ProxyMode::Pass);
 
-    let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
-    let within = Patience::InAll(Duration::from_secs(60));
-    receive_rest(
+    receive_all(
         &mut rx,
         &mut received,
-        &want,
-        within,
+        &ids,
         "published after the link is back",
     )
     .await;
     wait_no_pending(&db.pool, Duration::from_secs(20)).await;
     // The README's table, "link cut" and "confirm timeout": everything unconfirmed is sent
     // again, so a queue sees copies of a suffix, never a first copy out of order.
-    assert_first_occurrences_in_order(&received);
-    let observed = ordering::Observed::new(&received);
-    observed.assert_only_resends();
-    observed.assert_last_copies_in_order();
-    let expected = (0..20).map(|a| (format!("agg-{a}"), 75)).collect();
-    observed.assert_complete(&expected, &HashSet::new());
+    let observed = assert_resent_suffixes_only(&received, 20, 75);
     eprintln!(
         "link cut: {} copies; agg-0: {}",
         observed.copies(),
@@ -433,11 +439,7 @@ async fn a_cut_broker_link_loses_nothing_and_marks_nothing_unconfirmed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_database_link_recovers_without_loss() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let relay_pool = plumbing::db::connect(&db.url_via(proxy.addr), 4, "relay-under-test")
         .await
@@ -461,13 +463,10 @@ async fn a_cut_database_link_recovers_without_loss() {
     ids.extend(produce(&db.pool, 20, 50..60, 100).await); // committed while the relay cannot see the database
     proxy.set_mode(ProxyMode::Pass);
 
-    let want: HashSet<String> = ids.iter().map(|i| i.to_string()).collect();
-    let within = Patience::InAll(Duration::from_secs(60));
-    receive_rest(
+    receive_all(
         &mut rx,
         &mut received,
-        &want,
-        within,
+        &ids,
         "published after the link is back",
     )
     .await;
@@ -577,24 +576,13 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         receive_n(&mut rx2, 1, Duration::from_secs(20)).await[0].message_id,
         nacked.to_string()
     );
-    wait_until("outbox empty", Duration::from_secs(10), || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        (n == 0).then_some(())
-    })
-    .await;
+    wait_outbox_empty(&db.pool, "outbox empty", Duration::from_secs(10)).await;
     relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(false).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["thing.ok"]).await;
+    let (db, exchange, mut rx, declared) = relayed(false, &["thing.ok"]).await;
 
     // Aggregate "x": ok, unroutable, ok. Other aggregates: ok.
     let mut tx = db.pool.begin().await.unwrap();
@@ -678,9 +666,9 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
     );
 
     // Bind the missing event type: x.1 then x.2 go out, in order, and the partition moves on.
-    let ch = conn.create_channel().await.unwrap();
+    let ch = declared.conn.create_channel().await.unwrap();
     ch.queue_bind(
-        queue.as_str().into(),
+        declared.queue.as_str().into(),
         exchange.as_str().into(),
         "thing.later".into(),
         Default::default(),
@@ -720,11 +708,7 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let ids = produce(&db.pool, 100, 0..200, 1000).await;
     let mut relay = spawn_patient_relay(&db.url, &exchange, free_addr(), &["--batch-size", "200"]);
     let mut received = receive_n(&mut rx, 1000, Duration::from_secs(30)).await;
@@ -737,13 +721,8 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
 
     // Stopped at a safe point: every row gone from the outbox was published, nothing twice.
     received.extend(drain(&mut rx, Duration::from_millis(500)).await);
-    let left: HashSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox.messages")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
-    let got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
+    let left = left_in_outbox(&db.pool).await;
+    let got = received_ids(&received);
     assert_eq!(
         got.len(),
         received.len(),
@@ -774,7 +753,7 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
     assert!(relay.wait().await.unwrap().success());
     received.extend(rest);
     received.extend(drain(&mut rx, Duration::from_millis(300)).await);
-    let got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
+    let got = received_ids(&received);
     assert_eq!(got.len(), ids.len());
     assert_eq!(received.len(), ids.len(), "nothing published twice");
     assert_first_occurrences_in_order(&received);
@@ -782,11 +761,7 @@ async fn sigterm_under_load_drains_in_flight_and_exits_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn published_rows_are_kept_for_the_retention_then_removed() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let opts = RelayOptions {
         retention_secs: 5,
         ..test_options()
@@ -806,24 +781,13 @@ async fn published_rows_are_kept_for_the_retention_then_removed() {
     })
     .await;
     // ...and removed by the sweep once the retention has passed.
-    wait_until("published rows purged", Duration::from_secs(30), || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.messages")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        (n == 0).then_some(())
-    })
-    .await;
+    wait_outbox_empty(&db.pool, "published rows purged", Duration::from_secs(30)).await;
     relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
     proxy.set_mode(ProxyMode::Down);
     let metrics = free_addr();
@@ -838,7 +802,7 @@ async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes
     proxy.set_mode(ProxyMode::Pass);
 
     let received = receive_n(&mut rx, ids.len(), Duration::from_secs(60)).await;
-    let got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
+    let got = received_ids(&received);
     assert!(ids.iter().all(|id| got.contains(&id.to_string())));
     assert_first_occurrences_in_order(&received);
     wait_http_ok(
@@ -854,11 +818,7 @@ async fn a_relay_started_while_postgres_is_down_reports_not_ready_then_publishes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_bounded_time() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5672".parse().unwrap()).await;
     let via_proxy = amqp_url().replace("127.0.0.1:5672", &proxy.addr.to_string());
     let mut relay = spawn_relay(&db.url, &exchange, free_addr(), &["--amqp-url", &via_proxy]);
@@ -891,12 +851,7 @@ async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_b
         .unwrap();
     assert!(status.success(), "{status:?}");
     // Nothing unconfirmed was marked: every stuck row is still in the outbox.
-    let left: HashSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox.messages")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
+    let left = left_in_outbox(&db.pool).await;
     for id in &stuck {
         assert!(left.contains(id), "{id} was removed without a confirm");
     }
@@ -904,11 +859,7 @@ async fn sigterm_with_confirms_stuck_in_a_black_holed_link_still_exits_zero_in_b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_the_database_black_holed_exits_in_bounded_time_and_loses_nothing() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("q");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
     let proxy = TcpProxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let mut relay = spawn_relay(&db.url_via(proxy.addr), &exchange, free_addr(), &[]);
     let first = produce(&db.pool, 10, 0..10, 100).await;
@@ -933,7 +884,7 @@ async fn sigterm_with_the_database_black_holed_exits_in_bounded_time_and_loses_n
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         received.extend(drain(&mut rx, Duration::from_millis(300)).await);
-        let got: HashSet<String> = received.iter().map(|r| r.message_id.clone()).collect();
+        let got = received_ids(&received);
         if all.iter().all(|id| got.contains(&id.to_string())) {
             break;
         }

@@ -53,6 +53,20 @@ fn verify(db_url: &str, args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
+/// `relay verify` of `consumer`'s `payment.captured` events of the last hour, with `extra` flags.
+fn verify_captured(db_url: &str, consumer: &str, extra: &[&str]) -> (Option<i32>, String) {
+    let mut args = vec![
+        "--consumer",
+        consumer,
+        "--since",
+        "1h",
+        "--event-type",
+        "payment.captured",
+    ];
+    args.extend_from_slice(extra);
+    verify(db_url, &args)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_reports_missing_ids_lag_and_exit_status() {
     let db = TestDb::new().await;
@@ -71,19 +85,7 @@ async fn verify_reports_missing_ids_lag_and_exit_status() {
     // Published a moment ago: in flight with the default settle time.
     let fresh = insert(&db.pool, "fresh", "payment.captured", true, 1).await;
 
-    let (code, json) = verify(
-        &db.url,
-        &[
-            "--consumer",
-            consumer,
-            "--since",
-            "1h",
-            "--event-type",
-            "payment.captured",
-            "--format",
-            "json",
-        ],
-    );
+    let (code, json) = verify_captured(&db.url, consumer, &["--format", "json"]);
     assert_eq!(code, Some(2), "missing rows make the exit status 2: {json}");
     let r: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(r["published"], 7);
@@ -98,17 +100,7 @@ async fn verify_reports_missing_ids_lag_and_exit_status() {
     assert!((p50 - 0.3).abs() < 1e-6, "p50 {p50}");
     assert!((max - 5.0).abs() < 1e-6, "max {max}");
 
-    let (code, human) = verify(
-        &db.url,
-        &[
-            "--consumer",
-            consumer,
-            "--since",
-            "1h",
-            "--event-type",
-            "payment.captured",
-        ],
-    );
+    let (code, human) = verify_captured(&db.url, consumer, &[]);
     assert_eq!(code, Some(2));
     assert!(human.contains(&missing.to_string()), "{human}");
     assert!(
@@ -118,19 +110,7 @@ async fn verify_reports_missing_ids_lag_and_exit_status() {
     assert!(!human.lines().any(|l| l.starts_with("FORGED")), "{human}");
     assert!(human.contains("MISSING"), "{human}");
 
-    let (_, prom) = verify(
-        &db.url,
-        &[
-            "--consumer",
-            consumer,
-            "--since",
-            "1h",
-            "--event-type",
-            "payment.captured",
-            "--format",
-            "prometheus",
-        ],
-    );
+    let (_, prom) = verify_captured(&db.url, consumer, &["--format", "prometheus"]);
     assert!(
         prom.contains("outbox_verify_missing_messages{consumer=\"ledger\"} 1"),
         "{prom}"
@@ -139,19 +119,7 @@ async fn verify_reports_missing_ids_lag_and_exit_status() {
     // Once the consumer has them, nothing is missing: exit 0.
     processed(&db.pool, consumer, missing, 1.0).await;
     processed(&db.pool, consumer, fresh, 1.0).await;
-    let (code, human) = verify(
-        &db.url,
-        &[
-            "--consumer",
-            consumer,
-            "--since",
-            "1h",
-            "--event-type",
-            "payment.captured",
-            "--settle",
-            "0s",
-        ],
-    );
+    let (code, human) = verify_captured(&db.url, consumer, &["--settle", "0s"]);
     assert_eq!(code, Some(0), "{human}");
     assert!(human.contains("OK: nothing missing"), "{human}");
 }

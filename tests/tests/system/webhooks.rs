@@ -228,6 +228,27 @@ async fn provider(db: &TestDb, receiver: &Receiver, env: &[(&str, &str)]) -> (Ch
     (child, Client::new(&base, Duration::from_secs(30)).unwrap())
 }
 
+/// A fresh database, a receiver on it and the simulator (async mode) sending to it, with `env`
+/// added: how every fault test starts.
+async fn faulted(env: &[(&str, &str)]) -> (TestDb, Receiver, Child, Client) {
+    let db = TestDb::new().await;
+    let receiver = Receiver::start(&db).await;
+    let (child, admin) = provider(&db, &receiver, env).await;
+    (db, receiver, child, admin)
+}
+
+/// The first event of `charge` once the provider recorded it (`what` names the wait).
+async fn first_event(admin: &Client, charge: Uuid, what: &str) -> EventRecord {
+    wait_until(what, WAIT, || async {
+        admin
+            .admin_events(Some(charge))
+            .await
+            .ok()
+            .and_then(|e| e.into_iter().next())
+    })
+    .await
+}
+
 /// `POST /charges` raw (keyed by its reference): the status code and the charge.
 async fn charge(provider: &str, reference: &str) -> (u16, Charge) {
     let response = reqwest::Client::new()
@@ -324,14 +345,8 @@ async fn async_charge_is_pending_until_a_signed_webhook_confirms_it() {
 
 #[tokio::test]
 async fn faults_combine_a_declined_charge_reported_twice_is_applied_once() {
-    let db = TestDb::new().await;
-    let receiver = Receiver::start(&db).await;
-    let (_child, admin) = provider(
-        &db,
-        &receiver,
-        &[("PROVIDER_FAULTS", "decline:100,webhook_duplicate:100")],
-    )
-    .await;
+    let (db, receiver, _child, admin) =
+        faulted(&[("PROVIDER_FAULTS", "decline:100,webhook_duplicate:100")]).await;
     let c = admin
         .charge("wh-dup", 500, "EUR", Some("wh-dup"))
         .await
@@ -359,10 +374,7 @@ async fn faults_combine_a_declined_charge_reported_twice_is_applied_once() {
 
 #[tokio::test]
 async fn webhook_lost_is_never_sent_but_the_charge_stays_queryable() {
-    let db = TestDb::new().await;
-    let receiver = Receiver::start(&db).await;
-    let (_child, admin) =
-        provider(&db, &receiver, &[("PROVIDER_FAULTS", "webhook_lost:100")]).await;
+    let (db, receiver, _child, admin) = faulted(&[("PROVIDER_FAULTS", "webhook_lost:100")]).await;
     let c = admin.charge("wh-lost", 500, "EUR", None).await.unwrap();
     let events = settled_events(&admin, c.id, 1).await;
     assert_eq!(
@@ -379,26 +391,13 @@ async fn webhook_lost_is_never_sent_but_the_charge_stays_queryable() {
 
 #[tokio::test]
 async fn webhook_delay_holds_the_first_delivery_back() {
-    let db = TestDb::new().await;
-    let receiver = Receiver::start(&db).await;
-    let (_child, admin) = provider(
-        &db,
-        &receiver,
-        &[
-            ("PROVIDER_FAULTS", "webhook_delay:100"),
-            ("PROVIDER_WEBHOOK_DELAY", "2s"),
-        ],
-    )
+    let (db, _receiver, _child, admin) = faulted(&[
+        ("PROVIDER_FAULTS", "webhook_delay:100"),
+        ("PROVIDER_WEBHOOK_DELAY", "2s"),
+    ])
     .await;
     let c = admin.charge("wh-delay", 500, "EUR", None).await.unwrap();
-    let recorded = wait_until("the event is recorded", WAIT, || async {
-        admin
-            .admin_events(Some(c.id))
-            .await
-            .ok()
-            .and_then(|e| e.into_iter().next())
-    })
-    .await;
+    let recorded = first_event(&admin, c.id, "the event is recorded").await;
     assert_eq!(recorded.status, DeliveryStatus::Scheduled);
     assert_eq!(local(&db, c.id).await, None, "not before the delay");
     let events = settled_events(&admin, c.id, 1).await;
@@ -410,26 +409,13 @@ async fn webhook_delay_holds_the_first_delivery_back() {
 
 #[tokio::test]
 async fn webhook_reorder_delivers_the_refund_first_and_the_state_does_not_move_back() {
-    let db = TestDb::new().await;
-    let receiver = Receiver::start(&db).await;
-    let (_child, admin) = provider(
-        &db,
-        &receiver,
-        &[
-            ("PROVIDER_FAULTS", "webhook_reorder:100"),
-            ("PROVIDER_WEBHOOK_REORDER_WINDOW", "60s"),
-        ],
-    )
+    let (db, receiver, _child, admin) = faulted(&[
+        ("PROVIDER_FAULTS", "webhook_reorder:100"),
+        ("PROVIDER_WEBHOOK_REORDER_WINDOW", "60s"),
+    ])
     .await;
     let c = admin.charge("wh-reorder", 500, "EUR", None).await.unwrap();
-    let held = wait_until("the decision event is held", WAIT, || async {
-        admin
-            .admin_events(Some(c.id))
-            .await
-            .ok()
-            .and_then(|e| e.into_iter().next())
-    })
-    .await;
+    let held = first_event(&admin, c.id, "the decision event is held").await;
     assert!(held.held && held.status == DeliveryStatus::Scheduled);
     admin.refund(c.id).await.unwrap();
     let events = settled_events(&admin, c.id, 2).await;
@@ -468,14 +454,8 @@ async fn webhook_reorder_delivers_the_refund_first_and_the_state_does_not_move_b
 
 #[tokio::test]
 async fn webhook_5xx_retry_sends_again_and_the_receiver_applies_once() {
-    let db = TestDb::new().await;
-    let receiver = Receiver::start(&db).await;
-    let (_child, admin) = provider(
-        &db,
-        &receiver,
-        &[("PROVIDER_FAULTS", "webhook_5xx_retry:100")],
-    )
-    .await;
+    let (db, receiver, _child, admin) =
+        faulted(&[("PROVIDER_FAULTS", "webhook_5xx_retry:100")]).await;
     let c = admin.charge("wh-5xx", 500, "EUR", None).await.unwrap();
     let events = settled_events(&admin, c.id, 1).await;
     assert_eq!(
@@ -499,16 +479,10 @@ async fn webhook_5xx_retry_sends_again_and_the_receiver_applies_once() {
 
 #[tokio::test]
 async fn webhook_5xx_retry_and_webhook_duplicate_combine() {
-    let db = TestDb::new().await;
-    let receiver = Receiver::start(&db).await;
-    let (_child, admin) = provider(
-        &db,
-        &receiver,
-        &[(
-            "PROVIDER_FAULTS",
-            "webhook_5xx_retry:100,webhook_duplicate:100",
-        )],
-    )
+    let (db, receiver, _child, admin) = faulted(&[(
+        "PROVIDER_FAULTS",
+        "webhook_5xx_retry:100,webhook_duplicate:100",
+    )])
     .await;
     let c = admin.charge("wh-5xx-dup", 500, "EUR", None).await.unwrap();
     let events = settled_events(&admin, c.id, 1).await;

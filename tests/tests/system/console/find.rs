@@ -101,13 +101,7 @@ async fn two_hundred_fifty_processes_are_paged_each_exactly_once_with_n_of_m_and
 
     // The page says "showing 1–50 of 250", links the next page, and that says "51–100".
     let cookie = login(&c, &viewer).await;
-    let first = c
-        .http
-        .get(format!("{}/processes", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let first = c.web_get(&cookie, "/processes").await;
     let html = first.text().await.unwrap();
     assert!(html.contains("of <span id=\"total\">250</span>"), "{html}");
     let next = html
@@ -118,13 +112,7 @@ async fn two_hundred_fifty_processes_are_paged_each_exactly_once_with_n_of_m_and
         .next()
         .unwrap()
         .replace("&amp;", "&");
-    let second = c
-        .http
-        .get(format!("{}{next}", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let second = c.web_get(&cookie, &next).await;
     assert_eq!(second.status(), StatusCode::OK);
     let html = second.text().await.unwrap();
     assert!(
@@ -257,13 +245,7 @@ async fn one_search_finds_a_process_by_each_key_and_every_filter_narrows() {
             err["error"].is_string() && err.as_object().unwrap().len() == 1,
             "{bad}: {err}"
         );
-        let r = c
-            .http
-            .get(format!("{}/processes?{bad}", c.base))
-            .header("cookie", &cookie)
-            .send()
-            .await
-            .unwrap();
+        let r = c.web_get(&cookie, &format!("/processes?{bad}")).await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "page {bad}");
     }
     // Without a valid token: 401 before any filter is read.
@@ -437,8 +419,9 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
 
     // The dry run lists exactly the matching processes with their versions; nothing changes.
     let want: HashSet<Uuid> = keyed[..3].iter().copied().collect();
-    let (s, plan, _) = c.post(&op, path, body(true), None).await;
-    assert_eq!(s, StatusCode::OK, "{plan}");
+    let plan = c
+        .post_expect(&op, path, body(true), None, StatusCode::OK)
+        .await;
     let listed: HashSet<Uuid> = plan["items"]
         .as_array()
         .unwrap()
@@ -454,8 +437,9 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
     assert_eq!(c.approvals().await, 0, "a dry run asks nobody");
 
     // One request, one reason, one approval; asking again answers with it.
-    let (s, asked, _) = c.post(&op, path, body(false), Some("bulk-1")).await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{asked}");
+    let asked = c
+        .post_expect(&op, path, body(false), Some("bulk-1"), StatusCode::ACCEPTED)
+        .await;
     assert_eq!(asked["selected"], json!(3));
     let (s, again, _) = c.post(&op, path, body(false), Some("bulk-2")).await;
     assert_eq!(s, StatusCode::ACCEPTED);
@@ -474,16 +458,7 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
     // The approver's card says what it does in business terms: the action and step, how many
     // processes, the filter with a link to what it selects now, and each process at its version.
     let cookie = login(&c, &ap).await;
-    let card = c
-        .http
-        .get(format!("{}/", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let card = c.web_get(&cookie, "/").await.text().await.unwrap();
     assert!(
         card.contains("rerun step of step charge on 3 processes a filter selected"),
         "{card}"
@@ -507,26 +482,25 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
     // One of them moves on before the approval: it is skipped and reported, never acted on.
     let moved = keyed[1];
     let v = c.process_state(moved).await.2;
-    let (s, b, _) = c
-        .post(
-            &op,
-            &format!("/api/processes/{moved}/actions/pause"),
-            json!({"reason": "hold it", "version": v}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{b}");
+    c.post_expect(
+        &op,
+        &format!("/api/processes/{moved}/actions/pause"),
+        json!({"reason": "hold it", "version": v}),
+        None,
+        StatusCode::OK,
+    )
+    .await;
 
     let approval = asked["approval"].as_str().unwrap();
-    let (s, done, _) = c
-        .post(
+    let done = c
+        .post_expect(
             &ap,
             &format!("/api/approvals/{approval}/approve"),
             json!({"reason": "checked the provider", "version": 1}),
             None,
+            StatusCode::OK,
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{done}");
     let skipped = done["result"]["skipped"].as_array().unwrap();
     assert_eq!(skipped.len(), 1, "{done}");
     assert_eq!(skipped[0]["id"], json!(moved));
@@ -637,51 +611,42 @@ async fn dead_rows_and_the_audit_log_are_paged_with_n_of_m_and_all_dead_rows_are
         .await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     assert_eq!(c.audit_count("vera", "outbox.requeue", "denied").await, 1);
-    let (s, plan, _) = c
-        .post(
+    let plan = c
+        .post_expect(
             &op,
             path,
             json!({"reason": "gateway fixed", "all": true, "dry_run": true}),
             None,
+            StatusCode::OK,
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{plan}");
     assert_eq!(plan["items"].as_array().unwrap().len(), 120, "{plan}");
     assert!(
         ids.iter()
             .all(|id| plan.to_string().contains(&id.to_string()))
     );
-    let (s, both, _) = c
-        .post(
-            &op,
-            path,
-            json!({"reason": "x", "all": true, "items": [{"id": ids[0], "version": 1}]}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{both}");
-    let (s, asked, _) = c
-        .post(
+    c.post_expect(
+        &op,
+        path,
+        json!({"reason": "x", "all": true, "items": [{"id": ids[0], "version": 1}]}),
+        None,
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    let asked = c
+        .post_expect(
             &op,
             path,
             json!({"reason": "gateway fixed", "all": true}),
             None,
+            StatusCode::ACCEPTED,
         )
         .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{asked}");
     for id in &ids {
         assert_eq!(c.state(*id).await, "dead", "nothing before the approval");
     }
     let approval = asked["approval"].as_str().unwrap();
-    let (s, done, _) = c
-        .post(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{done}");
+    c.approve(&ap, approval).await;
     for id in &ids {
         assert_ne!(c.state(*id).await, "dead", "{id} requeued");
     }
@@ -710,32 +675,19 @@ async fn dead_rows_and_the_audit_log_are_paged_with_n_of_m_and_all_dead_rows_are
     // The audit page says "of M" and links the next page.
     let cookie = login(&c, &viewer).await;
     let html = c
-        .http
-        .get(format!("{}/audit?limit=2", c.base))
-        .header("cookie", &cookie)
-        .send()
+        .web_get(&cookie, "/audit?limit=2")
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
     assert!(html.contains("id=\"paging\""), "{html}");
-    let r = c
-        .http
-        .get(format!("{}/audit?after=zzz", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let r = c.web_get(&cookie, "/audit?after=zzz").await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replayed_after_one_approval()
  {
-    use lapin::BasicProperties;
-    use lapin::options::BasicPublishOptions;
-    use lapin::types::FieldTable;
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.find.dlq");
     let c = Console::start_with(5, &[&name]).await;
@@ -744,42 +696,29 @@ async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replay
     let viewer = c.user("vera", Role::Viewer).await;
     let exchange = broker.outbox_exchange("console.find.events");
     system_tests::consumers::track_consumer(&broker, &name, &[], None);
-    let topology = consumer::Topology::new(&name, &[]);
-    let conn = broker.connect().await;
-    topology.declare(&conn, &exchange, &[]).await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
+    let (conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
     let ids: Vec<String> = (0..7).map(|_| Uuid::new_v4().to_string()).collect();
+    let headers = [
+        (consumer::message::headers::DEAD_LETTER_KIND, "permanent"),
+        (
+            consumer::message::headers::DEAD_LETTER_REASON,
+            "handler refused",
+        ),
+        (
+            consumer::message::headers::DEAD_LETTERED_AT,
+            "2026-12-01T10:00:00Z",
+        ),
+    ];
     for id in &ids {
-        let mut h = FieldTable::default();
-        for (k, v) in [
-            (consumer::message::headers::DEAD_LETTER_KIND, "permanent"),
-            (
-                consumer::message::headers::DEAD_LETTER_REASON,
-                "handler refused",
-            ),
-            (
-                consumer::message::headers::DEAD_LETTERED_AT,
-                "2026-12-01T10:00:00Z",
-            ),
-        ] {
-            consumer::message::set_text(&mut h, k, v);
-        }
-        let props = BasicProperties::default()
-            .with_message_id(id.as_str().into())
-            .with_type("payment.captured".into())
-            .with_headers(h);
-        ch.basic_publish(
-            "".into(),
-            topology.dead_letter_queue.as_str().into(),
-            BasicPublishOptions::default(),
+        publish_dead_letter(
+            &ch,
+            &topology,
+            id,
+            "payment.captured",
+            &headers,
             br#"{"amount": 5}"#,
-            props,
         )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        .await;
     }
 
     // Pages of 3 from the head: 7 in all, each exactly once, left in place.
@@ -815,44 +754,28 @@ async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replay
         .await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     assert_eq!(c.audit_count("vera", "dlq.replay", "denied").await, 1);
-    let (s, plan, _) = c
-        .post(
+    let plan = c
+        .post_expect(
             &op,
             &path,
             json!({"reason": "fixed", "all": true, "dry_run": true}),
             None,
+            StatusCode::OK,
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{plan}");
     assert_eq!(plan["items"].as_array().unwrap().len(), 7, "{plan}");
-    let (s, asked, _) = c
-        .post(
+    let asked = c
+        .post_expect(
             &op,
             &path,
             json!({"reason": "handler fixed", "all": true}),
             None,
+            StatusCode::ACCEPTED,
         )
         .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{asked}");
     let approval = asked["approval"].as_str().unwrap();
-    let (s, done, _) = c
-        .post(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{done}");
-    let count = |q: String| {
-        let conn = &conn;
-        async move {
-            plumbing::amqp::inspect_queue(conn, &q)
-                .await
-                .map(|q| q.message_count())
-                .unwrap_or(u32::MAX)
-        }
-    };
+    c.approve(&ap, approval).await;
+    let count = |q: String| queue_depth(&conn, q);
     wait_until(
         "all seven back in the queue",
         Duration::from_secs(30),

@@ -140,13 +140,7 @@ async fn events(c: &Console, order: &str, payment: &str) {
 /// `GET path` with the session `cookie`: status, body, and how long the answer took.
 async fn page(c: &Console, cookie: &str, path: &str) -> (StatusCode, String, Duration) {
     let t = Instant::now();
-    let r = c
-        .http
-        .get(format!("{}{path}", c.base))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .unwrap();
+    let r = c.web_get(cookie, path).await;
     let status = r.status();
     let body = r.text().await.unwrap();
     (status, body, t.elapsed())
@@ -223,15 +217,10 @@ async fn a_process_page_opens_with_its_step_strip_and_every_link_on_the_looked_a
         "undone in reverse order, each named for what it does"
     );
     // Alice asks for the refund; Bob approves it: operator actions on the strip.
-    let (s, body, _) = c
-        .post(
-            &alice,
+    let body = c.post_expect(&alice,
             &format!("/api/processes/{id}/actions/run_compensation"),
             json!({"reason": "order cancelled, refund it", "version": view["version"], "step": refund["seq"]}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+            None, StatusCode::ACCEPTED).await;
     let approval = body["approval"].as_str().unwrap().to_string();
     let alice_cookie = login(&c, &alice).await;
     let bob_cookie = login(&c, &bob).await;
@@ -343,12 +332,8 @@ async fn the_overview_is_a_dashboard_with_sampled_charts_dlq_tiles_and_a_refresh
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.look");
     system_tests::consumers::track_consumer(&broker, &name, &[], None);
-    let topology = consumer::Topology::new(&name, &[]);
     let exchange = broker.outbox_exchange("console.look.events");
-    let conn = broker.connect().await;
-    topology.declare(&conn, &exchange, &[]).await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
+    let (_conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
     for _ in 0..2 {
         ch.basic_publish(
             "".into(),
@@ -497,6 +482,19 @@ async fn page_weight_and_render_time_of_the_overview_and_a_process_with_50_histo
     }
 }
 
+/// The step boxes of process `id`'s strip, once its page drew them.
+async fn strip_boxes(
+    b: &fantoccini::Client,
+    base: &str,
+    id: Uuid,
+) -> Vec<fantoccini::elements::Element> {
+    b.goto(&format!("{base}/processes/{id}")).await.unwrap();
+    wait_for(b, "strip").await;
+    b.find_all(fantoccini::Locator::Css("#strip g.strip-step"))
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itself() {
     let c = console(&[]).await;
@@ -506,12 +504,7 @@ async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itsel
     events(&c, &order, &payment).await;
     let (_driver, b) = chromedriver().await;
     log_in(&b, &c.base, &ap).await;
-    b.goto(&format!("{}/processes/{id}", c.base)).await.unwrap();
-    wait_for(&b, "strip").await;
-    let boxes = b
-        .find_all(fantoccini::Locator::Css("#strip g.strip-step"))
-        .await
-        .unwrap();
+    let boxes = strip_boxes(&b, &c.base, id).await;
     assert_eq!(
         boxes.len(),
         5,
@@ -571,12 +564,7 @@ async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itsel
         let token = c.user(name, role).await;
         log_out(&b).await;
         log_in(&b, &c.base, &token).await;
-        b.goto(&format!("{}/processes/{id}", c.base)).await.unwrap();
-        wait_for(&b, "strip").await;
-        let boxes = b
-            .find_all(fantoccini::Locator::Css("#strip g.strip-step"))
-            .await
-            .unwrap();
+        let boxes = strip_boxes(&b, &c.base, id).await;
         assert_eq!(boxes.len(), 5, "{name}");
     }
     b.goto(&format!("{}/", c.base)).await.unwrap();

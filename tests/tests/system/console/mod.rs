@@ -104,6 +104,51 @@ impl Console {
         (r.status(), r.text().await.unwrap())
     }
 
+    /// A web page (GET) in the session of `cookie`.
+    async fn web_get(&self, cookie: &str, path: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// A web form (POST, form-encoded `form`) in the session of `cookie`.
+    async fn web_post<F: serde::Serialize + ?Sized>(
+        &self,
+        cookie: &str,
+        path: &str,
+        form: &F,
+    ) -> reqwest::Response {
+        self.http
+            .post(format!("{}{path}", self.base))
+            .header("cookie", cookie)
+            .form(form)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// The login form sent with `token`, whatever the answer.
+    async fn login_with(&self, token: &str) -> reqwest::Response {
+        self.http
+            .post(format!("{}/login", self.base))
+            .form(&[("token", token)])
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// A GET without any credentials (metrics, health, a page before logging in).
+    async fn anonymous_get(&self, path: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// Two approvers approve `path` (version 1) at the same moment, each `(token, reason, key)`:
     /// exactly one wins (200), the other gets 409. Returns the winner's index and answer.
     async fn approve_at_once(&self, path: &str, who: [(&str, &str, &str); 2]) -> (usize, Value) {
@@ -156,6 +201,33 @@ impl Console {
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
             replayed,
         )
+    }
+
+    /// [`Console::post`] that must answer `want` (the body is the assertion's message); returns
+    /// the body.
+    async fn post_expect(
+        &self,
+        token: &str,
+        path: &str,
+        body: Value,
+        key: Option<&str>,
+        want: StatusCode,
+    ) -> Value {
+        let (status, body, _) = self.post(token, path, body, key).await;
+        assert_eq!(status, want, "{body}");
+        body
+    }
+
+    /// `token` approves `approval` (version 1), which must answer 200; returns the answer.
+    async fn approve(&self, token: &str, approval: &str) -> Value {
+        self.post_expect(
+            token,
+            &format!("/api/approvals/{approval}/approve"),
+            json!({"reason": "ok", "version": 1}),
+            None,
+            StatusCode::OK,
+        )
+        .await
     }
 
     /// Inserts `n` dead rows carrying secrets; returns their ids.
@@ -346,12 +418,7 @@ async fn role_action_matrix_over_http_every_refusal_audited() {
     }
     assert_eq!(checked, Role::ALL.len() * Action::all().len());
     // No token, a wrong token: 401 with a JSON error, not a page.
-    let r = c
-        .http
-        .get(format!("{}/api/outbox/dead", c.base))
-        .send()
-        .await
-        .unwrap();
+    let r = c.anonymous_get("/api/outbox/dead").await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert!(r.json::<Value>().await.unwrap().get("error").is_some());
     assert_eq!(
@@ -393,15 +460,15 @@ async fn four_eyes_requester_cannot_approve_a_second_approver_can_and_the_effect
     );
 
     // Two rows: a request, not an effect.
-    let (s, body, _) = c
-        .post(
+    let body = c
+        .post_expect(
             &alice,
             "/api/outbox/dead/actions/requeue",
             json!({"reason": "gateway fixed", "items": items}),
             None,
+            StatusCode::ACCEPTED,
         )
         .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
     let approval = body["approval"].as_str().unwrap().to_string();
     for id in &ids {
         assert_eq!(c.state(*id).await, "dead");
@@ -496,15 +563,15 @@ async fn a_stale_version_answers_409_and_changes_nothing() {
         .execute(&c.db.pool)
         .await
         .unwrap();
-    let (s, body, _) = c
-        .post(
+    let body = c
+        .post_expect(
             &op,
             &format!("/api/outbox/dead/{}/actions/requeue", ids[0]),
             json!({"reason": "retry", "version": seen}),
             None,
+            StatusCode::CONFLICT,
         )
         .await;
-    assert_eq!(s, StatusCode::CONFLICT, "{body}");
     assert!(body.get("error").is_some() && body.as_object().unwrap().len() == 1);
     assert_eq!(c.state(ids[0]).await, "dead");
     assert_eq!(c.audit_count("olga", "outbox.requeue", "conflict").await, 1);
@@ -614,15 +681,14 @@ async fn the_same_idempotency_key_replays_and_repeats_no_effect() {
     );
     assert_eq!(c.audit_count("otto", "process.pause", "succeeded").await, 1);
     // The same key with another request: 422, nothing changes.
-    let (s, err, _) = c
-        .post(
-            &op,
-            &path,
-            json!({"reason": "hold longer", "version": version}),
-            Some("k-p"),
-        )
-        .await;
-    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    c.post_expect(
+        &op,
+        &path,
+        json!({"reason": "hold longer", "version": version}),
+        Some("k-p"),
+        StatusCode::UNPROCESSABLE_ENTITY,
+    )
+    .await;
     assert_eq!(c.process_state(pid).await, paused);
     // The same key on another route is another record (one per operation), and the key of
     // another user never collides: both run.
@@ -680,15 +746,15 @@ async fn process_actions_answer_409_on_a_stale_version_or_when_not_allowed_now_a
     let path = |a: &str| format!("/api/processes/{id}/actions/{a}");
 
     // A stale version: 409, a body with only `error`, nothing changed, the conflict audited.
-    let (s, err, _) = c
-        .post(
+    let err = c
+        .post_expect(
             &op,
             &path("pause"),
             json!({"reason": "hold", "version": version - 1}),
             None,
+            StatusCode::CONFLICT,
         )
         .await;
-    assert_eq!(s, StatusCode::CONFLICT, "{err}");
     assert!(err.get("error").is_some() && err.as_object().unwrap().len() == 1);
     assert_eq!(c.process_state(id).await, before);
     assert_eq!(c.audit_count("olaf", "process.pause", "conflict").await, 1);
@@ -719,15 +785,15 @@ async fn process_actions_answer_409_on_a_stale_version_or_when_not_allowed_now_a
 
     // The version seen: done now, in the process history under the console user's name, and in
     // the audit log with before and after.
-    let (s, done, _) = c
-        .post(
+    let done = c
+        .post_expect(
             &op,
             &path("pause"),
             json!({"reason": "hold for INC-7", "version": version}),
             None,
+            StatusCode::OK,
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{done}");
     assert_eq!(done["version"], json!(version + 1));
     let after = c.process_state(id).await;
     assert_eq!(
@@ -866,15 +932,15 @@ async fn an_approval_of_a_process_that_changed_meanwhile_is_refused_and_changes_
     let bob = c.user("bob", Role::Approver).await;
     let (id, shutdown, worker) = refund_in_review(&c, "refund-stale").await;
     let view = c.process_view(&alice, id).await;
-    let (s, body, _) = c
-        .post(
+    let body = c
+        .post_expect(
             &alice,
             &format!("/api/processes/{id}/actions/run_compensation"),
             json!({"reason": "refund it", "version": view["version"]}),
             None,
+            StatusCode::ACCEPTED,
         )
         .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
     let approval = body["approval"].as_str().unwrap().to_string();
     // Meanwhile the process changes: paused.
     let (s, _, _) = c
@@ -888,15 +954,14 @@ async fn an_approval_of_a_process_that_changed_meanwhile_is_refused_and_changes_
     assert_eq!(s, StatusCode::OK);
     let changed = c.process_state(id).await;
 
-    let (s, err, _) = c
-        .post(
-            &bob,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::CONFLICT, "{err}");
+    c.post_expect(
+        &bob,
+        &format!("/api/approvals/{approval}/approve"),
+        json!({"reason": "ok", "version": 1}),
+        None,
+        StatusCode::CONFLICT,
+    )
+    .await;
     assert_eq!(c.process_state(id).await, changed, "nothing changed");
     assert_eq!(fx::effects(&c.db.pool, id).await, (1, 0), "no refund");
     let status: String =
@@ -937,16 +1002,7 @@ async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_t
     let (id, shutdown, worker) = refund_in_review(&c, "refund-once").await;
     // The overview counts it.
     let cookie = login(&c, &alice).await;
-    let overview = c
-        .http
-        .get(format!("{}/", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let overview = c.web_get(&cookie, "/").await.text().await.unwrap();
     assert!(overview.contains("1 in manual review"), "{overview}");
     let view = c.process_view(&alice, id).await;
     let refund = view["allowed_actions"]
@@ -972,39 +1028,37 @@ async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_t
         "{view}"
     );
     // resolving as succeeded needs evidence, checked when asked, not when approved.
-    let (s, err, _) = c
-        .post(
-            &alice,
-            &format!("/api/processes/{id}/actions/resolve_succeeded"),
-            json!({"reason": "refunded by phone", "version": view["version"], "step": step}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+    c.post_expect(
+        &alice,
+        &format!("/api/processes/{id}/actions/resolve_succeeded"),
+        json!({"reason": "refunded by phone", "version": view["version"], "step": step}),
+        None,
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
     // Nor evidence longer than the process history keeps (it would fail only at approval time,
     // leaving the approval pending for good).
-    let (s, err, _) = c
-        .post(
-            &alice,
-            &format!("/api/processes/{id}/actions/resolve_succeeded"),
-            json!({"reason": "refunded by phone", "version": view["version"], "step": step,
+    c.post_expect(
+        &alice,
+        &format!("/api/processes/{id}/actions/resolve_succeeded"),
+        json!({"reason": "refunded by phone", "version": view["version"], "step": step,
                    "evidence": "ticket ".repeat(100)}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+        None,
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
     assert_eq!(c.approvals().await, 0);
 
     // The request (the step left out: only one offers it).
-    let (s, body, _) = c
-        .post(
+    let body = c
+        .post_expect(
             &alice,
             &format!("/api/processes/{id}/actions/run_compensation"),
             json!({"reason": "order refused, refund it", "version": view["version"]}),
             None,
+            StatusCode::ACCEPTED,
         )
         .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
     let approve = format!(
         "/api/approvals/{}/approve",
         body["approval"].as_str().unwrap()
@@ -1096,13 +1150,7 @@ fn csrf_of(html: &str) -> String {
 }
 
 async fn login(c: &Console, token: &str) -> String {
-    let r = c
-        .http
-        .post(format!("{}/login", c.base))
-        .form(&[("token", token)])
-        .send()
-        .await
-        .unwrap();
+    let r = c.login_with(token).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let set = cookie_of(&r).expect("a session cookie");
     for attr in ["HttpOnly", "SameSite=Strict", "Max-Age=3600", "Path=/"] {
@@ -1117,18 +1165,12 @@ async fn web_sessions_csrf_and_expiry() {
     let op = c.user("wendy", Role::Operator).await;
     let id = c.dead_rows(1).await[0];
 
-    let r = c.http.get(format!("{}/", c.base)).send().await.unwrap();
+    let r = c.anonymous_get("/").await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(r.headers()["location"], "/login");
 
     let cookie = login(&c, &op).await;
-    let page = c
-        .http
-        .get(format!("{}/", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let page = c.web_get(&cookie, "/").await;
     assert_eq!(page.status(), StatusCode::OK);
     let html = page.text().await.unwrap();
     let csrf = csrf_of(&html);
@@ -1136,30 +1178,28 @@ async fn web_sessions_csrf_and_expiry() {
 
     // Without the CSRF token: 403, audited, nothing changes.
     let r = c
-        .http
-        .post(format!("{}/ui/outbox/requeue", c.base))
-        .header("cookie", &cookie)
-        .form(&[("item", item.as_str()), ("reason", "retry"), ("go", "1")])
-        .send()
-        .await
-        .unwrap();
+        .web_post(
+            &cookie,
+            "/ui/outbox/requeue",
+            &[("item", item.as_str()), ("reason", "retry"), ("go", "1")],
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert_eq!(c.state(id).await, "dead");
     assert_eq!(c.audit_count("wendy", "outbox.requeue", "denied").await, 1);
     // A wrong one: the same.
     let r = c
-        .http
-        .post(format!("{}/ui/outbox/requeue", c.base))
-        .header("cookie", &cookie)
-        .form(&[
-            ("csrf", "0".repeat(64).as_str()),
-            ("item", item.as_str()),
-            ("reason", "retry"),
-            ("go", "1"),
-        ])
-        .send()
-        .await
-        .unwrap();
+        .web_post(
+            &cookie,
+            "/ui/outbox/requeue",
+            &[
+                ("csrf", "0".repeat(64).as_str()),
+                ("item", item.as_str()),
+                ("reason", "retry"),
+                ("go", "1"),
+            ],
+        )
+        .await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert_eq!(c.state(id).await, "dead");
 
@@ -1171,14 +1211,8 @@ async fn web_sessions_csrf_and_expiry() {
         ("reason", "retry"),
         ("go", "1"),
     ];
-    let submit = || {
-        c.http
-            .post(format!("{}/ui/outbox/requeue", c.base))
-            .header("cookie", &cookie)
-            .form(&form)
-            .send()
-    };
-    let r = submit().await.unwrap();
+    let submit = || c.web_post(&cookie, "/ui/outbox/requeue", &form);
+    let r = submit().await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(c.state(id).await, "pending");
     // The same form sent again (a double click, a reload): its key replays, nothing runs twice.
@@ -1187,7 +1221,7 @@ async fn web_sessions_csrf_and_expiry() {
         .execute(&c.db.pool)
         .await
         .unwrap();
-    let r = submit().await.unwrap();
+    let r = submit().await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(c.state(id).await, "dead", "the form ran twice");
     assert_eq!(
@@ -1200,13 +1234,7 @@ async fn web_sessions_csrf_and_expiry() {
         .execute(&c.db.pool)
         .await
         .unwrap();
-    let r = c
-        .http
-        .get(format!("{}/", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let r = c.web_get(&cookie, "/").await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(r.headers()["location"], "/login");
 
@@ -1218,13 +1246,7 @@ async fn web_sessions_csrf_and_expiry() {
         c.get(&op, "/api/outbox/dead").await.0,
         StatusCode::UNAUTHORIZED
     );
-    let r = c
-        .http
-        .post(format!("{}/login", c.base))
-        .form(&[("token", op.as_str())])
-        .send()
-        .await
-        .unwrap();
+    let r = c.login_with(op.as_str()).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 }
 
@@ -1233,34 +1255,14 @@ async fn failed_logins_are_rate_limited_per_address() {
     let c = Console::start_with(3, &[]).await;
     let good = c.user("gina", Role::Viewer).await;
     for _ in 0..3 {
-        let r = c
-            .http
-            .post(format!("{}/login", c.base))
-            .form(&[("token", "ct_wrong")])
-            .send()
-            .await
-            .unwrap();
+        let r = c.login_with("ct_wrong").await;
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     }
     // Even the right token waits now.
-    let r = c
-        .http
-        .post(format!("{}/login", c.base))
-        .form(&[("token", good.as_str())])
-        .send()
-        .await
-        .unwrap();
+    let r = c.login_with(good.as_str()).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(cookie_of(&r).is_none());
-    let metrics = c
-        .http
-        .get(format!("{}/metrics", c.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.anonymous_get("/metrics").await.text().await.unwrap();
     assert!(
         metrics.contains("console_login_failures_total{reason=\"rate_limited\"}"),
         "{metrics}"
@@ -1349,13 +1351,7 @@ async fn no_token_card_number_or_declared_secret_in_any_page_or_response() {
         "/idempotency",
         "/dead-letters",
     ] {
-        let r = c
-            .http
-            .get(format!("{}{path}", c.base))
-            .header("cookie", &cookie)
-            .send()
-            .await
-            .unwrap();
+        let r = c.web_get(&cookie, path).await;
         assert_eq!(r.status(), StatusCode::OK, "{path}");
         seen.push(r.text().await.unwrap());
     }
@@ -1422,15 +1418,15 @@ async fn the_audit_table_refuses_update_delete_and_truncate_and_only_the_purge_r
     assert!(e.is_err());
     drop(tx);
     // The admin's purge removes exactly the entry older than a year, and is audited itself.
-    let (s, body, _) = c
-        .post(
+    let body = c
+        .post_expect(
             &admin,
             "/api/audit/actions/purge",
             json!({"reason": "retention"}),
             None,
+            StatusCode::OK,
         )
         .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
     assert_eq!(body["removed"], json!(1));
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.console_audit")
         .fetch_one(&c.db.pool)
@@ -1567,36 +1563,20 @@ async fn metrics_health_readiness_and_openapi() {
     assert_eq!(s, StatusCode::OK);
     for path in ["/healthz", "/readyz"] {
         assert_eq!(
-            c.http
-                .get(format!("{}{path}", c.base))
-                .send()
-                .await
-                .unwrap()
-                .status(),
+            c.anonymous_get(path).await.status(),
             StatusCode::OK,
             "{path}"
         );
     }
-    let m = c
-        .http
-        .get(format!("{}/metrics", c.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = c.anonymous_get("/metrics").await.text().await.unwrap();
     assert!(
         m.contains("console_actions_total{action=\"outbox.requeue\",outcome=\"succeeded\"}"),
         "{m}"
     );
     assert!(m.contains("console_approvals_pending"));
     let doc: Value = c
-        .http
-        .get(format!("{}/api/openapi.json", c.base))
-        .send()
+        .anonymous_get("/api/openapi.json")
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -1718,9 +1698,6 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_approval() {
-    use lapin::BasicProperties;
-    use lapin::options::BasicPublishOptions;
-    use lapin::types::FieldTable;
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.dlq");
     let c = Console::start_with(5, &[&name]).await;
@@ -1728,45 +1705,28 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     let ap = c.user("dan", Role::Approver).await;
     let exchange = broker.outbox_exchange("console.events");
     system_tests::consumers::track_consumer(&broker, &name, &[], None);
-    let topology = consumer::Topology::new(&name, &[]);
-    let conn = broker.connect().await;
-    topology.declare(&conn, &exchange, &[]).await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
+    let (conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
     let ids: Vec<String> = (0..3).map(|_| Uuid::new_v4().to_string()).collect();
+    let reason = format!("card {CARD} refused");
+    let body = json!({"card_number": CARD, "customer_secret": SECRET, "amount": 5}).to_string();
     for id in &ids {
-        let mut h = FieldTable::default();
-        consumer::message::set_text(
-            &mut h,
-            consumer::message::headers::DEAD_LETTER_KIND,
-            "permanent",
-        );
-        consumer::message::set_text(
-            &mut h,
-            consumer::message::headers::DEAD_LETTER_REASON,
-            &format!("card {CARD} refused"),
-        );
-        consumer::message::set_text(
-            &mut h,
-            consumer::message::headers::DEAD_LETTERED_AT,
-            "2026-12-01T10:00:00Z",
-        );
-        let props = BasicProperties::default()
-            .with_message_id(id.as_str().into())
-            .with_type("payment.captured".into())
-            .with_headers(h);
-        let body = json!({"card_number": CARD, "customer_secret": SECRET, "amount": 5}).to_string();
-        ch.basic_publish(
-            "".into(),
-            topology.dead_letter_queue.as_str().into(),
-            BasicPublishOptions::default(),
+        let headers = [
+            (consumer::message::headers::DEAD_LETTER_KIND, "permanent"),
+            (consumer::message::headers::DEAD_LETTER_REASON, &reason),
+            (
+                consumer::message::headers::DEAD_LETTERED_AT,
+                "2026-12-01T10:00:00Z",
+            ),
+        ];
+        publish_dead_letter(
+            &ch,
+            &topology,
+            id,
+            "payment.captured",
+            &headers,
             body.as_bytes(),
-            props,
         )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        .await;
     }
 
     let (s, listed) = c
@@ -1825,19 +1785,8 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
         .await;
     assert_eq!(s, StatusCode::CONFLICT);
     // One: now.
-    let (s, body, _) = c
-        .post(&op, &path, json!({"reason": "handler fixed", "items": [{"message_id": ids[0], "version": "2026-12-01T10:00:00Z"}]}), None)
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
-    let count = |q: String| {
-        let conn = &conn;
-        async move {
-            plumbing::amqp::inspect_queue(conn, &q)
-                .await
-                .map(|q| q.message_count())
-                .unwrap_or(u32::MAX)
-        }
-    };
+    c.post_expect(&op, &path, json!({"reason": "handler fixed", "items": [{"message_id": ids[0], "version": "2026-12-01T10:00:00Z"}]}), None, StatusCode::OK).await;
+    let count = |q: String| queue_depth(&conn, q);
     wait_until(
         "one message back in the queue",
         Duration::from_secs(30),
@@ -1846,26 +1795,18 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     .await;
     // Two: an approval request, then the approver's approval replays both.
     let items = json!([{"message_id": ids[1], "version": "2026-12-01T10:00:00Z"}, {"message_id": ids[2], "version": "2026-12-01T10:00:00Z"}]);
-    let (s, body, _) = c
-        .post(
+    let body = c
+        .post_expect(
             &op,
             &path,
             json!({"reason": "the rest", "items": items}),
             None,
+            StatusCode::ACCEPTED,
         )
         .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
     assert_eq!(count(topology.dead_letter_queue.clone()).await, 2);
     let approval = body["approval"].as_str().unwrap().to_string();
-    let (s, body, _) = c
-        .post(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    c.approve(&ap, &approval).await;
     wait_until(
         "all three back in the queue",
         Duration::from_secs(30),
@@ -1880,56 +1821,86 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     let _ = conn.close(200, "done".into()).await;
 }
 
+/// Messages in queue `q` now (`u32::MAX` when it cannot be inspected).
+async fn queue_depth(conn: &lapin::Connection, q: String) -> u32 {
+    plumbing::amqp::inspect_queue(conn, &q)
+        .await
+        .map(|q| q.message_count())
+        .unwrap_or(u32::MAX)
+}
+
+/// Consumer `name`'s plain topology declared on `exchange`, and a confirming channel to publish
+/// dead letters on (keep the connection for the test).
+async fn dead_letter_topology(
+    broker: &system_tests::TestBroker,
+    name: &str,
+    exchange: &str,
+) -> (lapin::Connection, lapin::Channel, consumer::Topology) {
+    let topology = consumer::Topology::new(name, &[]);
+    let conn = broker.connect().await;
+    topology.declare(&conn, exchange, &[]).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    (conn, ch, topology)
+}
+
+/// Publishes `body` straight into `topology`'s dead-letter queue (and waits for the broker's
+/// confirm), as message `id` of type `event_type` with the dead-letter `headers` the consumer
+/// runtime would have set.
+async fn publish_dead_letter(
+    ch: &lapin::Channel,
+    topology: &consumer::Topology,
+    id: &str,
+    event_type: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) {
+    let mut h = lapin::types::FieldTable::default();
+    for (k, v) in headers {
+        consumer::message::set_text(&mut h, k, v);
+    }
+    ch.basic_publish(
+        "".into(),
+        topology.dead_letter_queue.as_str().into(),
+        lapin::options::BasicPublishOptions::default(),
+        body,
+        lapin::BasicProperties::default()
+            .with_message_id(id.into())
+            .with_type(event_type.into())
+            .with_headers(h),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+}
+
 /// An ordered consumer's dead letters are listed, but a replay (dry run, one now, or several for
 /// approval) answers 409 with only an `error` that says why and what to do instead; the letter
 /// stays in the dead-letter queue and nothing reaches the consumer's plain queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ordered_consumers_dead_letters_are_listed_but_replay_answers_409() {
-    use lapin::BasicProperties;
-    use lapin::options::BasicPublishOptions;
-    use lapin::types::FieldTable;
     let broker = system_tests::TestBroker::new();
     let name = broker.queue("console.ord");
     let c = Console::start_with(5, &[&name]).await;
     let op = c.user("olga", Role::Operator).await;
     let exchange = broker.outbox_exchange("console.events");
     system_tests::consumers::track_consumer(&broker, &name, &[], Some(2));
-    let conn = broker.connect().await;
     // The topology an ordered consumer declares: its plain queues and its partition routing.
-    let topology = consumer::Topology::new(&name, &[]);
-    topology.declare(&conn, &exchange, &[]).await.unwrap();
+    let (conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
     consumer::ordered::topology::declare(&conn, &exchange, &name, 2, &["#".to_string()])
         .await
         .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
     let ids: Vec<String> = (0..2).map(|_| Uuid::new_v4().to_string()).collect();
-    for id in &ids {
-        let mut h = FieldTable::default();
-        consumer::message::set_text(
-            &mut h,
-            consumer::message::headers::DEAD_LETTER_KIND,
-            "operator",
-        );
-        consumer::message::set_text(
-            &mut h,
+    let headers = [
+        (consumer::message::headers::DEAD_LETTER_KIND, "operator"),
+        (
             consumer::message::headers::DEAD_LETTERED_AT,
             "2026-12-01T10:00:00Z",
-        );
-        ch.basic_publish(
-            "".into(),
-            topology.dead_letter_queue.as_str().into(),
-            BasicPublishOptions::default(),
-            b"{}",
-            BasicProperties::default()
-                .with_message_id(id.as_str().into())
-                .with_type("thing.changed".into())
-                .with_headers(h),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        ),
+    ];
+    for id in &ids {
+        publish_dead_letter(&ch, &topology, id, "thing.changed", &headers, b"{}").await;
     }
     let (s, listed) = c
         .get(&op, &format!("/api/dead-letters?consumer={name}"))
@@ -2640,12 +2611,8 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
     // So does the page: the warning, and the rerun's form before the resolutions.
     let cookie = login(&c, &alice).await;
     let page = c
-        .http
-        .get(format!("{}/processes/{pid}", c.base))
-        .header("cookie", &cookie)
-        .send()
+        .web_get(&cookie, &format!("/processes/{pid}"))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -2668,15 +2635,15 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
     // One approver's "resolve as failed": without what was checked at the remote, refused.
     let path = format!("/api/processes/{pid}/actions/resolve_failed");
     let before = c.process_state(pid).await;
-    let (s, err, _) = c
-        .post(
+    let err = c
+        .post_expect(
             &alice,
             &path,
             json!({"reason": "timed out, so it failed", "version": view["version"], "step": seq}),
             None,
+            StatusCode::BAD_REQUEST,
         )
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
     assert!(
         err["error"]
             .as_str()
@@ -2685,16 +2652,16 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
         "{err}"
     );
     // With it, only an approval request: nothing runs on one person's word.
-    let (s, body, _) = c
-        .post(
+    let body = c
+        .post_expect(
             &alice,
             &path,
             json!({"reason": "timed out, so it failed", "version": view["version"], "step": seq,
                    "remote_check": {"checked": "nothing, the call timed out", "answer": "none"}}),
             None,
+            StatusCode::ACCEPTED,
         )
         .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
     let approval = body["approval"].as_str().unwrap().to_string();
     assert_eq!(c.process_state(pid).await, before, "nothing changed");
     // Nor by herself.
@@ -2744,15 +2711,14 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
     );
 
     // A second approver reads the warning, looks at the provider and rejects the request.
-    let (s, body, _) = c
-        .post(
-            &bob,
-            &format!("/api/approvals/{approval}/reject"),
-            json!({"reason": "the provider shows the charge: not failed", "version": 1}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    c.post_expect(
+        &bob,
+        &format!("/api/approvals/{approval}/reject"),
+        json!({"reason": "the provider shows the charge: not failed", "version": 1}),
+        None,
+        StatusCode::OK,
+    )
+    .await;
     assert_eq!(
         c.process_state(pid).await,
         before,
@@ -2762,15 +2728,10 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
     // The safe action: an operator reruns the charge with the same key; the provider answers with
     // the charge it made, and the payment is captured on it.
     pay.admin.set_faults("").await.unwrap();
-    let (s, body, _) = c
-        .post(
-            &olga,
+    c.post_expect(&olga,
             &format!("/api/processes/{pid}/actions/rerun_step"),
             json!({"reason": "same key: the provider answers with its charge", "version": view["version"], "step": seq}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+            None, StatusCode::OK).await;
     wait_process(&c.db.pool, pid, "succeeded").await;
     assert_eq!(payment_status().await, "succeeded");
     let charges = pay.charges(&payment).await;
@@ -3011,16 +2972,7 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
     let op = c.user("oscar", Role::Operator).await;
     let viewer_cookie = login(&c, &viewer).await;
     let viewer_csrf = {
-        let page = c
-            .http
-            .get(format!("{}/", c.base))
-            .header("cookie", &viewer_cookie)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let page = c.web_get(&viewer_cookie, "/").await.text().await.unwrap();
         csrf_of(&page)
     };
     let pid = c.process("hostile").await;
@@ -3147,25 +3099,18 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
             answers.push((format!("web GET {path}"), r.status()));
         }
         let r = c
-            .http
-            .post(format!("{}/ui/processes/{pid}/actions/pause", c.base))
-            .header("cookie", &viewer_cookie)
-            .form(&[
-                ("csrf", viewer_csrf.as_str()),
-                ("version", &version.to_string()),
-                ("reason", &text),
-            ])
-            .send()
-            .await
-            .unwrap();
+            .web_post(
+                &viewer_cookie,
+                &format!("/ui/processes/{pid}/actions/pause"),
+                &[
+                    ("csrf", viewer_csrf.as_str()),
+                    ("version", &version.to_string()),
+                    ("reason", &text),
+                ],
+            )
+            .await;
         answers.push(("web viewer pause".into(), r.status()));
-        let r = c
-            .http
-            .post(format!("{}/login", c.base))
-            .form(&[("token", &text)])
-            .send()
-            .await
-            .unwrap();
+        let r = c.login_with(&text).await;
         answers.push(("login".into(), r.status()));
 
         for (what, status) in &answers {
@@ -3248,16 +3193,7 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
 
     // The approver's card: what it does, the amount, the process now, a link.
     let cookie = login(&c, &bob).await;
-    let overview = c
-        .http
-        .get(format!("{}/", c.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let overview = c.web_get(&cookie, "/").await.text().await.unwrap();
     let approval = first["approval"].as_str().unwrap();
     let card = overview
         .split(&format!("id=\"approval-{approval}\""))
@@ -3278,12 +3214,8 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
     // The requester's process page: no second request form while it waits.
     let olga_cookie = login(&c, &olga).await;
     let page = c
-        .http
-        .get(format!("{}/processes/{id}", c.base))
-        .header("cookie", &olga_cookie)
-        .send()
+        .web_get(&olga_cookie, &format!("/processes/{id}"))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -3427,12 +3359,8 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
 
     let cookie = login(&c, &op).await;
     let page = c
-        .http
-        .get(format!("{}/processes/{asked}", c.base))
-        .header("cookie", &cookie)
-        .send()
+        .web_get(&cookie, &format!("/processes/{asked}"))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -3444,12 +3372,8 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
         "{page}"
     );
     let blind_page = c
-        .http
-        .get(format!("{}/processes/{blind}", c.base))
-        .header("cookie", &cookie)
-        .send()
+        .web_get(&cookie, &format!("/processes/{blind}"))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -3457,15 +3381,14 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
     assert!(!offered(&c.process_view(&op, blind).await).contains(&"query_remote_status".into()));
 
     // Query now: an operator action, audited; the worker asks the remote at once.
-    let (s, body, _) = c
-        .post(
-            &op,
-            &format!("/api/processes/{asked}/actions/query_remote_status"),
-            json!({"reason": "the customer is on the phone", "version": view["version"], "step": seq}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::OK, "{body}");
+    c.post_expect(
+        &op,
+        &format!("/api/processes/{asked}/actions/query_remote_status"),
+        json!({"reason": "the customer is on the phone", "version": view["version"], "step": seq}),
+        None,
+        StatusCode::OK,
+    )
+    .await;
     assert_eq!(
         c.audit_count("olga", "process.query_remote_status", "succeeded")
             .await,
@@ -3484,25 +3407,19 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
         .clone();
     let path = format!("/api/processes/{blind}/actions/resolve_failed");
     let anna = c.user("anna", Role::Approver).await;
-    let (s, err, _) = c
-        .post(
-            &anna,
-            &path,
-            json!({"reason": "no webhook came", "version": view["version"], "step": seq}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
-    let (s, body, _) = c
-        .post(
-            &anna,
+    c.post_expect(
+        &anna,
+        &path,
+        json!({"reason": "no webhook came", "version": view["version"], "step": seq}),
+        None,
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    c.post_expect(&anna,
             &path,
             json!({"reason": "no webhook came", "version": view["version"], "step": seq,
                    "remote_check": {"checked": "provider dashboard, reference blind", "answer": "no charge"}}),
-            None,
-        )
-        .await;
-    assert_eq!(s, StatusCode::ACCEPTED, "{body}");
+            None, StatusCode::ACCEPTED).await;
     assert_eq!(
         c.process_state(blind).await.0,
         "waiting",
