@@ -9,7 +9,9 @@
 //!   the wake-up loop itself is [`plumbing::listen`] (reconnects with backoff; the poll covers the gaps).
 //! - `stats`: the backlog and unrouted-queue gauges, refreshed by [`plumbing::periodic`].
 //! - `retention`: purging published rows kept for `--retention-secs`.
-//! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead rows.
+//! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead
+//!   rows. The claim and the mark read their indexes whatever the outbox's statistics say
+//!   (sequential scans off, migration 18) and are prepared statements on a direct session.
 //! - `pipeline`: claims, publishes and marks overlapping. Its parts are plain types with their own
 //!   tests: `claims` (what this relay holds, how much of each partition to ask for), `chains`
 //!   (per-aggregate order with many rows of one aggregate in flight, and what a refusal in the
