@@ -178,16 +178,14 @@ async fn a_service_database_keeps_its_tables_and_history_while_relay_consumer_an
     .args(["--bind", "payment.captured"])
     .spawn()
     .expect("spawn ledger consumer");
-    broker.track_queue("ledger");
-    for q in [
-        "ledger.dlq",
-        "ledger.retry.0",
-        "ledger.retry.1",
-        "ledger.retry.2",
-    ] {
-        broker.track_queue(q);
-    }
-    broker.track_exchange("ledger.dlx");
+    // Its whole topology at the consumer's default retry delays (1s, 10s, 1m, 5m), so the retry
+    // queues are deleted too (they were left on the shared broker under names never declared).
+    system_tests::consumers::track_consumer(
+        &broker,
+        "ledger",
+        &consumer::Config::new("ledger", "", "").retry_delays,
+        None,
+    );
     wait_ready("relay /readyz", relay_metrics).await;
     wait_ready("ledger /readyz", ledger_metrics).await;
     wait_ready("demo API /readyz", api_addr).await;
