@@ -205,26 +205,14 @@ struct Reserving<'a> {
 impl Reserving<'_> {
     /// Inserts the record as ours, if there is none.
     async fn insert(&self) -> Result<bool, sqlx::Error> {
-        let record = self.record;
-        Ok(sqlx::query(record.schema.sql(
+        self.write_ours(
             "INSERT INTO {{schema}}.idempotency_keys \
                  (scope, operation, key_hash, fingerprint, status, lease_token, lease_expires_at, \
                   created_at, updated_at, expires_at) \
              VALUES ($1, $2, $3, $4, 'processing', $5, $6, $7, $7, $8) \
              ON CONFLICT (scope, operation, key_hash) DO NOTHING",
-        ))
-        .bind(&record.scope)
-        .bind(&*record.operation)
-        .bind(&record.key.0[..])
-        .bind(self.fingerprint)
-        .bind(self.token)
-        .bind(self.lease_until)
-        .bind(self.now)
-        .bind(self.expires_at)
-        .execute(self.pool)
-        .await?
-        .rows_affected()
-            == 1)
+        )
+        .await
     }
 
     /// The record as it is.
@@ -244,8 +232,7 @@ impl Reserving<'_> {
 
     /// Takes an expired record over as a new one (unless another request just did).
     async fn take_expired(&self) -> Result<bool, sqlx::Error> {
-        let record = self.record;
-        Ok(sqlx::query(record.schema.sql(
+        self.write_ours(
             "UPDATE {{schema}}.idempotency_keys SET status = 'processing', fingerprint = $4, \
                     lease_token = $5, lease_expires_at = $6, response_status = NULL, \
                     response_body = NULL, resource_id = NULL, created_at = $7, updated_at = $7, \
@@ -256,18 +243,26 @@ impl Reserving<'_> {
                     AND (status IN ('completed', 'failed') \
                          OR (status = 'processing' AND lease_expires_at <= $7)) \
                     FOR UPDATE SKIP LOCKED)",
-        ))
-        .bind(&record.scope)
-        .bind(&*record.operation)
-        .bind(&record.key.0[..])
-        .bind(self.fingerprint)
-        .bind(self.token)
-        .bind(self.lease_until)
-        .bind(self.now)
-        .bind(self.expires_at)
-        .execute(self.pool)
-        .await?
-        .rows_affected()
+        )
+        .await
+    }
+
+    /// Runs `sql` (a template whose $1..$8 are scope, operation, key hash, fingerprint, lease
+    /// token, lease end, now and expiry) to write the record as ours; whether it did.
+    async fn write_ours(&self, sql: &str) -> Result<bool, sqlx::Error> {
+        let record = self.record;
+        Ok(sqlx::query(record.schema.sql(sql))
+            .bind(&record.scope)
+            .bind(&*record.operation)
+            .bind(&record.key.0[..])
+            .bind(self.fingerprint)
+            .bind(self.token)
+            .bind(self.lease_until)
+            .bind(self.now)
+            .bind(self.expires_at)
+            .execute(self.pool)
+            .await?
+            .rows_affected()
             == 1)
     }
 

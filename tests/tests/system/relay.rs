@@ -17,13 +17,7 @@ fn spawn_relay(
     metrics: std::net::SocketAddr,
     extra: &[&str],
 ) -> Child {
-    relays::spawn_relay(
-        db_url,
-        &amqp_url(),
-        exchange,
-        metrics,
-        &[&FAST_FLAGS[..], extra].concat(),
-    )
+    spawn_with(&FAST_FLAGS, db_url, exchange, metrics, extra)
 }
 
 /// [`spawn_relay`] with [`relays::PATIENT_FLAGS`]: for tests that inject no failure and count
@@ -34,12 +28,22 @@ fn spawn_patient_relay(
     metrics: std::net::SocketAddr,
     extra: &[&str],
 ) -> Child {
+    spawn_with(&relays::PATIENT_FLAGS, db_url, exchange, metrics, extra)
+}
+
+fn spawn_with(
+    flags: &[&str],
+    db_url: &str,
+    exchange: &str,
+    metrics: std::net::SocketAddr,
+    extra: &[&str],
+) -> Child {
     relays::spawn_relay(
         db_url,
         &amqp_url(),
         exchange,
         metrics,
-        &[&relays::PATIENT_FLAGS[..], extra].concat(),
+        &[flags, extra].concat(),
     )
 }
 
