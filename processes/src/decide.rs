@@ -170,6 +170,16 @@ pub(crate) fn local_group(
     group
 }
 
+/// `d` after `at`, or the last representable time when that overflows: a definition may set a
+/// deadline or a delay of any length (`Duration::MAX` for "never"), and adding it must not panic
+/// the turn (the lease would expire and the next claim panic again, for ever).
+pub(crate) fn later(at: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
+    TimeDelta::from_std(d)
+        .ok()
+        .and_then(|d| at.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
 /// Why a step may not be tried again (`None`: it may): `attempts` made of `max_attempts`, or the
 /// policy's deadline after the first attempt passed by `at`.
 pub(crate) fn budget_spent(
@@ -179,9 +189,9 @@ pub(crate) fn budget_spent(
     deadline: Option<std::time::Duration>,
     at: DateTime<Utc>,
 ) -> Option<&'static str> {
-    let past_deadline = deadline.zip(first_attempt_at).is_some_and(|(d, first)| {
-        first + chrono::Duration::from_std(d).unwrap_or(TimeDelta::MAX) <= at
-    });
+    let past_deadline = deadline
+        .zip(first_attempt_at)
+        .is_some_and(|(d, first)| later(first, d) <= at);
     if past_deadline {
         Some("deadline passed")
     } else if attempts >= max_attempts {
@@ -233,8 +243,7 @@ pub(crate) fn after_error(
     if class == ErrorClass::Permanent {
         return AfterError::Fail(StepError::permanent(message));
     }
-    let at =
-        now + chrono::Duration::from_std(retry.delay_after(attempts)).unwrap_or(TimeDelta::zero());
+    let at = later(now, retry.delay_after(attempts));
     let first = s.first_attempt_at.unwrap_or(now);
     match budget_spent(attempts, s.max_attempts, Some(first), retry.deadline, at) {
         Some(why) if class == ErrorClass::Unknown || s.role == Role::Compensation => {
@@ -435,6 +444,24 @@ pub(crate) mod tests {
     use super::*;
     use crate::admin::Action;
     use uuid::Uuid;
+
+    #[test]
+    fn a_deadline_or_delay_of_any_length_never_overflows() {
+        let now = Utc::now();
+        assert_eq!(
+            later(now, std::time::Duration::MAX),
+            DateTime::<Utc>::MAX_UTC
+        );
+        assert_eq!(
+            later(now, std::time::Duration::from_secs(60)),
+            now + TimeDelta::seconds(60)
+        );
+        assert_eq!(
+            budget_spent(1, 5, Some(now), Some(std::time::Duration::MAX), now),
+            None,
+            "a deadline that never comes is never passed"
+        );
+    }
 
     fn row(seq: i32, role: Role, status: StepStatus) -> StepRow {
         StepRow {

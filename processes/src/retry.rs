@@ -48,7 +48,8 @@ impl RetryPolicy {
         } else {
             capped
         };
-        Duration::from_secs_f64(secs)
+        // `max_delay` may be `Duration::MAX`, which an f64 of seconds rounds past.
+        Duration::try_from_secs_f64(secs).unwrap_or(self.max_delay)
     }
 
     pub fn max_attempts(mut self, n: i32) -> Self {
@@ -80,6 +81,15 @@ impl RetryPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delay_without_bound_never_panics() {
+        let p = RetryPolicy::default()
+            .initial(Duration::MAX)
+            .max_delay(Duration::MAX)
+            .jitter(false);
+        assert_eq!(p.delay_after(60), Duration::MAX);
+    }
 
     #[test]
     fn grows_and_caps_without_jitter() {

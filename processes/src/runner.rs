@@ -742,8 +742,7 @@ impl Run<'_> {
         let s = &self.steps[i];
         let (name, key) = (s.name.clone(), &w.key);
         if s.wait_key.is_none() {
-            let until =
-                now + chrono::Duration::from_std(w.deadline).unwrap_or(chrono::TimeDelta::MAX);
+            let until = crate::decide::later(now, w.deadline);
             return self.park(i, Some(key), until, true).await;
         }
         let due = if s.status == StepStatus::Retryable {
