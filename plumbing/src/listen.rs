@@ -63,10 +63,14 @@ pub async fn wake_on_notify(
 ) {
     let mut failures = 0u32;
     loop {
+        // Set once LISTEN succeeded: a connection that worked and later failed starts the backoff
+        // from the beginning instead of where the last outage left it.
+        let mut listened = false;
         let result = async {
             let pool = on.pool().await?;
             let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
             listener.listen(&channel).await?;
+            listened = true;
             wake.notify_one();
             loop {
                 // A notification, or Ok(None) after a reconnect that may have dropped some:
@@ -80,7 +84,7 @@ pub async fn wake_on_notify(
         tokio::select! {
             r = result => {
                 if let Err(e) = r {
-                    failures += 1;
+                    failures = if listened { 1 } else { failures + 1 };
                     tracing::warn!(error = %ErrorChain(&*e), "LISTEN connection failed; the poll covers until it is back");
                 }
             }

@@ -5,7 +5,7 @@
 //! first count after a bulk load also sets their hint bits). Every 5 s, that was a tenth of a
 //! core taken from the database exactly while the relay drains a backlog; the periodic loop
 //! spaces refreshes that take long out, so a large backlog's gauge is refreshed less often (a
-//! 1,000,000-row backlog about every 2 minutes instead of every 5 s).
+//! 1,000,000-row backlog every minute, the cap, instead of every 5 s).
 
 use crate::{internal_events, publisher, store};
 use plumbing::amqp_tls::AmqpTls;
