@@ -32,10 +32,11 @@ use uuid::Uuid;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Statements {
     /// A direct session (or a pooler in session mode): the claim and the mark are prepared once
-    /// per connection, and the claim, one read, runs in its own implicit transaction.
-    #[default]
+    /// per connection.
     Prepared,
-    /// Through a transaction pooler: unnamed statements inside an explicit transaction.
+    /// Through a transaction pooler: unnamed statements (the safe choice, and the default: a
+    /// named statement prepared on one server connection is unknown on the next).
+    #[default]
     Unnamed,
 }
 
