@@ -78,16 +78,16 @@ pub async fn sample(s: &AppState) -> Result<(), ConsoleError> {
 
 /// The dead-letter depth of each configured consumer (`None`: its queue did not answer).
 pub async fn dlq_depths(s: &AppState) -> Vec<(String, Option<usize>)> {
-    let mut out = Vec::new();
-    for c in &s.settings.consumers {
+    // All at once: with the broker unreachable the page waits one timeout, not one per consumer.
+    futures::future::join_all(s.settings.consumers.iter().map(|c| async move {
         let depth = tokio::time::timeout(
             DLQ_TIMEOUT,
             consumer::dlq::depth(&s.settings.amqp_url, &s.settings.amqp_tls, c),
         )
         .await;
-        out.push((c.clone(), depth.ok().and_then(Result::ok)));
-    }
-    out
+        (c.clone(), depth.ok().and_then(Result::ok))
+    }))
+    .await
 }
 
 async fn record(

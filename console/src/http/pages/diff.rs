@@ -3,7 +3,6 @@
 //! added one in green, the unchanged ones plain; and the entry's target linked to its page.
 
 use super::layout::shown;
-use crate::text::url_encode;
 use maud::{Markup, html};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -91,7 +90,7 @@ pub fn target_link(target: &str) -> Markup {
         Some(("approval", id)) if uuid::Uuid::parse_str(id).is_ok() => {
             Some(format!("/#approval-{id}"))
         }
-        Some(("aggregate", id)) => Some(format!("/messages?aggregate_id={}", url_encode(id))),
+        Some(("aggregate", id)) => Some(super::links::Links::messages(id)),
         _ => None,
     };
     html! {
