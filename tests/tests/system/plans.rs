@@ -131,6 +131,30 @@ async fn a_claim_reads_the_partition_index_when_the_statistics_saw_one_hot_aggre
         scans.claim_idx, 64,
         "one read of messages_claim_idx per owned partition: {scans:?}"
     );
+
+    // Prepared on one connection, the claim is planned anew for five runs and may then keep a
+    // generic plan: every run, that one included, reads the partition index.
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    for run in 1..=8 {
+        let mut tx = store::begin_indexed(&one, false).await.unwrap();
+        let before = Scans::now(&mut tx).await;
+        let claimed = store::claim_in(&mut tx, &schema, "plans", &args)
+            .await
+            .unwrap();
+        let scans = Scans::now(&mut tx).await.since(before);
+        tx.commit().await.unwrap();
+        assert_eq!(claimed.len(), 2000, "run {run}: a full claim");
+        assert_eq!(
+            (scans.seq, scans.pkey, scans.claim_idx),
+            (0, 0, 64),
+            "run {run} of the prepared claim on one connection: {scans:?}"
+        );
+    }
+    one.close().await;
 }
 
 /// The insert trigger looks every new row's id up (a repeated id takes no number). PL/pgSQL keeps
