@@ -429,16 +429,6 @@ pub async fn list(
     .await?)
 }
 
-/// How many processes have `status` (one index range: `processes_status_idx`).
-pub async fn count(pool: &PgPool, schema: &Schema, status: ProcessStatus) -> Result<i64, Error> {
-    Ok(sqlx::query_scalar(
-        schema.sql("SELECT count(*) FROM {{schema}}.processes WHERE status = $1"),
-    )
-    .bind(status)
-    .fetch_one(pool)
-    .await?)
-}
-
 /// One process with its steps, history and the actions allowed now.
 pub async fn get(pool: &PgPool, schema: &Schema, id: Uuid) -> Result<ProcessView, Error> {
     let mut conn = pool.acquire().await?;

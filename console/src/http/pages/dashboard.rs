@@ -47,15 +47,32 @@ pub fn ago(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
     }
 }
 
+/// The counts the dashboard's tiles show, read once per page: the rest of the overview shows the
+/// same figures (the manual-review link, the outbox line), so they never disagree on one page.
+#[derive(Debug, Clone, Copy)]
+pub struct Figures {
+    pub review: processes::look::ReviewBacklog,
+    pub backlog: relay::store::Backlog,
+}
+
+impl Figures {
+    pub async fn read(s: &AppState) -> Result<Figures, ConsoleError> {
+        Ok(Figures {
+            review: processes::look::review_backlog(&s.pool, &s.schema).await?,
+            backlog: relay::store::backlog(&s.pool, &s.schema).await?,
+        })
+    }
+}
+
 /// The dashboard: toggle, tiles, charts.
 pub async fn dashboard(
     s: &AppState,
     session: &Session,
     refresh: Option<u32>,
+    figures: &Figures,
 ) -> Result<Markup, ConsoleError> {
     let now = Utc::now();
-    let review = processes::look::review_backlog(&s.pool, &s.schema).await?;
-    let backlog = relay::store::backlog(&s.pool, &s.schema).await?;
+    let Figures { review, backlog } = *figures;
     let depths = samples::dlq_depths(s).await;
     let mine = approvals_for(s, session).await?;
     let links = Links::new(&s.settings.look);

@@ -3,7 +3,7 @@
 
 use super::approvals::approvals_table;
 use super::audit::audit_table;
-use super::dashboard::{RefreshQuery, dashboard};
+use super::dashboard::{Figures, RefreshQuery, dashboard};
 use super::errors::{answer_page, error_page};
 use super::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
 use super::layout::{page, page_refreshing, shown};
@@ -60,8 +60,9 @@ async fn render_overview(
         Some(DEAD_ROWS_PER_PAGE),
     )
     .await?;
-    let dashboard = dashboard(s, session, refresh).await?;
-    let backlog = outbox_dead::backlog(&s.pool, &s.schema).await?;
+    let figures = Figures::read(s).await?;
+    let dashboard = dashboard(s, session, refresh, &figures).await?;
+    let backlog = figures.backlog;
     let pending = approvals::list(&s.pool, s, None).await?;
     let recent = audit::list(
         &s.pool,
@@ -73,7 +74,7 @@ async fn render_overview(
         false,
     )
     .await?;
-    let in_review = s.processes.in_manual_review(&s.pool).await?;
+    let in_review = figures.review.count;
     let body = html! {
         (notice.html())
         (dashboard)
@@ -85,7 +86,7 @@ async fn render_overview(
         }
         h2 { "Outbox" }
         p #backlog {
-            "pending " b { (backlog.pending) } " (oldest " (format!("{:.0}", backlog.oldest_pending_seconds))
+            "pending " b { (backlog.pending) } " (oldest " (backlog.oldest_age.as_secs())
             " s) · dead " b #dead-count { (backlog.dead) }
         }
         h2 { "Dead outbox rows" }

@@ -78,13 +78,6 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 impl Admin {
-    /// How many processes wait in manual review (the overview's count).
-    pub async fn in_manual_review(&self, pool: &PgPool) -> Result<i64, ConsoleError> {
-        admin::count(pool, &self.schema, processes::ProcessStatus::ManualReview)
-            .await
-            .map_err(error)
-    }
-
     /// One process: overall and per-step status, last classified error, attempts, operation ids,
     /// external references, history, its `version` and `allowed_actions` (the actions allowed
     /// now for its state, error class and remote capability, with their steps).
