@@ -29,7 +29,7 @@ pub fn describe() {
     describe_gauge!(
         "process_manual_review_oldest_age_seconds",
         Unit::Seconds,
-        "Age of the oldest process in manual_review"
+        "How long the process waiting longest has been in manual_review (since it went there, as the console shows it)"
     );
     describe_counter!(
         "process_lease_takeovers_total",

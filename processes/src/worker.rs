@@ -385,14 +385,14 @@ async fn refresh(
         events::active(kind, status, 0);
     }
     *seen = now_seen;
-    let r = sqlx::query(config.schema.sql(
-        "SELECT count(*) AS n, coalesce(extract(epoch FROM now() - min(updated_at)), 0)::float8 AS age \
-         FROM {{schema}}.processes WHERE status = 'manual_review'",
-    ))
-    .fetch_one(&config.pool)
-    .await?;
-    let age: f64 = r.try_get("age")?;
-    events::manual_review(r.try_get("n")?, Duration::from_secs_f64(age.max(0.0)));
+    // The console's tile reads the same figure (one definition: since the process went into
+    // manual review, not since its row last changed).
+    let review = crate::look::review_backlog(&config.pool, &config.schema).await?;
+    let age = review
+        .oldest_since
+        .map(|t| (chrono::Utc::now() - t).to_std().unwrap_or_default())
+        .unwrap_or_default();
+    events::manual_review(review.count, age);
     for (kind, version, n) in
         store::unknown_versions(&config.pool, &config.schema, kinds, versions).await?
     {
