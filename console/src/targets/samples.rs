@@ -35,22 +35,24 @@ const KEEP: &str = "2 days";
 const DLQ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Starts the sampler: one sample at once, then one every `look.sample_interval`, until
-/// `shutdown`. A failed sample is logged and the next one tried; it never stops the console.
+/// `shutdown` ([`plumbing::periodic::every`], so a slow sample spaces the next out). A failed
+/// sample is logged and the next one tried; it never stops the console.
 pub fn spawn(state: AppState, shutdown: CancellationToken) {
     let every = state.settings.look.sample_interval();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tick.tick() => {}
-            }
-            if let Err(e) = sample(&state).await {
-                tracing::warn!(error = %e, "console sample failed");
-            }
-        }
+        plumbing::periodic::every(every, &shutdown, Sampler(state)).await;
     });
+}
+
+/// One sample per refresh.
+struct Sampler(AppState);
+
+impl plumbing::periodic::Refresh for Sampler {
+    async fn refresh(&mut self) {
+        if let Err(e) = sample(&self.0).await {
+            tracing::warn!(error = %e, "console sample failed");
+        }
+    }
 }
 
 /// Measures every figure now and records them (and prunes old samples).
