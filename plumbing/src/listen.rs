@@ -44,6 +44,24 @@ impl ListenOn {
         )
     }
 
+    /// Where to LISTEN for a component whose `pool` connects to `target`: a pool of its own on the
+    /// same settings when `target` is a direct session, the direct URL (as `app_name`) when the
+    /// pool goes through a transaction pooler, and nowhere (`None`: the caller's poll alone finds
+    /// the work) when there is no direct URL to go to.
+    pub fn for_target(
+        target: crate::db::Target<'_>,
+        pool: &PgPool,
+        app_name: &str,
+    ) -> Option<Self> {
+        match target.session_url()? {
+            url if url == target.url => Some(Self::own_pool(pool)),
+            direct => Some(Self::Direct {
+                url: direct.to_string(),
+                app_name: app_name.to_string(),
+            }),
+        }
+    }
+
     async fn pool(&self) -> Result<PgPool, crate::db::DbError> {
         match self {
             Self::Pool(pool) => Ok(pool.clone()),

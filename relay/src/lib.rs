@@ -5,8 +5,8 @@
 //! - [`config`]: flags and env vars ([`RelayConfig`]).
 //! - [`leases`]: which of the 64 outbox partitions this instance publishes; takeover after a crash;
 //!   the renewal loop.
-//! - `listen`: where the relay LISTENs (pool, direct URL, or nowhere behind a transaction pooler);
-//!   the wake-up loop itself is [`plumbing::listen`] (reconnects with backoff; the poll covers the gaps).
+//! - wake-ups: [`plumbing::listen`] on a connection of the relay's own, or on the direct URL behind
+//!   a transaction pooler, or nowhere without one (the poll covers the gaps).
 //! - `stats`: the backlog and unrouted-queue gauges, refreshed by [`plumbing::periodic`].
 //! - `retention`: purging published rows kept for `--retention-secs`.
 //! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead
@@ -45,7 +45,6 @@ pub mod dead;
 pub mod encoder;
 pub mod internal_events;
 pub mod leases;
-mod listen;
 pub(crate) mod pipeline;
 pub mod publisher;
 mod retention;
@@ -190,17 +189,6 @@ fn spawn_helpers(
             opts.lease(),
             tasks.clone(),
         )),
-        tokio::spawn(listen::listen_loop(
-            pool.clone(),
-            config
-                .connections
-                .database()
-                .session_url()
-                .map(|url| (url != config.connections.database_url).then(|| url.to_string())),
-            schema.notify_channel(),
-            wake.clone(),
-            tasks.clone(),
-        )),
         tokio::spawn(stats::stats_loop(
             pool.clone(),
             schema.clone(),
@@ -215,6 +203,21 @@ fn spawn_helpers(
             tasks.clone(),
         )),
     ];
+    match plumbing::listen::ListenOn::for_target(
+        config.connections.database(),
+        pool,
+        "outbox-relay-listen",
+    ) {
+        Some(on) => handles.push(tokio::spawn(plumbing::listen::wake_on_notify(
+            on,
+            schema.notify_channel(),
+            wake.clone(),
+            tasks.clone(),
+        ))),
+        None => tracing::info!(
+            "no LISTEN: DATABASE_URL goes through a transaction pooler and DATABASE_DIRECT_URL is unset; the poll finds new rows"
+        ),
+    }
     if opts.retention_secs > 0 {
         handles.push(tokio::spawn(retention::retention_loop(
             pool.clone(),
