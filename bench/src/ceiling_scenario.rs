@@ -136,8 +136,12 @@ async fn publish_rate(
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
     publisher.disconnect().await;
+    // Both channels closed: this runs twice before every skew drain, on the bench's one
+    // connection.
+    ch.close(200, "done".into()).await?;
     let purge = env.conn.create_channel().await?;
     purge.queue_purge(queue.into(), Default::default()).await?;
+    purge.close(200, "done".into()).await?;
     Ok(rate)
 }
 
