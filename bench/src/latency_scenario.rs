@@ -9,6 +9,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use hdrhistogram::Histogram;
 use lapin::BasicProperties;
+use lapin::message::Delivery;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
 };
@@ -44,7 +45,6 @@ pub(crate) async fn relay_latency(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let cpu_note = env::CpuSnapshot::take().report_since(&cpu, hist.len());
     env::stop(relay).await;
     env.delete_queue(&q).await;
-    let ms = |us: u64| us as f64 / 1000.0;
     let mut lines = latency_lines(
         "relay-latency",
         &hist,
@@ -54,15 +54,12 @@ pub(crate) async fn relay_latency(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             busy * 100.0
         ),
     );
-    lines.push(Line::new(
-        "relay-latency floor p50 (raw publish -> delivery)",
-        ms(floor.value_at_quantile(0.5)),
-        "ms",
+    lines.extend(floor_lines(
+        "relay-latency",
+        "raw publish -> delivery",
+        &floor,
+        Some("lapin publishing straight to the broker at the same rate, persistent, confirms on: the broker's own share"),
     ));
-    lines.push(
-        Line::new("relay-latency floor p99 (raw publish -> delivery)", ms(floor.value_at_quantile(0.99)), "ms")
-            .note("lapin publishing straight to the broker at the same rate, persistent, confirms on: the broker's own share"),
-    );
     Ok(lines)
 }
 
@@ -92,17 +89,8 @@ pub(crate) async fn measure_publish_to_delivery(
     let receiver = tokio::spawn(async move {
         let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
         let mut seen = 0u64;
-        while let Ok(Some(Ok(d))) =
-            tokio::time::timeout(Duration::from_secs(10), consumer.next()).await
-        {
-            let now = Instant::now();
+        while let Some((d, now, id)) = next_delivery(&mut consumer).await {
             let _ = d.ack(lapin::options::BasicAckOptions::default()).await;
-            let id = d
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|m| m.as_str().to_string())
-                .unwrap_or_default();
             if let Some(t) = s2.lock().unwrap().remove(&id) {
                 h.record(now.duration_since(t).as_micros().max(1) as u64)
                     .ok();
@@ -148,6 +136,35 @@ pub(crate) async fn measure_publish_to_delivery(
     let h = receiver.await?;
     anyhow::ensure!(!h.is_empty(), "no deliveries measured");
     Ok(h)
+}
+
+/// The next delivery with its arrival time and message id; `None` after 10 s without one.
+async fn next_delivery(consumer: &mut lapin::Consumer) -> Option<(Delivery, Instant, String)> {
+    let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await
+    else {
+        return None;
+    };
+    let now = Instant::now();
+    let id = d
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_default();
+    Some((d, now, id))
+}
+
+/// The p50 and p99 lines of a floor (`{name} floor p50 ({what})`), the p99 with `note` if any.
+fn floor_lines(name: &str, what: &str, floor: &Histogram<u64>, note: Option<&str>) -> [Line; 2] {
+    let ms = |q: f64| floor.value_at_quantile(q) as f64 / 1000.0;
+    let p99 = Line::new(&format!("{name} floor p99 ({what})"), ms(0.99), "ms");
+    [
+        Line::new(&format!("{name} floor p50 ({what})"), ms(0.5), "ms"),
+        match note {
+            Some(note) => p99.note(note),
+            None => p99,
+        },
+    ]
 }
 
 pub(crate) fn latency_lines(
@@ -196,16 +213,7 @@ pub(crate) async fn measure_commit_to_delivery(
     let receiver = tokio::spawn(async move {
         let mut early: HashMap<String, Instant> = HashMap::new();
         let mut seen = 0u64;
-        while let Ok(Some(Ok(d))) =
-            tokio::time::timeout(Duration::from_secs(10), consumer.next()).await
-        {
-            let now = Instant::now();
-            let id = d
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|m| m.as_str().to_string())
-                .unwrap_or_default();
+        while let Some((_, now, id)) = next_delivery(&mut consumer).await {
             let committed = c2.lock().unwrap().remove(&id);
             match committed {
                 Some(t) => {
@@ -325,7 +333,6 @@ pub(crate) async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     delete_consumer_topology(env, &name).await;
     anyhow::ensure!(!h.is_empty(), "no latencies measured");
     let (floor, floor_loaded) = quorum_floors(env, duration).await?;
-    let ms = |us: u64| us as f64 / 1000.0;
     let mut lines = latency_lines(
         "end-to-end",
         &h,
@@ -335,25 +342,18 @@ pub(crate) async fn end_to_end(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             busy * 100.0
         ),
     );
-    lines.push(Line::new(
-        "end-to-end floor p50 (raw publish -> quorum queue delivery)",
-        ms(floor.value_at_quantile(0.5)),
-        "ms",
+    lines.extend(floor_lines(
+        "end-to-end",
+        "raw publish -> quorum queue delivery",
+        &floor,
+        None,
     ));
-    lines.push(Line::new(
-        "end-to-end floor p99 (raw publish -> quorum queue delivery)",
-        ms(floor.value_at_quantile(0.99)),
-        "ms",
+    lines.extend(floor_lines(
+        "end-to-end",
+        "same, with 1,000 commits/s in PostgreSQL",
+        &floor_loaded,
+        Some("quorum queues deliver after their Raft log is fsynced; PostgreSQL fsyncs its WAL on the same disk"),
     ));
-    lines.push(Line::new(
-        "end-to-end floor p50 (same, with 1,000 commits/s in PostgreSQL)",
-        ms(floor_loaded.value_at_quantile(0.5)),
-        "ms",
-    ));
-    lines.push(
-        Line::new("end-to-end floor p99 (same, with 1,000 commits/s in PostgreSQL)", ms(floor_loaded.value_at_quantile(0.99)), "ms")
-            .note("quorum queues deliver after their Raft log is fsynced; PostgreSQL fsyncs its WAL on the same disk"),
-    );
     Ok(lines)
 }
 

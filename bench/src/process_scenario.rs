@@ -41,7 +41,8 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-struct Noop;
+/// A local step that does nothing but finish (the waiting scenario's too).
+pub(crate) struct Noop;
 
 impl LocalStep for Noop {
     fn run<'a>(&'a self, ctx: &'a StepContext, _tx: &'a mut PgConnection) -> StepFuture<'a, Done> {

@@ -9,14 +9,14 @@
 //! next step done (from the database's timestamps).
 
 use crate::env::{BenchEnv, CpuSnapshot};
+use crate::process_scenario::Noop;
 use crate::report::Line;
 use hdrhistogram::Histogram;
 use processes::{
-    Definition, Done, LocalStep, Registry, Remote, Step, StepContext, StepError, StepFuture,
-    WaitStep, Worker, WorkerConfig,
+    Definition, Registry, Remote, Step, StepContext, StepError, WaitStep, Worker, WorkerConfig,
 };
 use shared::schema::Schema;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -25,14 +25,6 @@ struct Key;
 impl WaitStep for Key {
     fn key(&self, ctx: &StepContext) -> Result<String, StepError> {
         Ok(format!("bench-wait:{}", ctx.input["i"]))
-    }
-}
-
-struct Noop;
-
-impl LocalStep for Noop {
-    fn run<'a>(&'a self, ctx: &'a StepContext, _tx: &'a mut PgConnection) -> StepFuture<'a, Done> {
-        Box::pin(async move { Ok(Done::new(ctx.step.clone())) })
     }
 }
 

@@ -197,6 +197,7 @@ pub(crate) fn copy_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::header_strategies::{cases, nested};
     use lapin::types::{FieldArray, ShortString};
     use proptest::prelude::*;
 
@@ -264,14 +265,6 @@ mod tests {
         assert!(err.bytes > err.limit);
     }
 
-    /// Cases per property test: few in the suite, more on demand (`PROPTEST_CASES=10000`).
-    fn cases() -> u32 {
-        std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(32)
-    }
-
     fn value() -> impl Strategy<Value = AMQPValue> {
         let leaf = prop_oneof![
             any::<bool>().prop_map(AMQPValue::Boolean),
@@ -279,19 +272,7 @@ mod tests {
             prop::collection::vec(any::<u8>(), 0..20_000)
                 .prop_map(|b| AMQPValue::LongString(LongString::from(b))),
         ];
-        leaf.prop_recursive(24, 64, 4, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4)
-                    .prop_map(|v| AMQPValue::FieldArray(FieldArray::from(v))),
-                prop::collection::btree_map("[a-z]{1,8}", inner, 0..4).prop_map(|m| {
-                    let mut t = FieldTable::default();
-                    for (k, v) in m {
-                        t.insert(k.as_str().into(), v);
-                    }
-                    AMQPValue::FieldTable(t)
-                }),
-            ]
-        })
+        nested(leaf, "[a-z]{1,8}", 64, 4)
     }
 
     proptest! {

@@ -61,6 +61,8 @@ pub mod dedup;
 pub mod dlq;
 pub mod error;
 pub mod handler;
+#[cfg(test)]
+mod header_strategies;
 pub mod internal_events;
 pub mod message;
 pub mod ordered;

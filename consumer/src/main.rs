@@ -51,8 +51,8 @@ enum DlqCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    plumbing::telemetry::init(
-        &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "consumer".into()),
+    plumbing::telemetry::init_service(
+        "consumer",
         cli.settings.connections.otlp_endpoint.as_deref(),
     );
     let config = cli.settings.into_config().context("invalid settings")?;

@@ -281,20 +281,10 @@ mod tests {
         assert_eq!(truncate("héllo", 2), "h...");
     }
 
-    /// Cases per property test: few in the suite, more on demand (`PROPTEST_CASES=10000`).
-    fn cases() -> u32 {
-        std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(32)
-    }
-
-    use lapin::types::FieldArray;
+    use crate::header_strategies::{cases, nested};
     use proptest::prelude::*;
 
-    /// Short strings as the patched parser can hand them over: any text up to 255 bytes, U+FFFD
-    /// (a byte that was not UTF-8) included.
-    fn short_text() -> impl Strategy<Value = String> {
+    fn short_text() -> impl Strategy<Value = String> + Clone {
         "[a-z0-9.\u{fffd}\n-]{0,80}|.{0,60}".prop_filter("short string", |s| s.len() <= 255)
     }
 
@@ -309,19 +299,7 @@ mod tests {
             short_text().prop_map(|s| AMQPValue::ShortString(s.as_str().into())),
             Just(AMQPValue::Void),
         ];
-        leaf.prop_recursive(24, 48, 3, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..3)
-                    .prop_map(|v| AMQPValue::FieldArray(FieldArray::from(v))),
-                prop::collection::btree_map(short_text(), inner, 0..3).prop_map(|m| {
-                    let mut t = FieldTable::default();
-                    for (k, v) in m {
-                        t.insert(k.as_str().into(), v);
-                    }
-                    AMQPValue::FieldTable(t)
-                }),
-            ]
-        })
+        nested(leaf, short_text(), 48, 3)
     }
 
     proptest! {

@@ -229,6 +229,14 @@ mod tests {
         t
     }
 
+    /// A `payment.captured` as the relay publishes it, with `headers`.
+    fn published(headers: FieldTable) -> BasicProperties {
+        BasicProperties::default()
+            .with_message_id("0192d3a4-0000-7000-8000-000000000001".into())
+            .with_type("payment.captured".into())
+            .with_headers(headers)
+    }
+
     #[test]
     fn what_the_relay_publishes_passes() {
         let mut t = FieldTable::default();
@@ -237,11 +245,7 @@ mod tests {
             AMQPValue::LongString("00-a-b-01".into()),
         );
         t.insert("x-attempt".into(), AMQPValue::LongLongInt(2));
-        let p = BasicProperties::default()
-            .with_message_id("0192d3a4-0000-7000-8000-000000000001".into())
-            .with_type("payment.captured".into())
-            .with_headers(t);
-        assert_eq!(screen(&p, "payment.captured"), Ok(()));
+        assert_eq!(screen(&published(t), "payment.captured"), Ok(()));
     }
 
     /// The largest headers the relay can publish still pass, so the screen leaves room for what the
@@ -297,11 +301,7 @@ mod tests {
             "x-first-failed-at".into(),
             AMQPValue::LongString("2026-12-03T08:00:00Z".into()),
         );
-        let p = BasicProperties::default()
-            .with_message_id("0192d3a4-0000-7000-8000-000000000001".into())
-            .with_type("payment.captured".into())
-            .with_headers(t);
-        assert_eq!(screen(&p, "payment.captured"), Ok(()));
+        assert_eq!(screen(&published(t), "payment.captured"), Ok(()));
     }
 
     #[test]

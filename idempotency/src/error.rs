@@ -5,6 +5,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+pub(crate) use shared::error_chain::ErrorChain;
 
 /// Everything the idempotency layer can fail or refuse with.
 #[derive(Debug, thiserror::Error)]
@@ -105,36 +106,39 @@ impl IdempotencyError {
 
 impl IntoResponse for IdempotencyError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(error = %ErrorChain(&self), status = status.as_u16(), "request failed");
-        } else {
-            tracing::debug!(error = %self, status = status.as_u16(), "request rejected");
-        }
-        let mut response = (status, self.body()).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if self.retry_after() {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        response
+        answer(&self, self.status(), self.body(), self.retry_after())
     }
 }
 
-/// An error with its whole source chain on one line, for logs.
-pub(crate) struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(s) = source {
-            write!(f, ": {s}")?;
-            source = s.source();
-        }
-        Ok(())
+/// An error answer of a service behind the layer in the one wire shape: `status`, the JSON
+/// `body`, and `Retry-After: 1` if `retry_after`. A 5xx is logged with its whole cause chain, a
+/// 4xx at debug level.
+pub fn answer(
+    error: &(dyn std::error::Error + 'static),
+    status: StatusCode,
+    body: String,
+    retry_after: bool,
+) -> Response {
+    if status.is_server_error() {
+        tracing::error!(error = %ErrorChain(error), status = status.as_u16(), "request failed");
+    } else {
+        tracing::debug!(error = %error, status = status.as_u16(), "request rejected");
     }
+    let mut response = json_answer(status, body);
+    if retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// `status` with a JSON `body`.
+pub fn json_answer(status: StatusCode, body: String) -> Response {
+    let mut response = (status, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }

@@ -19,7 +19,8 @@ use crate::key::KeyHash;
 use crate::store::{Idempotency, add};
 use chrono::{DateTime, Utc};
 use shared::schema::Schema;
-use sqlx::{PgConnection, PgPool};
+use sqlx::postgres::PgArguments;
+use sqlx::{PgConnection, PgPool, Postgres};
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -78,6 +79,17 @@ pub(crate) struct RecordKey {
     pub scope: String,
     pub operation: Arc<str>,
     pub key: KeyHash,
+}
+
+impl RecordKey {
+    /// `sql`, a `{{schema}}` template whose $1..$3 are this record's scope, operation and key
+    /// hash, with those bound.
+    fn query<'q>(&'q self, sql: &str) -> sqlx::query::Query<'q, Postgres, PgArguments> {
+        sqlx::query(self.schema.sql(sql))
+            .bind(&self.scope)
+            .bind(&*self.operation)
+            .bind(&self.key.0[..])
+    }
 }
 
 /// How this request came to own a key.
@@ -251,10 +263,8 @@ impl Reserving<'_> {
     /// token, lease end, now and expiry) to write the record as ours; whether it did.
     async fn write_ours(&self, sql: &str) -> Result<bool, sqlx::Error> {
         let record = self.record;
-        Ok(sqlx::query(record.schema.sql(sql))
-            .bind(&record.scope)
-            .bind(&*record.operation)
-            .bind(&record.key.0[..])
+        Ok(record
+            .query(sql)
             .bind(self.fingerprint)
             .bind(self.token)
             .bind(self.lease_until)
@@ -272,25 +282,23 @@ impl Reserving<'_> {
     /// this request answers 409.
     async fn take_over(&self, seen: Option<Uuid>) -> Result<bool, sqlx::Error> {
         let record = self.record;
-        Ok(sqlx::query(record.schema.sql(
-            "UPDATE {{schema}}.idempotency_keys \
-             SET lease_token = $5, lease_expires_at = $6, updated_at = $7 \
-             WHERE (scope, operation, key_hash) IN ( \
-                 SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
-                  WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
-                    AND status = 'processing' AND lease_token = $4 \
-                    FOR UPDATE SKIP LOCKED)",
-        ))
-        .bind(&record.scope)
-        .bind(&*record.operation)
-        .bind(&record.key.0[..])
-        .bind(seen)
-        .bind(self.token)
-        .bind(self.lease_until)
-        .bind(self.now)
-        .execute(self.pool)
-        .await?
-        .rows_affected()
+        Ok(record
+            .query(
+                "UPDATE {{schema}}.idempotency_keys \
+                 SET lease_token = $5, lease_expires_at = $6, updated_at = $7 \
+                 WHERE (scope, operation, key_hash) IN ( \
+                     SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
+                      WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+                        AND status = 'processing' AND lease_token = $4 \
+                        FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(seen)
+            .bind(self.token)
+            .bind(self.lease_until)
+            .bind(self.now)
+            .execute(self.pool)
+            .await?
+            .rows_affected()
             == 1)
     }
 }
@@ -328,25 +336,23 @@ pub(crate) async fn complete(
     now: DateTime<Utc>,
 ) -> Result<bool, sqlx::Error> {
     let status_code = i16::try_from(response.status).unwrap_or(500);
-    let done = sqlx::query(record.schema.sql(
-        "UPDATE {{schema}}.idempotency_keys SET status = $5, response_status = $6, \
-                response_body = $7, resource_id = $8, lease_token = NULL, lease_expires_at = NULL, \
-                updated_at = $9 \
-         WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
-           AND status = 'processing' AND lease_token = $4",
-    ))
-    .bind(&record.scope)
-    .bind(&*record.operation)
-    .bind(&record.key.0[..])
-    .bind(token)
-    .bind(status.as_str())
-    .bind(status_code)
-    .bind(&response.body)
-    .bind(response.resource_id)
-    .bind(now)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
+    let done = record
+        .query(
+            "UPDATE {{schema}}.idempotency_keys SET status = $5, response_status = $6, \
+                    response_body = $7, resource_id = $8, lease_token = NULL, lease_expires_at = NULL, \
+                    updated_at = $9 \
+             WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+               AND status = 'processing' AND lease_token = $4",
+        )
+        .bind(token)
+        .bind(status.as_str())
+        .bind(status_code)
+        .bind(&response.body)
+        .bind(response.resource_id)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
     Ok(done == 1)
 }
 
@@ -356,17 +362,15 @@ pub(crate) async fn release(
     record: &RecordKey,
     token: Uuid,
 ) -> Result<bool, sqlx::Error> {
-    let n = sqlx::query(record.schema.sql(
-        "DELETE FROM {{schema}}.idempotency_keys \
-         WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
-           AND status = 'processing' AND lease_token = $4",
-    ))
-    .bind(&record.scope)
-    .bind(&*record.operation)
-    .bind(&record.key.0[..])
-    .bind(token)
-    .execute(pool)
-    .await?
-    .rows_affected();
+    let n = record
+        .query(
+            "DELETE FROM {{schema}}.idempotency_keys \
+             WHERE scope = $1 AND operation = $2 AND key_hash = $3 \
+               AND status = 'processing' AND lease_token = $4",
+        )
+        .bind(token)
+        .execute(pool)
+        .await?
+        .rows_affected();
     Ok(n == 1)
 }

@@ -41,6 +41,25 @@ pub fn init_logging() {
     init(&service, endpoint.as_deref());
 }
 
+/// Installs logging for a binary whose service name is `default_service` unless
+/// `OTEL_SERVICE_NAME` says otherwise, with OTLP export of spans to `otlp_endpoint` when set.
+pub fn init_service(default_service: &str, otlp_endpoint: Option<&str>) {
+    let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| default_service.into());
+    init(&service, otlp_endpoint);
+}
+
+/// Runs a binary's service, giving it a token cancelled on SIGTERM/SIGINT, then flushes the
+/// traces: what every long-running command does.
+pub async fn run_until_signal<T, F>(service: impl FnOnce(CancellationToken) -> F) -> T
+where
+    F: std::future::Future<Output = T>,
+{
+    let shutdown = crate::shutdown::on_signal();
+    let result = service(shutdown).await;
+    shutdown_tracing();
+    result
+}
+
 static OTLP: OnceLock<Option<opentelemetry_sdk::trace::SdkTracerProvider>> = OnceLock::new();
 
 /// Whether spans are exported over OTLP.

@@ -77,17 +77,12 @@ enum DeadCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    plumbing::telemetry::init(
-        &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "relay".into()),
-        cli.config.connections.otlp_endpoint.as_deref(),
-    );
+    plumbing::telemetry::init_service("relay", cli.config.connections.otlp_endpoint.as_deref());
     let schema = cli.config.connections.schema.clone();
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => {
-            let shutdown = plumbing::shutdown::on_signal();
-            let result = relay::run(cli.config, shutdown).await;
-            plumbing::telemetry::shutdown_tracing();
-            result?;
+            plumbing::telemetry::run_until_signal(|shutdown| relay::run(cli.config, shutdown))
+                .await?;
         }
         Command::Migrate => {
             let db = cli.config.connections.database();

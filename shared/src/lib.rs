@@ -11,6 +11,7 @@
 //! - [`migrate`]: the product's migrations, applied in that schema with their own history table;
 //!   a service runs them from its own start-up code, next to its own.
 //! - [`display`]: escaping what CLIs print, so no value can forge operator output.
+//! - [`error_chain`]: an error with all its sources, as one log field.
 //! - [`trace`]: W3C `traceparent` parsing.
 //!
 //! **Tables.** Every table of the product's schema is created by [`migrate`] (one history per
@@ -20,6 +21,7 @@
 
 pub mod display;
 pub mod envelope;
+pub mod error_chain;
 pub mod migrate;
 pub mod outbox;
 pub mod publishable;

@@ -10,8 +10,8 @@
 //! to its own migrations.
 
 use crate::schema::Schema;
-use sqlx::PgPool;
 use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
+use sqlx::{PgPool, SqlSafeStr, SqlStr};
 use std::borrow::Cow;
 
 /// (version, description, SQL template), in order.
@@ -113,21 +113,34 @@ pub const HISTORY_TABLE: &str = "_migrations";
 
 /// The product's migrator for `schema`.
 pub fn migrator(schema: &Schema) -> Migrator {
-    let migrations = MIGRATIONS
+    schema_migrator(schema.quoted(), MIGRATIONS, |template| {
+        schema.sql(template).into_sql_str()
+    })
+}
+
+/// A migrator of simple migrations, (version, description, SQL as `sql` renders it), that
+/// creates `schema` (an SQL name, quoted where it needs to be) and records its history in
+/// `<schema>._migrations`: the product's, and an application's tables in a schema of their own.
+pub fn schema_migrator(
+    schema: &str,
+    migrations: &'static [(i64, &'static str, &'static str)],
+    sql: impl Fn(&'static str) -> SqlStr,
+) -> Migrator {
+    let migrations = migrations
         .iter()
-        .map(|(version, description, template)| {
+        .map(|(version, description, text)| {
             Migration::new(
                 *version,
                 Cow::Borrowed(*description),
                 MigrationType::Simple,
-                sqlx::SqlSafeStr::into_sql_str(schema.sql(template)),
+                sql(text),
                 false,
             )
         })
         .collect();
     let mut m = Migrator::with_migrations(migrations);
-    m.create_schema(schema.quoted().to_string());
-    m.dangerous_set_table_name(format!("{}.{HISTORY_TABLE}", schema.quoted()));
+    m.create_schema(schema.to_string());
+    m.dangerous_set_table_name(format!("{schema}.{HISTORY_TABLE}"));
     m
 }
 

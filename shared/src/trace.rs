@@ -59,6 +59,7 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
             "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
         ] {
             assert!(parse(bad).is_none(), "{bad}");
         }

@@ -124,7 +124,7 @@ pub async fn events(
     State(state): State<AppState>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<EventRecord>>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let Query(q) = query?;
     let rows: Vec<EventRow> = sqlx::query_as(
         "SELECT id, charge_id, type, body, faults, status, held, attempts, sends, next_attempt_at,
                 last_response, created_at, delivered_at

@@ -280,7 +280,7 @@ pub async fn by_reference(
             "lookup by reference is switched off (PROVIDER_STATUS_QUERY=off)".into(),
         ));
     }
-    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let Query(q) = query?;
     let reference = q
         .reference
         .filter(|r| !r.is_empty())

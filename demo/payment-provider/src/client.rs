@@ -149,6 +149,60 @@ fn transport(e: reqwest::Error) -> Transport {
     }
 }
 
+/// How each call's error names the failures every call classifies alike.
+struct Failures<E> {
+    /// Nothing was done; retrying later may help.
+    unavailable: fn(String, Option<reqwest::Error>) -> E,
+    /// Sent, and no usable answer came back: it may or may not have been done.
+    outcome_unknown: fn(String, Option<reqwest::Error>) -> E,
+    /// The provider refused the request itself (4xx).
+    invalid: fn(u16, String) -> E,
+}
+
+const CHARGE: Failures<ChargeError> = Failures {
+    unavailable: |reason, source| ChargeError::Unavailable { reason, source },
+    outcome_unknown: |reason, source| ChargeError::OutcomeUnknown { reason, source },
+    invalid: |status, message| ChargeError::Invalid { status, message },
+};
+
+const REFUND: Failures<RefundError> = Failures {
+    unavailable: |reason, source| RefundError::Unavailable { reason, source },
+    outcome_unknown: |reason, source| RefundError::OutcomeUnknown { reason, source },
+    invalid: |status, message| RefundError::Invalid { status, message },
+};
+
+/// A lookup changes nothing, so an unknown outcome is just no answer.
+const QUERY: Failures<QueryError> = Failures {
+    unavailable: |reason, source| QueryError::Unavailable { reason, source },
+    outcome_unknown: |reason, source| QueryError::Unavailable { reason, source },
+    invalid: |status, message| QueryError::Invalid { status, message },
+};
+
+impl<E> Failures<E> {
+    /// The body of a success answer; one that cannot be read leaves the outcome unknown.
+    async fn body<T: serde::de::DeserializeOwned>(
+        &self,
+        response: reqwest::Response,
+    ) -> Result<T, E> {
+        let status = response.status();
+        response.json::<T>().await.map_err(|e| {
+            (self.outcome_unknown)(format!("the {status} answer could not be read"), Some(e))
+        })
+    }
+
+    /// A failure answer that the call has no meaning of its own for: 503/429 is unavailable,
+    /// other 4xx invalid, anything else (5xx) an unknown outcome.
+    fn refused(&self, status: StatusCode, message: String) -> E {
+        match status {
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
+                (self.unavailable)(format!("{status}: {message}"), None)
+            }
+            s if s.is_client_error() => (self.invalid)(s.as_u16(), message),
+            s => (self.outcome_unknown)(format!("{s}: {message}"), None),
+        }
+    }
+}
+
 /// `{"error": "..."}` or the raw body.
 async fn message(response: reqwest::Response) -> String {
     let text = response.text().await.unwrap_or_default();
@@ -214,13 +268,7 @@ impl Client {
         })?;
         let status = response.status();
         if status.is_success() {
-            return response
-                .json::<Charge>()
-                .await
-                .map_err(|e| ChargeError::OutcomeUnknown {
-                    reason: format!("the {status} answer could not be read"),
-                    source: Some(e),
-                });
+            return CHARGE.body(response).await;
         }
         let charge_id = response
             .headers()
@@ -231,20 +279,7 @@ impl Client {
         let message = message(response).await;
         Err(match status {
             StatusCode::PAYMENT_REQUIRED => ChargeError::Declined { message, charge_id },
-            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
-                ChargeError::Unavailable {
-                    reason: format!("{status}: {message}"),
-                    source: None,
-                }
-            }
-            s if s.is_client_error() => ChargeError::Invalid {
-                status: s.as_u16(),
-                message,
-            },
-            s => ChargeError::OutcomeUnknown {
-                reason: format!("{s}: {message}"),
-                source: None,
-            },
+            s => CHARGE.refused(s, message),
         })
     }
 
@@ -309,32 +344,13 @@ impl Client {
             })?;
         let status = response.status();
         if status.is_success() {
-            return response
-                .json::<Refund>()
-                .await
-                .map_err(|e| RefundError::OutcomeUnknown {
-                    reason: format!("the {status} answer could not be read"),
-                    source: Some(e),
-                });
+            return REFUND.body(response).await;
         }
         let message = message(response).await;
         Err(match status {
             StatusCode::NOT_FOUND => RefundError::NotFound,
             StatusCode::CONFLICT => RefundError::NotRefundable { message },
-            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
-                RefundError::Unavailable {
-                    reason: format!("{status}: {message}"),
-                    source: None,
-                }
-            }
-            s if s.is_client_error() => RefundError::Invalid {
-                status: s.as_u16(),
-                message,
-            },
-            s => RefundError::OutcomeUnknown {
-                reason: format!("{s}: {message}"),
-                source: None,
-            },
+            s => REFUND.refused(s, message),
         })
     }
 
@@ -396,25 +412,9 @@ impl Client {
     ) -> Result<T, QueryError> {
         let status = response.status();
         if status.is_success() {
-            return response
-                .json::<T>()
-                .await
-                .map_err(|e| QueryError::Unavailable {
-                    reason: format!("the {status} answer could not be read"),
-                    source: Some(e),
-                });
+            return QUERY.body(response).await;
         }
         let message = message(response).await;
-        if status.is_client_error() {
-            Err(QueryError::Invalid {
-                status: status.as_u16(),
-                message,
-            })
-        } else {
-            Err(QueryError::Unavailable {
-                reason: format!("{status}: {message}"),
-                source: None,
-            })
-        }
+        Err(QUERY.refused(status, message))
     }
 }

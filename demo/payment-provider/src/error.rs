@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::FromRequest;
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use uuid::Uuid;
@@ -88,6 +88,13 @@ where
 
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
+        ApiError::BadRequest(r.body_text())
+    }
+}
+
+/// A query string the handler's `Query<T>` cannot read is a 400 `{"error": ...}`.
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
         ApiError::BadRequest(r.body_text())
     }
 }

@@ -62,41 +62,17 @@ pub enum ProviderError {
     WebhookSecretMissing,
 }
 
-/// Connects (retrying until the configured deadline) and applies the simulator's migrations.
+/// Connects (retrying until the configured deadline) and applies the simulator's migrations, on
+/// plumbing's start-up rules (a migration that cannot succeed later fails at once).
 pub async fn connect_and_migrate(config: &Config) -> Result<sqlx::PgPool, plumbing::db::DbError> {
-    let deadline = Duration::from_secs(config.db_connect_deadline_secs);
-    let start = tokio::time::Instant::now();
-    let mut attempt = 0u32;
-    loop {
-        let result = async {
-            let pool = plumbing::db::connect(
-                &config.database_url,
-                config.db_max_connections,
-                "payment-provider",
-            )
-            .await?;
-            migrate::run(&pool)
-                .await
-                .map_err(plumbing::db::DbError::Migrate)?;
-            Ok::<_, plumbing::db::DbError>(pool)
-        }
-        .await;
-        match result {
-            Ok(pool) => return Ok(pool),
-            Err(e @ plumbing::db::DbError::InvalidUrl(_)) => return Err(e),
-            Err(e) if start.elapsed() >= deadline => return Err(e),
-            Err(e) => {
-                attempt += 1;
-                let delay = plumbing::backoff::delay(
-                    attempt,
-                    Duration::from_millis(200),
-                    Duration::from_secs(5),
-                );
-                tracing::warn!(error = %ErrorChain(&e), ?delay, "PostgreSQL not ready, retrying");
-                tokio::time::sleep(delay).await;
-            }
-        }
-    }
+    plumbing::db::connect_and_migrate_with(
+        plumbing::db::Target::direct(&config.database_url),
+        config.db_max_connections,
+        "payment-provider",
+        Duration::from_secs(config.db_connect_deadline_secs),
+        |pool| Box::pin(async move { migrate::run(&pool).await }),
+    )
+    .await
 }
 
 /// Connects, migrates, and serves until `shutdown`.

@@ -18,8 +18,7 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     plumbing::telemetry::init_logging();
-    let shutdown = plumbing::shutdown::on_signal();
-    let result = payment_provider::run(cli.config, shutdown).await;
-    plumbing::telemetry::shutdown_tracing();
-    result.context("payment provider failed")
+    plumbing::telemetry::run_until_signal(|shutdown| payment_provider::run(cli.config, shutdown))
+        .await
+        .context("payment provider failed")
 }

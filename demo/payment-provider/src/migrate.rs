@@ -1,9 +1,8 @@
 //! The simulator's migrations: its tables live in the schema `provider`, with their own history
 //! table `provider._migrations` (never the service's `_sqlx_migrations`, never the product's).
 
-use sqlx::PgPool;
-use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
-use std::borrow::Cow;
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::{PgPool, SqlSafeStr};
 
 /// The simulator's own schema.
 pub const PROVIDER_SCHEMA: &str = "provider";
@@ -23,22 +22,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
 
 /// The simulator's migrator.
 pub fn migrator() -> Migrator {
-    let migrations = MIGRATIONS
-        .iter()
-        .map(|(version, description, sql)| {
-            Migration::new(
-                *version,
-                Cow::Borrowed(*description),
-                MigrationType::Simple,
-                sqlx::SqlSafeStr::into_sql_str(*sql),
-                false,
-            )
-        })
-        .collect();
-    let mut m = Migrator::with_migrations(migrations);
-    m.create_schema(PROVIDER_SCHEMA);
-    m.dangerous_set_table_name(format!("{PROVIDER_SCHEMA}._migrations"));
-    m
+    shared::migrate::schema_migrator(PROVIDER_SCHEMA, MIGRATIONS, SqlSafeStr::into_sql_str)
 }
 
 /// Applies the pending migrations (sqlx holds an advisory lock meanwhile).

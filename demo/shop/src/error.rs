@@ -6,7 +6,6 @@ use crate::fault::InjectedFault;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idempotency::IdempotencyError;
-use plumbing::telemetry::ErrorChain;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -132,29 +131,17 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(error = %ErrorChain(&self), status = status.as_u16(), "request failed");
-        } else {
-            tracing::debug!(error = %self, status = status.as_u16(), "request rejected");
-        }
-        let mut response = (status, self.body()).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        match self {
-            ApiError::Unauthorized => {
-                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
-            ApiError::Unavailable(_) => {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            ApiError::Idempotency(e) if e.retry_after() => {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            _ => {}
+        let retry_after = match &self {
+            ApiError::Unavailable(_) => true,
+            ApiError::Idempotency(e) => e.retry_after(),
+            _ => false,
+        };
+        let mut response =
+            idempotency::error::answer(&self, self.status(), self.body(), retry_after);
+        if let ApiError::Unauthorized = self {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

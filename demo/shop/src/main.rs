@@ -60,16 +60,12 @@ enum ApiKeyCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    plumbing::telemetry::init(
-        &std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "producer".into()),
-        cli.config.otlp_endpoint.as_deref(),
-    );
+    plumbing::telemetry::init_service("producer", cli.config.otlp_endpoint.as_deref());
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
-            let shutdown = plumbing::shutdown::on_signal();
-            let result = demo::run(cli.config, shutdown).await;
-            plumbing::telemetry::shutdown_tracing();
-            result.context("producer failed")
+            plumbing::telemetry::run_until_signal(|shutdown| demo::run(cli.config, shutdown))
+                .await
+                .context("producer failed")
         }
         Command::ApiKey(ApiKeyCommand::Create { tenant }) => {
             if !demo::auth::valid_tenant(&tenant) {
@@ -85,12 +81,11 @@ async fn main() -> anyhow::Result<()> {
             println!("{key}");
             Ok(())
         }
-        Command::Worker { settings } => {
-            let shutdown = plumbing::shutdown::on_signal();
-            let result = demo::worker::run(cli.config, *settings, shutdown).await;
-            plumbing::telemetry::shutdown_tracing();
-            result.context("payment worker failed")
-        }
+        Command::Worker { settings } => plumbing::telemetry::run_until_signal(|shutdown| {
+            demo::worker::run(cli.config, *settings, shutdown)
+        })
+        .await
+        .context("payment worker failed"),
         Command::Migrate => {
             let pool = demo::connect_and_migrate(&cli.config, 1, "producer-migrate").await?;
             pool.close().await;
@@ -123,26 +118,28 @@ async fn run_consumer(
     what: &str,
     handlers: impl FnOnce(&consumer::Config) -> consumer::Handlers,
 ) -> anyhow::Result<()> {
-    let shutdown = plumbing::shutdown::on_signal();
-    // DATABASE_URL may go through a transaction pooler (DATABASE_POOLER, with
-    // DATABASE_DIRECT_URL for the migrations): then the consumer and the handlers run unnamed
-    // statements in per-batch transactions, which works there.
-    let connections = settings.connections.clone();
-    let config = settings.into_config().context("invalid settings")?;
-    let app_name = format!("consumer {}", config.name);
-    let connect = demo::connect_and_migrate_to(
-        connections.database(),
-        config.pool_size(),
-        &app_name,
-        &connections.schema,
-        std::time::Duration::from_secs(app.db_connect_deadline_secs),
-    );
-    let pool = tokio::select! {
-        pool = connect => pool.context("connecting to PostgreSQL")?,
-        _ = shutdown.cancelled() => return Ok(()),
-    };
-    let handlers = handlers(&config);
-    let result = consumer::run(config, pool, handlers, shutdown).await;
-    plumbing::telemetry::shutdown_tracing();
-    result.with_context(|| format!("{what} consumer failed"))
+    plumbing::telemetry::run_until_signal(|shutdown| async move {
+        // DATABASE_URL may go through a transaction pooler (DATABASE_POOLER, with
+        // DATABASE_DIRECT_URL for the migrations): then the consumer and the handlers run unnamed
+        // statements in per-batch transactions, which works there.
+        let connections = settings.connections.clone();
+        let config = settings.into_config().context("invalid settings")?;
+        let app_name = format!("consumer {}", config.name);
+        let connect = demo::connect_and_migrate_to(
+            connections.database(),
+            config.pool_size(),
+            &app_name,
+            &connections.schema,
+            std::time::Duration::from_secs(app.db_connect_deadline_secs),
+        );
+        let pool = tokio::select! {
+            pool = connect => pool.context("connecting to PostgreSQL")?,
+            _ = shutdown.cancelled() => return Ok(()),
+        };
+        let handlers = handlers(&config);
+        consumer::run(config, pool, handlers, shutdown)
+            .await
+            .with_context(|| format!("{what} consumer failed"))
+    })
+    .await
 }

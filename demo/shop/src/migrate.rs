@@ -3,9 +3,8 @@
 //! idempotency records). [`run`] applies the product's migrations first, then these.
 
 use shared::schema::Schema;
-use sqlx::PgPool;
-use sqlx::migrate::{MigrateError, Migration, MigrationType, Migrator};
-use std::borrow::Cow;
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::{PgPool, SqlSafeStr};
 
 /// The example application's own schema.
 pub const DEMO_SCHEMA: &str = "demo";
@@ -36,22 +35,9 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
 
 /// The demo's migrator; `product` is the product schema its SQL refers to.
 pub fn migrator(product: &Schema) -> Migrator {
-    let migrations = MIGRATIONS
-        .iter()
-        .map(|(version, description, template)| {
-            Migration::new(
-                *version,
-                Cow::Borrowed(*description),
-                MigrationType::Simple,
-                sqlx::SqlSafeStr::into_sql_str(product.sql(template)),
-                false,
-            )
-        })
-        .collect();
-    let mut m = Migrator::with_migrations(migrations);
-    m.create_schema(DEMO_SCHEMA);
-    m.dangerous_set_table_name(format!("{DEMO_SCHEMA}._migrations"));
-    m
+    shared::migrate::schema_migrator(DEMO_SCHEMA, MIGRATIONS, |template| {
+        product.sql(template).into_sql_str()
+    })
 }
 
 /// Applies the product's migrations in `product`, then the demo's.

@@ -98,6 +98,13 @@ impl PaymentFlow {
             confirmation_timeout: Duration::from_secs(60),
         }
     }
+
+    /// The provider the external steps call.
+    fn provider(&self) -> Result<&Client, StepError> {
+        self.provider
+            .as_ref()
+            .ok_or_else(|| StepError::transient("no payment provider configured in this process"))
+    }
 }
 
 /// Parses `honours_key`, `queryable` or `none` (the `PAYMENT_REMOTE` setting).
@@ -192,6 +199,19 @@ fn step_span(ctx: &StepContext, input: &PaymentInput) -> tracing::Span {
     span
 }
 
+/// A step's body, given its input, run in the step's span (a child of the request's trace).
+fn traced<'a, F, Fut>(ctx: &'a StepContext, body: F) -> StepFuture<'a, Done>
+where
+    F: FnOnce(PaymentInput) -> Fut + Send + 'a,
+    Fut: Future<Output = Result<Done, StepError>> + Send + 'a,
+{
+    Box::pin(async move {
+        let input = input(ctx)?;
+        let span = step_span(ctx, &input);
+        body(input).instrument(span).await
+    })
+}
+
 /// The `traceparent` the step's events carry: the step's span when exported, else the request's.
 fn event_traceparent(span: &tracing::Span, input: &PaymentInput) -> String {
     plumbing::trace::traceparent_of(span).unwrap_or_else(|| input.traceparent.clone())
@@ -215,48 +235,93 @@ async fn enqueue(
     Ok(())
 }
 
+/// Releases the order this payment holds (back to `placed`); answers how many rows: 0 when
+/// the payment did not hold it.
+async fn release_order(tx: &mut PgConnection, input: &PaymentInput) -> Result<u64, StepError> {
+    Ok(sqlx::query(
+        "UPDATE demo.orders SET status = 'placed', reserved_by = NULL \
+         WHERE id = $1 AND status = 'reserved' AND reserved_by = $2",
+    )
+    .bind(input.order_id)
+    .bind(input.payment_id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected())
+}
+
+/// Fails the payment for `reason` and emits `payment.failed`, if it was still pending.
+async fn fail_payment(
+    tx: &mut PgConnection,
+    flow: &PaymentFlow,
+    input: &PaymentInput,
+    reason: &str,
+) -> Result<(), StepError> {
+    let failed = sqlx::query(
+        "UPDATE demo.payments SET status = 'failed', failure_reason = $2, updated_at = now() \
+         WHERE id = $1 AND status = 'pending'",
+    )
+    .bind(input.payment_id)
+    .bind(reason)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if failed == 1 {
+        enqueue(
+            tx,
+            flow,
+            input,
+            "payment.failed",
+            serde_json::json!({
+                "payment_id": input.payment_id,
+                "order_id": input.order_id,
+                "tenant": input.tenant,
+                "amount": input.amount,
+                "currency": input.currency,
+                "reason": reason,
+            }),
+        )
+        .await?;
+        internal_events::payment_settled("failed");
+    }
+    Ok(())
+}
+
 /// Step 1: reserve the order for this payment.
 struct Reserve;
 
 impl LocalStep for Reserve {
     fn run<'a>(&'a self, ctx: &'a StepContext, tx: &'a mut PgConnection) -> StepFuture<'a, Done> {
-        Box::pin(async move {
-            let input = input(ctx)?;
-            let span = step_span(ctx, &input);
-            async move {
-                let row: Option<(String, Option<Uuid>)> = sqlx::query_as(
-                    "SELECT status, reserved_by FROM demo.orders WHERE id = $1 AND tenant = $2 FOR UPDATE",
-                )
-                .bind(input.order_id)
-                .bind(&input.tenant)
-                .fetch_optional(&mut *tx)
-                .await?;
-                let reserved = match row {
-                    Some((status, _)) if status == "placed" => {
-                        sqlx::query(
-                            "UPDATE demo.orders SET status = 'reserved', reserved_by = $2 WHERE id = $1",
-                        )
-                        .bind(input.order_id)
-                        .bind(input.payment_id)
-                        .execute(&mut *tx)
-                        .await?;
-                        None
-                    }
-                    Some((status, by)) if status == "reserved" && by == Some(input.payment_id) => None,
-                    Some((status, _)) => Some(format!("order is {status}")),
-                    None => Some("order not found".to_string()),
-                };
-                Ok(match reserved {
-                    None => Done::new(format!("order {}", input.order_id))
-                        .with_output(serde_json::json!({"reserved": true})),
-                    // Not payable: nothing to hold. The charge refuses and the process
-                    // compensates (the payment fails with this reason).
-                    Some(why) => Done::new(format!("order {} not reserved", input.order_id))
-                        .with_output(serde_json::json!({"reserved": false, "why": why})),
-                })
-            }
-            .instrument(span)
-            .await
+        traced(ctx, move |input| async move {
+            let row: Option<(String, Option<Uuid>)> = sqlx::query_as(
+                "SELECT status, reserved_by FROM demo.orders WHERE id = $1 AND tenant = $2 FOR UPDATE",
+            )
+            .bind(input.order_id)
+            .bind(&input.tenant)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let reserved = match row {
+                Some((status, _)) if status == "placed" => {
+                    sqlx::query(
+                        "UPDATE demo.orders SET status = 'reserved', reserved_by = $2 WHERE id = $1",
+                    )
+                    .bind(input.order_id)
+                    .bind(input.payment_id)
+                    .execute(&mut *tx)
+                    .await?;
+                    None
+                }
+                Some((status, by)) if status == "reserved" && by == Some(input.payment_id) => None,
+                Some((status, _)) => Some(format!("order is {status}")),
+                None => Some("order not found".to_string()),
+            };
+            Ok(match reserved {
+                None => Done::new(format!("order {}", input.order_id))
+                    .with_output(serde_json::json!({"reserved": true})),
+                // Not payable: nothing to hold. The charge refuses and the process
+                // compensates (the payment fails with this reason).
+                Some(why) => Done::new(format!("order {} not reserved", input.order_id))
+                    .with_output(serde_json::json!({"reserved": false, "why": why})),
+            })
         })
     }
 }
@@ -266,55 +331,18 @@ struct Release(Arc<PaymentFlow>);
 
 impl LocalStep for Release {
     fn run<'a>(&'a self, ctx: &'a StepContext, tx: &'a mut PgConnection) -> StepFuture<'a, Done> {
-        Box::pin(async move {
-            let input = input(ctx)?;
-            let span = step_span(ctx, &input);
-            async move {
-                let released = sqlx::query(
-                    "UPDATE demo.orders SET status = 'placed', reserved_by = NULL \
-                     WHERE id = $1 AND status = 'reserved' AND reserved_by = $2",
-                )
-                .bind(input.order_id)
-                .bind(input.payment_id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                let reason = failure_reason(ctx);
-                let failed = sqlx::query(
-                    "UPDATE demo.payments SET status = 'failed', failure_reason = $2, updated_at = now() \
-                     WHERE id = $1 AND status = 'pending'",
-                )
-                .bind(input.payment_id)
-                .bind(&reason)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                if failed == 1 {
-                    enqueue(
-                        tx,
-                        &self.0,
-                        &input,
-                        "payment.failed",
-                        serde_json::json!({
-                            "payment_id": input.payment_id,
-                            "order_id": input.order_id,
-                            "tenant": input.tenant,
-                            "amount": input.amount,
-                            "currency": input.currency,
-                            "reason": reason,
-                        }),
-                    )
-                    .await?;
-                    internal_events::payment_settled("failed");
+        traced(ctx, move |input| async move {
+            let released = release_order(tx, &input).await?;
+            fail_payment(tx, &self.0, &input, &failure_reason(ctx)).await?;
+            Ok(Done::new(format!(
+                "order {} {}",
+                input.order_id,
+                if released == 1 {
+                    "released"
+                } else {
+                    "was not held"
                 }
-                Ok(Done::new(format!(
-                    "order {} {}",
-                    input.order_id,
-                    if released == 1 { "released" } else { "was not held" }
-                )))
-            }
-            .instrument(span)
-            .await
+            )))
         })
     }
 }
@@ -339,66 +367,40 @@ fn failure_reason(ctx: &StepContext) -> String {
 /// Step 2: charge at the provider.
 struct Charge(Arc<PaymentFlow>);
 
-impl Charge {
-    fn provider(&self) -> Result<&Client, StepError> {
-        self.0
-            .provider
-            .as_ref()
-            .ok_or_else(|| StepError::transient("no payment provider configured in this process"))
-    }
-}
-
 impl ExternalStep for Charge {
     fn call<'a>(&'a self, ctx: &'a StepContext) -> StepFuture<'a, Done> {
-        Box::pin(async move {
-            let input = input(ctx)?;
-            let span = step_span(ctx, &input);
-            async move {
-                if let Some(reserve) = ctx.outputs.get("reserve_order")
-                    && reserve["reserved"] == serde_json::json!(false)
-                {
-                    return Err(StepError::permanent(format!(
-                        "not charged: {}",
-                        reserve["why"].as_str().unwrap_or("order not payable")
-                    )));
-                }
-                let provider = self.provider()?;
-                let reference = input.payment_id.to_string();
-                match provider
-                    .charge(
-                        &reference,
-                        input.amount,
-                        &input.currency,
-                        ctx.idempotency_key.as_deref(),
-                    )
-                    .await
-                {
-                    // Pending (async mode) is an accepted charge, not a capture: the
-                    // confirmation step waits for its outcome.
-                    Ok(charge) => Ok(charge_done(&charge.id.to_string(), charge.status)),
-                    Err(e @ ChargeError::Declined { .. }) => {
-                        Err(StepError::permanent(e.to_string()))
-                    }
-                    Err(e @ ChargeError::Invalid { .. }) => {
-                        Err(StepError::permanent(e.to_string()))
-                    }
-                    Err(e @ ChargeError::Unavailable { .. }) => {
-                        Err(StepError::transient(e.to_string()))
-                    }
-                    Err(e @ ChargeError::OutcomeUnknown { .. }) => {
-                        Err(StepError::unknown(e.to_string()))
-                    }
-                }
+        traced(ctx, move |input| async move {
+            if let Some(reserve) = ctx.outputs.get("reserve_order")
+                && reserve["reserved"] == serde_json::json!(false)
+            {
+                return Err(StepError::permanent(format!(
+                    "not charged: {}",
+                    reserve["why"].as_str().unwrap_or("order not payable")
+                )));
             }
-            .instrument(span)
-            .await
+            let provider = self.0.provider()?;
+            let reference = input.payment_id.to_string();
+            match provider
+                .charge(
+                    &reference,
+                    input.amount,
+                    &input.currency,
+                    ctx.idempotency_key.as_deref(),
+                )
+                .await
+            {
+                // Pending (async mode) is an accepted charge, not a capture: the
+                // confirmation step waits for its outcome.
+                Ok(charge) => Ok(charge_done(&charge.id.to_string(), charge.status)),
+                Err(e) => Err(charge_failed(e)),
+            }
         })
     }
 
     fn query<'a>(&'a self, ctx: &'a StepContext) -> StepFuture<'a, Lookup> {
         Box::pin(async move {
             let input = input(ctx)?;
-            let provider = self.provider()?;
+            let provider = self.0.provider()?;
             match provider
                 .find_by_reference(&input.payment_id.to_string())
                 .await
@@ -417,6 +419,17 @@ impl ExternalStep for Charge {
                 Err(e @ QueryError::Unavailable { .. }) => Err(StepError::transient(e.to_string())),
             }
         })
+    }
+}
+
+/// A failed charge as the step's error: a decline or a refused request is final, an
+/// unavailable provider is retried, an unanswered call is an unknown outcome.
+fn charge_failed(e: ChargeError) -> StepError {
+    let message = e.to_string();
+    match e {
+        ChargeError::Declined { .. } | ChargeError::Invalid { .. } => StepError::permanent(message),
+        ChargeError::Unavailable { .. } => StepError::transient(message),
+        ChargeError::OutcomeUnknown { .. } => StepError::unknown(message),
     }
 }
 
@@ -497,9 +510,7 @@ impl processes::WaitStep for Confirmation {
 
     fn query<'a>(&'a self, _ctx: &'a StepContext, key: &'a str) -> StepFuture<'a, Lookup> {
         Box::pin(async move {
-            let provider = self.0.provider.as_ref().ok_or_else(|| {
-                StepError::transient("no payment provider configured in this process")
-            })?;
+            let provider = self.0.provider()?;
             let id = key
                 .trim_start_matches("charge:")
                 .parse::<Uuid>()
@@ -524,38 +535,30 @@ struct Refund(Arc<PaymentFlow>);
 
 impl ExternalStep for Refund {
     fn call<'a>(&'a self, ctx: &'a StepContext) -> StepFuture<'a, Done> {
-        Box::pin(async move {
-            let input = input(ctx)?;
-            let span = step_span(ctx, &input);
-            async move {
-                let provider = self.0.provider.as_ref().ok_or_else(|| {
-                    StepError::transient("no payment provider configured in this process")
+        traced(ctx, move |_| async move {
+            let provider = self.0.provider()?;
+            let charge = ctx
+                .compensates
+                .as_ref()
+                .and_then(|d| d.reference.parse::<Uuid>().ok())
+                .ok_or_else(|| {
+                    StepError::permanent("the charge to refund has no readable charge id")
                 })?;
-                let charge = ctx
-                    .compensates
-                    .as_ref()
-                    .and_then(|d| d.reference.parse::<Uuid>().ok())
-                    .ok_or_else(|| {
-                        StepError::permanent("the charge to refund has no readable charge id")
-                    })?;
-                match provider.refund(charge).await {
-                    Ok(refund) => Ok(Done::new(refund.id.to_string())),
-                    Err(
-                        e @ (RefundError::NotFound
-                        | RefundError::NotRefundable { .. }
-                        | RefundError::Invalid { .. }),
-                    ) => Err(StepError::permanent(e.to_string())),
-                    Err(e @ RefundError::Unavailable { .. }) => {
-                        Err(StepError::transient(e.to_string()))
-                    }
-                    Err(e @ RefundError::OutcomeUnknown { .. }) => {
-                        Err(StepError::unknown(e.to_string()))
-                    }
-                }
-            }
-            .instrument(span)
-            .await
+            let refund = provider.refund(charge).await.map_err(refund_failed)?;
+            Ok(Done::new(refund.id.to_string()))
         })
+    }
+}
+
+/// A failed refund as the step's error, classified as [`charge_failed`] does.
+fn refund_failed(e: RefundError) -> StepError {
+    let message = e.to_string();
+    match e {
+        RefundError::NotFound | RefundError::NotRefundable { .. } | RefundError::Invalid { .. } => {
+            StepError::permanent(message)
+        }
+        RefundError::Unavailable { .. } => StepError::transient(message),
+        RefundError::OutcomeUnknown { .. } => StepError::unknown(message),
     }
 }
 
@@ -566,42 +569,8 @@ async fn declined(
     flow: &PaymentFlow,
     input: &PaymentInput,
 ) -> Result<Done, StepError> {
-    sqlx::query(
-        "UPDATE demo.orders SET status = 'placed', reserved_by = NULL \
-         WHERE id = $1 AND status = 'reserved' AND reserved_by = $2",
-    )
-    .bind(input.order_id)
-    .bind(input.payment_id)
-    .execute(&mut *tx)
-    .await?;
-    let reason = "the charge was declined by the provider";
-    let failed = sqlx::query(
-        "UPDATE demo.payments SET status = 'failed', failure_reason = $2, updated_at = now() \
-         WHERE id = $1 AND status = 'pending'",
-    )
-    .bind(input.payment_id)
-    .bind(reason)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if failed == 1 {
-        enqueue(
-            tx,
-            flow,
-            input,
-            "payment.failed",
-            serde_json::json!({
-                "payment_id": input.payment_id,
-                "order_id": input.order_id,
-                "tenant": input.tenant,
-                "amount": input.amount,
-                "currency": input.currency,
-                "reason": reason,
-            }),
-        )
-        .await?;
-        internal_events::payment_settled("failed");
-    }
+    release_order(tx, input).await?;
+    fail_payment(tx, flow, input, "the charge was declined by the provider").await?;
     Ok(Done::new(format!(
         "payment {} failed: declined",
         input.payment_id
@@ -614,77 +583,73 @@ struct Record(Arc<PaymentFlow>);
 
 impl LocalStep for Record {
     fn run<'a>(&'a self, ctx: &'a StepContext, tx: &'a mut PgConnection) -> StepFuture<'a, Done> {
-        Box::pin(async move {
-            let input = input(ctx)?;
-            let span = step_span(ctx, &input);
-            async move {
-                if ctx
-                    .outputs
-                    .get("confirmation")
-                    .is_some_and(|o| o["declined"] == serde_json::json!(true))
-                {
-                    return declined(tx, &self.0, &input).await;
-                }
-                // The charge's output, or, for a charge an operator resolved as succeeded, the
-                // evidence they gave (the provider's charge id).
-                let charge_id = ctx
-                    .outputs
-                    .get("charge")
-                    .and_then(|o| o["charge_id"].as_str())
-                    .or_else(|| ctx.references.get("charge").map(String::as_str))
-                    .ok_or_else(|| StepError::permanent("the charge left no charge id"))?
-                    .to_string();
-                let order: Option<(String, Option<Uuid>)> = sqlx::query_as(
-                    "SELECT status, reserved_by FROM demo.orders WHERE id = $1 FOR UPDATE",
-                )
-                .bind(input.order_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-                match order {
-                    Some((status, by)) if status == "reserved" && by == Some(input.payment_id) => {}
-                    Some((status, _)) => {
-                        return Err(StepError::permanent(format!(
-                            "charged, but the order is {status} now: the capture cannot be recorded"
-                        )));
-                    }
-                    None => return Err(StepError::permanent("charged, but the order is gone")),
-                }
-                sqlx::query("UPDATE demo.orders SET status = 'paid' WHERE id = $1")
-                    .bind(input.order_id)
-                    .execute(&mut *tx)
-                    .await?;
-                let updated = sqlx::query(
-                    "UPDATE demo.payments SET status = 'succeeded', charge_id = $2, updated_at = now() \
-                     WHERE id = $1 AND status = 'pending'",
-                )
-                .bind(input.payment_id)
-                .bind(&charge_id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                if updated != 1 {
-                    return Err(StepError::permanent("charged, but the payment is no longer pending"));
-                }
-                enqueue(
-                    tx,
-                    &self.0,
-                    &input,
-                    "payment.captured",
-                    serde_json::json!({
-                        "payment_id": input.payment_id,
-                        "order_id": input.order_id,
-                        "account": format!("{}:{}", input.tenant, input.currency),
-                        "amount": input.amount,
-                        "currency": input.currency,
-                        "charge_id": charge_id,
-                    }),
-                )
-                .await?;
-                internal_events::payment_settled("succeeded");
-                Ok(Done::new(format!("payment {} captured", input.payment_id)))
+        traced(ctx, move |input| async move {
+            if ctx
+                .outputs
+                .get("confirmation")
+                .is_some_and(|o| o["declined"] == serde_json::json!(true))
+            {
+                return declined(tx, &self.0, &input).await;
             }
-            .instrument(span)
-            .await
+            // The charge's output, or, for a charge an operator resolved as succeeded, the
+            // evidence they gave (the provider's charge id).
+            let charge_id = ctx
+                .outputs
+                .get("charge")
+                .and_then(|o| o["charge_id"].as_str())
+                .or_else(|| ctx.references.get("charge").map(String::as_str))
+                .ok_or_else(|| StepError::permanent("the charge left no charge id"))?
+                .to_string();
+            let order: Option<(String, Option<Uuid>)> = sqlx::query_as(
+                "SELECT status, reserved_by FROM demo.orders WHERE id = $1 FOR UPDATE",
+            )
+            .bind(input.order_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            match order {
+                Some((status, by)) if status == "reserved" && by == Some(input.payment_id) => {}
+                Some((status, _)) => {
+                    return Err(StepError::permanent(format!(
+                        "charged, but the order is {status} now: the capture cannot be recorded"
+                    )));
+                }
+                None => return Err(StepError::permanent("charged, but the order is gone")),
+            }
+            sqlx::query("UPDATE demo.orders SET status = 'paid' WHERE id = $1")
+                .bind(input.order_id)
+                .execute(&mut *tx)
+                .await?;
+            let updated = sqlx::query(
+                "UPDATE demo.payments SET status = 'succeeded', charge_id = $2, updated_at = now() \
+                 WHERE id = $1 AND status = 'pending'",
+            )
+            .bind(input.payment_id)
+            .bind(&charge_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if updated != 1 {
+                return Err(StepError::permanent(
+                    "charged, but the payment is no longer pending",
+                ));
+            }
+            enqueue(
+                tx,
+                &self.0,
+                &input,
+                "payment.captured",
+                serde_json::json!({
+                    "payment_id": input.payment_id,
+                    "order_id": input.order_id,
+                    "account": format!("{}:{}", input.tenant, input.currency),
+                    "amount": input.amount,
+                    "currency": input.currency,
+                    "charge_id": charge_id,
+                }),
+            )
+            .await?;
+            internal_events::payment_settled("succeeded");
+            Ok(Done::new(format!("payment {} captured", input.payment_id)))
         })
     }
 }

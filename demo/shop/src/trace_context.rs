@@ -59,35 +59,29 @@ fn new_id<const N: usize>() -> String {
 mod tests {
     use super::*;
 
+    /// The `traceparent` for a request that came with `incoming`.
+    fn continued(incoming: &str) -> String {
+        let mut h = HeaderMap::new();
+        h.insert("traceparent", incoming.parse().unwrap());
+        continue_or_start(&h)
+    }
+
     #[test]
     fn continues_a_valid_parent() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "traceparent",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-                .parse()
-                .unwrap(),
-        );
-        let tp = continue_or_start(&h);
+        let tp = continued("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
         let p = parse(&tp).unwrap();
         assert_eq!(p.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
         assert!(!tp.contains("00f067aa0ba902b7"));
     }
 
+    /// Which values are invalid is shared::trace's rule (its tests list them); any of them, or
+    /// none, starts a new trace.
     #[test]
     fn starts_a_new_trace_otherwise() {
-        for bad in [
-            "",
-            "garbage",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
-        ] {
-            assert!(parse(bad).is_none(), "{bad}");
-        }
         let tp = continue_or_start(&HeaderMap::new());
         assert!(parse(&tp).is_some(), "{tp}");
+        let tp = continued("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra");
+        let p = parse(&tp).unwrap();
+        assert_ne!(p.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
     }
 }

@@ -5,7 +5,7 @@
 use crate::webhooks::event::PayloadError;
 use crate::webhooks::handler::HandlerError;
 use crate::webhooks::signature::SignatureError;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 /// Why a webhook was not recorded.
@@ -79,11 +79,6 @@ impl IntoResponse for WebhookError {
             tracing::info!(error = %self, status = status.as_u16(), "webhook refused");
         }
         let body = serde_json::json!({ "error": self.message() }).to_string();
-        let mut response = (status, body).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        response
+        crate::error::json_answer(status, body)
     }
 }
