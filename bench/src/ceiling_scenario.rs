@@ -181,7 +181,7 @@ async fn relay_shaped_batch(
         .collect::<Result<Vec<_>, _>>()?;
     Ok(futures::future::join_all(
         rows.iter()
-            .zip(&encoded)
+            .zip(encoded)
             .map(|(row, e)| publisher.send(e, row.payload.as_bytes())),
     )
     .await)

@@ -474,7 +474,8 @@ impl<'a> Pipeline<'a> {
             return;
         }
         let sent = Instant::now();
-        let results = futures::future::join_all(batch.iter().map(|(row, encoded)| {
+        let (rows, encoded): (Vec<OutboxRow>, Vec<Encoded>) = batch.into_iter().unzip();
+        let results = futures::future::join_all(rows.iter().zip(encoded).map(|(row, encoded)| {
             self.publisher
                 .send(encoded, row.payload.as_bytes())
                 .instrument(publish_span(row))
@@ -483,7 +484,7 @@ impl<'a> Pipeline<'a> {
         let status = self.publisher.status();
         let timeout = self.opts.confirm_timeout();
         let mut failure = None;
-        for ((row, _), result) in batch.into_iter().zip(results) {
+        for (row, result) in rows.into_iter().zip(results) {
             match result {
                 Ok(confirm) => {
                     let status = status.clone();
