@@ -11,4 +11,4 @@ pub mod matrix;
 pub mod run;
 
 pub use matrix::{Action, allowed};
-pub use run::{Effect, Outcome, Request, authorize, deny, perform, require_reason};
+pub use run::{Acting, Effect, Outcome, Request, authorize, deny, perform, require_reason};

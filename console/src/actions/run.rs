@@ -29,6 +29,27 @@ pub struct Effect {
     pub changes: Vec<Change>,
 }
 
+impl Effect {
+    /// An effect that ran now: 200 with `body`, audited as `changes`.
+    pub fn ok(changes: Vec<Change>, body: Value) -> Self {
+        Self {
+            status: StatusCode::OK,
+            body,
+            changes,
+        }
+    }
+}
+
+/// What an effect runs with: the action's transaction, and who asks it, on what and why (an
+/// approval request it creates names them, see [`crate::actions::approvals::create`]).
+pub struct Acting<'c> {
+    pub conn: &'c mut PgConnection,
+    pub state: &'c AppState,
+    pub principal: &'c Principal,
+    pub target: &'c str,
+    pub reason: &'c str,
+}
+
 /// The answer to an action.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -121,7 +142,7 @@ pub async fn perform<F>(
     effect: F,
 ) -> Result<Outcome, ConsoleError>
 where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Effect, ConsoleError>>,
+    F: for<'c> FnOnce(Acting<'c>) -> BoxFuture<'c, Result<Effect, ConsoleError>>,
 {
     authorize(state, req.principal, req.action, &req.target, &req.reason).await?;
     let name = req.action.name();
@@ -191,9 +212,16 @@ async fn apply<F>(
     effect: F,
 ) -> Result<Effect, ConsoleError>
 where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Effect, ConsoleError>>,
+    F: for<'c> FnOnce(Acting<'c>) -> BoxFuture<'c, Result<Effect, ConsoleError>>,
 {
-    let done = effect(&mut *conn).await?;
+    let done = effect(Acting {
+        conn: &mut *conn,
+        state,
+        principal: req.principal,
+        target: &req.target,
+        reason: &req.reason,
+    })
+    .await?;
     for c in &done.changes {
         audit::record(conn, &state.schema, &entry(req, c)).await?;
     }

@@ -6,7 +6,6 @@ use crate::actions::{self, Effect, Outcome, Request};
 use crate::auth::users::Principal;
 use crate::error::ConsoleError;
 use crate::state::AppState;
-use axum::http::StatusCode;
 use serde_json::json;
 
 /// Purge audit entries older than the configured retention (admin).
@@ -19,7 +18,6 @@ pub async fn purge_audit(
     let target = "audit".to_string();
     actions::authorize(state, principal, Action::AuditPurge, &target, reason).await?;
     let reason = actions::require_reason(reason)?;
-    let (schema, days) = (state.schema.clone(), state.settings.audit_retention_days);
     let req = Request {
         principal,
         action: Action::AuditPurge,
@@ -27,18 +25,17 @@ pub async fn purge_audit(
         reason,
         keyed,
     };
-    actions::perform(state, req, move |conn| {
+    actions::perform(state, req, move |on| {
         Box::pin(async move {
-            let removed = audit::purge(conn, &schema, days).await?;
-            Ok(Effect {
-                status: StatusCode::OK,
-                body: json!({"removed": removed, "retention_days": days}),
-                changes: vec![crate::targets::Change {
-                    target: "audit".into(),
-                    after: Some(json!({"removed": removed, "retention_days": days})),
-                    ..Default::default()
-                }],
-            })
+            let days = on.state.settings.audit_retention_days;
+            let removed = audit::purge(on.conn, &on.state.schema, days).await?;
+            let body = json!({"removed": removed, "retention_days": days});
+            let changes = vec![crate::targets::Change {
+                target: "audit".into(),
+                after: Some(body.clone()),
+                ..Default::default()
+            }];
+            Ok(Effect::ok(changes, body))
         })
     })
     .await

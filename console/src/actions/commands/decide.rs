@@ -6,7 +6,6 @@ use crate::actions::{self, Effect, Outcome, Request};
 use crate::auth::users::Principal;
 use crate::error::ConsoleError;
 use crate::state::AppState;
-use axum::http::StatusCode;
 use uuid::Uuid;
 
 /// Approve or reject an approval request.
@@ -29,7 +28,6 @@ pub async fn decide(
     // Requests whose process moved on are closed as superseded for good (committed on their own:
     // the decision below then answers 409 and rolls back).
     approvals::supersede_stale(&mut *state.pool.acquire().await?, state).await?;
-    let (st, p) = (state.clone(), principal.clone());
     let req = Request {
         principal,
         action,
@@ -37,14 +35,11 @@ pub async fn decide(
         reason,
         keyed,
     };
-    actions::perform(state, req, move |conn| {
+    actions::perform(state, req, move |on| {
         Box::pin(async move {
-            let (changes, body) = approvals::decide(conn, &st, &p, id, &decision, approve).await?;
-            Ok(Effect {
-                status: StatusCode::OK,
-                body,
-                changes,
-            })
+            let (changes, body) =
+                approvals::decide(on.conn, on.state, on.principal, id, &decision, approve).await?;
+            Ok(Effect::ok(changes, body))
         })
     })
     .await

@@ -8,7 +8,6 @@ use crate::auth::users::Principal;
 use crate::error::ConsoleError;
 use crate::state::AppState;
 use crate::targets::dead_letters;
-use axum::http::StatusCode;
 use serde_json::json;
 
 /// Replay consumer dead letters (same shape as [`super::outbox_requeue::requeue_outbox`]).
@@ -45,12 +44,6 @@ pub async fn replay_dead_letters(
         ));
     }
     let reason = actions::require_reason(reason)?;
-    let (st, p, r, t) = (
-        state.clone(),
-        principal.clone(),
-        reason.clone(),
-        target.clone(),
-    );
     let req = Request {
         principal,
         action: Action::DlqReplay,
@@ -58,33 +51,19 @@ pub async fn replay_dead_letters(
         reason,
         keyed,
     };
-    actions::perform(state, req, move |conn| {
+    actions::perform(state, req, move |mut on| {
         Box::pin(async move {
+            let settings = &on.state.settings;
             if items.len() == 1 {
-                let (changes, body) = dead_letters::replay(
-                    &st.settings.amqp_url,
-                    &st.settings.amqp_tls,
-                    &consumer,
-                    &items,
-                )
-                .await?;
-                Ok(Effect {
-                    status: StatusCode::OK,
-                    body,
-                    changes,
-                })
+                let (changes, body) =
+                    dead_letters::replay(&settings.amqp_url, &settings.amqp_tls, &consumer, &items)
+                        .await?;
+                Ok(Effect::ok(changes, body))
             } else {
-                dead_letters::check(
-                    &st.settings.amqp_url,
-                    &st.settings.amqp_tls,
-                    &consumer,
-                    &items,
-                )
-                .await?;
+                dead_letters::check(&settings.amqp_url, &settings.amqp_tls, &consumer, &items)
+                    .await?;
                 let pending = Pending::DlqReplay { consumer, items };
-                Ok(approvals::create(conn, &st, &p, &pending, &r, &t)
-                    .await?
-                    .effect())
+                Ok(approvals::create(&mut on, &pending).await?.effect())
             }
         })
     })

@@ -9,7 +9,6 @@ use crate::error::ConsoleError;
 use crate::state::AppState;
 use crate::targets::dead_letters;
 use crate::targets::ordered::{self, OrderedAction};
-use axum::http::StatusCode;
 use serde_json::json;
 
 /// An action on an ordered consumer's stuck aggregate: a retry runs now; a skip or a dead-lettered
@@ -55,12 +54,6 @@ pub async fn ordered_action(
         })));
     }
     let reason = actions::require_reason(&body.reason)?;
-    let (st, p, r, t) = (
-        state.clone(),
-        principal.clone(),
-        reason.clone(),
-        target.clone(),
-    );
     let req = Request {
         principal,
         action: Action::Ordered(action),
@@ -68,25 +61,19 @@ pub async fn ordered_action(
         reason,
         keyed,
     };
-    actions::perform(state, req, move |conn| {
+    actions::perform(state, req, move |mut on| {
         Box::pin(async move {
+            let schema = &on.state.schema;
             match action.discard() {
                 None => {
-                    let (changes, body) =
-                        ordered::retry(conn, &st.schema, &consumer, &body).await?;
-                    Ok(Effect {
-                        status: StatusCode::OK,
-                        body,
-                        changes,
-                    })
+                    let (changes, body) = ordered::retry(on.conn, schema, &consumer, &body).await?;
+                    Ok(Effect::ok(changes, body))
                 }
                 Some(discard) => {
                     let request =
-                        ordered::request(conn, &st.schema, &consumer, discard, &body).await?;
+                        ordered::request(on.conn, schema, &consumer, discard, &body).await?;
                     let pending = Pending::OrderedDiscard(request);
-                    Ok(approvals::create(conn, &st, &p, &pending, &r, &t)
-                        .await?
-                        .effect())
+                    Ok(approvals::create(&mut on, &pending).await?.effect())
                 }
             }
         })

@@ -8,7 +8,6 @@ use crate::auth::users::Principal;
 use crate::error::ConsoleError;
 use crate::state::AppState;
 use crate::targets::outbox_dead;
-use axum::http::StatusCode;
 use serde_json::json;
 
 /// Requeue dead outbox rows: one runs now, more than one creates an approval request, a dry run
@@ -41,13 +40,6 @@ pub async fn requeue_outbox(
         actions::authorize(state, principal, Action::OutboxRequeue, &target, &reason).await?;
         return Err(ConsoleError::BadRequest("no rows given".into()));
     }
-    let (schema, st, p, r, t) = (
-        state.schema.clone(),
-        state.clone(),
-        principal.clone(),
-        reason.clone(),
-        target.clone(),
-    );
     let req = Request {
         principal,
         action: Action::OutboxRequeue,
@@ -55,21 +47,16 @@ pub async fn requeue_outbox(
         reason,
         keyed,
     };
-    actions::perform(state, req, move |conn| {
+    actions::perform(state, req, move |mut on| {
         Box::pin(async move {
+            let schema = &on.state.schema;
             if items.len() == 1 {
-                let (changes, body) = outbox_dead::requeue(conn, &schema, &items).await?;
-                Ok(Effect {
-                    status: StatusCode::OK,
-                    body,
-                    changes,
-                })
+                let (changes, body) = outbox_dead::requeue(on.conn, schema, &items).await?;
+                Ok(Effect::ok(changes, body))
             } else {
-                outbox_dead::check(conn, &schema, &items, false).await?;
+                outbox_dead::check(on.conn, schema, &items, false).await?;
                 let pending = Pending::OutboxRequeue { items };
-                Ok(approvals::create(conn, &st, &p, &pending, &r, &t)
-                    .await?
-                    .effect())
+                Ok(approvals::create(&mut on, &pending).await?.effect())
             }
         })
     })

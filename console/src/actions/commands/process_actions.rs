@@ -7,7 +7,6 @@ use crate::auth::users::Principal;
 use crate::error::ConsoleError;
 use crate::state::AppState;
 use crate::targets::processes::ProcessActionRequest;
-use axum::http::StatusCode;
 use processes::admin::ActionKind;
 use uuid::Uuid;
 
@@ -42,13 +41,6 @@ pub async fn process_action(
             request.remote_check.as_ref().map(|c| c.answer.as_str()),
         ),
     ])?;
-    let backend = state.processes.clone();
-    let (st, p, r, t) = (
-        state.clone(),
-        principal.clone(),
-        reason.clone(),
-        target.clone(),
-    );
     let req = Request {
         principal,
         action: Action::Process(action),
@@ -56,29 +48,29 @@ pub async fn process_action(
         reason,
         keyed,
     };
-    actions::perform(state, req, move |conn| {
+    actions::perform(state, req, move |mut on| {
         Box::pin(async move {
-            let checked = backend.check(conn, id, action, &request).await?;
+            let backend = &on.state.processes;
+            let checked = backend.check(on.conn, id, action, &request).await?;
             if checked.needs_approval {
                 let pending = Pending::Process {
                     id,
                     action,
                     request: checked.request,
                 };
-                let mut requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                let mut requested = approvals::create(&mut on, &pending).await?;
                 requested.change.before = Some(checked.before);
                 Ok(requested.effect())
             } else {
                 let (before, after) = backend
-                    .perform(conn, id, action, &request, &p.name, None)
+                    .perform(on.conn, id, action, &request, &on.principal.name, None)
                     .await?;
                 // The process moved on: requests on the version it had are closed with it.
-                approvals::supersede_stale(conn, &st).await?;
-                Ok(Effect {
-                    status: StatusCode::OK,
-                    body: after.clone(),
-                    changes: vec![crate::targets::Change::process(id, before, after)],
-                })
+                approvals::supersede_stale(on.conn, on.state).await?;
+                Ok(Effect::ok(
+                    vec![crate::targets::Change::process(id, before, after.clone())],
+                    after,
+                ))
             }
         })
     })

@@ -68,12 +68,6 @@ pub async fn process_bulk(
         filter: request.filter.clone(),
         items: items.clone(),
     });
-    let (st, p, r, t) = (
-        state.clone(),
-        principal.clone(),
-        reason.clone(),
-        target.clone(),
-    );
     let req = Request {
         principal,
         action: act,
@@ -81,11 +75,9 @@ pub async fn process_bulk(
         reason,
         keyed,
     };
-    actions::perform(state, req, move |conn| {
+    actions::perform(state, req, move |mut on| {
         Box::pin(async move {
-            let mut effect = approvals::create(conn, &st, &p, &pending, &r, &t)
-                .await?
-                .effect();
+            let mut effect = approvals::create(&mut on, &pending).await?.effect();
             if let Value::Object(o) = &mut effect.body {
                 o.insert("items".into(), json!(items));
                 o.insert("selected".into(), json!(items.len()));
