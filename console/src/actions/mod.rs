@@ -6,9 +6,11 @@
 pub mod approvals;
 pub mod audit;
 pub mod audit_page;
+pub mod caller;
 pub mod commands;
 pub mod matrix;
 pub mod run;
 
+pub use caller::Caller;
 pub use matrix::{Action, allowed};
-pub use run::{Acting, Effect, Outcome, Request, authorize, deny, perform, require_reason};
+pub use run::{Acting, Effect, Outcome, authorize, deny, perform, require_reason};

@@ -2,30 +2,16 @@
 
 use crate::actions::Action;
 use crate::actions::audit;
-use crate::actions::{self, Effect, Outcome, Request};
-use crate::auth::users::Principal;
+use crate::actions::{self, Caller, Effect, Outcome};
 use crate::error::ConsoleError;
-use crate::state::AppState;
 use serde_json::json;
 
 /// Purge audit entries older than the configured retention (admin).
-pub async fn purge_audit(
-    state: &AppState,
-    principal: &Principal,
-    reason: &str,
-    keyed: Option<idempotency::Effect>,
-) -> Result<Outcome, ConsoleError> {
+pub async fn purge_audit(call: &Caller, reason: &str) -> Result<Outcome, ConsoleError> {
     let target = "audit".to_string();
-    actions::authorize(state, principal, Action::AuditPurge, &target, reason).await?;
+    call.authorize(Action::AuditPurge, &target, reason).await?;
     let reason = actions::require_reason(reason)?;
-    let req = Request {
-        principal,
-        action: Action::AuditPurge,
-        target,
-        reason,
-        keyed,
-    };
-    actions::perform(state, req, move |on| {
+    actions::perform(call, Action::AuditPurge, target, reason, move |on| {
         Box::pin(async move {
             let days = on.state.settings.audit_retention_days;
             let removed = audit::purge(on.conn, &on.state.schema, days).await?;

@@ -3,10 +3,8 @@
 use super::read;
 use crate::actions::Action;
 use crate::actions::approvals::{self, Pending};
-use crate::actions::{self, Effect, Outcome, Request};
-use crate::auth::users::Principal;
+use crate::actions::{self, Caller, Effect, Outcome};
 use crate::error::ConsoleError;
-use crate::state::AppState;
 use crate::targets::dead_letters;
 use crate::targets::ordered::{self, OrderedAction};
 use serde_json::json;
@@ -15,22 +13,15 @@ use serde_json::json;
 /// run is checked on the position seen and recorded for a second person (a dry run says what it
 /// would dead-letter).
 pub async fn ordered_action(
-    state: &AppState,
-    principal: &Principal,
+    call: &Caller,
     consumer: String,
     action: OrderedAction,
     body: ordered::AggregateAction,
-    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let target = body.target(&consumer);
-    actions::authorize(
-        state,
-        principal,
-        Action::Ordered(action),
-        &target,
-        &body.reason,
-    )
-    .await?;
+    call.authorize(Action::Ordered(action), &target, &body.reason)
+        .await?;
+    let state = &call.state;
     dead_letters::listed(&state.settings.consumers, &consumer)?;
     crate::text::check_all([
         ("aggregate_type", Some(body.aggregate_type.as_str())),
@@ -54,14 +45,8 @@ pub async fn ordered_action(
         })));
     }
     let reason = actions::require_reason(&body.reason)?;
-    let req = Request {
-        principal,
-        action: Action::Ordered(action),
-        target,
-        reason,
-        keyed,
-    };
-    actions::perform(state, req, move |mut on| {
+    let act = Action::Ordered(action);
+    actions::perform(call, act, target, reason, move |mut on| {
         Box::pin(async move {
             let schema = &on.state.schema;
             match action.discard() {

@@ -2,10 +2,8 @@
 
 use crate::actions::Action;
 use crate::actions::approvals::{self, Pending};
-use crate::actions::{self, Effect, Outcome, Request};
-use crate::auth::users::Principal;
+use crate::actions::{self, Caller, Effect, Outcome};
 use crate::error::ConsoleError;
-use crate::state::AppState;
 use crate::targets::processes::ProcessActionRequest;
 use processes::admin::ActionKind;
 use uuid::Uuid;
@@ -13,22 +11,14 @@ use uuid::Uuid;
 /// An action on a process: the sensitive ones create an approval request (after checking that the
 /// action is allowed now on the version seen), the others run now.
 pub async fn process_action(
-    state: &AppState,
-    principal: &Principal,
+    call: &Caller,
     id: Uuid,
     action: ActionKind,
     request: ProcessActionRequest,
-    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let target = format!("process:{id}");
-    actions::authorize(
-        state,
-        principal,
-        Action::Process(action),
-        &target,
-        &request.reason,
-    )
-    .await?;
+    let act = Action::Process(action);
+    call.authorize(act, &target, &request.reason).await?;
     let reason = actions::require_reason(&request.reason)?;
     crate::text::check_all([
         ("evidence", request.evidence.as_deref()),
@@ -41,14 +31,7 @@ pub async fn process_action(
             request.remote_check.as_ref().map(|c| c.answer.as_str()),
         ),
     ])?;
-    let req = Request {
-        principal,
-        action: Action::Process(action),
-        target,
-        reason,
-        keyed,
-    };
-    actions::perform(state, req, move |mut on| {
+    actions::perform(call, act, target, reason, move |mut on| {
         Box::pin(async move {
             let backend = &on.state.processes;
             let checked = backend.check(on.conn, id, action, &request).await?;
