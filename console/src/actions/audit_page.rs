@@ -5,8 +5,7 @@
 use super::audit::{Entry, Filter};
 use crate::error::ConsoleError;
 use crate::redact;
-use crate::targets::cursor::{self, List};
-use serde::Serialize;
+use crate::targets::cursor::{self, List, Page};
 use shared::schema::Schema;
 use sqlx::PgPool;
 
@@ -15,15 +14,8 @@ const WHERE: &str = "WHERE ($1::text IS NULL OR actor_name = $1) AND ($2::text I
     AND ($3::text IS NULL OR outcome = $3) AND ($4::text IS NULL OR strpos(target, $4) > 0) \
     AND ($5::timestamptz IS NULL OR at >= $5)";
 
-/// A page of the audit log.
-#[derive(Debug, Clone, Serialize)]
-pub struct AuditPage {
-    pub items: Vec<Entry>,
-    /// How many entries match in all.
-    pub total: i64,
-    /// The cursor of the next page; `None` on the last.
-    pub next: Option<String>,
-}
+/// A page of the audit log; `total` is how many entries match in all.
+pub type AuditPage = Page<Entry>;
 
 /// One page of entries matching `f` after `f.after` (a cursor of this list; anything else is a
 /// 400).
