@@ -13,11 +13,7 @@ pub async fn decide(
     decision: Decision,
     approve: bool,
 ) -> Result<Outcome, ConsoleError> {
-    let action = if approve {
-        Action::ApprovalApprove
-    } else {
-        Action::ApprovalReject
-    };
+    let action = Action::decision(approve);
     let target = format!("approval:{id}");
     call.authorize(action, &target, &decision.reason).await?;
     let reason = actions::require_reason(&decision.reason)?;

@@ -30,11 +30,7 @@ async fn decide(
     body: Bytes,
     approve: bool,
 ) -> Result<Response, ConsoleError> {
-    let action = if approve {
-        Action::ApprovalApprove
-    } else {
-        Action::ApprovalReject
-    };
+    let action = Action::decision(approve);
     let d: Decision = parse_for(&call, action, &format!("approval:{id}"), &body).await?;
     Ok(outcome_response(
         commands::decide(&call, id, d, approve).await?,

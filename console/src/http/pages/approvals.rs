@@ -262,11 +262,7 @@ fn ordered_terms(r: &Value) -> Markup {
 /// A decision form's action: CSRF, then the API route as the session's user; back to the page
 /// the form was on.
 async fn decide(s: AppState, session: Session, id: Uuid, f: Fields, approve: bool) -> Response {
-    let action = if approve {
-        Action::ApprovalApprove
-    } else {
-        Action::ApprovalReject
-    };
+    let action = Action::decision(approve);
     let version: i32 = match csrf_and_version(&s, &session, &f, action.name()).await {
         Ok(v) => v,
         Err(r) => return r,
