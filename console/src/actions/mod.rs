@@ -1,5 +1,6 @@
-//! What the console does: the role matrix ([`matrix`]), how every action runs ([`run`]: role
-//! check, effect and audit entries in one transaction), the actions themselves ([`commands`]),
+//! What the console does: the role matrix ([`matrix`]), who asks for an action ([`caller`]: state,
+//! principal, Idempotency-Key), how every action runs ([`run`]: role check, effect and audit
+//! entries in one transaction), the actions themselves ([`commands`]),
 //! four eyes ([`approvals`]) and the append-only audit log ([`audit`]). Effects on the targets
 //! come from [`crate::targets`].
 
