@@ -1,5 +1,6 @@
 //! The console server's settings, as flags with env var fallbacks.
 
+use plumbing::config::{DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -9,11 +10,7 @@ pub struct ServeConfig {
     #[command(flatten)]
     pub db: DbConfig,
     /// RabbitMQ connection string (consumer dead letters).
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
+    #[arg(long, env = "AMQP_URL", default_value = DEFAULT_AMQP_URL)]
     pub amqp_url: String,
     #[command(flatten)]
     pub amqp_tls: plumbing::amqp_tls::AmqpTls,
@@ -95,11 +92,7 @@ impl ServeConfig {
 #[derive(Debug, Clone, clap::Args)]
 pub struct DbConfig {
     /// PostgreSQL connection string.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/test"
-    )]
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
     pub database_url: String,
     /// The PostgreSQL schema that holds the product's tables.
     #[arg(long, env = "OUTBOX_SCHEMA", default_value = shared::schema::DEFAULT)]

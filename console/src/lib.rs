@@ -14,8 +14,9 @@
 //! - [`cli`]: the `console` binary's subcommands: clap arguments, typed API client, printing.
 //! - [`http`]: the API by target, its DTOs and OpenAPI document, the pages (maud templates,
 //!   escaped by default), headers, cross-site refusal, the idempotency layer, starting the server.
-//! - [`actions`]: the role matrix, how an action runs (role check, effect and audit in one
-//!   transaction, 409 on a stale version), the actions, four-eyes approvals, the audit log.
+//! - [`actions`]: the role matrix, the caller of an action, how an action runs (role check, effect
+//!   and audit in one transaction, 409 on a stale version), the actions, four-eyes approvals, the
+//!   audit log.
 //! - [`state`]: what every handler shares.
 //! - [`targets`]: dead outbox rows, consumer dead letters, processes, ordered consumers.
 //! - [`auth`]: roles, users, sessions, Idempotency-Key scopes.

@@ -65,12 +65,8 @@ async fn through_api(command: ApiCommand, out: &mut impl Write) -> anyhow::Resul
             let api = client_of(&client);
             match command {
                 DeadCommand::List => print::print_dead(&api.dead_rows().await?, out)?,
-                DeadCommand::Requeue {
-                    reason,
-                    dry_run,
-                    items,
-                } => {
-                    let (status, body) = api.requeue_dead(&items, &reason, dry_run).await?;
+                DeadCommand::Requeue(selection) => {
+                    let (status, body) = api.requeue_dead(&selection).await?;
                     print::print_outcome(status, &body, out)?;
                 }
             }
@@ -83,11 +79,9 @@ async fn through_api(command: ApiCommand, out: &mut impl Write) -> anyhow::Resul
                 }
                 DlqCommand::Replay {
                     consumer,
-                    reason,
-                    dry_run,
-                    items,
+                    selection,
                 } => {
-                    let (status, body) = api.replay(&consumer, &items, &reason, dry_run).await?;
+                    let (status, body) = api.replay(&consumer, &selection).await?;
                     print::print_outcome(status, &body, out)?;
                 }
             }

@@ -2,16 +2,19 @@
 
 use std::net::SocketAddr;
 
+/// PostgreSQL's connection string when none is given (`--database-url`, `DATABASE_URL`): the
+/// local development database. The console and the tools take the same default from here.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// RabbitMQ's connection string when none is given (`--amqp-url`, `AMQP_URL`): the local broker.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
 /// Where PostgreSQL, RabbitMQ and the metrics endpoint are.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Connections {
     /// PostgreSQL connection string. TLS: `sslmode=require|verify-ca|verify-full` with
     /// `sslrootcert=<CA file>` (and `sslcert`/`sslkey` for a client certificate) as query parameters.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/test"
-    )]
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
     pub database_url: String,
     /// A direct PostgreSQL connection string, for what needs a session of its own when
     /// DATABASE_URL goes through PgBouncer in transaction mode: the relay's LISTEN and the
@@ -28,11 +31,7 @@ pub struct Connections {
     /// URL): a lost connection fails over to the next reachable node. A `heartbeat` query
     /// parameter is added when missing. A `frame_max` below 8192 is refused at start
     /// ([`crate::amqp::check_frame_max`]; RabbitMQ 4.1 and later refuse it).
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
+    #[arg(long, env = "AMQP_URL", default_value = DEFAULT_AMQP_URL)]
     pub amqp_url: String,
     /// Certificates for `amqps://` URLs.
     #[command(flatten)]

@@ -11,6 +11,7 @@
 //! can show it in business terms.
 
 use crate::actions::audit::outcome;
+use crate::actions::run::Acting;
 use crate::auth::users::Principal;
 use crate::error::ConsoleError;
 use crate::state::AppState;
@@ -214,16 +215,12 @@ async fn query(
         .collect())
 }
 
-/// Creates a request in the caller's transaction, or finds the pending one for the same action
-/// and `target` (which it answers with; a stale one is superseded first).
-pub async fn create(
-    conn: &mut PgConnection,
-    state: &AppState,
-    principal: &Principal,
-    pending: &Pending,
-    reason: &str,
-    target: &str,
-) -> Result<Requested, ConsoleError> {
+/// Creates a request for `pending` in the action's transaction, by its principal with its reason
+/// on its target, or finds the pending one for the same action and target (which it answers with;
+/// a stale one is superseded first).
+pub async fn create(on: &mut Acting<'_>, pending: &Pending) -> Result<Requested, ConsoleError> {
+    let (state, principal, reason, target) = (on.state, on.principal, on.reason, on.target);
+    let conn = &mut *on.conn;
     let request =
         serde_json::to_value(pending).map_err(|e| ConsoleError::Internal(e.to_string()))?;
     supersede_stale(conn, state).await?;

@@ -9,7 +9,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use shared::schema::Schema;
-use sqlx::{PgConnection, PgPool};
+use sqlx::error::BoxDynError;
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection, PgPool};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
@@ -76,6 +78,14 @@ pub struct Filter {
     pub after: Option<String>,
 }
 
+/// The columns of an [`Entry`].
+pub(super) const COLUMNS: &str = "seq, at, actor_id, actor_name, roles, action, target, reason, approval_id, approver, before, after, outcome";
+
+/// The conditions of a [`Filter`]: its [`Filter::arguments`] are `$1` to `$5`.
+pub(super) const FILTERED: &str = "WHERE ($1::text IS NULL OR actor_name = $1) AND ($2::text IS NULL OR action = $2) \
+    AND ($3::text IS NULL OR outcome = $3) AND ($4::text IS NULL OR strpos(target, $4) > 0) \
+    AND ($5::timestamptz IS NULL OR at >= $5)";
+
 /// Appends `e` (redacted) on `conn`, inside the caller's transaction.
 pub async fn record(
     conn: &mut PgConnection,
@@ -116,6 +126,18 @@ impl Filter {
             ("after", self.after.as_deref()),
         ])
     }
+
+    /// The filters as `$1` to `$5` of [`FILTERED`]; a query binds its own after them.
+    pub(super) fn arguments(&self) -> Result<PgArguments, ConsoleError> {
+        let internal = |e: BoxDynError| ConsoleError::Internal(e.to_string());
+        let mut a = PgArguments::default();
+        a.add(&self.actor).map_err(internal)?;
+        a.add(&self.action).map_err(internal)?;
+        a.add(&self.outcome).map_err(internal)?;
+        a.add(&self.target).map_err(internal)?;
+        a.add(self.since).map_err(internal)?;
+        Ok(a)
+    }
 }
 
 /// Entries matching `f`: newest first, or oldest first for export.
@@ -131,19 +153,9 @@ pub async fn list(
         .clamp(1, 100_000);
     let order = if oldest_first { "ASC" } else { "DESC" };
     let sql = format!(
-        "SELECT seq, at, actor_id, actor_name, roles, action, target, reason, approval_id, approver, before, after, outcome \
-         FROM {{{{schema}}}}.console_audit \
-         WHERE ($1::text IS NULL OR actor_name = $1) AND ($2::text IS NULL OR action = $2) \
-           AND ($3::text IS NULL OR outcome = $3) AND ($4::text IS NULL OR strpos(target, $4) > 0) \
-           AND ($5::timestamptz IS NULL OR at >= $5) \
-         ORDER BY seq {order} LIMIT $6"
+        "SELECT {COLUMNS} FROM {{{{schema}}}}.console_audit {FILTERED} ORDER BY seq {order} LIMIT $6"
     );
-    let rows = sqlx::query_as::<_, Entry>(schema.sql(&sql))
-        .bind(&f.actor)
-        .bind(&f.action)
-        .bind(&f.outcome)
-        .bind(&f.target)
-        .bind(f.since)
+    let rows = sqlx::query_as_with::<_, Entry, _>(schema.sql(&sql), f.arguments()?)
         .bind(limit)
         .fetch_all(pool)
         .await?;
@@ -157,14 +169,13 @@ pub async fn of_process(
     schema: &Schema,
     id: Uuid,
 ) -> Result<Vec<Entry>, ConsoleError> {
-    let rows = sqlx::query_as::<_, Entry>(schema.sql(
-        "SELECT seq, at, actor_id, actor_name, roles, action, target, reason, approval_id, approver, before, after, outcome \
-         FROM {{schema}}.console_audit \
+    let rows = sqlx::query_as::<_, Entry>(schema.sql(&format!(
+        "SELECT {COLUMNS} FROM {{{{schema}}}}.console_audit \
          WHERE target = 'process:' || $1::text \
-            OR approval_id IN (SELECT id FROM {{schema}}.console_approvals \
+            OR approval_id IN (SELECT id FROM {{{{schema}}}}.console_approvals \
                                WHERE request->>'kind' = 'process' AND request->>'id' = $1::text) \
-         ORDER BY seq LIMIT 1000",
-    ))
+         ORDER BY seq LIMIT 1000"
+    )))
     .bind(id)
     .fetch_all(pool)
     .await?;
@@ -172,7 +183,7 @@ pub async fn of_process(
 }
 
 /// An entry as shown: redacted again on the way out (declared fields may have grown since).
-fn redacted(mut e: Entry) -> Entry {
+pub(super) fn redacted(mut e: Entry) -> Entry {
     e.target = redact::text(&e.target);
     e.reason = redact::text(&e.reason);
     e.before = e.before.as_ref().map(redact::value);

@@ -32,6 +32,15 @@ pub enum Action {
 }
 
 impl Action {
+    /// The decision on an approval request: approving it, or rejecting it.
+    pub fn decision(approve: bool) -> Action {
+        if approve {
+            Action::ApprovalApprove
+        } else {
+            Action::ApprovalReject
+        }
+    }
+
     /// The action's name in the audit log, metrics and URLs.
     pub fn name(self) -> &'static str {
         match self {

@@ -10,7 +10,7 @@
 //!    audit entry commits, on its own, and the key is released: nothing else changes.
 
 use crate::actions::audit::{self, NewEntry, outcome};
-use crate::actions::{Action, allowed};
+use crate::actions::{Action, Caller, allowed};
 use crate::auth::users::Principal;
 use crate::error::ConsoleError;
 use crate::internal_events;
@@ -29,6 +29,27 @@ pub struct Effect {
     pub changes: Vec<Change>,
 }
 
+impl Effect {
+    /// An effect that ran now: 200 with `body`, audited as `changes`.
+    pub fn ok(changes: Vec<Change>, body: Value) -> Self {
+        Self {
+            status: StatusCode::OK,
+            body,
+            changes,
+        }
+    }
+}
+
+/// What an effect runs with: the action's transaction, and who asks it, on what and why (an
+/// approval request it creates names them, see [`crate::actions::approvals::create`]).
+pub struct Acting<'c> {
+    pub conn: &'c mut PgConnection,
+    pub state: &'c AppState,
+    pub principal: &'c Principal,
+    pub target: &'c str,
+    pub reason: &'c str,
+}
+
 /// The answer to an action.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -38,13 +59,13 @@ pub struct Outcome {
 }
 
 /// An action request.
-pub struct Request<'a> {
-    pub principal: &'a Principal,
-    pub action: Action,
-    pub target: String,
-    pub reason: String,
+struct Request<'a> {
+    principal: &'a Principal,
+    action: Action,
+    target: String,
+    reason: String,
     /// The idempotency layer's effect, when the request carried an Idempotency-Key.
-    pub keyed: Option<idempotency::Effect>,
+    keyed: Option<&'a idempotency::Effect>,
 }
 
 /// Checks the role matrix; a refusal is audited and returned as 403.
@@ -114,18 +135,28 @@ pub fn require_reason(reason: &str) -> Result<String, ConsoleError> {
     Ok(r.to_string())
 }
 
-/// Runs `effect` as `req` (see the module documentation).
+/// Runs `effect` as `action` of `call` on `target` for `reason` (see the module documentation).
 pub async fn perform<F>(
-    state: &AppState,
-    req: Request<'_>,
+    call: &Caller,
+    action: Action,
+    target: String,
+    reason: String,
     effect: F,
 ) -> Result<Outcome, ConsoleError>
 where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Effect, ConsoleError>>,
+    F: for<'c> FnOnce(Acting<'c>) -> BoxFuture<'c, Result<Effect, ConsoleError>>,
 {
+    let state = &call.state;
+    let req = Request {
+        principal: &call.principal,
+        action,
+        target,
+        reason,
+        keyed: call.keyed.as_ref(),
+    };
     authorize(state, req.principal, req.action, &req.target, &req.reason).await?;
     let name = req.action.name();
-    let result = match &req.keyed {
+    let result = match req.keyed {
         // The layer commits this transaction with the stored response (or rolls it back).
         Some(keyed) => {
             let mut tx = keyed.tx().await?;
@@ -191,9 +222,16 @@ async fn apply<F>(
     effect: F,
 ) -> Result<Effect, ConsoleError>
 where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Effect, ConsoleError>>,
+    F: for<'c> FnOnce(Acting<'c>) -> BoxFuture<'c, Result<Effect, ConsoleError>>,
 {
-    let done = effect(&mut *conn).await?;
+    let done = effect(Acting {
+        conn: &mut *conn,
+        state,
+        principal: req.principal,
+        target: &req.target,
+        reason: &req.reason,
+    })
+    .await?;
     for c in &done.changes {
         audit::record(conn, &state.schema, &entry(req, c)).await?;
     }

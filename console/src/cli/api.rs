@@ -1,7 +1,7 @@
 //! The console's API as typed calls, one per CLI command: the paths, query strings and bodies are
 //! built here, so `main` only dispatches. Every action is sent with a fresh Idempotency-Key.
 
-use super::args::{OrderedAct, ProcessAct};
+use super::args::{OrderedAct, ProcessAct, Selection};
 use super::client::{Client, ClientError};
 use crate::text::url_encode;
 use anyhow::Context;
@@ -20,21 +20,16 @@ impl Client {
     }
 
     /// Requeues dead rows given as `ID:VERSION` (more than one: an approval request).
-    pub async fn requeue_dead(
-        &self,
-        items: &[String],
-        reason: &str,
-        dry_run: bool,
-    ) -> anyhow::Result<(u16, Value)> {
+    pub async fn requeue_dead(&self, s: &Selection) -> anyhow::Result<(u16, Value)> {
         let mut parsed = Vec::new();
-        for i in items {
+        for i in &s.items {
             let (id, version) = i
                 .split_once(':')
                 .with_context(|| format!("{i:?}: expected ID:VERSION"))?;
             let version = version.parse::<i64>().context("VERSION is a number")?;
             parsed.push(json!({"id": id, "version": version}));
         }
-        let body = json!({"reason": reason, "dry_run": dry_run, "items": parsed});
+        let body = json!({"reason": s.reason, "dry_run": s.dry_run, "items": parsed});
         Ok(self
             .post("/api/outbox/dead/actions/requeue", &body, &key())
             .await?)
@@ -50,21 +45,16 @@ impl Client {
     }
 
     /// Replays dead letters given as `MESSAGE_ID=VERSION` (more than one: an approval request).
-    pub async fn replay(
-        &self,
-        consumer: &str,
-        items: &[String],
-        reason: &str,
-        dry_run: bool,
-    ) -> Result<(u16, Value), ClientError> {
-        let parsed: Vec<Value> = items
+    pub async fn replay(&self, consumer: &str, s: &Selection) -> Result<(u16, Value), ClientError> {
+        let parsed: Vec<Value> = s
+            .items
             .iter()
             .map(|i| {
                 let (id, version) = i.split_once('=').unwrap_or((i.as_str(), ""));
                 json!({"message_id": id, "version": version})
             })
             .collect();
-        let body = json!({"reason": reason, "dry_run": dry_run, "items": parsed});
+        let body = json!({"reason": s.reason, "dry_run": s.dry_run, "items": parsed});
         let path = format!("/api/dead-letters/{}/actions/replay", url_encode(consumer));
         self.post(&path, &body, &key()).await
     }

@@ -80,20 +80,25 @@ pub enum UserCommand {
     },
 }
 
+/// What a requeue or a replay is given: the items with their versions, why, and whether only to
+/// say what each would do.
+#[derive(Debug, clap::Args)]
+pub struct Selection {
+    #[arg(long)]
+    pub reason: String,
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(required = true)]
+    pub items: Vec<String>,
+}
+
 /// `console dead ...`: dead outbox rows, through the API.
 #[derive(Debug, Subcommand)]
 pub enum DeadCommand {
     /// List dead rows with their versions.
     List,
     /// Requeue rows given as ID:VERSION (more than one creates an approval request).
-    Requeue {
-        #[arg(long)]
-        reason: String,
-        #[arg(long)]
-        dry_run: bool,
-        #[arg(required = true)]
-        items: Vec<String>,
-    },
+    Requeue(Selection),
 }
 
 /// `console dlq ...`: a consumer's dead letters, through the API.
@@ -108,12 +113,8 @@ pub enum DlqCommand {
     Replay {
         #[arg(long)]
         consumer: String,
-        #[arg(long)]
-        reason: String,
-        #[arg(long)]
-        dry_run: bool,
-        #[arg(required = true)]
-        items: Vec<String>,
+        #[command(flatten)]
+        selection: Selection,
     },
 }
 

@@ -49,20 +49,18 @@ impl Client {
         Ok(r)
     }
 
+    /// GETs `path` of the console; an error answer is a [`ClientError::Status`].
+    async fn fetch(&self, path: &str) -> Result<reqwest::Response, ClientError> {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
     pub async fn get(&self, path: &str) -> Result<Value, ClientError> {
-        Ok(self
-            .send(self.http.get(format!("{}{path}", self.base)))
-            .await?
-            .json()
-            .await?)
+        Ok(self.fetch(path).await?.json().await?)
     }
 
     pub async fn get_text(&self, path: &str) -> Result<String, ClientError> {
-        Ok(self
-            .send(self.http.get(format!("{}{path}", self.base)))
-            .await?
-            .text()
-            .await?)
+        Ok(self.fetch(path).await?.text().await?)
     }
 
     /// POSTs `body` with a fresh Idempotency-Key (a retry of the same command would reuse it).

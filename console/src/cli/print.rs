@@ -233,7 +233,8 @@ pub fn print_process(p: &Value, out: &mut impl Write) -> std::io::Result<()> {
 fn print_allowed(p: &Value, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "allowed now:")?;
     for a in p["allowed_actions"].as_array().into_iter().flatten() {
-        let yes = |k: &str| a[k] == Value::Bool(true);
+        // `said` when the action's flag `k` is set.
+        let when = |k: &str, said: &'static str| if a[k] == Value::Bool(true) { said } else { "" };
         writeln!(
             out,
             "  {}{}  (role {}{}{}{}{})",
@@ -243,26 +244,10 @@ fn print_allowed(p: &Value, out: &mut impl Write) -> std::io::Result<()> {
                 st => format!(" --step {st}"),
             },
             s(a, "min_role"),
-            if yes("needs_approval") {
-                ", needs approval"
-            } else {
-                ""
-            },
-            if yes("needs_evidence") {
-                ", needs --evidence"
-            } else {
-                ""
-            },
-            if yes("needs_remote_check") {
-                ", needs --checked and --answer"
-            } else {
-                ""
-            },
-            if yes("safe_for_unknown_outcome") {
-                ", safe for the unknown outcome"
-            } else {
-                ""
-            },
+            when("needs_approval", ", needs approval"),
+            when("needs_evidence", ", needs --evidence"),
+            when("needs_remote_check", ", needs --checked and --answer"),
+            when("safe_for_unknown_outcome", ", safe for the unknown outcome"),
         )?;
     }
     Ok(())

@@ -5,7 +5,17 @@
 //! fault, never a page from the start (that would show the same rows twice without saying so).
 
 use crate::error::ConsoleError;
+use serde::Serialize;
 use uuid::Uuid;
+
+/// A page of a list: its items, how many there are in all (`total`: the list's own count) and
+/// the cursor of the next page, `None` on the last.
+#[derive(Debug, Clone, Serialize)]
+pub struct Page<T, Total = i64> {
+    pub items: Vec<T>,
+    pub total: Total,
+    pub next: Option<String>,
+}
 
 /// Which list a cursor belongs to: its tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,24 +3,16 @@
 //! M from the queue's depth. A letter replayed or added between two pages shifts the positions;
 //! the replay itself is safe either way (each item names its message id and version).
 
-use super::cursor::{self, List};
+use super::cursor::{self, List, Page};
 use super::dead_letters::{Item, Letter, check_consumer, letter};
 use crate::error::ConsoleError;
 use plumbing::amqp_tls::AmqpTls;
-use serde::Serialize;
 
 /// The most letters one "all that match" request freezes: beyond, it is refused (never cut).
 pub const MAX_ALL: usize = 1000;
 
-/// A page of dead letters.
-#[derive(Debug, Clone, Serialize)]
-pub struct LetterPage {
-    pub items: Vec<Letter>,
-    /// How many letters the queue holds (its depth).
-    pub total: usize,
-    /// The cursor of the next page; `None` on the last.
-    pub next: Option<String>,
-}
+/// A page of dead letters; `total` is how many letters the queue holds (its depth).
+pub type LetterPage = Page<Letter, usize>;
 
 /// One page of `consumer`'s dead letters after the cursor `after` (anything else is a 400).
 pub async fn page(

@@ -41,20 +41,27 @@ pub async fn list(
     schema: &Schema,
     limit: i64,
 ) -> Result<Vec<DeadRow>, ConsoleError> {
-    let rows = sqlx::query_as::<_, DeadRow>(schema.sql(
-        "SELECT id, seq, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, created_at, \
-                xmin::text::bigint AS version, \
-                {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) AS unpublishable, \
-                headers, payload \
-         FROM {{schema}}.messages WHERE state = 'dead' ORDER BY seq LIMIT $1",
-    ))
-    .bind(limit.clamp(1, 10_000))
-    .fetch_all(pool)
-    .await?;
+    let rows = sqlx::query_as::<_, DeadRow>(schema.sql(&select_dead("ORDER BY seq LIMIT $1")))
+        .bind(limit.clamp(1, 10_000))
+        .fetch_all(pool)
+        .await?;
     Ok(rows.into_iter().map(redacted).collect())
 }
 
-fn redacted(mut r: DeadRow) -> DeadRow {
+/// The query of dead rows as [`DeadRow`]s, `rest` after its `WHERE state = 'dead'` (more
+/// conditions, the order, the limit).
+pub(super) fn select_dead(rest: &str) -> String {
+    format!(
+        "SELECT id, seq, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, created_at, \
+                xmin::text::bigint AS version, \
+                {{{{schema}}}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) AS unpublishable, \
+                headers, payload \
+         FROM {{{{schema}}}}.messages WHERE state = 'dead' {rest}"
+    )
+}
+
+/// A dead row as shown: its texts, headers and payload redacted.
+pub(super) fn redacted(mut r: DeadRow) -> DeadRow {
     r.event_type = redact::text(&r.event_type);
     r.aggregate_type = redact::text(&r.aggregate_type);
     r.aggregate_id = redact::text(&r.aggregate_id);

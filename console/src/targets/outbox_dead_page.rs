@@ -2,26 +2,17 @@
 //! `messages_dead_idx`) with how many there are in all, and "all that match": every dead row with
 //! its version, frozen for one requeue request.
 
-use super::cursor::{self, List};
-use super::outbox_dead::{DeadRow, Item};
+use super::cursor::{self, List, Page};
+use super::outbox_dead::{DeadRow, Item, redacted, select_dead};
 use crate::error::ConsoleError;
-use crate::redact;
-use serde::Serialize;
 use shared::schema::Schema;
 use sqlx::PgPool;
 
 /// The most rows one "all that match" request freezes: beyond, it is refused (never cut).
 pub const MAX_ALL: i64 = 1000;
 
-/// A page of dead rows.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeadPage {
-    pub items: Vec<DeadRow>,
-    /// How many rows are dead in all.
-    pub total: i64,
-    /// The cursor of the next page; `None` on the last.
-    pub next: Option<String>,
-}
+/// A page of dead rows; `total` is how many rows are dead in all.
+pub type DeadPage = Page<DeadRow>;
 
 /// One page of dead rows after `after` (a cursor of this list; anything else is a 400).
 pub async fn page(
@@ -35,13 +26,9 @@ pub async fn page(
         .map(|a| cursor::position(List::Dead, a))
         .transpose()?;
     let limit = limit.unwrap_or(100).clamp(1, 1000);
-    let mut rows = sqlx::query_as::<_, DeadRow>(schema.sql(
-        "SELECT id, seq, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, created_at, \
-                xmin::text::bigint AS version, \
-                {{schema}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) AS unpublishable, \
-                headers, payload \
-         FROM {{schema}}.messages WHERE state = 'dead' AND ($1::bigint IS NULL OR seq > $1) ORDER BY seq LIMIT $2",
-    ))
+    let mut rows = sqlx::query_as::<_, DeadRow>(schema.sql(&select_dead(
+        "AND ($1::bigint IS NULL OR seq > $1) ORDER BY seq LIMIT $2",
+    )))
     .bind(after)
     .bind(limit + 1)
     .fetch_all(pool)
@@ -52,18 +39,7 @@ pub async fn page(
     )
     .fetch_one(pool)
     .await?;
-    let items = rows
-        .into_iter()
-        .map(|mut r| {
-            r.event_type = redact::text(&r.event_type);
-            r.aggregate_type = redact::text(&r.aggregate_type);
-            r.aggregate_id = redact::text(&r.aggregate_id);
-            r.last_error = r.last_error.as_deref().map(redact::text);
-            r.headers = redact::value(&r.headers);
-            r.payload = redact::value(&r.payload);
-            r
-        })
-        .collect();
+    let items = rows.into_iter().map(redacted).collect();
     Ok(DeadPage { items, total, next })
 }
 

@@ -2,49 +2,30 @@
 
 use crate::actions::Action;
 use crate::actions::approvals::{self, Decision};
-use crate::actions::{self, Effect, Outcome, Request};
-use crate::auth::users::Principal;
+use crate::actions::{self, Caller, Effect, Outcome};
 use crate::error::ConsoleError;
-use crate::state::AppState;
-use axum::http::StatusCode;
 use uuid::Uuid;
 
 /// Approve or reject an approval request.
 pub async fn decide(
-    state: &AppState,
-    principal: &Principal,
+    call: &Caller,
     id: Uuid,
     decision: Decision,
     approve: bool,
-    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
-    let action = if approve {
-        Action::ApprovalApprove
-    } else {
-        Action::ApprovalReject
-    };
+    let action = Action::decision(approve);
     let target = format!("approval:{id}");
-    actions::authorize(state, principal, action, &target, &decision.reason).await?;
+    call.authorize(action, &target, &decision.reason).await?;
     let reason = actions::require_reason(&decision.reason)?;
     // Requests whose process moved on are closed as superseded for good (committed on their own:
     // the decision below then answers 409 and rolls back).
+    let state = &call.state;
     approvals::supersede_stale(&mut *state.pool.acquire().await?, state).await?;
-    let (st, p) = (state.clone(), principal.clone());
-    let req = Request {
-        principal,
-        action,
-        target,
-        reason,
-        keyed,
-    };
-    actions::perform(state, req, move |conn| {
+    actions::perform(call, action, target, reason, move |on| {
         Box::pin(async move {
-            let (changes, body) = approvals::decide(conn, &st, &p, id, &decision, approve).await?;
-            Ok(Effect {
-                status: StatusCode::OK,
-                body,
-                changes,
-            })
+            let (changes, body) =
+                approvals::decide(on.conn, on.state, on.principal, id, &decision, approve).await?;
+            Ok(Effect::ok(changes, body))
         })
     })
     .await

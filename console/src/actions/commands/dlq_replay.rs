@@ -3,29 +3,25 @@
 use super::{read, targets};
 use crate::actions::Action;
 use crate::actions::approvals::{self, Pending};
-use crate::actions::{self, Effect, Outcome, Request};
-use crate::auth::users::Principal;
+use crate::actions::{self, Caller, Effect, Outcome};
 use crate::error::ConsoleError;
-use crate::state::AppState;
 use crate::targets::dead_letters;
-use axum::http::StatusCode;
 use serde_json::json;
 
 /// Replay consumer dead letters (same shape as [`super::outbox_requeue::requeue_outbox`]).
 pub async fn replay_dead_letters(
-    state: &AppState,
-    principal: &Principal,
+    call: &Caller,
     consumer: String,
     items: Vec<dead_letters::Item>,
     reason: &str,
     dry_run: bool,
-    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let target = targets(&format!("dlq:{consumer}/"), &items, |i| {
         i.message_id.clone()
     });
-    actions::authorize(state, principal, Action::DlqReplay, &target, reason).await?;
-    dead_letters::listed(&state.settings.consumers, &consumer)?;
+    call.authorize(Action::DlqReplay, &target, reason).await?;
+    let settings = &call.state.settings;
+    dead_letters::listed(&settings.consumers, &consumer)?;
     crate::text::check_all(items.iter().flat_map(|i| {
         [
             ("message_id", Some(i.message_id.as_str())),
@@ -33,58 +29,26 @@ pub async fn replay_dead_letters(
         ]
     }))?;
     if dry_run {
-        let plan = dead_letters::plan(
-            &state.settings.amqp_url,
-            &state.settings.amqp_tls,
-            &consumer,
-            &items,
-        )
-        .await?;
+        let plan =
+            dead_letters::plan(&settings.amqp_url, &settings.amqp_tls, &consumer, &items).await?;
         return Ok(read(
             json!({"dry_run": true, "needs_approval": items.len() > 1, "items": plan}),
         ));
     }
     let reason = actions::require_reason(reason)?;
-    let (st, p, r, t) = (
-        state.clone(),
-        principal.clone(),
-        reason.clone(),
-        target.clone(),
-    );
-    let req = Request {
-        principal,
-        action: Action::DlqReplay,
-        target,
-        reason,
-        keyed,
-    };
-    actions::perform(state, req, move |conn| {
+    actions::perform(call, Action::DlqReplay, target, reason, move |mut on| {
         Box::pin(async move {
+            let settings = &on.state.settings;
             if items.len() == 1 {
-                let (changes, body) = dead_letters::replay(
-                    &st.settings.amqp_url,
-                    &st.settings.amqp_tls,
-                    &consumer,
-                    &items,
-                )
-                .await?;
-                Ok(Effect {
-                    status: StatusCode::OK,
-                    body,
-                    changes,
-                })
+                let (changes, body) =
+                    dead_letters::replay(&settings.amqp_url, &settings.amqp_tls, &consumer, &items)
+                        .await?;
+                Ok(Effect::ok(changes, body))
             } else {
-                dead_letters::check(
-                    &st.settings.amqp_url,
-                    &st.settings.amqp_tls,
-                    &consumer,
-                    &items,
-                )
-                .await?;
+                dead_letters::check(&settings.amqp_url, &settings.amqp_tls, &consumer, &items)
+                    .await?;
                 let pending = Pending::DlqReplay { consumer, items };
-                Ok(approvals::create(conn, &st, &p, &pending, &r, &t)
-                    .await?
-                    .effect())
+                Ok(approvals::create(&mut on, &pending).await?.effect())
             }
         })
     })

@@ -3,35 +3,25 @@
 use super::read;
 use crate::actions::Action;
 use crate::actions::approvals::{self, Pending};
-use crate::actions::{self, Effect, Outcome, Request};
-use crate::auth::users::Principal;
+use crate::actions::{self, Caller, Effect, Outcome};
 use crate::error::ConsoleError;
-use crate::state::AppState;
 use crate::targets::dead_letters;
 use crate::targets::ordered::{self, OrderedAction};
-use axum::http::StatusCode;
 use serde_json::json;
 
 /// An action on an ordered consumer's stuck aggregate: a retry runs now; a skip or a dead-lettered
 /// run is checked on the position seen and recorded for a second person (a dry run says what it
 /// would dead-letter).
 pub async fn ordered_action(
-    state: &AppState,
-    principal: &Principal,
+    call: &Caller,
     consumer: String,
     action: OrderedAction,
     body: ordered::AggregateAction,
-    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let target = body.target(&consumer);
-    actions::authorize(
-        state,
-        principal,
-        Action::Ordered(action),
-        &target,
-        &body.reason,
-    )
-    .await?;
+    call.authorize(Action::Ordered(action), &target, &body.reason)
+        .await?;
+    let state = &call.state;
     dead_letters::listed(&state.settings.consumers, &consumer)?;
     crate::text::check_all([
         ("aggregate_type", Some(body.aggregate_type.as_str())),
@@ -55,38 +45,20 @@ pub async fn ordered_action(
         })));
     }
     let reason = actions::require_reason(&body.reason)?;
-    let (st, p, r, t) = (
-        state.clone(),
-        principal.clone(),
-        reason.clone(),
-        target.clone(),
-    );
-    let req = Request {
-        principal,
-        action: Action::Ordered(action),
-        target,
-        reason,
-        keyed,
-    };
-    actions::perform(state, req, move |conn| {
+    let act = Action::Ordered(action);
+    actions::perform(call, act, target, reason, move |mut on| {
         Box::pin(async move {
+            let schema = &on.state.schema;
             match action.discard() {
                 None => {
-                    let (changes, body) =
-                        ordered::retry(conn, &st.schema, &consumer, &body).await?;
-                    Ok(Effect {
-                        status: StatusCode::OK,
-                        body,
-                        changes,
-                    })
+                    let (changes, body) = ordered::retry(on.conn, schema, &consumer, &body).await?;
+                    Ok(Effect::ok(changes, body))
                 }
                 Some(discard) => {
                     let request =
-                        ordered::request(conn, &st.schema, &consumer, discard, &body).await?;
+                        ordered::request(on.conn, schema, &consumer, discard, &body).await?;
                     let pending = Pending::OrderedDiscard(request);
-                    Ok(approvals::create(conn, &st, &p, &pending, &r, &t)
-                        .await?
-                        .effect())
+                    Ok(approvals::create(&mut on, &pending).await?.effect())
                 }
             }
         })

@@ -2,34 +2,23 @@
 
 use crate::actions::Action;
 use crate::actions::approvals::{self, Pending};
-use crate::actions::{self, Effect, Outcome, Request};
-use crate::auth::users::Principal;
+use crate::actions::{self, Caller, Effect, Outcome};
 use crate::error::ConsoleError;
-use crate::state::AppState;
 use crate::targets::processes::ProcessActionRequest;
-use axum::http::StatusCode;
 use processes::admin::ActionKind;
 use uuid::Uuid;
 
 /// An action on a process: the sensitive ones create an approval request (after checking that the
 /// action is allowed now on the version seen), the others run now.
 pub async fn process_action(
-    state: &AppState,
-    principal: &Principal,
+    call: &Caller,
     id: Uuid,
     action: ActionKind,
     request: ProcessActionRequest,
-    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let target = format!("process:{id}");
-    actions::authorize(
-        state,
-        principal,
-        Action::Process(action),
-        &target,
-        &request.reason,
-    )
-    .await?;
+    let act = Action::Process(action);
+    call.authorize(act, &target, &request.reason).await?;
     let reason = actions::require_reason(&request.reason)?;
     crate::text::check_all([
         ("evidence", request.evidence.as_deref()),
@@ -42,43 +31,29 @@ pub async fn process_action(
             request.remote_check.as_ref().map(|c| c.answer.as_str()),
         ),
     ])?;
-    let backend = state.processes.clone();
-    let (st, p, r, t) = (
-        state.clone(),
-        principal.clone(),
-        reason.clone(),
-        target.clone(),
-    );
-    let req = Request {
-        principal,
-        action: Action::Process(action),
-        target,
-        reason,
-        keyed,
-    };
-    actions::perform(state, req, move |conn| {
+    actions::perform(call, act, target, reason, move |mut on| {
         Box::pin(async move {
-            let checked = backend.check(conn, id, action, &request).await?;
+            let backend = &on.state.processes;
+            let checked = backend.check(on.conn, id, action, &request).await?;
             if checked.needs_approval {
                 let pending = Pending::Process {
                     id,
                     action,
                     request: checked.request,
                 };
-                let mut requested = approvals::create(conn, &st, &p, &pending, &r, &t).await?;
+                let mut requested = approvals::create(&mut on, &pending).await?;
                 requested.change.before = Some(checked.before);
                 Ok(requested.effect())
             } else {
                 let (before, after) = backend
-                    .perform(conn, id, action, &request, &p.name, None)
+                    .perform(on.conn, id, action, &request, &on.principal.name, None)
                     .await?;
                 // The process moved on: requests on the version it had are closed with it.
-                approvals::supersede_stale(conn, &st).await?;
-                Ok(Effect {
-                    status: StatusCode::OK,
-                    body: after.clone(),
-                    changes: vec![crate::targets::Change::process(id, before, after)],
-                })
+                approvals::supersede_stale(on.conn, on.state).await?;
+                Ok(Effect::ok(
+                    vec![crate::targets::Change::process(id, before, after.clone())],
+                    after,
+                ))
             }
         })
     })

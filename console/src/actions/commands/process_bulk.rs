@@ -5,10 +5,8 @@
 use super::read;
 use crate::actions::Action;
 use crate::actions::approvals::{self, Pending};
-use crate::actions::{self, Outcome, Request};
-use crate::auth::users::Principal;
+use crate::actions::{self, Caller, Outcome};
 use crate::error::ConsoleError;
-use crate::state::AppState;
 use crate::targets::processes::{BulkPending, BulkRequest, Frozen, bulk_query};
 use processes::admin::ActionKind;
 use serde_json::{Value, json};
@@ -17,19 +15,18 @@ use serde_json::{Value, json};
 /// check comes first, so a refused caller is audited whatever the filter says; a filter that is
 /// none is a 400 after it.
 pub async fn process_bulk(
-    state: &AppState,
-    principal: &Principal,
+    call: &Caller,
     action: ActionKind,
     request: BulkRequest,
-    keyed: Option<idempotency::Effect>,
 ) -> Result<Outcome, ConsoleError> {
     let target = format!(
         "processes?{}",
         request.filter.describe(request.step.as_deref())
     );
     let act = Action::Process(action);
-    actions::authorize(state, principal, act, &target, &request.reason).await?;
+    call.authorize(act, &target, &request.reason).await?;
     let query = bulk_query(action, &request)?;
+    let state = &call.state;
     let plan = state
         .processes
         .plan_bulk(&state.pool, &query, action)
@@ -68,24 +65,9 @@ pub async fn process_bulk(
         filter: request.filter.clone(),
         items: items.clone(),
     });
-    let (st, p, r, t) = (
-        state.clone(),
-        principal.clone(),
-        reason.clone(),
-        target.clone(),
-    );
-    let req = Request {
-        principal,
-        action: act,
-        target,
-        reason,
-        keyed,
-    };
-    actions::perform(state, req, move |conn| {
+    actions::perform(call, act, target, reason, move |mut on| {
         Box::pin(async move {
-            let mut effect = approvals::create(conn, &st, &p, &pending, &r, &t)
-                .await?
-                .effect();
+            let mut effect = approvals::create(&mut on, &pending).await?.effect();
             if let Value::Object(o) = &mut effect.body {
                 o.insert("items".into(), json!(items));
                 o.insert("selected".into(), json!(items.len()));

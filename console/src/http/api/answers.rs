@@ -1,10 +1,8 @@
 //! The shape of every API answer: `{"error": "..."}` for every error, JSON for an action's
 //! outcome, a 400 for a malformed body only after the role check.
 
-use crate::actions::{self, Action, Outcome};
-use crate::auth::users::Principal;
+use crate::actions::{Action, Caller, Outcome};
 use crate::error::ConsoleError;
-use crate::state::AppState;
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
@@ -66,8 +64,7 @@ pub fn outcome_response(o: Outcome) -> Response {
 /// The body of an action request as `T`. A body that is not one is a 400, but only for a caller
 /// who may do `action` on `target`: anyone else gets (and the audit log records) the 403 first.
 pub(super) async fn parse_for<T: DeserializeOwned>(
-    state: &AppState,
-    p: &Principal,
+    call: &Caller,
     action: Action,
     target: &str,
     body: &Bytes,
@@ -75,7 +72,7 @@ pub(super) async fn parse_for<T: DeserializeOwned>(
     match serde_json::from_slice(body) {
         Ok(t) => Ok(t),
         Err(e) => {
-            actions::authorize(state, p, action, target, "").await?;
+            call.authorize(action, target, "").await?;
             Err(ConsoleError::BadRequest(format!("invalid JSON body: {e}")))
         }
     }

@@ -2,11 +2,9 @@
 
 use super::{Bearer, outcome_response, parse_for, read};
 use crate::actions::approvals::{self, Decision};
-use crate::actions::{Action, commands};
-use crate::auth::users::Principal;
+use crate::actions::{Action, Caller, commands};
 use crate::error::ConsoleError;
 use crate::http::dto::StatusQuery;
-use crate::http::keys::Keyed;
 use crate::state::AppState;
 use axum::Json;
 use axum::body::Bytes;
@@ -27,21 +25,15 @@ pub async fn approval_list(
 }
 
 async fn decide(
-    s: AppState,
-    p: Principal,
+    call: Caller,
     id: Uuid,
-    keyed: Option<idempotency::Effect>,
     body: Bytes,
     approve: bool,
 ) -> Result<Response, ConsoleError> {
-    let action = if approve {
-        Action::ApprovalApprove
-    } else {
-        Action::ApprovalReject
-    };
-    let d: Decision = parse_for(&s, &p, action, &format!("approval:{id}"), &body).await?;
+    let action = Action::decision(approve);
+    let d: Decision = parse_for(&call, action, &format!("approval:{id}"), &body).await?;
     Ok(outcome_response(
-        commands::decide(&s, &p, id, d, approve, keyed).await?,
+        commands::decide(&call, id, d, approve).await?,
     ))
 }
 
@@ -49,24 +41,20 @@ async fn decide(
 #[utoipa::path(post, path = "/api/approvals/{id}/approve", tag = "approvals", request_body = Decision,
     params(("id" = Uuid, Path)), responses((status = 200), (status = 403), (status = 409)))]
 pub async fn approve(
-    State(s): State<AppState>,
-    Bearer(p): Bearer,
+    call: Caller,
     Path(id): Path<Uuid>,
-    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    decide(s, p, id, keyed, body, true).await
+    decide(call, id, body, true).await
 }
 
 /// Reject a request of someone else (approver): nothing runs.
 #[utoipa::path(post, path = "/api/approvals/{id}/reject", tag = "approvals", request_body = Decision,
     params(("id" = Uuid, Path)), responses((status = 200), (status = 403), (status = 409)))]
 pub async fn reject(
-    State(s): State<AppState>,
-    Bearer(p): Bearer,
+    call: Caller,
     Path(id): Path<Uuid>,
-    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    decide(s, p, id, keyed, body, false).await
+    decide(call, id, body, false).await
 }

@@ -2,10 +2,9 @@
 
 use super::{Bearer, outcome_response, parse_for, read};
 use crate::actions::audit;
-use crate::actions::{Action, commands};
+use crate::actions::{Action, Caller, commands};
 use crate::error::ConsoleError;
 use crate::http::dto::ReasonOnly;
-use crate::http::keys::Keyed;
 use crate::state::AppState;
 use axum::Json;
 use axum::body::Bytes;
@@ -42,14 +41,9 @@ pub async fn audit_list(
 
 /// Purge audit entries older than the retention (admin).
 #[utoipa::path(post, path = "/api/audit/actions/purge", tag = "audit", request_body = ReasonOnly, responses((status = 200)))]
-pub async fn audit_purge(
-    State(s): State<AppState>,
-    Bearer(p): Bearer,
-    Keyed(keyed): Keyed,
-    body: Bytes,
-) -> Result<Response, ConsoleError> {
-    let b: ReasonOnly = parse_for(&s, &p, Action::AuditPurge, "audit", &body).await?;
+pub async fn audit_purge(call: Caller, body: Bytes) -> Result<Response, ConsoleError> {
+    let b: ReasonOnly = parse_for(&call, Action::AuditPurge, "audit", &body).await?;
     Ok(outcome_response(
-        commands::purge_audit(&s, &p, &b.reason, keyed).await?,
+        commands::purge_audit(&call, &b.reason).await?,
     ))
 }

@@ -1,9 +1,11 @@
 //! The caller of an API route: a bearer token (`Authorization: Bearer ct_...`), or the session's
-//! user of a forwarded web form ([`Authenticated`]).
+//! user of a forwarded web form ([`Authenticated`]); on an action route, with the
+//! Idempotency-Key's effect ([`Caller`]).
 
-use crate::actions::{self, Action};
+use crate::actions::{self, Action, Caller};
 use crate::auth::users::{self, Authenticated, Principal};
 use crate::error::ConsoleError;
+use crate::http::keys::Keyed;
 use crate::state::AppState;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header;
@@ -37,6 +39,22 @@ impl FromRequestParts<AppState> for Bearer {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         principal_of(parts, state).await.map(Bearer)
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ConsoleError;
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let principal = principal_of(parts, state).await?;
+        let Ok(Keyed(keyed)) = Keyed::from_request_parts(parts, state).await;
+        Ok(Caller {
+            state: state.clone(),
+            principal,
+            keyed,
+        })
     }
 }
 

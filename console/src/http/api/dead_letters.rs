@@ -1,10 +1,9 @@
 //! `/api/dead-letters/...`: a consumer's dead letters; replaying them.
 
 use super::{Bearer, outcome_response, parse_for, read};
-use crate::actions::{Action, commands};
+use crate::actions::{Action, Caller, commands};
 use crate::error::ConsoleError;
 use crate::http::dto::{ConsumerQuery, Replay};
-use crate::http::keys::Keyed;
 use crate::state::AppState;
 use crate::targets::{dead_letters, dead_letters_page};
 use axum::Json;
@@ -46,17 +45,17 @@ pub async fn dead_letter_list(
     params(("consumer" = String, Path)), responses((status = 200), (status = 202),
         (status = 409, description = "a version changed, or the consumer is ordered", body = crate::error::ErrorBody)))]
 pub async fn replay(
-    State(s): State<AppState>,
-    Bearer(p): Bearer,
+    call: Caller,
     Path(consumer): Path<String>,
-    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let b: Replay = parse_for(&s, &p, Action::DlqReplay, &format!("dlq:{consumer}"), &body).await?;
+    let b: Replay = parse_for(&call, Action::DlqReplay, &format!("dlq:{consumer}"), &body).await?;
     let items = if b.all {
         // The role check, then the allowlist, before the queue is read.
         let target = format!("dlq:{consumer}/all");
-        crate::actions::authorize(&s, &p, Action::DlqReplay, &target, &b.reason).await?;
+        call.authorize(Action::DlqReplay, &target, &b.reason)
+            .await?;
+        let s = &call.state;
         dead_letters::listed(&s.settings.consumers, &consumer)?;
         if !b.items.is_empty() {
             return Err(ConsoleError::BadRequest(
@@ -68,6 +67,6 @@ pub async fn replay(
         b.items
     };
     Ok(outcome_response(
-        commands::replay_dead_letters(&s, &p, consumer, items, &b.reason, b.dry_run, keyed).await?,
+        commands::replay_dead_letters(&call, consumer, items, &b.reason, b.dry_run).await?,
     ))
 }

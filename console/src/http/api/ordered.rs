@@ -2,9 +2,8 @@
 //! aggregates, and the actions on them.
 
 use super::{Bearer, outcome_response, parse_for, read};
-use crate::actions::{Action, commands};
+use crate::actions::{Action, Caller, commands};
 use crate::error::ConsoleError;
-use crate::http::keys::Keyed;
 use crate::state::AppState;
 use crate::targets::{
     dead_letters,
@@ -44,22 +43,15 @@ pub async fn ordered_view(
                (status = 404, description = "no such consumer, action or aggregate", body = crate::error::ErrorBody),
                (status = 409, description = "the aggregate moved on since the version seen, or nothing to do: nothing changed", body = crate::error::ErrorBody)))]
 pub async fn ordered_action(
-    State(s): State<AppState>,
-    Bearer(p): Bearer,
+    call: Caller,
     Path((consumer, action)): Path<(String, String)>,
-    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let action: OrderedAction = action.parse()?;
-    let b: ordered::AggregateAction = parse_for(
-        &s,
-        &p,
-        Action::Ordered(action),
-        &format!("ordered:{consumer}"),
-        &body,
-    )
-    .await?;
+    let target = format!("ordered:{consumer}");
+    let b: ordered::AggregateAction =
+        parse_for(&call, Action::Ordered(action), &target, &body).await?;
     Ok(outcome_response(
-        commands::ordered_action(&s, &p, consumer, action, b, keyed).await?,
+        commands::ordered_action(&call, consumer, action, b).await?,
     ))
 }

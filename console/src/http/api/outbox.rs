@@ -1,10 +1,9 @@
 //! `/api/outbox/...`: dead outbox rows and the backlog; requeueing them.
 
 use super::{Bearer, outcome_response, parse_for, read};
-use crate::actions::{Action, commands};
+use crate::actions::{Action, Caller, commands};
 use crate::error::ConsoleError;
 use crate::http::dto::{Limit, RequeueMany, RequeueOne};
-use crate::http::keys::Keyed;
 use crate::state::AppState;
 use crate::targets::{outbox_dead, outbox_dead_page};
 use axum::Json;
@@ -45,26 +44,18 @@ pub async fn backlog(
     responses((status = 200, description = "requeued"), (status = 403, body = crate::error::ErrorBody),
                (status = 409, description = "stale version: nothing changed", body = crate::error::ErrorBody)))]
 pub async fn requeue_one(
-    State(s): State<AppState>,
-    Bearer(p): Bearer,
+    call: Caller,
     Path(id): Path<Uuid>,
-    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let b: RequeueOne = parse_for(
-        &s,
-        &p,
-        Action::OutboxRequeue,
-        &format!("outbox:{id}"),
-        &body,
-    )
-    .await?;
+    let target = format!("outbox:{id}");
+    let b: RequeueOne = parse_for(&call, Action::OutboxRequeue, &target, &body).await?;
     let items = vec![outbox_dead::Item {
         id,
         version: b.version,
     }];
     Ok(outcome_response(
-        commands::requeue_outbox(&s, &p, items, &b.reason, false, keyed).await?,
+        commands::requeue_outbox(&call, items, &b.reason, false).await?,
     ))
 }
 
@@ -73,26 +64,22 @@ pub async fn requeue_one(
 /// says what each would do.
 #[utoipa::path(post, path = "/api/outbox/dead/actions/requeue", tag = "outbox", request_body = RequeueMany,
     responses((status = 200, description = "done or dry run"), (status = 202, description = "approval request created")))]
-pub async fn requeue_many(
-    State(s): State<AppState>,
-    Bearer(p): Bearer,
-    Keyed(keyed): Keyed,
-    body: Bytes,
-) -> Result<Response, ConsoleError> {
-    let b: RequeueMany = parse_for(&s, &p, Action::OutboxRequeue, "outbox:", &body).await?;
+pub async fn requeue_many(call: Caller, body: Bytes) -> Result<Response, ConsoleError> {
+    let b: RequeueMany = parse_for(&call, Action::OutboxRequeue, "outbox:", &body).await?;
     let items = if b.all {
         // The role check first: a refused caller is audited before anything is read.
-        crate::actions::authorize(&s, &p, Action::OutboxRequeue, "outbox:all", &b.reason).await?;
+        call.authorize(Action::OutboxRequeue, "outbox:all", &b.reason)
+            .await?;
         if !b.items.is_empty() {
             return Err(ConsoleError::BadRequest(
                 "either `items` or `all`, not both".into(),
             ));
         }
-        outbox_dead_page::all(&s.pool, &s.schema).await?
+        outbox_dead_page::all(&call.state.pool, &call.state.schema).await?
     } else {
         b.items
     };
     Ok(outcome_response(
-        commands::requeue_outbox(&s, &p, items, &b.reason, b.dry_run, keyed).await?,
+        commands::requeue_outbox(&call, items, &b.reason, b.dry_run).await?,
     ))
 }

@@ -1,9 +1,8 @@
 //! `/api/processes...`: processes, one process, and the actions it offers now.
 
 use super::{Bearer, outcome_response, parse_for, read};
-use crate::actions::{Action, commands};
+use crate::actions::{Action, Caller, commands};
 use crate::error::ConsoleError;
-use crate::http::keys::Keyed;
 use crate::redact;
 use crate::state::AppState;
 use crate::targets::processes::{BulkRequest, ProcessActionRequest, ProcessQuery};
@@ -11,6 +10,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
+use processes::admin::ActionKind;
 use uuid::Uuid;
 
 /// Processes matching a search and filters, newest first, one keyset page at a time:
@@ -54,24 +54,15 @@ pub async fn process_get(
                (status = 409, description = "stale version or not allowed now: nothing changed", body = crate::error::ErrorBody),
                (status = 422, description = "Idempotency-Key used for another request", body = crate::error::ErrorBody)))]
 pub async fn process_action(
-    State(s): State<AppState>,
-    Bearer(p): Bearer,
+    call: Caller,
     Path((id, action)): Path<(Uuid, String)>,
-    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let action = crate::targets::processes::parse_action(&action)
-        .ok_or_else(|| ConsoleError::NotFound(format!("process action {action:?}")))?;
-    let r: ProcessActionRequest = parse_for(
-        &s,
-        &p,
-        Action::Process(action),
-        &format!("process:{id}"),
-        &body,
-    )
-    .await?;
+    let action = offered(&action)?;
+    let target = format!("process:{id}");
+    let r: ProcessActionRequest = parse_for(&call, Action::Process(action), &target, &body).await?;
     Ok(outcome_response(
-        commands::process_action(&s, &p, id, action, r, keyed).await?,
+        commands::process_action(&call, id, action, r).await?,
     ))
 }
 
@@ -87,16 +78,19 @@ pub async fn process_action(
                (status = 400, description = "a filter that is none, an action not offered in bulk, nothing selected", body = crate::error::ErrorBody),
                (status = 403, body = crate::error::ErrorBody)))]
 pub async fn process_bulk(
-    State(s): State<AppState>,
-    Bearer(p): Bearer,
+    call: Caller,
     Path(action): Path<String>,
-    Keyed(keyed): Keyed,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
-    let action = crate::targets::processes::parse_action(&action)
-        .ok_or_else(|| ConsoleError::NotFound(format!("process action {action:?}")))?;
-    let r: BulkRequest = parse_for(&s, &p, Action::Process(action), "processes", &body).await?;
+    let action = offered(&action)?;
+    let r: BulkRequest = parse_for(&call, Action::Process(action), "processes", &body).await?;
     Ok(outcome_response(
-        commands::process_bulk(&s, &p, action, r, keyed).await?,
+        commands::process_bulk(&call, action, r).await?,
     ))
+}
+
+/// The offered process action named `name` in the path; 404 for any other name.
+fn offered(name: &str) -> Result<ActionKind, ConsoleError> {
+    crate::targets::processes::parse_action(name)
+        .ok_or_else(|| ConsoleError::NotFound(format!("process action {name:?}")))
 }

@@ -1,13 +1,11 @@
 //! Approval requests as cards, in the approver's terms (what runs, on what, asked by whom), with
 //! approve and reject forms for an approver who did not ask; and those forms' handlers.
 
-use super::errors::{answer_page, error_page};
-use super::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
+use super::forms::{Fields, answered, csrf_and_version, field, hidden, submit};
 use super::layout::shown;
 use super::session::WebSession;
 use crate::actions::{Action, allowed, approvals};
 use crate::auth::sessions::Session;
-use crate::error::ConsoleError;
 use crate::state::AppState;
 use crate::text::url_encode;
 use axum::Form;
@@ -264,19 +262,10 @@ fn ordered_terms(r: &Value) -> Markup {
 /// A decision form's action: CSRF, then the API route as the session's user; back to the page
 /// the form was on.
 async fn decide(s: AppState, session: Session, id: Uuid, f: Fields, approve: bool) -> Response {
-    let action = if approve {
-        Action::ApprovalApprove
-    } else {
-        Action::ApprovalReject
-    };
-    if let Err(r) = csrf(&s, &session, &f, action.name()).await {
-        return r;
-    }
-    let Some(version) = field(&f, "version").and_then(|v| v.parse::<i32>().ok()) else {
-        return error_page(
-            Some(&session),
-            &ConsoleError::BadRequest("version missing".into()),
-        );
+    let action = Action::decision(approve);
+    let version: i32 = match csrf_and_version(&s, &session, &f, action.name()).await {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     let verb = if approve { "approve" } else { "reject" };
     let body = json!({"reason": field(&f, "reason").unwrap_or(""), "version": version});
@@ -284,18 +273,8 @@ async fn decide(s: AppState, session: Session, id: Uuid, f: Fields, approve: boo
     let back = field(&f, "back")
         .and_then(back_page)
         .unwrap_or_else(|| "/".to_string());
-    match submit(
-        &s,
-        &session,
-        &f,
-        &format!("/api/approvals/{id}/{verb}"),
-        body,
-    )
-    .await
-    {
-        (status, v) if status.is_success() => notice_redirect_to(&back, &v),
-        (status, v) => answer_page(&session, status, &v),
-    }
+    let path = format!("/api/approvals/{id}/{verb}");
+    answered(&session, &back, submit(&s, &session, &f, &path, body).await)
 }
 
 /// The console page a decision form may return to: a process page or an ordered consumer's page

@@ -1,10 +1,10 @@
 //! A consumer's dead letters (of the consumers in `CONSOLE_CONSUMERS`), with the replay form for
 //! a role that may replay; and that form's handler.
 
-use super::errors::{answer_page, error_page};
-use super::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
+use super::errors::error_page;
+use super::forms::{Fields, csrf, hidden};
 use super::layout::{page, shown};
-use super::overview::plan_page;
+use super::overview::submit_selection;
 use super::session::WebSession;
 use crate::actions::{Action, allowed};
 use crate::auth::sessions::Session;
@@ -16,7 +16,6 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
-use serde_json::json;
 
 /// The page's query: which consumer, and the page (cursor and the first row's number).
 #[derive(Debug, Deserialize)]
@@ -173,18 +172,6 @@ pub async fn replay(
             version: ver.to_string(),
         })
         .collect();
-    let dry_run = field(&f, "dry_run").is_some();
-    let all = field(&f, "all").is_some();
-    let body = json!({
-        "reason": field(&f, "reason").unwrap_or(""),
-        "items": if all { Vec::new() } else { items },
-        "all": all,
-        "dry_run": dry_run,
-    });
     let path = format!("/api/dead-letters/{}/actions/replay", url_encode(&consumer));
-    match submit(&s, &session, &f, &path, body).await {
-        (status, v) if status.is_success() && dry_run => plan_page(&session, &v),
-        (status, v) if status.is_success() => notice_redirect_to("/", &v),
-        (status, v) => answer_page(&session, status, &v),
-    }
+    submit_selection(&s, &session, &f, &path, items).await
 }

@@ -2,14 +2,16 @@
 //! POST, and sending the form's action to the API route as the session's user
 //! ([`crate::http::api::forward`]), so a form takes the same path as an API request.
 
-use super::errors::error_page;
+use super::errors::{answer_page, error_page};
 use super::notice::Notice;
 use crate::auth::sessions::Session;
+use crate::error::ConsoleError;
 use crate::state::AppState;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde_json::Value;
+use std::str::FromStr;
 use uuid::Uuid;
 
 /// A form's fields as posted (a name may repeat: `item`).
@@ -46,6 +48,20 @@ pub async fn csrf(state: &AppState, s: &Session, f: &Fields, action: &str) -> Re
     Err(error_page(Some(s), &e))
 }
 
+/// The checks of a form acting on one target at the version the page showed: CSRF ([`csrf`]),
+/// then the field `version` (a form without one is a 400 page).
+pub async fn csrf_and_version<T: FromStr>(
+    state: &AppState,
+    s: &Session,
+    f: &Fields,
+    action: &str,
+) -> Result<T, Response> {
+    csrf(state, s, f, action).await?;
+    field(f, "version")
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| error_page(Some(s), &ConsoleError::BadRequest("version missing".into())))
+}
+
 /// Sends a form's action to the API route `path` with `body`, as the session's user and with the
 /// form's Idempotency-Key; returns the status and the JSON answer.
 pub async fn submit(
@@ -70,4 +86,14 @@ pub async fn submit(
 /// Back to `path` (a page of the console) with the notice for the action's answer `v`.
 pub fn notice_redirect_to(path: &str, v: &Value) -> Response {
     Redirect::to(&Notice::of_answer(v).url(path, v)).into_response()
+}
+
+/// The page of an action's answer ([`submit`]): a success returns to `back` with its notice
+/// ([`notice_redirect_to`]), anything else is the error page ([`answer_page`]).
+pub fn answered(session: &Session, back: &str, (status, v): (StatusCode, Value)) -> Response {
+    if status.is_success() {
+        notice_redirect_to(back, &v)
+    } else {
+        answer_page(session, status, &v)
+    }
 }

@@ -13,26 +13,24 @@ pub struct Panel {
     pub id: u32,
 }
 
+impl Panel {
+    /// Panel `id` of the flow overview (`outbox-overview`).
+    const fn overview(id: u32) -> Self {
+        Self {
+            dashboard: "outbox-overview",
+            id,
+        }
+    }
+}
+
 /// "Waiting events" of the flow overview (the outbox backlog over time).
-pub const OUTBOX_BACKLOG: Panel = Panel {
-    dashboard: "outbox-overview",
-    id: 12,
-};
+pub const OUTBOX_BACKLOG: Panel = Panel::overview(12);
 /// "Oldest pending outbox row" of the flow overview.
-pub const OUTBOX_OLDEST: Panel = Panel {
-    dashboard: "outbox-overview",
-    id: 13,
-};
+pub const OUTBOX_OLDEST: Panel = Panel::overview(13);
 /// "Dead outbox rows" of the flow overview.
-pub const OUTBOX_DEAD: Panel = Panel {
-    dashboard: "outbox-overview",
-    id: 16,
-};
+pub const OUTBOX_DEAD: Panel = Panel::overview(16);
 /// "Dead-letter queues" of the flow overview.
-pub const DEAD_LETTERS: Panel = Panel {
-    dashboard: "outbox-overview",
-    id: 17,
-};
+pub const DEAD_LETTERS: Panel = Panel::overview(17);
 /// "Manual review backlog" of the processes dashboard.
 pub const MANUAL_REVIEW: Panel = Panel {
     dashboard: "processes",

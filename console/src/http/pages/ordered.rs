@@ -5,8 +5,8 @@
 //! skip or a dead-lettered run, which an approver confirms). Everything shown is redacted.
 
 use super::approvals::approvals_table;
-use super::errors::{answer_page, error_page};
-use super::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
+use super::errors::error_page;
+use super::forms::{Fields, answered, csrf_and_version, field, hidden, submit};
 use super::layout::{page, shown};
 use super::notice::NoticeQuery;
 use super::session::WebSession;
@@ -197,14 +197,9 @@ pub async fn action(
         Ok(a) => a,
         Err(e) => return error_page(Some(&session), &e),
     };
-    if let Err(r) = csrf(&s, &session, &f, action.audit_name()).await {
-        return r;
-    }
-    let Some(version) = field(&f, "version").and_then(|v| v.parse::<i64>().ok()) else {
-        return error_page(
-            Some(&session),
-            &ConsoleError::BadRequest("version missing".into()),
-        );
+    let version: i64 = match csrf_and_version(&s, &session, &f, action.audit_name()).await {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     let dry_run = field(&f, "dry_run").is_some();
     let body = json!({
@@ -233,7 +228,6 @@ pub async fn action(
             };
             page(Some(&session), "Dry run", body).into_response()
         }
-        (status, v) if status.is_success() => notice_redirect_to(&back, &v),
-        (status, v) => answer_page(&session, status, &v),
+        answer => answered(&session, &back, answer),
     }
 }

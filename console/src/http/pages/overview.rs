@@ -4,8 +4,8 @@
 use super::approvals::approvals_table;
 use super::audit::audit_table;
 use super::dashboard::{Figures, RefreshQuery, dashboard};
-use super::errors::{answer_page, error_page};
-use super::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
+use super::errors::error_page;
+use super::forms::{Fields, answered, csrf, field, hidden, submit};
 use super::layout::{page, page_refreshing, shown};
 use super::notice::NoticeQuery;
 use super::session::WebSession;
@@ -193,18 +193,30 @@ pub async fn requeue(
             }
         }
     }
-    let dry_run = field(&f, "dry_run").is_some();
-    let all = field(&f, "all").is_some();
+    submit_selection(&s, &session, &f, "/api/outbox/dead/actions/requeue", items).await
+}
+
+/// Sends a selection form's action to the API route `path`: the checked `items`, or `all` ("select
+/// all that match"), with the form's reason. A dry run's answer is its plan ([`plan_page`]), a
+/// done action returns to the overview.
+pub async fn submit_selection<T: serde::Serialize>(
+    state: &AppState,
+    session: &Session,
+    f: &Fields,
+    path: &str,
+    items: Vec<T>,
+) -> Response {
+    let dry_run = field(f, "dry_run").is_some();
+    let all = field(f, "all").is_some();
     let body = json!({
-        "reason": field(&f, "reason").unwrap_or(""),
+        "reason": field(f, "reason").unwrap_or(""),
         "items": if all { Vec::new() } else { items },
         "all": all,
         "dry_run": dry_run,
     });
-    match submit(&s, &session, &f, "/api/outbox/dead/actions/requeue", body).await {
-        (status, v) if status.is_success() && dry_run => plan_page(&session, &v),
-        (status, v) if status.is_success() => notice_redirect_to("/", &v),
-        (status, v) => answer_page(&session, status, &v),
+    match submit(state, session, f, path, body).await {
+        (status, v) if status.is_success() && dry_run => plan_page(session, &v),
+        answer => answered(session, "/", answer),
     }
 }
 

@@ -4,18 +4,25 @@
 use processes::admin::{Action as AdminAction, ActionKind};
 
 /// The process actions the console offers: every kind of the processes crate's vocabulary
-/// ([`ActionKind`]) but `cancel`, which abandons a process without compensating its effects
+/// ([`ActionKind::ALL`]) but `cancel`, which abandons a process without compensating its effects
 /// (resolve_failed ends a manual review and compensates).
-pub const OFFERED: [ActionKind; 8] = [
-    ActionKind::RerunStep,
-    ActionKind::QueryRemote,
-    ActionKind::Escalate,
-    ActionKind::Pause,
-    ActionKind::Resume,
-    ActionKind::RunCompensation,
-    ActionKind::ResolveSucceeded,
-    ActionKind::ResolveFailed,
-];
+pub const OFFERED: [ActionKind; 8] = but_cancel();
+
+/// [`ActionKind::ALL`] without `cancel`, in its order (a vocabulary with another kind, or one
+/// fewer, does not compile: the array's length no longer fits).
+const fn but_cancel() -> [ActionKind; 8] {
+    let mut offered = [ActionKind::Cancel; 8];
+    let (mut i, mut n) = (0, 0);
+    while i < ActionKind::ALL.len() {
+        if !matches!(ActionKind::ALL[i], ActionKind::Cancel) {
+            offered[n] = ActionKind::ALL[i];
+            n += 1;
+        }
+        i += 1;
+    }
+    assert!(n == offered.len(), "ActionKind::ALL has 8 kinds but cancel");
+    offered
+}
 
 /// The offered action named `name` in a URL (`/api/processes/{id}/actions/{name}`); `None` for
 /// an unknown name and for `cancel`.

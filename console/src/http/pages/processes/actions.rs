@@ -8,8 +8,8 @@ use crate::actions::{Action, approvals};
 use crate::auth::roles::Role;
 use crate::auth::sessions::Session;
 use crate::error::ConsoleError;
-use crate::http::pages::errors::{answer_page, error_page};
-use crate::http::pages::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
+use crate::http::pages::errors::error_page;
+use crate::http::pages::forms::{Fields, answered, csrf_and_version, field, hidden, submit};
 use crate::http::pages::layout::shown;
 use crate::http::pages::session::WebSession;
 use crate::state::AppState;
@@ -170,14 +170,9 @@ pub async fn process_action(
             &ConsoleError::NotFound(format!("process action {name:?}")),
         );
     };
-    if let Err(r) = csrf(&s, &session, &f, action.audit_name()).await {
-        return r;
-    }
-    let Some(version) = field(&f, "version").and_then(|v| v.parse::<i64>().ok()) else {
-        return error_page(
-            Some(&session),
-            &ConsoleError::BadRequest("version missing".into()),
-        );
+    let version: i64 = match csrf_and_version(&s, &session, &f, action.audit_name()).await {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     let mut body = json!({"reason": field(&f, "reason").unwrap_or(""), "version": version});
     if let Some(step) = field(&f, "step").and_then(|v| v.parse::<i32>().ok()) {
@@ -194,8 +189,6 @@ pub async fn process_action(
             json!({"checked": checked.unwrap_or(""), "answer": answer.unwrap_or("")});
     }
     let path = format!("/api/processes/{id}/actions/{}", url_encode(action.name()));
-    match submit(&s, &session, &f, &path, body).await {
-        (status, v) if status.is_success() => notice_redirect_to(&format!("/processes/{id}"), &v),
-        (status, v) => answer_page(&session, status, &v),
-    }
+    let back = format!("/processes/{id}");
+    answered(&session, &back, submit(&s, &session, &f, &path, body).await)
 }

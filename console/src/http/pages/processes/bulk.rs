@@ -4,8 +4,8 @@
 //! the processes it selects now with their versions, "Request approval" freezes them in one
 //! approval request (see `crate::targets::processes::bulk`).
 
-use super::super::errors::{answer_page, error_page};
-use super::super::forms::{Fields, csrf, field, hidden, notice_redirect_to, submit};
+use super::super::errors::error_page;
+use super::super::forms::{Fields, answered, csrf, field, hidden, submit};
 use super::super::layout::{page, shown};
 use super::super::session::WebSession;
 use crate::actions::{Action, allowed};
@@ -104,8 +104,7 @@ pub async fn bulk(
     let path = format!("/api/processes/actions/{}", url_encode(action.name()));
     match submit(&s, &session, &f, &path, body_of(&f, dry_run)).await {
         (status, v) if status.is_success() && dry_run => plan_page(&session, &f, &v),
-        (status, v) if status.is_success() => notice_redirect_to("/", &v),
-        (status, v) => answer_page(&session, status, &v),
+        answer => answered(&session, "/", answer),
     }
 }
 
