@@ -13,12 +13,14 @@
 //! - [`raw_amqp`]: a hand-written AMQP publisher for deliveries no client library would encode.
 //! - [`fleet`]: relays and ledger consumers as child processes, payment load, the exact ledger.
 //! - [`browser`]: headless Chromium through chromedriver, for the console's browser tests.
+//! - [`consoles`]: a console in the test's process, with a client for its API and web pages.
 //! - [`TempDir`]: a temporary directory removed when dropped.
 //! - [`workers`]: `process_worker` child processes, waiting for a process's status.
 //! - [`signals`]: SIGTERM and SIGKILL to child processes and process groups.
 //! - [`relays`]: a relay in the test's process, or the `relay` binary as a child process.
 
 pub mod browser;
+pub mod consoles;
 pub mod consumers;
 pub mod demo_stack;
 pub mod fleet;
