@@ -1024,18 +1024,7 @@ async fn a_dead_letter_of_an_ordered_consumer_is_listed_but_replay_is_refused() 
     let dead = consumer::dlq::list(&amqp, &tls, &s.name, 10).await.unwrap();
     assert_eq!(dead.len(), 1, "{dead:?}");
     let conn = s.broker.connect().await;
-    let check = conn.create_channel().await.unwrap();
-    let plain = check
-        .queue_declare(
-            s.name.as_str().into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    let plain = plumbing::amqp::inspect_queue(&conn, &s.name).await.unwrap();
     assert_eq!(plain.message_count(), 0, "nothing replayed into {}", s.name);
     // An unordered consumer's name is not refused by the check.
     consumer::dlq::refuse_ordered(&amqp, &tls, &unique("plain"))
