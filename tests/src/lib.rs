@@ -485,6 +485,26 @@ pub fn msg(aggregate: &str, event_type: &str, n: i64) -> shared::NewMessage {
     )
 }
 
+/// Messages numbered `ns` (body `{"n": n}`) of type `aggregate_type` and event `event_type`,
+/// spread round robin over the aggregates `<prefix>0` to `<prefix><aggregates - 1>`.
+pub fn spread(
+    aggregate_type: &str,
+    event_type: &str,
+    prefix: &str,
+    aggregates: i64,
+    ns: std::ops::Range<i64>,
+) -> Vec<shared::NewMessage> {
+    ns.map(|n| {
+        shared::NewMessage::new(
+            aggregate_type,
+            format!("{prefix}{}", n % aggregates),
+            event_type,
+            serde_json::json!({ "n": n }),
+        )
+    })
+    .collect()
+}
+
 /// The broker side of [`relayed`]: the connection that declared the exchange and the queue, the
 /// queue's name, and the broker (deleting what the test declared when dropped, after the
 /// connection: fields drop in this order).

@@ -12,7 +12,7 @@ use shared::NewMessage;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 use system_tests::ordering::{Observed, aggregate_seq};
-use system_tests::relays::{InProcess, config, patient_options, test_options};
+use system_tests::relays::{InProcess, patient_options, test_options};
 use system_tests::*;
 
 fn msg(aggregate: &str, n: i64) -> NewMessage {
@@ -399,11 +399,7 @@ async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order()
         shared::outbox::enqueue_many(&mut *tx, chunk).await.unwrap();
         tx.commit().await.unwrap();
     }
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, patient_options()),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, patient_options()).await;
     let want: HashSet<String> = all.iter().map(|m| m.id.to_string()).collect();
     let received = receive_all_of(&mut rx, &want, Duration::from_secs(60)).await;
     relay.stop().await;
@@ -455,11 +451,7 @@ async fn nacks_in_the_middle_of_a_pipeline_keep_every_last_copy_in_order() {
         lease_ms: 40_000,
         ..test_options()
     };
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, opts),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, opts).await;
     let want: HashSet<String> = all.iter().map(|m| m.id.to_string()).collect();
     let mut received = receive_all_of(&mut rx, &want, Duration::from_secs(120)).await;
     // Copies sent again after a refusal may still be on their way: wait until every row is

@@ -28,16 +28,7 @@ fn spawn_relay(db_url: &str, direct_url: Option<&str>, exchange: &str) -> Child 
 }
 
 fn msgs(from: i64, to: i64) -> Vec<NewMessage> {
-    (from..to)
-        .map(|n| {
-            NewMessage::new(
-                "order",
-                format!("o-{}", n % 20),
-                "order.created",
-                json!({ "n": n }),
-            )
-        })
-        .collect()
+    spread("order", "order.created", "o-", 20, from..to)
 }
 
 struct Setup {
