@@ -188,6 +188,17 @@ impl TestBroker {
             .unwrap();
         (conn, exchange)
     }
+    /// A connection that declared outbox `exchange` as the relay declares it (with its alternate
+    /// exchange), and a channel of it in confirm mode to publish on.
+    pub async fn outbox_publisher(&self, exchange: &str) -> (lapin::Connection, lapin::Channel) {
+        let conn = self.connect().await;
+        plumbing::amqp::declare_outbox_exchange(&conn, exchange, true)
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(Default::default()).await.unwrap();
+        (conn, ch)
+    }
     /// A fresh queue name, remembered for deletion.
     pub fn queue(&self, prefix: &str) -> String {
         let n = unique(prefix).replace('_', ".");

@@ -176,11 +176,7 @@ async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
 /// aggregate's next row is published as a CloudEvent all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_with_an_attribute_over_4096_bytes_goes_dead_with_the_reason() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("ce");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
 
     let too_long = NewMessage::new("order", "o-1", "order.placed", json!({"n": 1}))
         .with_header("tracestate", "k=v,".repeat(1100));

@@ -4,7 +4,7 @@
 
 use consumer::topology::Topology;
 use consumer::{Config, Handler, HandlerError, Handlers};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::BasicPublishOptions;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use serde_json::json;
@@ -72,14 +72,7 @@ struct Publisher {
 
 impl Publisher {
     async fn new(broker: &TestBroker, exchange: &str) -> Self {
-        let conn = broker.connect().await;
-        plumbing::amqp::declare_outbox_exchange(&conn, exchange, true)
-            .await
-            .unwrap();
-        let ch = conn.create_channel().await.unwrap();
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
+        let (conn, ch) = broker.outbox_publisher(exchange).await;
         Self {
             _conn: conn,
             ch,

@@ -163,15 +163,7 @@ async fn publish(
 }
 
 async fn publisher(s: &Setup) -> (lapin::Connection, Channel) {
-    let conn = s.broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &s.exchange, true)
-        .await
-        .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    (conn, ch)
+    s.broker.outbox_publisher(&s.exchange).await
 }
 
 #[tokio::test]
