@@ -560,15 +560,29 @@ pub async fn collect_queue(
     queue: &str,
     keys: &[&str],
 ) -> tokio::sync::mpsc::UnboundedReceiver<Received> {
-    use futures::StreamExt;
-    use lapin::options::*;
+    use lapin::options::QueueDeclareOptions;
     use lapin::types::FieldTable;
     let durable = QueueDeclareOptions {
         durable: true,
         ..Default::default()
     };
     let ch = declare_bound_queue(conn, exchange, queue, keys, durable, FieldTable::default()).await;
-    ch.basic_qos(1000, BasicQosOptions::default())
+    forward_deliveries(ch, queue, 1000, None).await
+}
+
+/// Consumes `queue` on `ch` (which it keeps), at most `prefetch` deliveries unacknowledged, and
+/// returns a stream of everything it receives: acked on receipt (`no_ack`) when `ack_after` is
+/// `None`, else each acked after waiting `ack_after` (a slow consumer).
+pub async fn forward_deliveries(
+    ch: lapin::Channel,
+    queue: &str,
+    prefetch: u16,
+    ack_after: Option<Duration>,
+) -> tokio::sync::mpsc::UnboundedReceiver<Received> {
+    use futures::StreamExt;
+    use lapin::options::*;
+    use lapin::types::FieldTable;
+    ch.basic_qos(prefetch, BasicQosOptions::default())
         .await
         .unwrap();
     let mut consumer = ch
@@ -576,7 +590,7 @@ pub async fn collect_queue(
             queue.into(),
             "".into(),
             BasicConsumeOptions {
-                no_ack: true,
+                no_ack: ack_after.is_none(),
                 ..Default::default()
             },
             FieldTable::default(),
@@ -587,7 +601,13 @@ pub async fn collect_queue(
     tokio::spawn(async move {
         let _keep = ch;
         while let Some(Ok(d)) = consumer.next().await {
+            if let Some(delay) = ack_after {
+                tokio::time::sleep(delay).await;
+            }
             let r = Received::from_delivery(&d);
+            if ack_after.is_some() && d.acker.ack(Default::default()).await.is_err() {
+                return;
+            }
             if tx.send(r).is_err() {
                 return;
             }

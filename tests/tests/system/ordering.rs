@@ -4,7 +4,7 @@
 //! pipeline. (Returns, link cuts and a killed relay are checked in relay.rs, a channel closed by
 //! the broker in hostile_rows.rs.)
 
-use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use relay::RelayOptions;
 use serde_json::json;
@@ -349,34 +349,12 @@ async fn consume(
     arguments: FieldTable,
     delay: Duration,
 ) -> tokio::sync::mpsc::UnboundedReceiver<Received> {
-    use futures::StreamExt;
     let exclusive = QueueDeclareOptions {
         exclusive: true,
         ..Default::default()
     };
     let ch = declare_bound_queue(conn, exchange, queue, &["#"], exclusive, arguments).await;
-    ch.basic_qos(1, BasicQosOptions::default()).await.unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let _keep = ch;
-        while let Some(Ok(d)) = consumer.next().await {
-            tokio::time::sleep(delay).await;
-            let r = Received::from_delivery(&d);
-            if d.acker.ack(Default::default()).await.is_err() || tx.send(r).is_err() {
-                return;
-            }
-        }
-    });
-    rx
+    forward_deliveries(ch, queue, 1, Some(delay)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
