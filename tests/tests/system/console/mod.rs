@@ -153,6 +153,15 @@ impl Console {
         .unwrap()
     }
 
+    /// Makes outbox row `id` dead again, as before its requeue.
+    async fn make_dead(&self, id: Uuid) {
+        sqlx::query("UPDATE outbox.messages SET state = 'dead' WHERE id = $1")
+            .bind(id)
+            .execute(&self.db.pool)
+            .await
+            .unwrap();
+    }
+
     async fn version(&self, id: Uuid) -> i64 {
         sqlx::query_scalar("SELECT xmin::text::bigint FROM outbox.messages WHERE id = $1")
             .bind(id)
@@ -542,11 +551,7 @@ async fn the_same_idempotency_key_replays_and_repeats_no_effect() {
     let (s, first, replayed) = c.post(&op, &path, body.clone(), Some("k-1")).await;
     assert_eq!((s, replayed), (StatusCode::OK, false), "{first}");
     assert_eq!(c.state(id).await, "pending");
-    sqlx::query("UPDATE outbox.messages SET state = 'dead' WHERE id = $1")
-        .bind(id)
-        .execute(&c.db.pool)
-        .await
-        .unwrap();
+    c.make_dead(id).await;
     let (s, again, replayed) = c.post(&op, &path, body.clone(), Some("k-1")).await;
     assert_eq!((s, replayed), (StatusCode::OK, true));
     assert_eq!(again, first);
@@ -1110,11 +1115,7 @@ async fn web_sessions_csrf_and_expiry() {
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(c.state(id).await, "pending");
     // The same form sent again (a double click, a reload): its key replays, nothing runs twice.
-    sqlx::query("UPDATE outbox.messages SET state = 'dead' WHERE id = $1")
-        .bind(id)
-        .execute(&c.db.pool)
-        .await
-        .unwrap();
+    c.make_dead(id).await;
     let r = submit().await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(c.state(id).await, "dead", "the form ran twice");
@@ -1493,7 +1494,6 @@ async fn metrics_health_readiness_and_openapi() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_approves() {
-    use fantoccini::Locator;
     let c = Console::start().await;
     let op = c.user("operator-olivia", Role::Operator).await;
     let ap = c.user("approver-arthur", Role::Approver).await;
@@ -1547,13 +1547,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
 
     // The page shows the rows requeued and both audit entries.
     let source = b.source().await.unwrap();
-    let dead_table = b
-        .find(Locator::Id("dead-rows"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let dead_table = text_of(&b, "dead-rows").await;
     assert!(
         !dead_table.contains(&ids[0].to_string()) && !dead_table.contains(&ids[1].to_string()),
         "{dead_table}"
@@ -1562,24 +1556,17 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
         dead_table.contains(&ids[2].to_string()),
         "the unselected row stays dead"
     );
-    let audit = b
-        .find(Locator::Id("audit"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        audit.contains("operator-olivia")
-            && audit.contains("requested")
-            && audit.contains("gateway outage over, INC-42"),
-        "{audit}"
-    );
-    assert!(
-        audit.contains("approver-arthur")
-            && audit.contains("approved")
-            && audit.contains("checked the gateway"),
-        "{audit}"
+    let audit = text_of(&b, "audit").await;
+    assert_names_each(
+        &audit,
+        &[
+            (
+                "operator-olivia",
+                "requested",
+                "gateway outage over, INC-42",
+            ),
+            ("approver-arthur", "approved", "checked the gateway"),
+        ],
     );
     assert!(
         source.contains(&format!("outbox:{}", ids[0]))
@@ -1973,6 +1960,16 @@ impl Payments {
     }
 }
 
+/// Asserts that `text` holds each `(who, outcome, reason)`: all three of an entry somewhere in it.
+fn assert_names_each(text: &str, entries: &[(&str, &str, &str)]) {
+    for (who, outcome, reason) in entries {
+        assert!(
+            text.contains(who) && text.contains(outcome) && text.contains(reason),
+            "{who} {outcome}: {text}"
+        );
+    }
+}
+
 /// What the browser shows in element `id`.
 async fn text_of(b: &fantoccini::Client, id: &str) -> String {
     b.find(fantoccini::Locator::Id(id))
@@ -2147,7 +2144,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
     )
     .await;
     let actions = text_of(&b, "process-audit").await;
-    for (who, outcome, reason) in [
+    let entries = [
         (
             "operator-olivia",
             "requested",
@@ -2158,7 +2155,8 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
             "approved",
             "checked the order: cancelled, refund due",
         ),
-    ] {
+    ];
+    for (who, outcome, reason) in entries {
         assert!(
             actions
                 .lines()
@@ -2169,18 +2167,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
     // The full history sits behind the step strip: open it to read it.
     click(&b, "history-toggle").await;
     let timeline = text_of(&b, "timeline").await;
-    assert!(
-        timeline.contains("operator-olivia")
-            && timeline.contains("requested")
-            && timeline.contains("order cancelled by support, INC-77"),
-        "{timeline}"
-    );
-    assert!(
-        timeline.contains("approver-arthur")
-            && timeline.contains("approved")
-            && timeline.contains("checked the order: cancelled, refund due"),
-        "{timeline}"
-    );
+    assert_names_each(&timeline, &entries);
     assert!(
         timeline.contains("console:operator-olivia (approved by console:approver-arthur)"),
         "the transition names who asked and who approved: {timeline}"
