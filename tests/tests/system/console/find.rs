@@ -492,15 +492,8 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
     .await;
 
     let approval = asked["approval"].as_str().unwrap();
-    let done = c
-        .post_expect(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "checked the provider", "version": 1}),
-            None,
-            StatusCode::OK,
-        )
-        .await;
+    let (s, done) = c.try_approve(&ap, approval, "checked the provider").await;
+    assert_eq!(s, StatusCode::OK, "{done}");
     let skipped = done["result"]["skipped"].as_array().unwrap();
     assert_eq!(skipped.len(), 1, "{done}");
     assert_eq!(skipped[0]["id"], json!(moved));
@@ -525,14 +518,7 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
         );
     }
     // Approving again changes nothing.
-    let (s, _, _) = c
-        .post(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "again", "version": 1}),
-            None,
-        )
-        .await;
+    let (s, _) = c.try_approve(&ap, approval, "again").await;
     assert_eq!(s, StatusCode::CONFLICT);
     for id in [keyed[0], keyed[2]] {
         assert_eq!(acted(&c, id, "rerun_step").await, 1);

@@ -235,14 +235,7 @@ async fn a_process_page_opens_with_its_step_strip_and_every_link_on_the_looked_a
         bobs.contains("<span class=\"figure\" id=\"approvals-for-me\">1</span>"),
         "{bobs}"
     );
-    let (s, _, _) = c
-        .post(
-            &bob,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "checked the order", "version": 1}),
-            None,
-        )
-        .await;
+    let (s, _) = c.try_approve(&bob, &approval, "checked the order").await;
     assert_eq!(s, StatusCode::OK);
     // The release is added when the refund is done; nothing runs it here (no worker): the strip
     // still shows the refund approved and what is left.

@@ -126,14 +126,22 @@ impl Console {
 
     /// `token` approves `approval` (version 1), which must answer 200; returns the answer.
     async fn approve(&self, token: &str, approval: &str) -> Value {
-        self.post_expect(
-            token,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-            StatusCode::OK,
-        )
-        .await
+        let (status, body) = self.try_approve(token, approval, "ok").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    /// `token` approves `approval` (version 1) giving `reason`, whatever the answer.
+    async fn try_approve(&self, token: &str, approval: &str, reason: &str) -> (StatusCode, Value) {
+        let (status, body, _) = self
+            .post(
+                token,
+                &format!("/api/approvals/{approval}/approve"),
+                json!({"reason": reason, "version": 1}),
+                None,
+            )
+            .await;
+        (status, body)
     }
 
     /// Inserts `n` dead rows carrying secrets; returns their ids.
@@ -512,14 +520,7 @@ async fn a_stale_version_answers_409_and_changes_nothing() {
         .execute(&c.db.pool)
         .await
         .unwrap();
-    let (s, _, _) = c
-        .post(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-        )
-        .await;
+    let (s, _) = c.try_approve(&ap, &approval, "ok").await;
     assert_eq!(s, StatusCode::CONFLICT);
     assert_eq!(
         (c.state(ids[1]).await, c.state(ids[2]).await),
@@ -862,14 +863,8 @@ async fn an_approval_of_a_process_that_changed_meanwhile_is_refused_and_changes_
     assert_eq!(s, StatusCode::OK);
     let changed = c.process_state(id).await;
 
-    c.post_expect(
-        &bob,
-        &format!("/api/approvals/{approval}/approve"),
-        json!({"reason": "ok", "version": 1}),
-        None,
-        StatusCode::CONFLICT,
-    )
-    .await;
+    let (s, body) = c.try_approve(&bob, &approval, "ok").await;
+    assert_eq!(s, StatusCode::CONFLICT, "{body}");
     assert_eq!(c.process_state(id).await, changed, "nothing changed");
     assert_eq!(fx::effects(&c.db.pool, id).await, (1, 0), "no refund");
     assert_eq!(
@@ -2561,14 +2556,7 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
     let approval = body["approval"].as_str().unwrap().to_string();
     assert_eq!(c.process_state(pid).await, before, "nothing changed");
     // Nor by herself.
-    let (s, _, _) = c
-        .post(
-            &alice,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "mine", "version": 1}),
-            None,
-        )
-        .await;
+    let (s, _) = c.try_approve(&alice, &approval, "mine").await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     // Below the console, the processes crate refuses it to one person too.
     let v = processes::admin::get(&c.db.pool, &Schema::default(), pid)
@@ -3158,14 +3146,7 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
         "{list:?}"
     );
     assert_eq!(list[0]["process"]["paused"], json!(true));
-    let (s, _, _) = c
-        .post(
-            &bob,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-        )
-        .await;
+    let (s, _) = c.try_approve(&bob, approval, "ok").await;
     assert_eq!(s, StatusCode::CONFLICT);
     let now = c.process_view(&olga, id).await;
     let (s, fresh, _) = ask(olga.clone(), "still refund", now["version"].clone()).await;
