@@ -1836,9 +1836,7 @@ async fn an_ordered_consumers_dead_letters_are_listed_but_replay_answers_409() {
 struct Payments {
     _provider: tokio::process::Child,
     admin: payment_provider::client::Client,
-    api: String,
-    key: String,
-    http: reqwest::Client,
+    api: system_tests::demo_stack::ApiClient,
     shutdown: CancellationToken,
 }
 
@@ -1893,23 +1891,13 @@ impl Payments {
         Self {
             _provider: provider,
             admin: payment_provider::client::Client::new(&url, Duration::from_secs(30)).unwrap(),
-            api,
-            key,
-            http: reqwest::Client::new(),
+            api: system_tests::demo_stack::ApiClient::new(api, key),
             shutdown,
         }
     }
 
     async fn post(&self, path: &str, key: &str, body: Value) -> Value {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .bearer_auth(&self.key)
-            .header("Idempotency-Key", key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = self.api.post(path, key, &body.to_string(), &[]).await;
         assert!(r.status().is_success(), "{path}: {}", r.status());
         r.json().await.unwrap()
     }
