@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use system_tests::consumers::example_consumer_command;
+use system_tests::consumers::{example_consumer_command, processed_rows};
 use system_tests::fleet::metric;
 use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
@@ -231,14 +231,6 @@ async fn ledger(pool: &PgPool) -> BTreeMap<String, (i64, i64)> {
 
 async fn total_updates(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT COALESCE(sum(updates), 0)::bigint FROM demo.ledger_balances")
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-async fn processed_rows(pool: &PgPool, consumer: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1")
-        .bind(consumer)
         .fetch_one(pool)
         .await
         .unwrap()
