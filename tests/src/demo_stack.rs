@@ -118,6 +118,15 @@ pub async fn start_api_with(
     (format!("http://{}", server.local_addr()), key)
 }
 
+/// Support cancels order `order` (the demo's row, as its back office would).
+pub async fn cancel_order(db: &TestDb, order: uuid::Uuid) {
+    sqlx::query("UPDATE demo.orders SET status = 'cancelled' WHERE id = $1")
+        .bind(order)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+}
+
 /// A client of the demo API at `base` as the tenant of API key `key`, each request limited to 30 s.
 pub struct ApiClient {
     pub base: String,

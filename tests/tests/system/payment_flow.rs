@@ -483,11 +483,7 @@ async fn an_order_cancelled_before_the_capture_needs_an_approved_refund() {
     let (order, payment) = f.pay(1).await;
     f.wait_charged(payment).await;
     // Support cancels the order while the charge's answer is still outstanding.
-    sqlx::query("UPDATE demo.orders SET status = 'cancelled' WHERE id = $1")
-        .bind(order)
-        .execute(&f.db.pool)
-        .await
-        .unwrap();
+    demo_stack::cancel_order(&f.db, order).await;
     f.admin.set_faults("").await.unwrap();
     f.wait_status(payment, "manual_review").await;
     assert_eq!(f.step(payment, "forward", "charge").await.0, "succeeded");

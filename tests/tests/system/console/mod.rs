@@ -2006,11 +2006,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         (!pay.charges(&payment).await.is_empty()).then_some(())
     })
     .await;
-    sqlx::query("UPDATE demo.orders SET status = 'cancelled' WHERE id = $1")
-        .bind(order_id)
-        .execute(&c.db.pool)
-        .await
-        .unwrap();
+    system_tests::demo_stack::cancel_order(&c.db, order_id).await;
     pay.admin.set_faults("").await.unwrap();
     let pid: Uuid = sqlx::query_scalar(
         "SELECT id FROM outbox.processes WHERE kind = 'payment' AND business_key = $1",
