@@ -92,6 +92,15 @@ pub fn example_consumer_command(
     cmd
 }
 
+/// How many messages consumer `consumer` has recorded as processed (its dedup rows).
+pub async fn processed_rows(pool: &sqlx::PgPool, consumer: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1")
+        .bind(consumer)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// Remembers every queue and exchange consumer `name` declares (with `retry_delays`), and, for
 /// an ordered consumer (`partitions`), its partition queues and headers exchange.
 pub fn track_consumer(

@@ -117,3 +117,56 @@ pub async fn start_api_with(
         .expect("create an API key");
     (format!("http://{}", server.local_addr()), key)
 }
+
+/// Support cancels order `order` (the demo's row, as its back office would).
+pub async fn cancel_order(db: &TestDb, order: uuid::Uuid) {
+    sqlx::query("UPDATE demo.orders SET status = 'cancelled' WHERE id = $1")
+        .bind(order)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+}
+
+/// A client of the demo API at `base` as the tenant of API key `key`, each request limited to 30 s.
+pub struct ApiClient {
+    pub base: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+impl ApiClient {
+    pub fn new(base: String, key: String) -> Self {
+        Self {
+            base,
+            key,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// POSTs JSON text `body` to `path` with Idempotency-Key `idempotency_key` and the extra
+    /// `headers`; the answer, whatever it is.
+    pub async fn post(
+        &self,
+        path: &str,
+        idempotency_key: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Response {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", idempotency_key)
+            .header("content-type", "application/json");
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        req.body(body.to_string())
+            .send()
+            .await
+            .expect("HTTP request")
+    }
+}

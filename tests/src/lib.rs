@@ -13,12 +13,14 @@
 //! - [`raw_amqp`]: a hand-written AMQP publisher for deliveries no client library would encode.
 //! - [`fleet`]: relays and ledger consumers as child processes, payment load, the exact ledger.
 //! - [`browser`]: headless Chromium through chromedriver, for the console's browser tests.
+//! - [`consoles`]: a console in the test's process, with a client for its API and web pages.
 //! - [`TempDir`]: a temporary directory removed when dropped.
 //! - [`workers`]: `process_worker` child processes, waiting for a process's status.
 //! - [`signals`]: SIGTERM and SIGKILL to child processes and process groups.
 //! - [`relays`]: a relay in the test's process, or the `relay` binary as a child process.
 
 pub mod browser;
+pub mod consoles;
 pub mod consumers;
 pub mod demo_stack;
 pub mod fleet;
@@ -185,6 +187,17 @@ impl TestBroker {
             .await
             .unwrap();
         (conn, exchange)
+    }
+    /// A connection that declared outbox `exchange` as the relay declares it (with its alternate
+    /// exchange), and a channel of it in confirm mode to publish on.
+    pub async fn outbox_publisher(&self, exchange: &str) -> (lapin::Connection, lapin::Channel) {
+        let conn = self.connect().await;
+        plumbing::amqp::declare_outbox_exchange(&conn, exchange, true)
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(Default::default()).await.unwrap();
+        (conn, ch)
     }
     /// A fresh queue name, remembered for deletion.
     pub fn queue(&self, prefix: &str) -> String {
@@ -483,6 +496,26 @@ pub fn msg(aggregate: &str, event_type: &str, n: i64) -> shared::NewMessage {
     )
 }
 
+/// Messages numbered `ns` (body `{"n": n}`) of type `aggregate_type` and event `event_type`,
+/// spread round robin over the aggregates `<prefix>0` to `<prefix><aggregates - 1>`.
+pub fn spread(
+    aggregate_type: &str,
+    event_type: &str,
+    prefix: &str,
+    aggregates: i64,
+    ns: std::ops::Range<i64>,
+) -> Vec<shared::NewMessage> {
+    ns.map(|n| {
+        shared::NewMessage::new(
+            aggregate_type,
+            format!("{prefix}{}", n % aggregates),
+            event_type,
+            serde_json::json!({ "n": n }),
+        )
+    })
+    .collect()
+}
+
 /// The broker side of [`relayed`]: the connection that declared the exchange and the queue, the
 /// queue's name, and the broker (deleting what the test declared when dropped, after the
 /// connection: fields drop in this order).
@@ -527,15 +560,29 @@ pub async fn collect_queue(
     queue: &str,
     keys: &[&str],
 ) -> tokio::sync::mpsc::UnboundedReceiver<Received> {
-    use futures::StreamExt;
-    use lapin::options::*;
+    use lapin::options::QueueDeclareOptions;
     use lapin::types::FieldTable;
     let durable = QueueDeclareOptions {
         durable: true,
         ..Default::default()
     };
     let ch = declare_bound_queue(conn, exchange, queue, keys, durable, FieldTable::default()).await;
-    ch.basic_qos(1000, BasicQosOptions::default())
+    forward_deliveries(ch, queue, 1000, None).await
+}
+
+/// Consumes `queue` on `ch` (which it keeps), at most `prefetch` deliveries unacknowledged, and
+/// returns a stream of everything it receives: acked on receipt (`no_ack`) when `ack_after` is
+/// `None`, else each acked after waiting `ack_after` (a slow consumer).
+pub async fn forward_deliveries(
+    ch: lapin::Channel,
+    queue: &str,
+    prefetch: u16,
+    ack_after: Option<Duration>,
+) -> tokio::sync::mpsc::UnboundedReceiver<Received> {
+    use futures::StreamExt;
+    use lapin::options::*;
+    use lapin::types::FieldTable;
+    ch.basic_qos(prefetch, BasicQosOptions::default())
         .await
         .unwrap();
     let mut consumer = ch
@@ -543,7 +590,7 @@ pub async fn collect_queue(
             queue.into(),
             "".into(),
             BasicConsumeOptions {
-                no_ack: true,
+                no_ack: ack_after.is_none(),
                 ..Default::default()
             },
             FieldTable::default(),
@@ -554,7 +601,13 @@ pub async fn collect_queue(
     tokio::spawn(async move {
         let _keep = ch;
         while let Some(Ok(d)) = consumer.next().await {
+            if let Some(delay) = ack_after {
+                tokio::time::sleep(delay).await;
+            }
             let r = Received::from_delivery(&d);
+            if ack_after.is_some() && d.acker.ack(Default::default()).await.is_err() {
+                return;
+            }
             if tx.send(r).is_err() {
                 return;
             }

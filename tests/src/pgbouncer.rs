@@ -1,7 +1,7 @@
 //! A PgBouncer of the test's own (Debian's `pgbouncer`), on a free port with its own
 //! configuration, in front of a PostgreSQL server (the shared one or a private one).
 
-use crate::tls_pg::{as_user, chown};
+use crate::tls_pg::{chown, run_as};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -36,19 +36,11 @@ impl PgBouncer {
         chown(&dir, "postgres");
         let bouncer = Self { dir, port };
         // -d: daemonizes once it listens (or fails with its reason on stderr).
-        let out = as_user(
+        run_as(
             "postgres",
             "/usr/sbin/pgbouncer",
             &["-d", &format!("{d}/pgbouncer.ini")],
-        )
-        .output()
-        .expect("run pgbouncer");
-        assert!(
-            out.status.success(),
-            "pgbouncer failed: {}{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            bouncer.log()
+            || bouncer.log(),
         );
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {

@@ -1,7 +1,7 @@
 //! A relay in the test's own process, or the `relay` binary as a child process, with settings
 //! that make failures show quickly.
 
-use crate::{bin_path, free_addr};
+use crate::{TestDb, amqp_url, bin_path, free_addr};
 use plumbing::config::Connections;
 use plumbing::telemetry::Readiness;
 use relay::{RelayConfig, RelayOptions};
@@ -148,6 +148,15 @@ impl InProcess {
             readiness,
         }
     }
+    /// A relay on `db` publishing to `exchange` on the shared RabbitMQ, with `options`.
+    pub async fn on(db: &TestDb, exchange: &str, options: RelayOptions) -> Self {
+        Self::start(
+            db.pool.clone(),
+            config(&db.url, &amqp_url(), exchange, options),
+        )
+        .await
+    }
+
     pub async fn stop(self) {
         self.stop.cancel();
         tokio::time::timeout(Duration::from_secs(20), self.handle)

@@ -122,16 +122,7 @@ impl PrivatePg {
     }
 
     fn run(&self, tool: &str, args: &[&str]) {
-        let out = as_user("postgres", &format!("{BIN}/{tool}"), args)
-            .output()
-            .unwrap_or_else(|e| panic!("run {tool}: {e}"));
-        assert!(
-            out.status.success(),
-            "{tool} {args:?} failed: {}{}\nserver log:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            self.log()
-        );
+        run_as("postgres", &format!("{BIN}/{tool}"), args, || self.log());
     }
 }
 
@@ -154,6 +145,21 @@ impl Drop for PrivatePg {
 }
 
 /// `program args` as `user` (through runuser when the tests run as root, as in CI).
+/// Runs `program` with `args` as `user` ([`as_user`]) to its end; panics unless it succeeded,
+/// with its output and the `log` it wrote to (read only then).
+pub(crate) fn run_as(user: &str, program: &str, args: &[&str], log: impl FnOnce() -> String) {
+    let out = as_user(user, program, args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}{}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        log()
+    );
+}
+
 pub(crate) fn as_user(user: &str, program: &str, args: &[&str]) -> Command {
     if is_root() {
         let mut c = Command::new("runuser");

@@ -11,8 +11,7 @@
 //! PATH or through `PROMETHEUS_BIN`. Without it the test fails: it never skips.
 
 use serde::Deserialize;
-use serde_json::{Value, json};
-use shared::NewMessage;
+use serde_json::Value;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -353,16 +352,7 @@ async fn backlog_alerts_fire_while_the_broker_link_is_cut_and_resolve_when_it_is
         || async { (!relay_ready(&http, metrics).await).then_some(()) },
     )
     .await;
-    let msgs: Vec<NewMessage> = (0..50)
-        .map(|n| {
-            NewMessage::new(
-                "test",
-                format!("agg-{}", n % 10),
-                "thing.happened",
-                json!({ "n": n }),
-            )
-        })
-        .collect();
+    let msgs = spread("test", "thing.happened", "agg-", 10, 0..50);
     let mut tx = db.pool.begin().await.unwrap();
     shared::outbox::enqueue_many(&mut *tx, &msgs).await.unwrap();
     sqlx::query("UPDATE outbox.messages SET created_at = now() - interval '1 hour'")

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use shared::NewMessage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-use system_tests::relays::{InProcess, config, test_options};
+use system_tests::relays::{InProcess, test_options};
 use system_tests::*;
 
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -86,11 +86,7 @@ async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
         cloudevents_type_prefix: "com.example.".into(),
         ..test_options()
     };
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, options),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, options).await;
     wait_no_pending(&db.pool, Duration::from_secs(30)).await;
     relay.stop().await;
     assert_eq!(outbox_count(&db.pool, "dead").await, 0);
@@ -180,11 +176,7 @@ async fn a_cloudevents_sdk_reads_every_attribute_and_the_data() {
 /// aggregate's next row is published as a CloudEvent all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_with_an_attribute_over_4096_bytes_goes_dead_with_the_reason() {
-    let db = TestDb::new().await;
-    let broker = TestBroker::new();
-    let (conn, exchange) = broker.declared_outbox(true).await;
-    let queue = broker.queue("ce");
-    let mut rx = collect_queue(&conn, &exchange, &queue, &["#"]).await;
+    let (db, exchange, mut rx, _keep) = relayed(true, &["#"]).await;
 
     let too_long = NewMessage::new("order", "o-1", "order.placed", json!({"n": 1}))
         .with_header("tracestate", "k=v,".repeat(1100));
@@ -199,11 +191,7 @@ async fn a_row_with_an_attribute_over_4096_bytes_goes_dead_with_the_reason() {
         cloudevents: Mode::Binary,
         ..test_options()
     };
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, options),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, options).await;
     let received = receive_n(&mut rx, 1, Duration::from_secs(30)).await;
     relay.stop().await;
     assert_eq!(received[0].message_id, next.id.to_string());

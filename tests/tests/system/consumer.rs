@@ -4,7 +4,7 @@
 
 use consumer::topology::Topology;
 use consumer::{Config, Handler, HandlerError, Handlers};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::BasicPublishOptions;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use serde_json::json;
@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use system_tests::consumers::example_consumer_command;
+use system_tests::consumers::{example_consumer_command, processed_rows};
 use system_tests::fleet::metric;
 use system_tests::relays::FAST_FLAGS;
 use system_tests::*;
@@ -72,14 +72,7 @@ struct Publisher {
 
 impl Publisher {
     async fn new(broker: &TestBroker, exchange: &str) -> Self {
-        let conn = broker.connect().await;
-        plumbing::amqp::declare_outbox_exchange(&conn, exchange, true)
-            .await
-            .unwrap();
-        let ch = conn.create_channel().await.unwrap();
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
+        let (conn, ch) = broker.outbox_publisher(exchange).await;
         Self {
             _conn: conn,
             ch,
@@ -238,14 +231,6 @@ async fn ledger(pool: &PgPool) -> BTreeMap<String, (i64, i64)> {
 
 async fn total_updates(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT COALESCE(sum(updates), 0)::bigint FROM demo.ledger_balances")
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-async fn processed_rows(pool: &PgPool, consumer: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1")
-        .bind(consumer)
         .fetch_one(pool)
         .await
         .unwrap()
@@ -1569,7 +1554,7 @@ async fn a_graceful_stop_returns_the_buffered_deliveries_with_a_nack() {
         gate: Arc::new(Notify::new()),
     });
     let handlers = Handlers::new().on("payment.captured", gated.clone());
-    let mut running = Running::start(config.clone(), pool, handlers).await;
+    let running = Running::start(config.clone(), pool, handlers).await;
     let expected = publish_payments(&broker, &exchange, 50, 3).await;
     gated.entered.notified().await;
     wait_until("all 50 sent to the consumer", LONG, || async {
@@ -1579,13 +1564,9 @@ async fn a_graceful_stop_returns_the_buffered_deliveries_with_a_nack() {
 
     running.shutdown.cancel();
     gated.gate.notify_one();
-    let handle = running.handle.take().expect("running");
-    tokio::time::timeout(LONG, handle)
-        .await
-        .expect("the consumer stops in time")
-        .expect("consumer task")
-        .expect("consumer run");
-    let s = running.stats.snapshot();
+    let stats = running.stats.clone();
+    running.stop().await;
+    let s = stats.snapshot();
     assert_eq!((s.processed, s.returned), (1, 49), "{s:?}");
     assert_eq!(queue_depth(&broker, &name).await, 49);
 

@@ -225,33 +225,35 @@ async fn a_header_name_that_is_not_utf8_is_dead_lettered() {
     assert!(headers.inner().contains_key("bad\u{fffd}name"));
 }
 
-#[tokio::test]
-async fn headers_nested_thousands_of_levels_deep_are_dead_lettered() {
-    // 15 000 levels: about 105 KB, within one frame; far more than any recursive parser survives.
-    let bad = bad_with(|p| {
-        p.headers = Some(raw_amqp::table(&[(
-            b"deep",
-            raw_amqp::nested_table(15_000),
-        )]))
-    });
-    let letter = bad_among_good(bad, Reason::MalformedHeaders, "could not be parsed").await;
-    let headers = letter.properties.headers().clone().unwrap_or_default();
-    let deep = plumbing::amqp::header_str(&headers, "deep").unwrap_or_default();
-    assert!(deep.starts_with("(removed from this copy"), "{deep}");
-}
-
-#[tokio::test]
-async fn headers_nested_beyond_the_consumers_bound_are_dead_lettered() {
-    let levels = consumer::screen::MAX_HEADER_DEPTH + 4;
+/// A delivery whose header `deep` is a table nested `levels` deep goes to the dead-letter queue
+/// among good ones ([`bad_among_good`] with `reason` and `says`); returns what the dead-letter
+/// copy holds in `deep`.
+async fn nested_header_dead_lettered(levels: usize, reason: Reason, says: &str) -> String {
     let bad = bad_with(|p| {
         p.headers = Some(raw_amqp::table(&[(
             b"deep",
             raw_amqp::nested_table(levels),
         )]))
     });
-    let letter = bad_among_good(bad, Reason::TooDeep, "levels deep").await;
+    let letter = bad_among_good(bad, reason, says).await;
     let headers = letter.properties.headers().clone().unwrap_or_default();
-    let deep = plumbing::amqp::header_str(&headers, "deep").unwrap_or_default();
+    plumbing::amqp::header_str(&headers, "deep")
+        .unwrap_or_default()
+        .into_owned()
+}
+
+#[tokio::test]
+async fn headers_nested_thousands_of_levels_deep_are_dead_lettered() {
+    // 15 000 levels: about 105 KB, within one frame; far more than any recursive parser survives.
+    let deep =
+        nested_header_dead_lettered(15_000, Reason::MalformedHeaders, "could not be parsed").await;
+    assert!(deep.starts_with("(removed from this copy"), "{deep}");
+}
+
+#[tokio::test]
+async fn headers_nested_beyond_the_consumers_bound_are_dead_lettered() {
+    let levels = consumer::screen::MAX_HEADER_DEPTH + 4;
+    let deep = nested_header_dead_lettered(levels, Reason::TooDeep, "levels deep").await;
     assert!(deep.contains("nested deeper than"), "{deep}");
 }
 

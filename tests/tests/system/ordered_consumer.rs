@@ -163,15 +163,7 @@ async fn publish(
 }
 
 async fn publisher(s: &Setup) -> (lapin::Connection, Channel) {
-    let conn = s.broker.connect().await;
-    plumbing::amqp::declare_outbox_exchange(&conn, &s.exchange, true)
-        .await
-        .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    (conn, ch)
+    s.broker.outbox_publisher(&s.exchange).await
 }
 
 #[tokio::test]
@@ -621,87 +613,30 @@ async fn publish_event(
     id
 }
 
-/// A console on the test's database that shows `consumers` (CONSOLE_CONSUMERS); gaps count as
-/// stuck after one second.
-struct Console {
-    base: String,
-    http: reqwest::Client,
-    shutdown: tokio_util::sync::CancellationToken,
-}
-
-impl Drop for Console {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
+/// A console on the test's database that shows the test's consumer (CONSOLE_CONSUMERS); gaps
+/// count as stuck after one second.
+struct Console(consoles::RunningConsole);
 
 impl Console {
     async fn start(s: &Setup) -> Self {
-        let config = console::ServeConfig {
-            db: console::config::DbConfig {
-                database_url: s.db.url.clone(),
-                schema: shared::schema::Schema::default(),
-            },
-            amqp_url: amqp_url(),
-            amqp_tls: Default::default(),
-            addr: "127.0.0.1:0".parse().unwrap(),
-            consumers: vec![s.name.clone()],
-            session_ttl_seconds: 3600,
-            cookie_secure: false,
-            audit_retention_days: 365,
-            ordered_gap_seconds: 1,
-            login_attempts_per_minute: 5,
-            secret_fields: vec![],
-            look: Default::default(),
-        };
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        let running = console::start(config, shutdown.clone()).await.unwrap();
-        Self {
-            base: format!("http://{}", running.addr),
-            http: reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .unwrap(),
-            shutdown,
-        }
+        let mut config = consoles::test_config(&s.db.url, &[s.name.as_str()]);
+        config.ordered_gap_seconds = 1;
+        config.secret_fields = vec![];
+        Self(consoles::RunningConsole::start(config).await)
     }
 
     async fn get(&self, token: &str, path: &str) -> (u16, serde_json::Value) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap();
+        let r = self.0.api_get(token, path).await;
         (r.status().as_u16(), r.json().await.unwrap())
     }
 
     /// The web page at `path` as the user of `token` (logged in with it).
     async fn page(&self, token: &str, path: &str) -> String {
-        let login = self
-            .http
-            .post(format!("{}/login", self.base))
-            .form(&[("token", token)])
-            .send()
-            .await
-            .unwrap();
-        let cookie = login
-            .headers()
-            .get_all("set-cookie")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find(|v| v.starts_with("console_session="))
-            .and_then(|v| v.split(';').next())
-            .expect("a session cookie")
-            .to_string();
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .header("cookie", cookie)
-            .send()
-            .await
-            .unwrap();
+        let login = self.0.login_with(token).await;
+        let cookie = consoles::session_cookie(&login)
+            .and_then(|v| v.split(';').next().map(str::to_string))
+            .expect("a session cookie");
+        let r = self.0.web_get(&cookie, path).await;
         assert_eq!(r.status(), 200, "{path}");
         r.text().await.unwrap()
     }
@@ -712,14 +647,7 @@ impl Console {
         path: &str,
         body: serde_json::Value,
     ) -> (u16, serde_json::Value) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = self.0.api_post(token, path, &body, None).await;
         (r.status().as_u16(), r.json().await.unwrap())
     }
 }
@@ -815,7 +743,7 @@ async fn the_console_retries_now_and_skips_only_after_a_second_person_approves()
         .args([
             "ordered",
             "--url",
-            &c.base,
+            &c.0.base,
             "--token",
             &viewer,
             "show",
@@ -956,13 +884,10 @@ async fn the_console_retries_now_and_skips_only_after_a_second_person_approves()
         )
         .await;
     assert_eq!(status, 409, "{v}");
-    let status: String =
-        sqlx::query_scalar("SELECT status FROM outbox.console_approvals WHERE id = $1::uuid")
-            .bind(&stale)
-            .fetch_one(&s.db.pool)
-            .await
-            .unwrap();
-    assert_eq!(status, "superseded");
+    assert_eq!(
+        consoles::approval_status(&s.db.pool, &stale).await,
+        "superseded"
+    );
     let p2: Vec<i64> = s
         .applied()
         .await
@@ -1091,18 +1016,7 @@ async fn a_dead_letter_of_an_ordered_consumer_is_listed_but_replay_is_refused() 
     let dead = consumer::dlq::list(&amqp, &tls, &s.name, 10).await.unwrap();
     assert_eq!(dead.len(), 1, "{dead:?}");
     let conn = s.broker.connect().await;
-    let check = conn.create_channel().await.unwrap();
-    let plain = check
-        .queue_declare(
-            s.name.as_str().into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            Default::default(),
-        )
-        .await
-        .unwrap();
+    let plain = plumbing::amqp::inspect_queue(&conn, &s.name).await.unwrap();
     assert_eq!(plain.message_count(), 0, "nothing replayed into {}", s.name);
     // An unordered consumer's name is not refused by the check.
     consumer::dlq::refuse_ordered(&amqp, &tls, &unique("plain"))

@@ -4,7 +4,7 @@
 //! pipeline. (Returns, link cuts and a killed relay are checked in relay.rs, a channel closed by
 //! the broker in hostile_rows.rs.)
 
-use lapin::options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use relay::RelayOptions;
 use serde_json::json;
@@ -12,7 +12,7 @@ use shared::NewMessage;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 use system_tests::ordering::{Observed, aggregate_seq};
-use system_tests::relays::{InProcess, config, patient_options, test_options};
+use system_tests::relays::{InProcess, patient_options, test_options};
 use system_tests::*;
 
 fn msg(aggregate: &str, n: i64) -> NewMessage {
@@ -349,34 +349,12 @@ async fn consume(
     arguments: FieldTable,
     delay: Duration,
 ) -> tokio::sync::mpsc::UnboundedReceiver<Received> {
-    use futures::StreamExt;
     let exclusive = QueueDeclareOptions {
         exclusive: true,
         ..Default::default()
     };
     let ch = declare_bound_queue(conn, exchange, queue, &["#"], exclusive, arguments).await;
-    ch.basic_qos(1, BasicQosOptions::default()).await.unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let _keep = ch;
-        while let Some(Ok(d)) = consumer.next().await {
-            tokio::time::sleep(delay).await;
-            let r = Received::from_delivery(&d);
-            if d.acker.ack(Default::default()).await.is_err() || tx.send(r).is_err() {
-                return;
-            }
-        }
-    });
-    rx
+    forward_deliveries(ch, queue, 1, Some(delay)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -399,11 +377,7 @@ async fn one_hot_aggregate_is_published_with_many_in_flight_once_each_in_order()
         shared::outbox::enqueue_many(&mut *tx, chunk).await.unwrap();
         tx.commit().await.unwrap();
     }
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, patient_options()),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, patient_options()).await;
     let want: HashSet<String> = all.iter().map(|m| m.id.to_string()).collect();
     let received = receive_all_of(&mut rx, &want, Duration::from_secs(60)).await;
     relay.stop().await;
@@ -455,11 +429,7 @@ async fn nacks_in_the_middle_of_a_pipeline_keep_every_last_copy_in_order() {
         lease_ms: 40_000,
         ..test_options()
     };
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, opts),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, opts).await;
     let want: HashSet<String> = all.iter().map(|m| m.id.to_string()).collect();
     let mut received = receive_all_of(&mut rx, &want, Duration::from_secs(120)).await;
     // Copies sent again after a refusal may still be on their way: wait until every row is

@@ -24,9 +24,7 @@ struct Stack {
     _provider: Child,
     provider_url: String,
     admin: Client,
-    api: String,
-    http: reqwest::Client,
-    key: String,
+    api: demo_stack::ApiClient,
     _shutdown: tokio_util::sync::DropGuard,
 }
 
@@ -59,15 +57,10 @@ impl Stack {
         .await;
         Self {
             admin: Client::new(&provider_url, Duration::from_secs(30)).unwrap(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
+            api: demo_stack::ApiClient::new(api, key),
             db,
             _provider: provider,
             provider_url,
-            api,
-            key,
             _shutdown: shutdown.drop_guard(),
         }
     }
@@ -83,16 +76,7 @@ impl Stack {
     }
 
     async fn post(&self, path: &str, key: &str, body: &str) -> (u16, Value) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .bearer_auth(&self.key)
-            .header("Idempotency-Key", key)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .expect("HTTP request");
+        let r = self.api.post(path, key, body, &[]).await;
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }

@@ -29,9 +29,7 @@ struct Flow {
     provider: Child,
     provider_url: String,
     admin: Client,
-    api: String,
-    http: reqwest::Client,
-    key: String,
+    api: demo_stack::ApiClient,
     remote: &'static str,
     shutdown: CancellationToken,
 }
@@ -58,15 +56,10 @@ impl Flow {
         let (api, key) = demo_stack::start_api(&db, remote_kind, shutdown.clone()).await;
         Self {
             admin: Client::new(&provider_url, Duration::from_secs(30)).unwrap(),
-            api,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
+            api: demo_stack::ApiClient::new(api, key),
             db,
             provider,
             provider_url,
-            key,
             remote,
             shutdown,
         }
@@ -86,20 +79,11 @@ impl Flow {
     }
 
     async fn post(&self, path: &str, key: &str, body: &str) -> (u16, Value) {
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .bearer_auth(&self.key)
-            .header("Idempotency-Key", key)
-            .header("content-type", "application/json")
-            .header(
-                "traceparent",
-                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            )
-            .body(body.to_string())
-            .send()
-            .await
-            .expect("HTTP request");
+            .api
+            .post(path, key, body, &[("traceparent", traceparent)])
+            .await;
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
@@ -499,11 +483,7 @@ async fn an_order_cancelled_before_the_capture_needs_an_approved_refund() {
     let (order, payment) = f.pay(1).await;
     f.wait_charged(payment).await;
     // Support cancels the order while the charge's answer is still outstanding.
-    sqlx::query("UPDATE demo.orders SET status = 'cancelled' WHERE id = $1")
-        .bind(order)
-        .execute(&f.db.pool)
-        .await
-        .unwrap();
+    demo_stack::cancel_order(&f.db, order).await;
     f.admin.set_faults("").await.unwrap();
     f.wait_status(payment, "manual_review").await;
     assert_eq!(f.step(payment, "forward", "charge").await.0, "succeeded");

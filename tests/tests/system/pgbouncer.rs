@@ -28,16 +28,7 @@ fn spawn_relay(db_url: &str, direct_url: Option<&str>, exchange: &str) -> Child 
 }
 
 fn msgs(from: i64, to: i64) -> Vec<NewMessage> {
-    (from..to)
-        .map(|n| {
-            NewMessage::new(
-                "order",
-                format!("o-{}", n % 20),
-                "order.created",
-                json!({ "n": n }),
-            )
-        })
-        .collect()
+    spread("order", "order.created", "o-", 20, from..to)
 }
 
 struct Setup {
@@ -260,11 +251,5 @@ async fn producers_relays_and_a_consumer_all_through_transaction_pooling() {
             .await
             .unwrap();
     assert_eq!(updates, 200);
-    let processed: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1")
-            .bind(&name)
-            .fetch_one(&s.db.pool)
-            .await
-            .unwrap();
-    assert_eq!(processed, 200);
+    assert_eq!(consumers::processed_rows(&s.db.pool, &name).await, 200);
 }

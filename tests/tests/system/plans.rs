@@ -51,6 +51,23 @@ impl Scans {
     }
 }
 
+/// Claims `args` for owner `plans` in one indexed transaction on `pool`; returns the claimed rows
+/// and the scans the claim made.
+async fn claim_counting_scans(
+    pool: &sqlx::PgPool,
+    schema: &Schema,
+    args: &ClaimArgs<'_>,
+) -> (Vec<Claimed>, Scans) {
+    let mut tx = store::begin_indexed(pool, false).await.unwrap();
+    let before = Scans::now(&mut tx).await;
+    let claimed = store::claim_in(&mut tx, schema, "plans", args)
+        .await
+        .unwrap();
+    let scans = Scans::now(&mut tx).await.since(before);
+    tx.commit().await.unwrap();
+    (claimed, scans)
+}
+
 fn rows(keys: impl Iterator<Item = String>) -> Vec<NewMessage> {
     keys.map(|k| NewMessage::new("plans", k, "plans.test", serde_json::json!({"k": 1})))
         .collect()
@@ -94,13 +111,7 @@ async fn a_claim_reads_the_partition_index_when_the_statistics_saw_one_hot_aggre
         statements: Statements::Prepared,
     };
 
-    let mut tx = store::begin_indexed(&db.pool, false).await.unwrap();
-    let before = Scans::now(&mut tx).await;
-    let claimed = store::claim_in(&mut tx, &schema, "plans", &args)
-        .await
-        .unwrap();
-    let scans = Scans::now(&mut tx).await.since(before);
-    tx.commit().await.unwrap();
+    let (claimed, scans) = claim_counting_scans(&db.pool, &schema, &args).await;
 
     assert_eq!(claimed.len(), 2000, "a full claim");
     let seqs: Vec<i64> = claimed
@@ -140,13 +151,7 @@ async fn a_claim_reads_the_partition_index_when_the_statistics_saw_one_hot_aggre
         .await
         .unwrap();
     for run in 1..=8 {
-        let mut tx = store::begin_indexed(&one, false).await.unwrap();
-        let before = Scans::now(&mut tx).await;
-        let claimed = store::claim_in(&mut tx, &schema, "plans", &args)
-            .await
-            .unwrap();
-        let scans = Scans::now(&mut tx).await.since(before);
-        tx.commit().await.unwrap();
+        let (claimed, scans) = claim_counting_scans(&one, &schema, &args).await;
         assert_eq!(claimed.len(), 2000, "run {run}: a full claim");
         assert_eq!(
             (scans.seq, scans.pkey, scans.claim_idx),

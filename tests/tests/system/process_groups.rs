@@ -140,6 +140,23 @@ async fn wait_status(pool: &PgPool, id: Uuid, want: &str) {
     .await;
 }
 
+/// Starts process `key` with `input`, runs a worker until the process is `want`, then stops the
+/// worker; returns the process id.
+async fn run_until(
+    pool: &PgPool,
+    probe: &Probe,
+    key: &str,
+    input: serde_json::Value,
+    want: &str,
+) -> Uuid {
+    let id = start(pool, probe, key, input).await;
+    let (stop, handle) = worker(pool, probe);
+    wait_status(pool, id, want).await;
+    stop.cancel();
+    handle.await.unwrap();
+    id
+}
+
 async fn effects(pool: &PgPool, id: Uuid) -> Vec<String> {
     sqlx::query_scalar("SELECT step FROM grp.effects WHERE process_id = $1 ORDER BY id")
         .bind(id)
@@ -205,11 +222,7 @@ fn row(name: &str, role: &str, status: &str, attempts: i32) -> (String, String, 
 async fn three_local_steps_commit_in_one_transaction_each_with_its_checkpoint_and_history() {
     let db = setup().await;
     let probe = Probe::default();
-    let id = start(&db.pool, &probe, "all-ok", json!({})).await;
-    let (stop, handle) = worker(&db.pool, &probe);
-    wait_status(&db.pool, id, "succeeded").await;
-    stop.cancel();
-    handle.await.unwrap();
+    let id = run_until(&db.pool, &probe, "all-ok", json!({}), "succeeded").await;
 
     assert_eq!(effects(&db.pool, id).await, ["a", "b", "c"]);
     assert_eq!(probe.runs.load(Ordering::SeqCst), 3, "each step ran once");
@@ -277,17 +290,14 @@ async fn three_local_steps_commit_in_one_transaction_each_with_its_checkpoint_an
 async fn a_step_failing_inside_a_group_leaves_the_steps_before_it_committed_once() {
     let db = setup().await;
     let probe = Probe::default();
-    let id = start(
+    let id = run_until(
         &db.pool,
         &probe,
         "b-permanent",
         json!({"fail": "b", "how": "permanent"}),
+        "compensated",
     )
     .await;
-    let (stop, handle) = worker(&db.pool, &probe);
-    wait_status(&db.pool, id, "compensated").await;
-    stop.cancel();
-    handle.await.unwrap();
 
     // a's effect committed once (its code ran twice: in the rolled-back group, then alone), b's
     // never, c never ran; a was compensated.
@@ -315,17 +325,14 @@ async fn a_step_failing_inside_a_group_leaves_the_steps_before_it_committed_once
 async fn a_transient_failure_inside_a_group_is_retried_and_nothing_runs_twice_committed() {
     let db = setup().await;
     let probe = Probe::default();
-    let id = start(
+    let id = run_until(
         &db.pool,
         &probe,
         "c-transient",
         json!({"fail": "c", "how": "transient_once"}),
+        "succeeded",
     )
     .await;
-    let (stop, handle) = worker(&db.pool, &probe);
-    wait_status(&db.pool, id, "succeeded").await;
-    stop.cancel();
-    handle.await.unwrap();
 
     assert_eq!(effects(&db.pool, id).await, ["a", "b", "c"]);
     assert_eq!(
@@ -452,11 +459,7 @@ async fn a_claimed_process_whose_steps_cannot_be_read_holds_up_no_other() {
     .execute(&db.pool)
     .await
     .unwrap();
-    let fine = start(&db.pool, &probe, "fine", json!({})).await;
-    let (stop, handle) = worker(&db.pool, &probe);
-    wait_status(&db.pool, fine, "succeeded").await;
-    stop.cancel();
-    handle.await.unwrap();
+    let fine = run_until(&db.pool, &probe, "fine", json!({}), "succeeded").await;
     assert_eq!(effects(&db.pool, fine).await, ["a", "b", "c"]);
     assert!(effects(&db.pool, poisoned).await.is_empty());
     db.pool.close().await;

@@ -165,11 +165,7 @@ async fn committed_rows_are_published_once_and_rolled_back_rows_never() {
     tx.commit().await.unwrap();
     let ids = produce(&db.pool, 10, 0..20, 50).await;
 
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, test_options()),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, test_options()).await;
     let received = receive_n(&mut rx, 201, Duration::from_secs(30)).await;
     wait_no_pending(&db.pool, Duration::from_secs(10)).await;
     assert!(relay.readiness.ready());
@@ -235,11 +231,7 @@ async fn the_plain_sql_contract_works_for_any_language() {
     .unwrap();
     tx.commit().await.unwrap();
 
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, test_options()),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, test_options()).await;
     let received = receive_n(&mut rx, 2, Duration::from_secs(20)).await;
     relay.stop().await;
     assert_eq!(received[0].routing_key, "order.placed");
@@ -514,11 +506,7 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         alternate_exchange: false,
         ..test_options()
     };
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, opts),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, opts).await;
     wait_until("both rows dead", Duration::from_secs(30), || async {
         (outbox_count(&db.pool, "dead").await == 2).then_some(())
     })
@@ -626,11 +614,7 @@ async fn a_failing_row_holds_back_only_its_own_partition_and_order_holds() {
         retry_max_ms: 300,
         ..test_options()
     };
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, opts),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, opts).await;
     // Everything outside x's partition arrives while x.1 keeps failing. x.2 went out right behind
     // x.1 (pipelined) and may sit in the queue once; it is not sent again while x.1 fails.
     let outside: HashSet<String> = others
@@ -770,11 +754,7 @@ async fn published_rows_are_kept_for_the_retention_then_removed() {
         retention_secs: 5,
         ..test_options()
     };
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, opts),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, opts).await;
     let ids = produce(&db.pool, 5, 0..20, 100).await;
     receive_n(&mut rx, ids.len(), Duration::from_secs(30)).await;
     // Confirmed rows are first kept as published (with their time), not deleted...

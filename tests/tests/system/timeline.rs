@@ -10,7 +10,7 @@ use shared::{Envelope, NewMessage};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 use system_tests::consumers::{example_consumer_command, track_consumer};
-use system_tests::relays::{InProcess, config, test_options};
+use system_tests::relays::{InProcess, test_options};
 use system_tests::*;
 use uuid::Uuid;
 
@@ -33,23 +33,10 @@ async fn every_event_is_appended_to_the_timeline_once_with_its_aggregate_and_seq
             .spawn()
             .expect("spawn producer timeline");
     wait_http_ok("the timeline consumer is ready", metrics, "/readyz", LONG).await;
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, test_options()),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, test_options()).await;
 
     // 50 events over 5 aggregates, in 5 producer transactions of 10.
-    let events: Vec<NewMessage> = (0..50)
-        .map(|n| {
-            NewMessage::new(
-                "test",
-                format!("agg-{}", n % 5),
-                "thing.happened",
-                json!({ "n": n }),
-            )
-        })
-        .collect();
+    let events = spread("test", "thing.happened", "agg-", 5, 0..50);
     for chunk in events.chunks(10) {
         let mut tx = db.pool.begin().await.unwrap();
         shared::outbox::enqueue_many(&mut *tx, chunk).await.unwrap();
@@ -258,11 +245,7 @@ async fn ordered_instances_keep_each_aggregate_in_order_across_a_sigkill_and_a_j
     for m in [m1, m2] {
         wait_http_ok("an ordered timeline instance is ready", m, "/readyz", LONG).await;
     }
-    let relay = InProcess::start(
-        db.pool.clone(),
-        config(&db.url, &amqp_url(), &exchange, test_options()),
-    )
-    .await;
+    let relay = InProcess::on(&db, &exchange, test_options()).await;
     let owners = |pool: sqlx::PgPool, name: String| async move {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM outbox.consumer_partitions WHERE consumer = $1 \

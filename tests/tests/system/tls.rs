@@ -361,13 +361,7 @@ async fn relay_and_consumer_over_amqps_with_a_ca_file_and_a_wrong_ca_is_refused(
     }
     let mut relay = spawn_relay(&db.url, &amqps, Some(&ca), &exchange, &[]);
     wait_until("40 messages consumed over amqps", LONG, || async {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM outbox.processed_messages WHERE consumer = $1",
-        )
-        .bind(&name)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+        let n = consumers::processed_rows(&db.pool, &name).await;
         (n == 40).then_some(())
     })
     .await;

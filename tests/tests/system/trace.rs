@@ -131,23 +131,23 @@ async fn relay_and_consumer_log_lines_about_a_message_carry_its_trace_and_messag
     let consumer_out = consumer.wait_with_output().await.unwrap();
     assert!(relay_out.status.success() && consumer_out.status.success());
 
-    let relay_log = String::from_utf8_lossy(&relay_out.stderr);
-    let about = lines_about(&relay_log, &lost.id.to_string());
-    assert!(
-        !about.is_empty(),
-        "no relay log line about the message:\n{relay_log}"
-    );
-    for l in &about {
-        assert_eq!(field(l, "trace_id").as_deref(), Some(TRACE_ID), "{l}");
-    }
-    let consumer_log = String::from_utf8_lossy(&consumer_out.stderr);
-    let about = lines_about(&consumer_log, &bad.id.to_string());
-    assert!(
-        !about.is_empty(),
-        "no consumer log line about the message:\n{consumer_log}"
-    );
-    for l in &about {
-        assert_eq!(field(l, "trace_id").as_deref(), Some(TRACE_ID), "{l}");
+    for (who, out, id) in [
+        ("relay", &relay_out, lost.id),
+        ("consumer", &consumer_out, bad.id),
+    ] {
+        let log = String::from_utf8_lossy(&out.stderr);
+        let about = lines_about(&log, &id.to_string());
+        assert!(
+            !about.is_empty(),
+            "no {who} log line about the message:\n{log}"
+        );
+        for l in &about {
+            assert_eq!(
+                field(l, "trace_id").as_deref(),
+                Some(TRACE_ID),
+                "{who}: {l}"
+            );
+        }
     }
 }
 

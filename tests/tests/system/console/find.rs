@@ -101,7 +101,7 @@ async fn two_hundred_fifty_processes_are_paged_each_exactly_once_with_n_of_m_and
 
     // The page says "showing 1–50 of 250", links the next page, and that says "51–100".
     let cookie = login(&c, &viewer).await;
-    let first = c.web_get(&cookie, "/processes").await;
+    let first = c.web.web_get(&cookie, "/processes").await;
     let html = first.text().await.unwrap();
     assert!(html.contains("of <span id=\"total\">250</span>"), "{html}");
     let next = html
@@ -112,7 +112,7 @@ async fn two_hundred_fifty_processes_are_paged_each_exactly_once_with_n_of_m_and
         .next()
         .unwrap()
         .replace("&amp;", "&");
-    let second = c.web_get(&cookie, &next).await;
+    let second = c.web.web_get(&cookie, &next).await;
     assert_eq!(second.status(), StatusCode::OK);
     let html = second.text().await.unwrap();
     assert!(
@@ -245,7 +245,7 @@ async fn one_search_finds_a_process_by_each_key_and_every_filter_narrows() {
             err["error"].is_string() && err.as_object().unwrap().len() == 1,
             "{bad}: {err}"
         );
-        let r = c.web_get(&cookie, &format!("/processes?{bad}")).await;
+        let r = c.web.web_get(&cookie, &format!("/processes?{bad}")).await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "page {bad}");
     }
     // Without a valid token: 401 before any filter is read.
@@ -260,10 +260,10 @@ async fn in_a_real_browser_an_operator_and_a_viewer_search_and_page_through_proc
     let ids = start_many(&c, "order_key", processes::Remote::HonoursKey, 120).await;
     charge_in_review(&c, ids[7], "unknown").await;
     let (_driver, b) = chromedriver().await;
-    log_in(&b, &c.base, &op).await;
+    log_in(&b, &c.web.base, &op).await;
 
     // The list: counts by status, the first 50 of 120, a Next link.
-    b.goto(&format!("{}/processes", c.base)).await.unwrap();
+    b.goto(&format!("{}/processes", c.web.base)).await.unwrap();
     wait_for(&b, "processes").await;
     let counts = wait_for(&b, "status-counts").await.text().await.unwrap();
     assert!(
@@ -290,7 +290,7 @@ async fn in_a_real_browser_an_operator_and_a_viewer_search_and_page_through_proc
     assert!(paging.contains("showing 1–1 of 1"), "{paging}");
 
     // The search box finds a process by its order id.
-    b.goto(&format!("{}/processes", c.base)).await.unwrap();
+    b.goto(&format!("{}/processes", c.web.base)).await.unwrap();
     type_into(&b, "search", "ord-order_key-42").await;
     click(&b, "filter").await;
     wait_for(&b, &format!("process-{}", ids[42])).await;
@@ -303,7 +303,7 @@ async fn in_a_real_browser_an_operator_and_a_viewer_search_and_page_through_proc
     // Acting on what a filter selects: the dry run lists it, one request asks one approval.
     b.goto(&format!(
         "{}/processes?status=manual_review&error_class=unknown",
-        c.base
+        c.web.base
     ))
     .await
     .unwrap();
@@ -327,8 +327,8 @@ async fn in_a_real_browser_an_operator_and_a_viewer_search_and_page_through_proc
     // A viewer searches and pages the same list, and is offered no bulk form.
     let viewer = c.user("viewer-vic", Role::Viewer).await;
     log_out(&b).await;
-    log_in(&b, &c.base, &viewer).await;
-    b.goto(&format!("{}/processes", c.base)).await.unwrap();
+    log_in(&b, &c.web.base, &viewer).await;
+    b.goto(&format!("{}/processes", c.web.base)).await.unwrap();
     let paging = wait_for(&b, "paging").await.text().await.unwrap();
     assert!(paging.contains("showing 1–50 of 120"), "{paging}");
     type_into(&b, "search", "ord-order_key-42").await;
@@ -458,7 +458,7 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
     // The approver's card says what it does in business terms: the action and step, how many
     // processes, the filter with a link to what it selects now, and each process at its version.
     let cookie = login(&c, &ap).await;
-    let card = c.web_get(&cookie, "/").await.text().await.unwrap();
+    let card = c.web.web_get(&cookie, "/").await.text().await.unwrap();
     assert!(
         card.contains("rerun step of step charge on 3 processes a filter selected"),
         "{card}"
@@ -492,15 +492,8 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
     .await;
 
     let approval = asked["approval"].as_str().unwrap();
-    let done = c
-        .post_expect(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "checked the provider", "version": 1}),
-            None,
-            StatusCode::OK,
-        )
-        .await;
+    let (s, done) = c.try_approve(&ap, approval, "checked the provider").await;
+    assert_eq!(s, StatusCode::OK, "{done}");
     let skipped = done["result"]["skipped"].as_array().unwrap();
     assert_eq!(skipped.len(), 1, "{done}");
     assert_eq!(skipped[0]["id"], json!(moved));
@@ -525,14 +518,7 @@ async fn a_bulk_rerun_by_filter_is_dry_run_approved_once_and_acts_on_exactly_the
         );
     }
     // Approving again changes nothing.
-    let (s, _, _) = c
-        .post(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "again", "version": 1}),
-            None,
-        )
-        .await;
+    let (s, _) = c.try_approve(&ap, approval, "again").await;
     assert_eq!(s, StatusCode::CONFLICT);
     for id in [keyed[0], keyed[2]] {
         assert_eq!(acted(&c, id, "rerun_step").await, 1);
@@ -675,28 +661,26 @@ async fn dead_rows_and_the_audit_log_are_paged_with_n_of_m_and_all_dead_rows_are
     // The audit page says "of M" and links the next page.
     let cookie = login(&c, &viewer).await;
     let html = c
+        .web
         .web_get(&cookie, "/audit?limit=2")
         .await
         .text()
         .await
         .unwrap();
     assert!(html.contains("id=\"paging\""), "{html}");
-    let r = c.web_get(&cookie, "/audit?after=zzz").await;
+    let r = c.web.web_get(&cookie, "/audit?after=zzz").await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replayed_after_one_approval()
  {
-    let broker = system_tests::TestBroker::new();
-    let name = broker.queue("console.find.dlq");
-    let c = Console::start_with(5, &[&name]).await;
+    let dl = DeadLetters::declare("console.find.dlq", "console.find.events", None).await;
+    let name = &dl.name;
+    let c = Console::start_with(5, &[name]).await;
     let op = c.user("dora", Role::Operator).await;
     let ap = c.user("dan", Role::Approver).await;
     let viewer = c.user("vera", Role::Viewer).await;
-    let exchange = broker.outbox_exchange("console.find.events");
-    system_tests::consumers::track_consumer(&broker, &name, &[], None);
-    let (conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
     let ids: Vec<String> = (0..7).map(|_| Uuid::new_v4().to_string()).collect();
     let headers = [
         (consumer::message::headers::DEAD_LETTER_KIND, "permanent"),
@@ -710,15 +694,8 @@ async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replay
         ),
     ];
     for id in &ids {
-        publish_dead_letter(
-            &ch,
-            &topology,
-            id,
-            "payment.captured",
-            &headers,
-            br#"{"amount": 5}"#,
-        )
-        .await;
+        dl.publish(id, "payment.captured", &headers, br#"{"amount": 5}"#)
+            .await;
     }
 
     // Pages of 3 from the head: 7 in all, each exactly once, left in place.
@@ -775,22 +752,13 @@ async fn dead_letters_are_paged_by_the_queue_depth_and_all_that_match_are_replay
         .await;
     let approval = asked["approval"].as_str().unwrap();
     c.approve(&ap, approval).await;
-    let count = |q: String| queue_depth(&conn, q);
-    wait_until(
-        "all seven back in the queue",
-        Duration::from_secs(30),
-        || async {
-            (count(name.clone()).await == 7 && count(topology.dead_letter_queue.clone()).await == 0)
-                .then_some(())
-        },
-    )
-    .await;
+    dl.wait_replayed(7).await;
     assert_eq!(c.audit_count("dora", "dlq.replay", "succeeded").await, 7);
     assert_eq!(
         page(&c, &viewer, &format!("/api/dead-letters?consumer={name}")).await["total"],
         json!(0)
     );
-    let _ = conn.close(200, "done".into()).await;
+    dl.close().await;
 }
 
 /// The overview's dead rows are a list like the others: 200 a page, "showing 1–200 of 230" and a
@@ -803,8 +771,9 @@ async fn the_overview_pages_its_dead_rows_with_n_of_m_and_a_next_link() {
     let cookie = login(&c, &viewer).await;
     let get = |path: String| {
         let req = c
+            .web
             .http
-            .get(format!("{}{path}", c.base))
+            .get(format!("{}{path}", c.web.base))
             .header("cookie", &cookie);
         async move {
             let r = req.send().await.unwrap();
@@ -860,8 +829,10 @@ async fn in_a_real_browser_each_role_meets_an_unknown_outcome_as_the_safe_decisi
 
     let (_driver, b) = chromedriver().await;
     for (token, role) in [(&viewer, "viewer"), (&op, "operator"), (&ap, "approver")] {
-        log_in(&b, &c.base, token).await;
-        b.goto(&format!("{}/processes/{id}", c.base)).await.unwrap();
+        log_in(&b, &c.web.base, token).await;
+        b.goto(&format!("{}/processes/{id}", c.web.base))
+            .await
+            .unwrap();
         let warning = text_of(&b, &format!("unknown-outcome-{seq}")).await;
         assert!(
             warning.contains("The remote may have acted") && warning.contains("Safe action first"),

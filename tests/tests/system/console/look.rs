@@ -140,7 +140,7 @@ async fn events(c: &Console, order: &str, payment: &str) {
 /// `GET path` with the session `cookie`: status, body, and how long the answer took.
 async fn page(c: &Console, cookie: &str, path: &str) -> (StatusCode, String, Duration) {
     let t = Instant::now();
-    let r = c.web_get(cookie, path).await;
+    let r = c.web.web_get(cookie, path).await;
     let status = r.status();
     let body = r.text().await.unwrap();
     (status, body, t.elapsed())
@@ -235,14 +235,7 @@ async fn a_process_page_opens_with_its_step_strip_and_every_link_on_the_looked_a
         bobs.contains("<span class=\"figure\" id=\"approvals-for-me\">1</span>"),
         "{bobs}"
     );
-    let (s, _, _) = c
-        .post(
-            &bob,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "checked the order", "version": 1}),
-            None,
-        )
-        .await;
+    let (s, _) = c.try_approve(&bob, &approval, "checked the order").await;
     assert_eq!(s, StatusCode::OK);
     // The release is added when the refund is done; nothing runs it here (no worker): the strip
     // still shows the refund approved and what is left.
@@ -329,25 +322,23 @@ async fn a_process_page_opens_with_its_step_strip_and_every_link_on_the_looked_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_overview_is_a_dashboard_with_sampled_charts_dlq_tiles_and_a_refresh_toggle() {
-    let broker = system_tests::TestBroker::new();
-    let name = broker.queue("console.look");
-    system_tests::consumers::track_consumer(&broker, &name, &[], None);
-    let exchange = broker.outbox_exchange("console.look.events");
-    let (_conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
+    let dl = DeadLetters::declare("console.look", "console.look.events", None).await;
+    let name = &dl.name;
     for _ in 0..2 {
-        ch.basic_publish(
-            "".into(),
-            topology.dead_letter_queue.as_str().into(),
-            Default::default(),
-            b"{}",
-            Default::default(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        dl.ch
+            .basic_publish(
+                "".into(),
+                dl.topology.dead_letter_queue.as_str().into(),
+                Default::default(),
+                b"{}",
+                Default::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
     }
-    let c = console(&[&name]).await;
+    let c = console(&[name]).await;
     let viewer = c.user("vera", Role::Viewer).await;
     let order = format!("order-{}", Uuid::new_v4());
     refund_waiting(&c, &order, 2).await;
@@ -503,8 +494,8 @@ async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itsel
     let (id, payment) = refund_waiting(&c, &order, 8).await;
     events(&c, &order, &payment).await;
     let (_driver, b) = chromedriver().await;
-    log_in(&b, &c.base, &ap).await;
-    let boxes = strip_boxes(&b, &c.base, id).await;
+    log_in(&b, &c.web.base, &ap).await;
+    let boxes = strip_boxes(&b, &c.web.base, id).await;
     assert_eq!(
         boxes.len(),
         5,
@@ -534,7 +525,7 @@ async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itsel
     )
     .unwrap();
     // The overview, refreshing every 10 s: the page reloads by itself.
-    b.goto(&format!("{}/", c.base)).await.unwrap();
+    b.goto(&format!("{}/", c.web.base)).await.unwrap();
     click(&b, "refresh-10").await;
     wait_for(&b, "refresh-off").await;
     let first = text_of(&b, "as-of").await;
@@ -563,11 +554,11 @@ async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itsel
     ] {
         let token = c.user(name, role).await;
         log_out(&b).await;
-        log_in(&b, &c.base, &token).await;
-        let boxes = strip_boxes(&b, &c.base, id).await;
+        log_in(&b, &c.web.base, &token).await;
+        let boxes = strip_boxes(&b, &c.web.base, id).await;
         assert_eq!(boxes.len(), 5, "{name}");
     }
-    b.goto(&format!("{}/", c.base)).await.unwrap();
+    b.goto(&format!("{}/", c.web.base)).await.unwrap();
     wait_for(&b, "as-of").await;
     screenshot_and_close(b, "console-overview-dashboard.png").await;
 }

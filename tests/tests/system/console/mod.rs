@@ -4,15 +4,16 @@
 //! Chromium (a bulk requeue, and a refund of the demo's payment process requested by an operator
 //! and approved by an approver while a worker runs it against the payment-provider simulator).
 
-use console::config::{DbConfig, ServeConfig};
+use console::ServeConfig;
 use console::roles::{Action, Role, allowed};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use shared::schema::Schema;
 use std::time::Duration;
 use system_tests::browser::{chromedriver, click, type_into, wait_for};
+use system_tests::consoles::{self, RunningConsole};
 use system_tests::process_fixtures as fx;
-use system_tests::{TestDb, amqp_url, bin_path, wait_until};
+use system_tests::{TestDb, bin_path, wait_until};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -23,15 +24,7 @@ const SECRET: &str = "hunter2-very-secret";
 
 struct Console {
     db: TestDb,
-    base: String,
-    shutdown: CancellationToken,
-    http: reqwest::Client,
-}
-
-impl Drop for Console {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
+    web: RunningConsole,
 }
 
 impl Console {
@@ -49,41 +42,13 @@ impl Console {
     }
 
     /// A console on a fresh database with `consumers` as its CONSOLE_CONSUMERS and the test
-    /// defaults (5 failed logins a minute, `customer_secret` declared secret), changed by `adjust`.
+    /// defaults ([`consoles::test_config`]), changed by `adjust`.
     async fn start_configured(consumers: &[&str], adjust: impl FnOnce(&mut ServeConfig)) -> Self {
         let db = TestDb::new().await;
-        let mut config = ServeConfig {
-            db: DbConfig {
-                database_url: db.url.clone(),
-                schema: Schema::default(),
-            },
-            amqp_url: amqp_url(),
-            amqp_tls: Default::default(),
-            addr: "127.0.0.1:0".parse().unwrap(),
-            consumers: consumers.iter().map(|c| c.to_string()).collect(),
-            session_ttl_seconds: 3600,
-            cookie_secure: false,
-            audit_retention_days: 365,
-            ordered_gap_seconds: 60,
-            login_attempts_per_minute: 5,
-            secret_fields: vec!["customer_secret".into()],
-            look: Default::default(),
-        };
+        let mut config = consoles::test_config(&db.url, consumers);
         adjust(&mut config);
-        let shutdown = CancellationToken::new();
-        let running = console::start(config, shutdown.clone())
-            .await
-            .expect("console starts");
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap();
-        Self {
-            db,
-            base: format!("http://{}", running.addr),
-            shutdown,
-            http,
-        }
+        let web = RunningConsole::start(config).await;
+        Self { db, web }
     }
 
     async fn user(&self, name: &str, role: Role) -> String {
@@ -94,59 +59,8 @@ impl Console {
     }
 
     async fn get(&self, token: &str, path: &str) -> (StatusCode, String) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap();
+        let r = self.web.api_get(token, path).await;
         (r.status(), r.text().await.unwrap())
-    }
-
-    /// A web page (GET) in the session of `cookie`.
-    async fn web_get(&self, cookie: &str, path: &str) -> reqwest::Response {
-        self.http
-            .get(format!("{}{path}", self.base))
-            .header("cookie", cookie)
-            .send()
-            .await
-            .unwrap()
-    }
-
-    /// A web form (POST, form-encoded `form`) in the session of `cookie`.
-    async fn web_post<F: serde::Serialize + ?Sized>(
-        &self,
-        cookie: &str,
-        path: &str,
-        form: &F,
-    ) -> reqwest::Response {
-        self.http
-            .post(format!("{}{path}", self.base))
-            .header("cookie", cookie)
-            .form(form)
-            .send()
-            .await
-            .unwrap()
-    }
-
-    /// The login form sent with `token`, whatever the answer.
-    async fn login_with(&self, token: &str) -> reqwest::Response {
-        self.http
-            .post(format!("{}/login", self.base))
-            .form(&[("token", token)])
-            .send()
-            .await
-            .unwrap()
-    }
-
-    /// A GET without any credentials (metrics, health, a page before logging in).
-    async fn anonymous_get(&self, path: &str) -> reqwest::Response {
-        self.http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap()
     }
 
     /// Two approvers approve `path` (version 1) at the same moment, each `(token, reason, key)`:
@@ -184,15 +98,7 @@ impl Console {
         body: Value,
         key: Option<&str>,
     ) -> (StatusCode, Value, bool) {
-        let mut req = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(token)
-            .json(&body);
-        if let Some(k) = key {
-            req = req.header("Idempotency-Key", k);
-        }
-        let r = req.send().await.unwrap();
+        let r = self.web.api_post(token, path, &body, key).await;
         let status = r.status();
         let replayed = r.headers().get("idempotent-replayed").is_some();
         let text = r.text().await.unwrap();
@@ -220,14 +126,22 @@ impl Console {
 
     /// `token` approves `approval` (version 1), which must answer 200; returns the answer.
     async fn approve(&self, token: &str, approval: &str) -> Value {
-        self.post_expect(
-            token,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-            StatusCode::OK,
-        )
-        .await
+        let (status, body) = self.try_approve(token, approval, "ok").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    /// `token` approves `approval` (version 1) giving `reason`, whatever the answer.
+    async fn try_approve(&self, token: &str, approval: &str, reason: &str) -> (StatusCode, Value) {
+        let (status, body, _) = self
+            .post(
+                token,
+                &format!("/api/approvals/{approval}/approve"),
+                json!({"reason": reason, "version": 1}),
+                None,
+            )
+            .await;
+        (status, body)
     }
 
     /// Inserts `n` dead rows carrying secrets; returns their ids.
@@ -245,6 +159,15 @@ impl Console {
         .fetch_all(&self.db.pool)
         .await
         .unwrap()
+    }
+
+    /// Makes outbox row `id` dead again, as before its requeue.
+    async fn make_dead(&self, id: Uuid) {
+        sqlx::query("UPDATE outbox.messages SET state = 'dead' WHERE id = $1")
+            .bind(id)
+            .execute(&self.db.pool)
+            .await
+            .unwrap();
     }
 
     async fn version(&self, id: Uuid) -> i64 {
@@ -418,7 +341,7 @@ async fn role_action_matrix_over_http_every_refusal_audited() {
     }
     assert_eq!(checked, Role::ALL.len() * Action::all().len());
     // No token, a wrong token: 401 with a JSON error, not a page.
-    let r = c.anonymous_get("/api/outbox/dead").await;
+    let r = c.web.anonymous_get("/api/outbox/dead").await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert!(r.json::<Value>().await.unwrap().get("error").is_some());
     assert_eq!(
@@ -597,26 +520,16 @@ async fn a_stale_version_answers_409_and_changes_nothing() {
         .execute(&c.db.pool)
         .await
         .unwrap();
-    let (s, _, _) = c
-        .post(
-            &ap,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-        )
-        .await;
+    let (s, _) = c.try_approve(&ap, &approval, "ok").await;
     assert_eq!(s, StatusCode::CONFLICT);
     assert_eq!(
         (c.state(ids[1]).await, c.state(ids[2]).await),
         ("dead".into(), "dead".into())
     );
-    let status: String =
-        sqlx::query_scalar("SELECT status FROM outbox.console_approvals WHERE id = $1::uuid")
-            .bind(&approval)
-            .fetch_one(&c.db.pool)
-            .await
-            .unwrap();
-    assert_eq!(status, "pending");
+    assert_eq!(
+        consoles::approval_status(&c.db.pool, &approval).await,
+        "pending"
+    );
     // A stale approval version is a conflict too.
     let (s, _, _) = c
         .post(
@@ -639,11 +552,7 @@ async fn the_same_idempotency_key_replays_and_repeats_no_effect() {
     let (s, first, replayed) = c.post(&op, &path, body.clone(), Some("k-1")).await;
     assert_eq!((s, replayed), (StatusCode::OK, false), "{first}");
     assert_eq!(c.state(id).await, "pending");
-    sqlx::query("UPDATE outbox.messages SET state = 'dead' WHERE id = $1")
-        .bind(id)
-        .execute(&c.db.pool)
-        .await
-        .unwrap();
+    c.make_dead(id).await;
     let (s, again, replayed) = c.post(&op, &path, body.clone(), Some("k-1")).await;
     assert_eq!((s, replayed), (StatusCode::OK, true));
     assert_eq!(again, first);
@@ -954,23 +863,15 @@ async fn an_approval_of_a_process_that_changed_meanwhile_is_refused_and_changes_
     assert_eq!(s, StatusCode::OK);
     let changed = c.process_state(id).await;
 
-    c.post_expect(
-        &bob,
-        &format!("/api/approvals/{approval}/approve"),
-        json!({"reason": "ok", "version": 1}),
-        None,
-        StatusCode::CONFLICT,
-    )
-    .await;
+    let (s, body) = c.try_approve(&bob, &approval, "ok").await;
+    assert_eq!(s, StatusCode::CONFLICT, "{body}");
     assert_eq!(c.process_state(id).await, changed, "nothing changed");
     assert_eq!(fx::effects(&c.db.pool, id).await, (1, 0), "no refund");
-    let status: String =
-        sqlx::query_scalar("SELECT status FROM outbox.console_approvals WHERE id = $1::uuid")
-            .bind(&approval)
-            .fetch_one(&c.db.pool)
-            .await
-            .unwrap();
-    assert_eq!(status, "superseded", "closed: the process moved on");
+    assert_eq!(
+        consoles::approval_status(&c.db.pool, &approval).await,
+        "superseded",
+        "closed: the process moved on"
+    );
     assert!(
         c.audit_count("bob", "approval.approve", "conflict").await >= 1,
         "the refused approval is audited"
@@ -1002,7 +903,7 @@ async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_t
     let (id, shutdown, worker) = refund_in_review(&c, "refund-once").await;
     // The overview counts it.
     let cookie = login(&c, &alice).await;
-    let overview = c.web_get(&cookie, "/").await.text().await.unwrap();
+    let overview = c.web.web_get(&cookie, "/").await.text().await.unwrap();
     assert!(overview.contains("1 in manual review"), "{overview}");
     let view = c.process_view(&alice, id).await;
     let refund = view["allowed_actions"]
@@ -1134,15 +1035,6 @@ async fn a_refund_waits_for_a_second_approver_and_runs_once_even_when_approved_t
     );
 }
 
-fn cookie_of(r: &reqwest::Response) -> Option<String> {
-    r.headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .find(|v| v.starts_with("console_session="))
-        .map(str::to_string)
-}
-
 fn csrf_of(html: &str) -> String {
     let at =
         html.find("name=\"csrf\" value=\"").expect("a csrf field") + "name=\"csrf\" value=\"".len();
@@ -1150,9 +1042,9 @@ fn csrf_of(html: &str) -> String {
 }
 
 async fn login(c: &Console, token: &str) -> String {
-    let r = c.login_with(token).await;
+    let r = c.web.login_with(token).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let set = cookie_of(&r).expect("a session cookie");
+    let set = consoles::session_cookie(&r).expect("a session cookie");
     for attr in ["HttpOnly", "SameSite=Strict", "Max-Age=3600", "Path=/"] {
         assert!(set.contains(attr), "{set} lacks {attr}");
     }
@@ -1165,12 +1057,12 @@ async fn web_sessions_csrf_and_expiry() {
     let op = c.user("wendy", Role::Operator).await;
     let id = c.dead_rows(1).await[0];
 
-    let r = c.anonymous_get("/").await;
+    let r = c.web.anonymous_get("/").await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(r.headers()["location"], "/login");
 
     let cookie = login(&c, &op).await;
-    let page = c.web_get(&cookie, "/").await;
+    let page = c.web.web_get(&cookie, "/").await;
     assert_eq!(page.status(), StatusCode::OK);
     let html = page.text().await.unwrap();
     let csrf = csrf_of(&html);
@@ -1178,6 +1070,7 @@ async fn web_sessions_csrf_and_expiry() {
 
     // Without the CSRF token: 403, audited, nothing changes.
     let r = c
+        .web
         .web_post(
             &cookie,
             "/ui/outbox/requeue",
@@ -1189,6 +1082,7 @@ async fn web_sessions_csrf_and_expiry() {
     assert_eq!(c.audit_count("wendy", "outbox.requeue", "denied").await, 1);
     // A wrong one: the same.
     let r = c
+        .web
         .web_post(
             &cookie,
             "/ui/outbox/requeue",
@@ -1211,16 +1105,12 @@ async fn web_sessions_csrf_and_expiry() {
         ("reason", "retry"),
         ("go", "1"),
     ];
-    let submit = || c.web_post(&cookie, "/ui/outbox/requeue", &form);
+    let submit = || c.web.web_post(&cookie, "/ui/outbox/requeue", &form);
     let r = submit().await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(c.state(id).await, "pending");
     // The same form sent again (a double click, a reload): its key replays, nothing runs twice.
-    sqlx::query("UPDATE outbox.messages SET state = 'dead' WHERE id = $1")
-        .bind(id)
-        .execute(&c.db.pool)
-        .await
-        .unwrap();
+    c.make_dead(id).await;
     let r = submit().await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(c.state(id).await, "dead", "the form ran twice");
@@ -1234,7 +1124,7 @@ async fn web_sessions_csrf_and_expiry() {
         .execute(&c.db.pool)
         .await
         .unwrap();
-    let r = c.web_get(&cookie, "/").await;
+    let r = c.web.web_get(&cookie, "/").await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(r.headers()["location"], "/login");
 
@@ -1246,7 +1136,7 @@ async fn web_sessions_csrf_and_expiry() {
         c.get(&op, "/api/outbox/dead").await.0,
         StatusCode::UNAUTHORIZED
     );
-    let r = c.login_with(op.as_str()).await;
+    let r = c.web.login_with(op.as_str()).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 }
 
@@ -1255,14 +1145,14 @@ async fn failed_logins_are_rate_limited_per_address() {
     let c = Console::start_with(3, &[]).await;
     let good = c.user("gina", Role::Viewer).await;
     for _ in 0..3 {
-        let r = c.login_with("ct_wrong").await;
+        let r = c.web.login_with("ct_wrong").await;
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     }
     // Even the right token waits now.
-    let r = c.login_with(good.as_str()).await;
+    let r = c.web.login_with(good.as_str()).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert!(cookie_of(&r).is_none());
-    let metrics = c.anonymous_get("/metrics").await.text().await.unwrap();
+    assert!(consoles::session_cookie(&r).is_none());
+    let metrics = c.web.anonymous_get("/metrics").await.text().await.unwrap();
     assert!(
         metrics.contains("console_login_failures_total{reason=\"rate_limited\"}"),
         "{metrics}"
@@ -1351,7 +1241,7 @@ async fn no_token_card_number_or_declared_secret_in_any_page_or_response() {
         "/idempotency",
         "/dead-letters",
     ] {
-        let r = c.web_get(&cookie, path).await;
+        let r = c.web.web_get(&cookie, path).await;
         assert_eq!(r.status(), StatusCode::OK, "{path}");
         seen.push(r.text().await.unwrap());
     }
@@ -1465,7 +1355,7 @@ async fn cli_creates_users_with_a_token_on_the_last_line_and_talks_to_the_api() 
     let cli = |args: &[&str]| {
         std::process::Command::new(bin_path("console"))
             .args(args)
-            .env("CONSOLE_URL", &c.base)
+            .env("CONSOLE_URL", &c.web.base)
             .env("CONSOLE_TOKEN", &token)
             .output()
             .unwrap()
@@ -1563,18 +1453,19 @@ async fn metrics_health_readiness_and_openapi() {
     assert_eq!(s, StatusCode::OK);
     for path in ["/healthz", "/readyz"] {
         assert_eq!(
-            c.anonymous_get(path).await.status(),
+            c.web.anonymous_get(path).await.status(),
             StatusCode::OK,
             "{path}"
         );
     }
-    let m = c.anonymous_get("/metrics").await.text().await.unwrap();
+    let m = c.web.anonymous_get("/metrics").await.text().await.unwrap();
     assert!(
         m.contains("console_actions_total{action=\"outbox.requeue\",outcome=\"succeeded\"}"),
         "{m}"
     );
     assert!(m.contains("console_approvals_pending"));
     let doc: Value = c
+        .web
         .anonymous_get("/api/openapi.json")
         .await
         .json()
@@ -1598,7 +1489,6 @@ async fn metrics_health_readiness_and_openapi() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_approves() {
-    use fantoccini::Locator;
     let c = Console::start().await;
     let op = c.user("operator-olivia", Role::Operator).await;
     let ap = c.user("approver-arthur", Role::Approver).await;
@@ -1606,7 +1496,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
     let (_driver, b) = chromedriver().await;
 
     // The operator logs in and finds the dead rows.
-    log_in(&b, &c.base, &op).await;
+    log_in(&b, &c.web.base, &op).await;
     wait_for(&b, "dead-rows").await;
     let source = b.source().await.unwrap();
     for id in &ids {
@@ -1652,13 +1542,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
 
     // The page shows the rows requeued and both audit entries.
     let source = b.source().await.unwrap();
-    let dead_table = b
-        .find(Locator::Id("dead-rows"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let dead_table = text_of(&b, "dead-rows").await;
     assert!(
         !dead_table.contains(&ids[0].to_string()) && !dead_table.contains(&ids[1].to_string()),
         "{dead_table}"
@@ -1667,24 +1551,17 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
         dead_table.contains(&ids[2].to_string()),
         "the unselected row stays dead"
     );
-    let audit = b
-        .find(Locator::Id("audit"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        audit.contains("operator-olivia")
-            && audit.contains("requested")
-            && audit.contains("gateway outage over, INC-42"),
-        "{audit}"
-    );
-    assert!(
-        audit.contains("approver-arthur")
-            && audit.contains("approved")
-            && audit.contains("checked the gateway"),
-        "{audit}"
+    let audit = text_of(&b, "audit").await;
+    assert_names_each(
+        &audit,
+        &[
+            (
+                "operator-olivia",
+                "requested",
+                "gateway outage over, INC-42",
+            ),
+            ("approver-arthur", "approved", "checked the gateway"),
+        ],
     );
     assert!(
         source.contains(&format!("outbox:{}", ids[0]))
@@ -1698,14 +1575,11 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_approval() {
-    let broker = system_tests::TestBroker::new();
-    let name = broker.queue("console.dlq");
-    let c = Console::start_with(5, &[&name]).await;
+    let dl = DeadLetters::declare("console.dlq", "console.events", None).await;
+    let name = &dl.name;
+    let c = Console::start_with(5, &[name]).await;
     let op = c.user("dora", Role::Operator).await;
     let ap = c.user("dan", Role::Approver).await;
-    let exchange = broker.outbox_exchange("console.events");
-    system_tests::consumers::track_consumer(&broker, &name, &[], None);
-    let (conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
     let ids: Vec<String> = (0..3).map(|_| Uuid::new_v4().to_string()).collect();
     let reason = format!("card {CARD} refused");
     let body = json!({"card_number": CARD, "customer_secret": SECRET, "amount": 5}).to_string();
@@ -1718,15 +1592,8 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
                 "2026-12-01T10:00:00Z",
             ),
         ];
-        publish_dead_letter(
-            &ch,
-            &topology,
-            id,
-            "payment.captured",
-            &headers,
-            body.as_bytes(),
-        )
-        .await;
+        dl.publish(id, "payment.captured", &headers, body.as_bytes())
+            .await;
     }
 
     let (s, listed) = c
@@ -1748,15 +1615,12 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
 
     // CONSOLE_CONSUMERS is an allowlist: the dead letters of a consumer not listed there cannot be
     // browsed or replayed, even when its dead-letter queue exists (404, as for no queue at all).
-    let unlisted = broker.queue("console.unlisted");
-    let other = consumer::Topology::new(&unlisted, &[]);
-    for q in other.queues() {
-        broker.track_queue(&q);
-    }
-    for e in other.exchanges() {
-        broker.track_exchange(&e);
-    }
-    other.declare(&conn, &exchange, &[]).await.unwrap();
+    let unlisted = dl.broker.queue("console.unlisted");
+    system_tests::consumers::track_consumer(&dl.broker, &unlisted, &[], None);
+    consumer::Topology::new(&unlisted, &[])
+        .declare(&dl.conn, &dl.exchange, &[])
+        .await
+        .unwrap();
     for consumer in [unlisted.as_str(), "no_such_consumer"] {
         let (s, body) = c
             .get(&op, &format!("/api/dead-letters?consumer={consumer}"))
@@ -1786,11 +1650,10 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     assert_eq!(s, StatusCode::CONFLICT);
     // One: now.
     c.post_expect(&op, &path, json!({"reason": "handler fixed", "items": [{"message_id": ids[0], "version": "2026-12-01T10:00:00Z"}]}), None, StatusCode::OK).await;
-    let count = |q: String| queue_depth(&conn, q);
     wait_until(
         "one message back in the queue",
         Duration::from_secs(30),
-        || async { (count(name.clone()).await == 1).then_some(()) },
+        || async { (dl.depth(name).await == 1).then_some(()) },
     )
     .await;
     // Two: an approval request, then the approver's approval replays both.
@@ -1804,75 +1667,102 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
             StatusCode::ACCEPTED,
         )
         .await;
-    assert_eq!(count(topology.dead_letter_queue.clone()).await, 2);
+    assert_eq!(dl.depth(&dl.topology.dead_letter_queue).await, 2);
     let approval = body["approval"].as_str().unwrap().to_string();
     c.approve(&ap, &approval).await;
-    wait_until(
-        "all three back in the queue",
-        Duration::from_secs(30),
-        || async {
-            (count(name.clone()).await == 3 && count(topology.dead_letter_queue.clone()).await == 0)
-                .then_some(())
-        },
-    )
-    .await;
+    dl.wait_replayed(3).await;
     assert_eq!(c.audit_count("dora", "dlq.replay", "succeeded").await, 3);
     assert_eq!(c.audit_count("dora", "dlq.replay", "conflict").await, 1);
-    let _ = conn.close(200, "done".into()).await;
+    dl.close().await;
 }
 
-/// Messages in queue `q` now (`u32::MAX` when it cannot be inspected).
-async fn queue_depth(conn: &lapin::Connection, q: String) -> u32 {
-    plumbing::amqp::inspect_queue(conn, &q)
-        .await
-        .map(|q| q.message_count())
-        .unwrap_or(u32::MAX)
+/// Consumer `name`'s dead letters on a broker of the test's own: the consumer's plain topology
+/// declared on a fresh outbox exchange, and a confirming channel to publish dead letters on. The
+/// broker forgets all of it when dropped.
+struct DeadLetters {
+    conn: lapin::Connection,
+    ch: lapin::Channel,
+    topology: consumer::Topology,
+    name: String,
+    exchange: String,
+    broker: system_tests::TestBroker,
 }
 
-/// Consumer `name`'s plain topology declared on `exchange`, and a confirming channel to publish
-/// dead letters on (keep the connection for the test).
-async fn dead_letter_topology(
-    broker: &system_tests::TestBroker,
-    name: &str,
-    exchange: &str,
-) -> (lapin::Connection, lapin::Channel, consumer::Topology) {
-    let topology = consumer::Topology::new(name, &[]);
-    let conn = broker.connect().await;
-    topology.declare(&conn, exchange, &[]).await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    ch.confirm_select(Default::default()).await.unwrap();
-    (conn, ch, topology)
-}
-
-/// Publishes `body` straight into `topology`'s dead-letter queue (and waits for the broker's
-/// confirm), as message `id` of type `event_type` with the dead-letter `headers` the consumer
-/// runtime would have set.
-async fn publish_dead_letter(
-    ch: &lapin::Channel,
-    topology: &consumer::Topology,
-    id: &str,
-    event_type: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) {
-    let mut h = lapin::types::FieldTable::default();
-    for (k, v) in headers {
-        consumer::message::set_text(&mut h, k, v);
+impl DeadLetters {
+    /// A fresh consumer named after `queue` (with `partitions` when ordered, tracked as such) on a
+    /// fresh outbox exchange named after `exchange`.
+    async fn declare(queue: &str, exchange: &str, partitions: Option<u16>) -> Self {
+        let broker = system_tests::TestBroker::new();
+        let name = broker.queue(queue);
+        system_tests::consumers::track_consumer(&broker, &name, &[], partitions);
+        let exchange = broker.outbox_exchange(exchange);
+        let topology = consumer::Topology::new(&name, &[]);
+        let conn = broker.connect().await;
+        topology.declare(&conn, &exchange, &[]).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(Default::default()).await.unwrap();
+        Self {
+            conn,
+            ch,
+            topology,
+            name,
+            exchange,
+            broker,
+        }
     }
-    ch.basic_publish(
-        "".into(),
-        topology.dead_letter_queue.as_str().into(),
-        lapin::options::BasicPublishOptions::default(),
-        body,
-        lapin::BasicProperties::default()
-            .with_message_id(id.into())
-            .with_type(event_type.into())
-            .with_headers(h),
-    )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
+
+    /// Messages in queue `q` now (`u32::MAX` when it cannot be inspected).
+    async fn depth(&self, q: &str) -> u32 {
+        plumbing::amqp::inspect_queue(&self.conn, q)
+            .await
+            .map(|q| q.message_count())
+            .unwrap_or(u32::MAX)
+    }
+
+    /// Waits until all `n` dead letters are back in the consumer's queue and none is left in its
+    /// dead-letter queue.
+    async fn wait_replayed(&self, n: u32) {
+        wait_until(
+            &format!("all {n} back in the queue"),
+            Duration::from_secs(30),
+            || async {
+                (self.depth(&self.name).await == n
+                    && self.depth(&self.topology.dead_letter_queue).await == 0)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// Publishes `body` straight into the dead-letter queue (and waits for the broker's confirm),
+    /// as message `id` of type `event_type` with the dead-letter `headers` the consumer runtime
+    /// would have set.
+    async fn publish(&self, id: &str, event_type: &str, headers: &[(&str, &str)], body: &[u8]) {
+        let mut h = lapin::types::FieldTable::default();
+        for (k, v) in headers {
+            consumer::message::set_text(&mut h, k, v);
+        }
+        self.ch
+            .basic_publish(
+                "".into(),
+                self.topology.dead_letter_queue.as_str().into(),
+                lapin::options::BasicPublishOptions::default(),
+                body,
+                lapin::BasicProperties::default()
+                    .with_message_id(id.into())
+                    .with_type(event_type.into())
+                    .with_headers(h),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    /// Closes the connection (the broker's cleanup still waits for the drop).
+    async fn close(&self) {
+        let _ = self.conn.close(200, "done".into()).await;
+    }
 }
 
 /// An ordered consumer's dead letters are listed, but a replay (dry run, one now, or several for
@@ -1880,17 +1770,14 @@ async fn publish_dead_letter(
 /// stays in the dead-letter queue and nothing reaches the consumer's plain queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ordered_consumers_dead_letters_are_listed_but_replay_answers_409() {
-    let broker = system_tests::TestBroker::new();
-    let name = broker.queue("console.ord");
-    let c = Console::start_with(5, &[&name]).await;
-    let op = c.user("olga", Role::Operator).await;
-    let exchange = broker.outbox_exchange("console.events");
-    system_tests::consumers::track_consumer(&broker, &name, &[], Some(2));
     // The topology an ordered consumer declares: its plain queues and its partition routing.
-    let (conn, ch, topology) = dead_letter_topology(&broker, &name, &exchange).await;
-    consumer::ordered::topology::declare(&conn, &exchange, &name, 2, &["#".to_string()])
+    let dl = DeadLetters::declare("console.ord", "console.events", Some(2)).await;
+    let name = &dl.name;
+    consumer::ordered::topology::declare(&dl.conn, &dl.exchange, name, 2, &["#".to_string()])
         .await
         .unwrap();
+    let c = Console::start_with(5, &[name]).await;
+    let op = c.user("olga", Role::Operator).await;
     let ids: Vec<String> = (0..2).map(|_| Uuid::new_v4().to_string()).collect();
     let headers = [
         (consumer::message::headers::DEAD_LETTER_KIND, "operator"),
@@ -1900,7 +1787,7 @@ async fn an_ordered_consumers_dead_letters_are_listed_but_replay_answers_409() {
         ),
     ];
     for id in &ids {
-        publish_dead_letter(&ch, &topology, id, "thing.changed", &headers, b"{}").await;
+        dl.publish(id, "thing.changed", &headers, b"{}").await;
     }
     let (s, listed) = c
         .get(&op, &format!("/api/dead-letters?consumer={name}"))
@@ -1931,14 +1818,17 @@ async fn an_ordered_consumers_dead_letters_are_listed_but_replay_answers_409() {
             "{error}"
         );
     }
-    for (queue, want) in [(topology.dead_letter_queue.clone(), 2), (name.clone(), 0)] {
-        let n = plumbing::amqp::inspect_queue(&conn, &queue)
+    for (queue, want) in [
+        (dl.topology.dead_letter_queue.clone(), 2),
+        (name.clone(), 0),
+    ] {
+        let n = plumbing::amqp::inspect_queue(&dl.conn, &queue)
             .await
             .map(|q| q.message_count())
             .unwrap();
         assert_eq!(n, want, "{queue}");
     }
-    let _ = conn.close(200, "done".into()).await;
+    dl.close().await;
 }
 
 /// The demo's payment flow on the console's database: the payment-provider simulator (a child
@@ -1946,9 +1836,7 @@ async fn an_ordered_consumers_dead_letters_are_listed_but_replay_answers_409() {
 struct Payments {
     _provider: tokio::process::Child,
     admin: payment_provider::client::Client,
-    api: String,
-    key: String,
-    http: reqwest::Client,
+    api: system_tests::demo_stack::ApiClient,
     shutdown: CancellationToken,
 }
 
@@ -2003,23 +1891,13 @@ impl Payments {
         Self {
             _provider: provider,
             admin: payment_provider::client::Client::new(&url, Duration::from_secs(30)).unwrap(),
-            api,
-            key,
-            http: reqwest::Client::new(),
+            api: system_tests::demo_stack::ApiClient::new(api, key),
             shutdown,
         }
     }
 
     async fn post(&self, path: &str, key: &str, body: Value) -> Value {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .bearer_auth(&self.key)
-            .header("Idempotency-Key", key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = self.api.post(path, key, &body.to_string(), &[]).await;
         assert!(r.status().is_success(), "{path}: {}", r.status());
         r.json().await.unwrap()
     }
@@ -2062,6 +1940,16 @@ impl Payments {
             .into_iter()
             .filter(|c| c.reference == payment)
             .collect()
+    }
+}
+
+/// Asserts that `text` holds each `(who, outcome, reason)`: all three of an entry somewhere in it.
+fn assert_names_each(text: &str, entries: &[(&str, &str, &str)]) {
+    for (who, outcome, reason) in entries {
+        assert!(
+            text.contains(who) && text.contains(outcome) && text.contains(reason),
+            "{who} {outcome}: {text}"
+        );
     }
 }
 
@@ -2118,11 +2006,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         (!pay.charges(&payment).await.is_empty()).then_some(())
     })
     .await;
-    sqlx::query("UPDATE demo.orders SET status = 'cancelled' WHERE id = $1")
-        .bind(order_id)
-        .execute(&c.db.pool)
-        .await
-        .unwrap();
+    system_tests::demo_stack::cancel_order(&c.db, order_id).await;
     pay.admin.set_faults("").await.unwrap();
     let pid: Uuid = sqlx::query_scalar(
         "SELECT id FROM outbox.processes WHERE kind = 'payment' AND business_key = $1",
@@ -2144,7 +2028,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
 
     // The operator logs in and finds the payment in manual review, first in the list.
     let (_driver, b) = chromedriver().await;
-    log_in(&b, &c.base, &op).await;
+    log_in(&b, &c.web.base, &op).await;
     b.find(Locator::LinkText("Processes"))
         .await
         .unwrap()
@@ -2207,8 +2091,8 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
     log_out(&b).await;
 
     // The approver logs in, opens the process and approves.
-    log_in(&b, &c.base, &ap).await;
-    b.goto(&format!("{}/processes/{pid}", c.base))
+    log_in(&b, &c.web.base, &ap).await;
+    b.goto(&format!("{}/processes/{pid}", c.web.base))
         .await
         .unwrap();
     let approval: Uuid =
@@ -2239,7 +2123,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
     )
     .await;
     let actions = text_of(&b, "process-audit").await;
-    for (who, outcome, reason) in [
+    let entries = [
         (
             "operator-olivia",
             "requested",
@@ -2250,7 +2134,8 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
             "approved",
             "checked the order: cancelled, refund due",
         ),
-    ] {
+    ];
+    for (who, outcome, reason) in entries {
         assert!(
             actions
                 .lines()
@@ -2261,18 +2146,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
     // The full history sits behind the step strip: open it to read it.
     click(&b, "history-toggle").await;
     let timeline = text_of(&b, "timeline").await;
-    assert!(
-        timeline.contains("operator-olivia")
-            && timeline.contains("requested")
-            && timeline.contains("order cancelled by support, INC-77"),
-        "{timeline}"
-    );
-    assert!(
-        timeline.contains("approver-arthur")
-            && timeline.contains("approved")
-            && timeline.contains("checked the order: cancelled, refund due"),
-        "{timeline}"
-    );
+    assert_names_each(&timeline, &entries);
     assert!(
         timeline.contains("console:operator-olivia (approved by console:approver-arthur)"),
         "the transition names who asked and who approved: {timeline}"
@@ -2421,7 +2295,7 @@ async fn every_api_error_is_a_json_object_with_only_error() {
         ),
     ];
     for (what, method, path, token, body, key, want) in cases {
-        let mut req = c.http.request(method, format!("{}{path}", c.base));
+        let mut req = c.web.http.request(method, format!("{}{path}", c.web.base));
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
@@ -2611,6 +2485,7 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
     // So does the page: the warning, and the rerun's form before the resolutions.
     let cookie = login(&c, &alice).await;
     let page = c
+        .web
         .web_get(&cookie, &format!("/processes/{pid}"))
         .await
         .text()
@@ -2665,14 +2540,7 @@ async fn a_charge_of_unknown_outcome_is_never_resolved_failed_by_one_person_and_
     let approval = body["approval"].as_str().unwrap().to_string();
     assert_eq!(c.process_state(pid).await, before, "nothing changed");
     // Nor by herself.
-    let (s, _, _) = c
-        .post(
-            &alice,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "mine", "version": 1}),
-            None,
-        )
-        .await;
+    let (s, _) = c.try_approve(&alice, &approval, "mine").await;
     assert_eq!(s, StatusCode::FORBIDDEN);
     // Below the console, the processes crate refuses it to one person too.
     let v = processes::admin::get(&c.db.pool, &Schema::default(), pid)
@@ -2761,15 +2629,16 @@ async fn security_headers_cross_site_posts_fixed_notices_and_web_error_pages() {
     let op = c.user("hera", Role::Operator).await;
     let cookie = login(&c, &op).await;
     let get = |path: &str, cookie: Option<&str>| {
-        let mut r = c.http.get(format!("{}{path}", c.base));
+        let mut r = c.web.http.get(format!("{}{path}", c.web.base));
         if let Some(k) = cookie {
             r = r.header("cookie", k);
         }
         r.send()
     };
     let bearer = c
+        .web
         .http
-        .get(format!("{}/api/whoami", c.base))
+        .get(format!("{}/api/whoami", c.web.base))
         .bearer_auth(&op)
         .send()
         .await
@@ -2818,15 +2687,16 @@ async fn security_headers_cross_site_posts_fixed_notices_and_web_error_pages() {
     // POST and a client without those headers (the CLI, an API client) pass.
     let login_with = |headers: Vec<(&'static str, String)>| {
         let mut r = c
+            .web
             .http
-            .post(format!("{}/login", c.base))
+            .post(format!("{}/login", c.web.base))
             .form(&[("token", op.as_str())]);
         for (k, v) in headers {
             r = r.header(k, v);
         }
         r.send()
     };
-    let host = c.base.trim_start_matches("http://").to_string();
+    let host = c.web.base.trim_start_matches("http://").to_string();
     for (headers, want) in [
         (
             vec![("origin", "http://evil.example".to_string())],
@@ -2860,7 +2730,10 @@ async fn security_headers_cross_site_posts_fixed_notices_and_web_error_pages() {
         let r = login_with(headers.clone()).await.unwrap();
         assert_eq!(r.status(), want, "{headers:?}");
         if want == StatusCode::FORBIDDEN {
-            assert!(cookie_of(&r).is_none(), "no session for {headers:?}");
+            assert!(
+                consoles::session_cookie(&r).is_none(),
+                "no session for {headers:?}"
+            );
             let page = r.text().await.unwrap();
             assert!(page.contains("id=\"error\""), "the console's page: {page}");
         }
@@ -2868,8 +2741,9 @@ async fn security_headers_cross_site_posts_fixed_notices_and_web_error_pages() {
     let id = c.process("cross-site").await;
     let version = c.process_view(&op, id).await["version"].clone();
     let r = c
+        .web
         .http
-        .post(format!("{}/api/processes/{id}/actions/pause", c.base))
+        .post(format!("{}/api/processes/{id}/actions/pause", c.web.base))
         .bearer_auth(&op)
         .header("origin", "https://evil.example")
         .json(&json!({"reason": "framed", "version": version}))
@@ -2937,8 +2811,9 @@ async fn security_headers_cross_site_posts_fixed_notices_and_web_error_pages() {
         ("PUT", "/processes", StatusCode::METHOD_NOT_ALLOWED),
     ] {
         let r = c
+            .web
             .http
-            .request(method.parse().unwrap(), format!("{}{path}", c.base))
+            .request(method.parse().unwrap(), format!("{}{path}", c.web.base))
             .header("cookie", &cookie)
             .header("content-type", "application/x-www-form-urlencoded")
             .body("csrf=x")
@@ -2972,7 +2847,13 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
     let op = c.user("oscar", Role::Operator).await;
     let viewer_cookie = login(&c, &viewer).await;
     let viewer_csrf = {
-        let page = c.web_get(&viewer_cookie, "/").await.text().await.unwrap();
+        let page = c
+            .web
+            .web_get(&viewer_cookie, "/")
+            .await
+            .text()
+            .await
+            .unwrap();
         csrf_of(&page)
     };
     let pid = c.process("hostile").await;
@@ -3047,8 +2928,9 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
             "/api/outbox/dead".to_string(),
         ] {
             let r = c
+                .web
                 .http
-                .get(format!("{}{path}", c.base))
+                .get(format!("{}{path}", c.web.base))
                 .bearer_auth(&op)
                 .query(&[
                     ("kind", &text),
@@ -3082,8 +2964,9 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
         // login with it as the token.
         for path in ["/audit", "/processes", "/dead-letters", "/messages", "/"] {
             let r = c
+                .web
                 .http
-                .get(format!("{}{path}", c.base))
+                .get(format!("{}{path}", c.web.base))
                 .header("cookie", &viewer_cookie)
                 .query(&[
                     ("actor", &text),
@@ -3099,6 +2982,7 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
             answers.push((format!("web GET {path}"), r.status()));
         }
         let r = c
+            .web
             .web_post(
                 &viewer_cookie,
                 &format!("/ui/processes/{pid}/actions/pause"),
@@ -3110,7 +2994,7 @@ async fn hostile_text_in_any_input_is_never_a_5xx_and_every_refusal_is_audited()
             )
             .await;
         answers.push(("web viewer pause".into(), r.status()));
-        let r = c.login_with(&text).await;
+        let r = c.web.login_with(&text).await;
         answers.push(("login".into(), r.status()));
 
         for (what, status) in &answers {
@@ -3193,7 +3077,7 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
 
     // The approver's card: what it does, the amount, the process now, a link.
     let cookie = login(&c, &bob).await;
-    let overview = c.web_get(&cookie, "/").await.text().await.unwrap();
+    let overview = c.web.web_get(&cookie, "/").await.text().await.unwrap();
     let approval = first["approval"].as_str().unwrap();
     let card = overview
         .split(&format!("id=\"approval-{approval}\""))
@@ -3214,6 +3098,7 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
     // The requester's process page: no second request form while it waits.
     let olga_cookie = login(&c, &olga).await;
     let page = c
+        .web
         .web_get(&olga_cookie, &format!("/processes/{id}"))
         .await
         .text()
@@ -3245,14 +3130,7 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
         "{list:?}"
     );
     assert_eq!(list[0]["process"]["paused"], json!(true));
-    let (s, _, _) = c
-        .post(
-            &bob,
-            &format!("/api/approvals/{approval}/approve"),
-            json!({"reason": "ok", "version": 1}),
-            None,
-        )
-        .await;
+    let (s, _) = c.try_approve(&bob, approval, "ok").await;
     assert_eq!(s, StatusCode::CONFLICT);
     let now = c.process_view(&olga, id).await;
     let (s, fresh, _) = ask(olga.clone(), "still refund", now["version"].clone()).await;
@@ -3359,6 +3237,7 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
 
     let cookie = login(&c, &op).await;
     let page = c
+        .web
         .web_get(&cookie, &format!("/processes/{asked}"))
         .await
         .text()
@@ -3372,6 +3251,7 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
         "{page}"
     );
     let blind_page = c
+        .web
         .web_get(&cookie, &format!("/processes/{blind}"))
         .await
         .text()
