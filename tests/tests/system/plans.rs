@@ -68,6 +68,37 @@ async fn claim_counting_scans(
     (claimed, scans)
 }
 
+/// A claim of every partition, all owned by `plans`: `per` rows from each, `limit` in all.
+struct ClaimAll {
+    partitions: Vec<i16>,
+    per_partition: Vec<i64>,
+    limit: i64,
+}
+
+impl ClaimAll {
+    async fn owning(db: &TestDb, per: i64, limit: i64) -> Self {
+        sqlx::query("UPDATE outbox.relay_partitions SET owner = 'plans', lease_until = now() + interval '1 hour'")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        Self {
+            partitions: (0..64).collect(),
+            per_partition: vec![per; 64],
+            limit,
+        }
+    }
+
+    fn args(&self) -> ClaimArgs<'_> {
+        ClaimArgs {
+            partitions: &self.partitions,
+            per_partition: &self.per_partition,
+            limit: self.limit,
+            held: &[],
+            statements: Statements::Prepared,
+        }
+    }
+}
+
 fn rows(keys: impl Iterator<Item = String>) -> Vec<NewMessage> {
     keys.map(|k| NewMessage::new("plans", k, "plans.test", serde_json::json!({"k": 1})))
         .collect()
@@ -97,19 +128,8 @@ async fn a_claim_reads_the_partition_index_when_the_statistics_saw_one_hot_aggre
     for chunk in backlog.chunks(1000) {
         shared::outbox::enqueue_many(&db.pool, chunk).await.unwrap();
     }
-    sqlx::query("UPDATE outbox.relay_partitions SET owner = 'plans', lease_until = now() + interval '1 hour'")
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    let partitions: Vec<i16> = (0..64).collect();
-    let per_partition = vec![64i64; 64];
-    let args = ClaimArgs {
-        partitions: &partitions,
-        per_partition: &per_partition,
-        limit: 2000,
-        held: &[],
-        statements: Statements::Prepared,
-    };
+    let claim = ClaimAll::owning(&db, 64, 2000).await;
+    let args = claim.args();
 
     let (claimed, scans) = claim_counting_scans(&db.pool, &schema, &args).await;
 
@@ -198,19 +218,8 @@ async fn a_claim_prepared_on_an_empty_outbox_reads_only_the_heads_it_takes_once_
     ] {
         sqlx::query(sql).execute(&db.pool).await.unwrap();
     }
-    sqlx::query("UPDATE outbox.relay_partitions SET owner = 'plans', lease_until = now() + interval '1 hour'")
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    let partitions: Vec<i16> = (0..64).collect();
-    let per_partition = vec![16i64; 64];
-    let args = ClaimArgs {
-        partitions: &partitions,
-        per_partition: &per_partition,
-        limit: 1024,
-        held: &[],
-        statements: Statements::Prepared,
-    };
+    let claim = ClaimAll::owning(&db, 16, 1024).await;
+    let args = claim.args();
     // Whether PostgreSQL keeps a generic plan after five custom ones depends on their costs; the
     // bench's relay kept one (auto_explain showed `unnest` estimated at 10 rows). This session
     // keeps it from the first run.
