@@ -72,7 +72,7 @@ pub fn describe() {
     describe_gauge!("relay_ready", "1 when connected to PostgreSQL and RabbitMQ");
     describe_gauge!(
         "relay_broker_blocked",
-        "1 while RabbitMQ blocks this relay's connection (memory or disk alarm): nothing is published"
+        "1 while RabbitMQ blocks this relay's connection (memory or disk alarm), or reads nothing of a batch for the confirm timeout: nothing is published"
     );
     describe_counter!(
         "relay_published_total",
@@ -192,7 +192,8 @@ pub fn readiness(
     ready(readiness.ready());
 }
 
-/// RabbitMQ blocked (`connection.blocked`) or unblocked the publishing connection.
+/// RabbitMQ blocked (`connection.blocked`, or reading nothing) or unblocked the publishing
+/// connection.
 pub fn broker_blocked(blocked: bool) {
     gauge!("relay_broker_blocked").set(if blocked { 1.0 } else { 0.0 });
 }

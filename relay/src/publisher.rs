@@ -6,6 +6,7 @@
 
 use crate::encoder::Encoded;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::ShortString;
 use lapin::{Channel, Connection};
 use plumbing::amqp_tls::AmqpTls;
 use std::time::Duration;
@@ -149,7 +150,46 @@ impl Publisher {
         self.conn.as_ref().map(|c| c.configuration().frame_max())
     }
 
+    /// What sending needs, detached from the publisher, while a confirm channel is open: a batch
+    /// of publishes can then be in flight while the pipeline goes on (a blocked connection holds
+    /// every publish until the broker unblocks it).
+    pub fn sender(&self) -> Option<Sender> {
+        self.channel.as_ref().map(|channel| Sender {
+            channel: channel.clone(),
+            exchange: self.exchange.as_str().into(),
+        })
+    }
+
+    /// Sends one encoded row on the current channel; see [`Sender::send`].
+    pub async fn send(
+        &self,
+        message: Encoded,
+        payload: &[u8],
+    ) -> Result<lapin::PublisherConfirm, lapin::Error> {
+        match self.sender() {
+            Some(sender) => sender.send(message, payload).await,
+            None => Err(closed()),
+        }
+    }
+}
+
+/// The error of a send with no channel open.
+pub fn closed() -> lapin::Error {
+    lapin::Error::from(lapin::ErrorKind::InvalidConnectionState(
+        lapin::ConnectionState::Closed,
+    ))
+}
+
+/// One confirm channel and the exchange, owned, so sends can outlive a borrow of the publisher.
+#[derive(Clone)]
+pub struct Sender {
+    channel: Channel,
+    exchange: ShortString,
+}
+
+impl Sender {
     /// Sends one encoded row (persistent, mandatory) and returns the future of its confirm.
+    /// Completes once lapin has written the frames: never while the broker blocks the connection.
     /// Takes the encoded message by value: lapin takes the properties by value, and a clone of
     /// their header table was a dozen allocations per publish.
     pub async fn send(
@@ -157,14 +197,9 @@ impl Publisher {
         message: Encoded,
         payload: &[u8],
     ) -> Result<lapin::PublisherConfirm, lapin::Error> {
-        let Some(channel) = self.channel.as_ref() else {
-            return Err(lapin::Error::from(
-                lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
-            ));
-        };
-        channel
+        self.channel
             .basic_publish(
-                self.exchange.as_str().into(),
+                self.exchange.clone(),
                 message.routing_key,
                 BasicPublishOptions {
                     mandatory: true,

@@ -31,7 +31,7 @@ use crate::cloudevents;
 use crate::encoder::{self, Encoded, Encoding};
 use crate::internal_events::{self, DbOp, FailureReason};
 use crate::leases::Leases;
-use crate::publisher::Publisher;
+use crate::publisher::{self, Publisher};
 use crate::store::{self, Charge, Claimed, OutboxRow};
 use chains::{Acked, Chains};
 use claims::{Admit, ClaimPlan, Claims};
@@ -41,7 +41,10 @@ use marks::Marks;
 use plumbing::telemetry::{ErrorChain, Readiness};
 use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -52,10 +55,24 @@ use window::{ConfirmResult, Verdict, Window};
 
 /// A running claim.
 type ClaimTask = JoinHandle<Result<Vec<Claimed>, sqlx::Error>>;
+/// A written batch: its rows, each publish's confirm (or why it was not sent), when it went.
+type SentBatch = (
+    Vec<OutboxRow>,
+    Vec<Result<lapin::PublisherConfirm, lapin::Error>>,
+    Instant,
+);
+/// A batch lapin has not written yet (it writes nothing while the broker blocks the connection,
+/// nor while the broker reads nothing), how many rows it holds, and since when.
+type Sending = (
+    Pin<Box<dyn Future<Output = SentBatch> + Send>>,
+    usize,
+    Instant,
+);
 /// How long a stopping relay keeps trying to mark confirmed rows, beyond the confirm timeout.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
 enum Event {
+    Sent(Box<SentBatch>),
     Confirm(Box<(OutboxRow, ConfirmResult, Instant)>),
     Claimed(Result<Vec<Claimed>, String>),
     Marked(Result<(), String>),
@@ -78,6 +95,8 @@ pub(crate) struct Pipeline<'a> {
     /// The running claim and what it asked for.
     claiming: Option<(ClaimTask, ClaimPlan)>,
     chains: Chains,
+    /// The batch being written; the next waits for it, so frames go out in batch order.
+    sending: Option<Sending>,
     window: Window,
     marks: Marks,
     gate: Gate,
@@ -108,6 +127,7 @@ impl<'a> Pipeline<'a> {
             claims: Claims::new(),
             claiming: None,
             chains: Chains::default(),
+            sending: None,
             window: Window::new(opts.window as usize),
             marks: Marks::default(),
             gate: Gate::default(),
@@ -155,11 +175,11 @@ impl<'a> Pipeline<'a> {
     /// The work between two events: connect, release, send, start claims and marks.
     async fn turn(&mut self, stopping: bool) {
         let backoff_over = self.health.backoff_over(Instant::now());
-        if !stopping && backoff_over && self.window.is_empty() && !self.publisher.is_connected() {
+        if !stopping && backoff_over && self.in_flight() == 0 && !self.publisher.is_connected() {
             self.connect().await;
         }
         self.watch_blocked();
-        if self.replace_link && self.window.is_empty() {
+        if self.replace_link && self.in_flight() == 0 {
             self.replace_link = false;
             self.link_failed(
                 FailureReason::Connection,
@@ -185,7 +205,12 @@ impl<'a> Pipeline<'a> {
     }
 
     fn settled(&self) -> bool {
-        self.window.is_empty() && self.marks.is_idle() && self.claiming.is_none()
+        self.in_flight() == 0 && self.marks.is_idle() && self.claiming.is_none()
+    }
+
+    /// Rows sent and not settled: being written, or waiting for their confirm.
+    fn in_flight(&self) -> usize {
+        self.window.len() + self.sending.as_ref().map_or(0, |(_, rows, _)| *rows)
     }
 
     async fn next_event(
@@ -197,14 +222,17 @@ impl<'a> Pipeline<'a> {
         let stopping = shutdown.is_cancelled();
         let retry_at = self.health.retry_at();
         let confirms_pending = !self.window.is_empty();
-        let (window, claiming, marking) = (
+        let (sending, window, claiming, marking) = (
+            self.sending.as_mut().map(|(batch, _, _)| batch),
             &mut self.window,
             self.claiming.as_mut().map(|(task, _)| task),
             self.marks.running(),
         );
         let claim_running = claiming.is_some();
         let mark_running = marking.is_some();
+        let send_running = sending.is_some();
         tokio::select! {
+            r = async { sending.expect("guarded").await }, if send_running => Event::Sent(Box::new(r)),
             Some(c) = window.next(), if confirms_pending => Event::Confirm(Box::new(c)),
             r = async { claiming.expect("guarded").await }, if claim_running => Event::Claimed(flatten(r)),
             r = async { marking.expect("guarded").await }, if mark_running => Event::Marked(flatten(r)),
@@ -218,6 +246,11 @@ impl<'a> Pipeline<'a> {
 
     async fn handle(&mut self, event: Event) {
         match event {
+            Event::Sent(batch) => {
+                self.sending = None;
+                let (rows, results, sent) = *batch;
+                self.on_sent(rows, results, sent).await;
+            }
             Event::Confirm(first) => self.on_confirms(*first).await,
             Event::Claimed(result) => {
                 if let Some((_, plan)) = self.claiming.take() {
@@ -238,7 +271,7 @@ impl<'a> Pipeline<'a> {
             task.abort();
         }
         tracing::warn!(
-            unconfirmed = self.window.len(),
+            unconfirmed = self.in_flight(),
             unmarked,
             "stopping before everything was settled: these rows stay pending and will be published again"
         );
@@ -246,8 +279,17 @@ impl<'a> Pipeline<'a> {
 
     /// Follows `connection.blocked` / `connection.unblocked` (checked every turn; the poll tick
     /// guarantees a turn at least every poll interval): blocked means not ready.
+    ///
+    /// A batch lapin could not write within the confirm timeout counts as blocked too: RabbitMQ
+    /// blocks by no longer reading the socket, and does not always say so (3.10.8, under a memory
+    /// alarm, stopped reading a connection in the middle of a 32 MB batch, listed it as `blocked`,
+    /// and sent no `connection.blocked`). It unblocks when the batch is written.
     fn watch_blocked(&mut self) {
-        let blocked = self.publisher.is_blocked();
+        let stalled = self
+            .sending
+            .as_ref()
+            .is_some_and(|(_, _, since)| since.elapsed() >= self.opts.confirm_timeout());
+        let blocked = self.publisher.is_blocked() || stalled;
         if !self
             .health
             .set_blocked(blocked, self.publisher.is_connected())
@@ -257,7 +299,8 @@ impl<'a> Pipeline<'a> {
         if blocked {
             tracing::warn!(
                 in_flight = self.window.len(),
-                "RabbitMQ blocked publishing (resource alarm); waiting for it to unblock"
+                stalled,
+                "RabbitMQ blocked publishing (resource alarm, or it reads nothing more); waiting for it to unblock"
             );
         } else {
             tracing::info!("RabbitMQ unblocked publishing");
@@ -413,7 +456,7 @@ impl<'a> Pipeline<'a> {
     /// order (one channel keeps publish order in every queue).
     async fn fill_window(&mut self) {
         let room = self.window.room(Instant::now());
-        if room == 0 || self.health.broker_blocked {
+        if room == 0 || self.health.broker_blocked || self.sending.is_some() {
             return;
         }
         let Some(frame_max) = self.publisher.frame_max() else {
@@ -469,18 +512,44 @@ impl<'a> Pipeline<'a> {
     /// batch is written and acknowledged in one. lapin numbers a publish for its confirm and
     /// queues its frames in the same poll, in the order of the batch, so confirms match their
     /// rows and the rows of one aggregate go out in seq order.
+    ///
+    /// The batch is polled once here (that queues it) and then by the loop as an event, never
+    /// awaited in place: lapin writes nothing while the broker blocks the connection, and the
+    /// loop must go on meanwhile (report the block, mark what was confirmed, stop when asked).
     async fn publish(&mut self, batch: Vec<(OutboxRow, Encoded)>) {
         if batch.is_empty() {
             return;
         }
         let sent = Instant::now();
         let (rows, encoded): (Vec<OutboxRow>, Vec<Encoded>) = batch.into_iter().unzip();
-        let results = futures::future::join_all(rows.iter().zip(encoded).map(|(row, encoded)| {
-            self.publisher
-                .send(encoded, row.payload.as_bytes())
-                .instrument(publish_span(row))
-        }))
-        .await;
+        let Some(sender) = self.publisher.sender() else {
+            let results = rows.iter().map(|_| Err(publisher::closed())).collect();
+            return self.on_sent(rows, results, sent).await;
+        };
+        let count = rows.len();
+        let mut writing: Pin<Box<dyn Future<Output = SentBatch> + Send>> = Box::pin(async move {
+            let results =
+                futures::future::join_all(rows.iter().zip(encoded).map(|(row, encoded)| {
+                    sender
+                        .send(encoded, row.payload.as_bytes())
+                        .instrument(publish_span(row))
+                }))
+                .await;
+            (rows, results, sent)
+        });
+        match futures::poll!(writing.as_mut()) {
+            Poll::Ready((rows, results, sent)) => self.on_sent(rows, results, sent).await,
+            Poll::Pending => self.sending = Some((writing, count, sent)),
+        }
+    }
+
+    /// A batch is written: its confirms join the window; a publish lapin refused fails the link.
+    async fn on_sent(
+        &mut self,
+        rows: Vec<OutboxRow>,
+        results: Vec<Result<lapin::PublisherConfirm, lapin::Error>>,
+        sent: Instant,
+    ) {
         let status = self.publisher.status();
         let timeout = self.opts.confirm_timeout();
         let mut failure = None;
@@ -652,7 +721,9 @@ impl<'a> Pipeline<'a> {
     }
 
     fn give_back_unconfirmed(&mut self, reason: FailureReason, error: &str) {
-        let unconfirmed = self.window.clear();
+        // A batch still being written goes back too: its frames die with the link or channel.
+        let unwritten = self.sending.take().map_or(0, |(_, rows, _)| rows);
+        let unconfirmed = self.window.clear() + unwritten;
         self.chains.clear();
         let keep = self.marks.unmarked();
         self.claims.retain(|seq| keep.contains(&seq));
