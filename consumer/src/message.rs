@@ -284,6 +284,8 @@ mod tests {
     use crate::header_strategies::{cases, nested};
     use proptest::prelude::*;
 
+    /// Short strings as the patched parser can hand them over: any text up to 255 bytes, U+FFFD
+    /// (a byte that was not UTF-8) included.
     fn short_text() -> impl Strategy<Value = String> + Clone {
         "[a-z0-9.\u{fffd}\n-]{0,80}|.{0,60}".prop_filter("short string", |s| s.len() <= 255)
     }

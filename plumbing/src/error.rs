@@ -1,4 +1,4 @@
-//! Errors as one log field: shared's [`ErrorChain`], which the idempotency layer (below plumbing)
-//! logs with too.
+//! Errors as one log field: shared's [`ErrorChain`], which the idempotency layer (it depends on
+//! shared, not on plumbing) logs with too.
 
 pub use shared::error_chain::ErrorChain;

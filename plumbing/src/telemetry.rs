@@ -32,13 +32,11 @@ pub fn init_logging() {
     let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
         .ok()
         .filter(|e| !e.trim().is_empty());
-    let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| {
-        std::env::current_exe()
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "outbox".into())
-    });
-    init(&service, endpoint.as_deref());
+    let program = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "outbox".into());
+    init_service(&program, endpoint.as_deref());
 }
 
 /// Installs logging for a binary whose service name is `default_service` unless

@@ -87,10 +87,11 @@ pub enum QueryError {
     /// The provider does not support this lookup (PROVIDER_STATUS_QUERY=off: 501 or 404).
     #[error("the provider does not support looking charges up by reference")]
     QueryUnsupported,
-    /// The provider refused the request (4xx).
+    /// The provider refused the request (4xx other than 429).
     #[error("the provider refused the lookup ({status}): {message}")]
     Invalid { status: u16, message: String },
-    /// No usable answer (transport failure, timeout, 5xx, unreadable body).
+    /// No usable answer (transport failure, timeout, 5xx, 429, unreadable body). A 429 is the
+    /// provider asking to be called later, as for a charge, not a refusal of the lookup.
     #[error("the lookup failed: {reason}")]
     Unavailable {
         reason: String,
@@ -416,5 +417,64 @@ impl Client {
         }
         let message = message(response).await;
         Err(QUERY.refused(status, message))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every call reads a failure answer alike, except what an unknown outcome means: a lookup
+    /// changes nothing, so for it an unknown outcome is just no answer.
+    #[test]
+    fn failure_answers_are_classified_per_call() {
+        let m = || "m".to_string();
+        for status in [
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::TOO_MANY_REQUESTS,
+        ] {
+            assert!(matches!(
+                CHARGE.refused(status, m()),
+                ChargeError::Unavailable { .. }
+            ));
+            assert!(matches!(
+                REFUND.refused(status, m()),
+                RefundError::Unavailable { .. }
+            ));
+            assert!(matches!(
+                QUERY.refused(status, m()),
+                QueryError::Unavailable { .. }
+            ));
+        }
+        for status in [
+            StatusCode::BAD_REQUEST,
+            StatusCode::CONFLICT,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ] {
+            let code = status.as_u16();
+            assert!(
+                matches!(CHARGE.refused(status, m()), ChargeError::Invalid { status, .. } if status == code)
+            );
+            assert!(
+                matches!(REFUND.refused(status, m()), RefundError::Invalid { status, .. } if status == code)
+            );
+            assert!(
+                matches!(QUERY.refused(status, m()), QueryError::Invalid { status, .. } if status == code)
+            );
+        }
+        for status in [StatusCode::INTERNAL_SERVER_ERROR, StatusCode::BAD_GATEWAY] {
+            assert!(matches!(
+                CHARGE.refused(status, m()),
+                ChargeError::OutcomeUnknown { .. }
+            ));
+            assert!(matches!(
+                REFUND.refused(status, m()),
+                RefundError::OutcomeUnknown { .. }
+            ));
+            assert!(matches!(
+                QUERY.refused(status, m()),
+                QueryError::Unavailable { .. }
+            ));
+        }
     }
 }
