@@ -28,9 +28,9 @@ impl Shape {
 }
 
 /// The confirm windows the ceiling tries; the best is the ceiling.
-const WINDOWS: [usize; 2] = [256, 1000];
+const WINDOWS: [usize; 3] = [256, 1000, 2000];
 
-/// Raw lapin: persistent publishes with confirms to a durable queue, windows of 256 and 1000.
+/// Raw lapin: persistent publishes with confirms to a durable queue, windows of 256, 1000 and 2000.
 pub(crate) async fn ceiling_amqp(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>> {
     let n = env.n(50_000, 500);
     let q = env.queue("ceiling", "ceiling.#").await?;
