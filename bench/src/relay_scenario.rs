@@ -64,15 +64,7 @@ pub(crate) async fn relay_drain(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<
             done += k;
         }
         tx.commit().await?;
-        let cpu = env::CpuSnapshot::take();
-        let started = Instant::now();
-        let deadline = started + Duration::from_secs(300);
-        while pending(env).await? > 0 {
-            anyhow::ensure!(Instant::now() < deadline, "backlog not drained in 300 s");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let rate = n as f64 / started.elapsed().as_secs_f64();
-        let cpu_note = env::CpuSnapshot::take().report_since(&cpu, n);
+        let (rate, cpu_note) = crate::relay_scenario::timed_drain(env, n).await?;
         for ch in children {
             env::stop(ch).await;
         }
@@ -98,4 +90,18 @@ pub(crate) async fn relay_drain(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<
         )));
     }
     Ok(lines)
+}
+
+/// Waits (at most 300 s) until the `n` rows just committed are all published; their rate, and
+/// the CPU each process spent per 1,000 of them.
+pub(crate) async fn timed_drain(env: &BenchEnv, n: u64) -> anyhow::Result<(f64, String)> {
+    let cpu = env::CpuSnapshot::take();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(300);
+    while pending(env).await? > 0 {
+        anyhow::ensure!(Instant::now() < deadline, "backlog not drained in 300 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    Ok((rate, env::CpuSnapshot::take().report_since(&cpu, n)))
 }

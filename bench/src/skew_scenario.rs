@@ -3,7 +3,7 @@
 
 use crate::env::{self, BenchEnv};
 use crate::report::Line;
-use crate::scenarios::{Ceilings, payload, pending};
+use crate::scenarios::{Ceilings, payload};
 use rand::{Rng, SeedableRng};
 use shared::NewMessage;
 use std::time::{Duration, Instant};
@@ -108,15 +108,7 @@ pub async fn relay_skew(env: &BenchEnv, c: &Ceilings) -> anyhow::Result<Vec<Line
             shared::outbox::enqueue_many(&mut *tx, &rows).await?;
         }
         tx.commit().await?;
-        let cpu = env::CpuSnapshot::take();
-        let started = Instant::now();
-        let deadline = started + Duration::from_secs(300);
-        while pending(env).await? > 0 {
-            anyhow::ensure!(Instant::now() < deadline, "backlog not drained in 300 s");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let rate = n as f64 / started.elapsed().as_secs_f64();
-        let cpu_note = env::CpuSnapshot::take().report_since(&cpu, n);
+        let (rate, cpu_note) = crate::relay_scenario::timed_drain(env, n).await?;
         env::stop(relay).await;
         env.delete_queue(&q).await;
         let run_ceiling = c

@@ -12,21 +12,49 @@ use system_tests::*;
 
 const LONG: Duration = Duration::from_secs(60);
 
+/// A private node, a database, a queue collecting everything the relay publishes, a ready relay.
+struct Setup {
+    node: RabbitNode,
+    db: TestDb,
+    conn: lapin::Connection,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Received>,
+    relay: Component,
+}
+
+impl Setup {
+    async fn start(node_name: &str) -> Self {
+        init_logging();
+        let node = tokio::task::block_in_place(|| RabbitNode::start(node_name, &[]));
+        let db = TestDb::new().await;
+        let exchange = unique("outbox");
+        let conn = plumbing::amqp::connect(&node.amqp_url(), &Default::default(), "test")
+            .await
+            .expect("connect to the private node");
+        plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
+            .await
+            .unwrap();
+        let rx = collect_queue(&conn, &exchange, &unique("q"), &["#"]).await;
+        let relay = Component::relay(&db.url, &node.amqp_url(), &exchange);
+        relay.wait_ready("relay", LONG).await;
+        Self {
+            node,
+            db,
+            conn,
+            rx,
+            relay,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_waits_out_a_memory_alarm_and_loses_nothing() {
-    init_logging();
-    let node = tokio::task::block_in_place(|| RabbitNode::start("alarm", &[]));
-    let db = TestDb::new().await;
-    let exchange = unique("outbox");
-    let conn = plumbing::amqp::connect(&node.amqp_url(), &Default::default(), "test")
-        .await
-        .expect("connect to the private node");
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
-        .await
-        .unwrap();
-    let mut rx = collect_queue(&conn, &exchange, &unique("q"), &["#"]).await;
-    let mut relay = Component::relay(&db.url, &node.amqp_url(), &exchange);
-    relay.wait_ready("relay", LONG).await;
+    let Setup {
+        node,
+        db,
+        conn,
+        mut rx,
+        mut relay,
+    } = Setup::start("alarm").await;
 
     assert!(fleet::enqueue_payments(&db.pool, 100, 10, 1).await);
     let mut got = receive_n(&mut rx, 100, LONG).await;
@@ -91,19 +119,13 @@ async fn relay_waits_out_a_memory_alarm_and_loses_nothing() {
 /// leaving the rest pending; a relay started after the alarm publishes all of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_the_block_catches_half_written_neither_freezes_the_relay_nor_is_lost() {
-    init_logging();
-    let node = tokio::task::block_in_place(|| RabbitNode::start("alarm-mid", &[]));
-    let db = TestDb::new().await;
-    let exchange = unique("outbox");
-    let conn = plumbing::amqp::connect(&node.amqp_url(), &Default::default(), "test")
-        .await
-        .expect("connect to the private node");
-    plumbing::amqp::declare_outbox_exchange(&conn, &exchange, true)
-        .await
-        .unwrap();
-    let mut rx = collect_queue(&conn, &exchange, &unique("q"), &["#"]).await;
-    let mut relay = Component::relay(&db.url, &node.amqp_url(), &exchange);
-    relay.wait_ready("relay", LONG).await;
+    let Setup {
+        node,
+        db,
+        conn,
+        mut rx,
+        mut relay,
+    } = Setup::start("alarm-mid").await;
 
     tokio::task::block_in_place(|| node.ctl(&["set_vm_memory_high_watermark", "0"]))
         .expect("raise the memory alarm");
