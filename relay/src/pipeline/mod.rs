@@ -62,12 +62,8 @@ type SentBatch = (
     Instant,
 );
 /// A batch lapin has not written yet (it writes nothing while the broker blocks the connection,
-/// nor while the broker reads nothing), how many rows it holds, and since when.
-type Sending = (
-    Pin<Box<dyn Future<Output = SentBatch> + Send>>,
-    usize,
-    Instant,
-);
+/// nor while the broker reads nothing), and since when. Its rows are in the window already.
+type Sending = (Pin<Box<dyn Future<Output = SentBatch> + Send>>, Instant);
 /// How long a stopping relay keeps trying to mark confirmed rows, beyond the confirm timeout.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -210,7 +206,7 @@ impl<'a> Pipeline<'a> {
 
     /// Rows sent and not settled: being written, or waiting for their confirm.
     fn in_flight(&self) -> usize {
-        self.window.len() + self.sending.as_ref().map_or(0, |(_, rows, _)| *rows)
+        self.window.len()
     }
 
     async fn next_event(
@@ -221,18 +217,18 @@ impl<'a> Pipeline<'a> {
     ) -> Event {
         let stopping = shutdown.is_cancelled();
         let retry_at = self.health.retry_at();
-        let confirms_pending = !self.window.is_empty();
+        let confirms_pending = self.window.awaits_confirms();
+        let send_running = self.sending.is_some();
         let (sending, window, claiming, marking) = (
-            self.sending.as_mut().map(|(batch, _, _)| batch),
+            futures::future::OptionFuture::from(self.sending.as_mut().map(|(batch, _)| batch)),
             &mut self.window,
             self.claiming.as_mut().map(|(task, _)| task),
             self.marks.running(),
         );
         let claim_running = claiming.is_some();
         let mark_running = marking.is_some();
-        let send_running = sending.is_some();
         tokio::select! {
-            r = async { sending.expect("guarded").await }, if send_running => Event::Sent(Box::new(r)),
+            Some(r) = sending, if send_running => Event::Sent(Box::new(r)),
             Some(c) = window.next(), if confirms_pending => Event::Confirm(Box::new(c)),
             r = async { claiming.expect("guarded").await }, if claim_running => Event::Claimed(flatten(r)),
             r = async { marking.expect("guarded").await }, if mark_running => Event::Marked(flatten(r)),
@@ -288,7 +284,7 @@ impl<'a> Pipeline<'a> {
         let stalled = self
             .sending
             .as_ref()
-            .is_some_and(|(_, _, since)| since.elapsed() >= self.opts.confirm_timeout());
+            .is_some_and(|(_, since)| since.elapsed() >= self.opts.confirm_timeout());
         let blocked = self.publisher.is_blocked() || stalled;
         if !self
             .health
@@ -522,11 +518,11 @@ impl<'a> Pipeline<'a> {
         }
         let sent = Instant::now();
         let (rows, encoded): (Vec<OutboxRow>, Vec<Encoded>) = batch.into_iter().unzip();
+        self.window.sent(rows.iter().map(|row| row.seq));
         let Some(sender) = self.publisher.sender() else {
             let results = rows.iter().map(|_| Err(publisher::closed())).collect();
             return self.on_sent(rows, results, sent).await;
         };
-        let count = rows.len();
         let mut writing: Pin<Box<dyn Future<Output = SentBatch> + Send>> = Box::pin(async move {
             let results =
                 futures::future::join_all(rows.iter().zip(encoded).map(|(row, encoded)| {
@@ -539,7 +535,7 @@ impl<'a> Pipeline<'a> {
         });
         match futures::poll!(writing.as_mut()) {
             Poll::Ready((rows, results, sent)) => self.on_sent(rows, results, sent).await,
-            Poll::Pending => self.sending = Some((writing, count, sent)),
+            Poll::Pending => self.sending = Some((writing, sent)),
         }
     }
 
@@ -557,23 +553,20 @@ impl<'a> Pipeline<'a> {
             match result {
                 Ok(confirm) => {
                     let status = status.clone();
-                    self.window.push(
-                        row.seq,
-                        Box::pin(async move {
-                            tokio::pin!(confirm);
-                            // A blocked connection is not a dead one: its confirms come after the
-                            // unblock (a lost link still ends the wait with an error).
-                            let result = loop {
-                                match tokio::time::timeout(timeout, confirm.as_mut()).await {
-                                    Err(_) if status.as_ref().is_some_and(|s| s.blocked()) => {
-                                        continue;
-                                    }
-                                    r => break r,
+                    self.window.push(Box::pin(async move {
+                        tokio::pin!(confirm);
+                        // A blocked connection is not a dead one: its confirms come after the
+                        // unblock (a lost link still ends the wait with an error).
+                        let result = loop {
+                            match tokio::time::timeout(timeout, confirm.as_mut()).await {
+                                Err(_) if status.as_ref().is_some_and(|s| s.blocked()) => {
+                                    continue;
                                 }
-                            };
-                            (row, result, sent)
-                        }),
-                    );
+                                r => break r,
+                            }
+                        };
+                        (row, result, sent)
+                    }));
                 }
                 Err(e) => {
                     self.claims.release(row.seq);
@@ -722,8 +715,8 @@ impl<'a> Pipeline<'a> {
 
     fn give_back_unconfirmed(&mut self, reason: FailureReason, error: &str) {
         // A batch still being written goes back too: its frames die with the link or channel.
-        let unwritten = self.sending.take().map_or(0, |(_, rows, _)| rows);
-        let unconfirmed = self.window.clear() + unwritten;
+        self.sending = None;
+        let unconfirmed = self.window.clear();
         self.chains.clear();
         let keep = self.marks.unmarked();
         self.claims.retain(|seq| keep.contains(&seq));

@@ -100,7 +100,8 @@ struct Isolation {
 pub(super) struct Window {
     size: usize,
     confirms: FuturesUnordered<ConfirmFuture>,
-    /// Rows sent and not settled yet (the ones `confirms` waits for).
+    /// Rows sent and not settled yet: handed to lapin (perhaps not written yet, then without a
+    /// confirm in `confirms`) or waiting for their confirm.
     in_flight: HashSet<i64>,
     isolation: Option<Isolation>,
     /// Message ids the broker returned (unroutable), with the reason, until their row is settled.
@@ -118,12 +119,14 @@ impl Window {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.confirms.is_empty()
+    /// Whether a confirm is awaited (guards the loop's wait for [`Self::next`]).
+    pub fn awaits_confirms(&self) -> bool {
+        !self.confirms.is_empty()
     }
 
+    /// Rows in flight, written or not.
     pub fn len(&self) -> usize {
-        self.confirms.len()
+        self.in_flight.len()
     }
 
     /// How many more rows may be sent now: one at a time while isolating a refusal.
@@ -140,11 +143,17 @@ impl Window {
         } else {
             self.size
         };
-        size.saturating_sub(self.confirms.len())
+        size.saturating_sub(self.in_flight.len())
     }
 
-    pub fn push(&mut self, seq: i64, confirm: ConfirmFuture) {
-        self.in_flight.insert(seq);
+    /// Rows handed to lapin: in flight from now on, so a refusal that closes the channel counts
+    /// them among the suspects even before lapin has written them.
+    pub fn sent(&mut self, seqs: impl IntoIterator<Item = i64>) {
+        self.in_flight.extend(seqs);
+    }
+
+    /// The confirm of a row [`Self::sent`] before, once lapin has written it.
+    pub fn push(&mut self, confirm: ConfirmFuture) {
         self.confirms.push(confirm);
     }
 
@@ -232,9 +241,10 @@ impl Window {
         n
     }
 
-    /// Drops every confirm (the link is gone); returns how many were unconfirmed.
+    /// Drops every confirm (the link is gone); returns how many rows were unconfirmed (after
+    /// [`Self::isolate`] took the rows in flight as suspects, their confirms still count them).
     pub fn clear(&mut self) -> usize {
-        let n = self.confirms.len();
+        let n = self.in_flight.len().max(self.confirms.len());
         self.confirms = FuturesUnordered::new();
         self.in_flight.clear();
         n
@@ -301,6 +311,21 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn rows_handed_to_lapin_are_in_flight_before_their_confirm_exists() {
+        let now = Instant::now();
+        let mut w = Window::new(3);
+        w.sent([1, 2]);
+        assert!(!w.awaits_confirms(), "nothing written yet");
+        assert_eq!((w.len(), w.room(now)), (2, 1));
+        // The broker closes the channel over a row while the batch is still being written: the
+        // unwritten rows are suspects too, and none is alone on the wire.
+        assert!(!w.was_alone());
+        assert_eq!(w.isolate(3), 3);
+        assert_eq!(w.room(now), 1);
+        assert_eq!(w.clear(), 0);
     }
 
     #[test]
