@@ -1,6 +1,6 @@
 //! `relay dead list` and `relay dead requeue`: operating on rows that exhausted their attempts.
 
-use crate::store;
+use crate::dead_rows;
 use shared::display::escape_control as esc;
 use shared::schema::Schema;
 use sqlx::PgPool;
@@ -15,7 +15,7 @@ pub async fn list(
     limit: i64,
     out: &mut impl Write,
 ) -> anyhow::Result<usize> {
-    let rows = store::dead_rows(pool, schema, limit).await?;
+    let rows = dead_rows::dead_rows(pool, schema, None, limit).await?;
     writeln!(
         out,
         "{:<36}  {:<24}  {:<24}  {:>8}  {:<20}  last error",
@@ -46,8 +46,8 @@ pub async fn requeue(
     schema: &Schema,
     ids: Option<&[Uuid]>,
     out: &mut impl Write,
-) -> anyhow::Result<store::Requeued> {
-    let done = store::requeue_dead(pool, schema, ids).await?;
+) -> anyhow::Result<dead_rows::Requeued> {
+    let done = dead_rows::requeue_dead(pool, schema, ids).await?;
     writeln!(out, "{} row(s) requeued", done.requeued)?;
     for (id, why) in &done.still_unpublishable {
         writeln!(out, "  {id} stays dead: {}", esc(why))?;

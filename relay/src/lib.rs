@@ -9,8 +9,8 @@
 //!   a transaction pooler, or nowhere without one (the poll covers the gaps).
 //! - `stats`: the backlog and unrouted-queue gauges, refreshed by [`plumbing::periodic`].
 //! - `retention`: purging published rows kept for `--retention-secs`.
-//! - [`store`]: the SQL: claim the head of owned partitions, mark published, record failures, dead
-//!   rows. The claim and the mark read their indexes whatever the outbox's statistics say
+//! - [`store`]: the pipeline's SQL: claim the head of owned partitions, mark published, record
+//!   failures, the backlog. The claim and the mark read their indexes whatever the outbox's statistics say
 //!   (sequential scans off, migration 18) and are prepared statements on a direct session.
 //! - `pipeline`: claims, publishes and marks overlapping. Its parts are plain types with their own
 //!   tests: `claims` (what this relay holds, how much of each partition to ask for), `chains`
@@ -21,6 +21,7 @@
 //!   size) before anything is sent: a row that can never be published goes dead, never reaches lapin.
 //! - [`publisher`]: the RabbitMQ connection and confirm channel.
 //! - [`internal_events`]: every metric the relay emits.
+//! - [`dead_rows`]: dead rows as a person reads and requeues them (`relay dead`, the console).
 //! - [`aggregate`]: the retained messages of one aggregate, for a person following a link.
 //! - [`verify`]: `relay verify`: reconcile what was published in a window against a consumer's
 //!   `processed_messages` (missing ids, end-to-end lag).
@@ -34,14 +35,17 @@
 //! broker never waits for the database; when a claim comes back empty the relay waits for a
 //! NOTIFY from a producer's commit or the fallback poll.
 //!
-//! **Tables.** The relay owns `messages` once a producer committed a row (claim, mark, dead,
-//! requeue: [`store`]), and `relay_partitions` and `relay_instances` (leases). Other crates change
-//! them only through [`store`] (the console's requeue is `store::requeue_dead_in`).
+//! **Tables.** The relay owns `messages` once a producer committed a row (claim, mark, backlog:
+//! [`store`]; dead rows and their requeue: [`dead_rows`]; one aggregate's rows: [`aggregate`]),
+//! and `relay_partitions` and `relay_instances` (leases). Other crates read and change them only
+//! through these (the console lists dead rows with [`dead_rows::dead_rows`] and requeues with
+//! [`dead_rows::requeue_dead_in`]).
 
 pub mod aggregate;
 pub mod cloudevents;
 pub mod config;
 pub mod dead;
+pub mod dead_rows;
 pub mod encoder;
 pub mod internal_events;
 pub mod leases;

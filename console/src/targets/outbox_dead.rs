@@ -1,13 +1,14 @@
 //! Dead outbox rows (rows that exhausted their publish attempts) and the pending backlog; the
 //! requeue effect.
 //!
-//! A row's version is its PostgreSQL `xmin`: it changes with every update of the row, so an
-//! operator who saw version V requeues the row only if nobody changed it since.
+//! The rows are read and changed by the relay's functions ([`relay::dead_rows`]): the relay owns
+//! `messages`. A row's version is its PostgreSQL `xmin`, so an operator who saw version V requeues
+//! the row only if nobody changed it since.
 
 use crate::error::ConsoleError;
 use crate::redact;
 use crate::targets::Change;
-use chrono::{DateTime, Utc};
+use relay::dead_rows::{RowNow, RowState};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use shared::schema::Schema;
@@ -15,25 +16,8 @@ use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-/// A dead row as shown (payload and headers redacted).
-#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
-pub struct DeadRow {
-    pub id: Uuid,
-    pub seq: i64,
-    pub event_type: String,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub attempts: i32,
-    pub last_error: Option<String>,
-    pub last_attempt_at: Option<DateTime<Utc>>,
-    pub created_at: DateTime<Utc>,
-    /// The row version to send with an action.
-    pub version: i64,
-    /// The first publishability rule the row breaks, if any: such a row cannot be requeued.
-    pub unpublishable: Option<String>,
-    pub headers: Value,
-    pub payload: Value,
-}
+/// A dead row as shown (payload and headers redacted): the relay's, which owns `messages`.
+pub use relay::dead_rows::DeadRow;
 
 /// Dead rows, oldest first.
 pub async fn list(
@@ -41,23 +25,8 @@ pub async fn list(
     schema: &Schema,
     limit: i64,
 ) -> Result<Vec<DeadRow>, ConsoleError> {
-    let rows = sqlx::query_as::<_, DeadRow>(schema.sql(&select_dead("ORDER BY seq LIMIT $1")))
-        .bind(limit.clamp(1, 10_000))
-        .fetch_all(pool)
-        .await?;
+    let rows = relay::dead_rows::dead_rows(pool, schema, None, limit.clamp(1, 10_000)).await?;
     Ok(rows.into_iter().map(redacted).collect())
-}
-
-/// The query of dead rows as [`DeadRow`]s, `rest` after its `WHERE state = 'dead'` (more
-/// conditions, the order, the limit).
-pub(super) fn select_dead(rest: &str) -> String {
-    format!(
-        "SELECT id, seq, event_type, aggregate_type, aggregate_id, attempts, last_error, last_attempt_at, created_at, \
-                xmin::text::bigint AS version, \
-                {{{{schema}}}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) AS unpublishable, \
-                headers, payload \
-         FROM {{{{schema}}}}.messages WHERE state = 'dead' {rest}"
-    )
 }
 
 /// A dead row as shown: its texts, headers and payload redacted.
@@ -72,7 +41,7 @@ pub(super) fn redacted(mut r: DeadRow) -> DeadRow {
 }
 
 /// The outbox at a glance.
-#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Backlog {
     /// Rows waiting to be published.
     pub pending: i64,
@@ -82,15 +51,14 @@ pub struct Backlog {
     pub dead: i64,
 }
 
+/// The relay's backlog figures (index probes, no scan of the outbox).
 pub async fn backlog(pool: &PgPool, schema: &Schema) -> Result<Backlog, ConsoleError> {
-    Ok(sqlx::query_as::<_, Backlog>(schema.sql(
-        "SELECT count(*) FILTER (WHERE state = 'pending') AS pending, \
-                coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending'))::float8, 0) AS oldest_pending_seconds, \
-                count(*) FILTER (WHERE state = 'dead') AS dead \
-         FROM {{schema}}.messages WHERE state IN ('pending', 'dead')",
-    ))
-    .fetch_one(pool)
-    .await?)
+    let b = relay::store::backlog(pool, schema).await?;
+    Ok(Backlog {
+        pending: b.pending,
+        oldest_pending_seconds: b.oldest_age.as_secs_f64(),
+        dead: b.dead,
+    })
 }
 
 /// One row of a requeue, with the version the operator saw.
@@ -109,50 +77,16 @@ pub struct Planned {
     pub detail: Option<String>,
 }
 
-struct Current {
-    id: Uuid,
-    version: i64,
-    state: String,
-    attempts: i32,
-    last_error: Option<String>,
-    unpublishable: Option<String>,
-}
-
-/// id, version, state, attempts, last_error, unpublishable.
-type CurrentRow = (Uuid, i64, String, i32, Option<String>, Option<String>);
-
 async fn current(
     conn: &mut PgConnection,
     schema: &Schema,
     ids: &[Uuid],
     lock: bool,
-) -> Result<Vec<Current>, ConsoleError> {
-    let sql = format!(
-        "SELECT id, xmin::text::bigint, state, attempts, last_error, \
-                {{{{schema}}}}.unpublishable_reason(event_type, aggregate_type, aggregate_id, created_at, headers) \
-         FROM {{{{schema}}}}.messages WHERE id = ANY($1) ORDER BY seq{}",
-        if lock { " FOR UPDATE" } else { "" }
-    );
-    let rows: Vec<CurrentRow> = sqlx::query_as(schema.sql(&sql))
-        .bind(ids)
-        .fetch_all(&mut *conn)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(id, version, state, attempts, last_error, unpublishable)| Current {
-                id,
-                version,
-                state,
-                attempts,
-                last_error,
-                unpublishable,
-            },
-        )
-        .collect())
+) -> Result<Vec<RowNow>, ConsoleError> {
+    Ok(relay::dead_rows::rows_now(conn, schema, ids, lock).await?)
 }
 
-fn judge(item: &Item, cur: Option<&Current>) -> Planned {
+fn judge(item: &Item, cur: Option<&RowNow>) -> Planned {
     let (would, detail) = match cur {
         None => ("not_found", None),
         Some(c) if c.version != item.version => (
@@ -162,7 +96,9 @@ fn judge(item: &Item, cur: Option<&Current>) -> Planned {
                 item.version, c.version
             )),
         ),
-        Some(c) if c.state != "dead" => ("not_dead", Some(format!("the row is {}", c.state))),
+        Some(c) if c.state != RowState::Dead => {
+            ("not_dead", Some(format!("the row is {}", c.state.as_str())))
+        }
         Some(c) if c.unpublishable.is_some() => ("unpublishable", c.unpublishable.clone()),
         Some(_) => ("requeue", None),
     };
@@ -233,12 +169,12 @@ pub async fn requeue(
     check(conn, schema, items, true).await?;
     let before = current(conn, schema, &ids, false).await?;
     // The relay crate owns `messages`: its function writes the row and wakes the relays.
-    let after = relay::store::requeue_dead_in(conn, schema, Some(&ids)).await?;
+    let after = relay::dead_rows::requeue_dead_in(conn, schema, Some(&ids)).await?;
     let changes = before
         .iter()
         .map(|b| Change {
             target: format!("outbox:{}", b.id),
-            before: Some(json!({"state": b.state, "attempts": b.attempts, "last_error": b.last_error, "version": b.version})),
+            before: Some(json!({"state": b.state.as_str(), "attempts": b.attempts, "last_error": b.last_error, "version": b.version})),
             after: Some(json!({
                 "state": "pending",
                 "attempts": 0,

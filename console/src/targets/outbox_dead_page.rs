@@ -1,9 +1,9 @@
-//! Dead outbox rows a page at a time (oldest first, keyset pages over `seq` on the partial index
-//! `messages_dead_idx`) with how many there are in all, and "all that match": every dead row with
+//! Dead outbox rows a page at a time (oldest first, keyset pages over `seq`, read by
+//! [`relay::dead_rows`]) with how many there are in all, and "all that match": every dead row with
 //! its version, frozen for one requeue request.
 
 use super::cursor::{self, List, Page};
-use super::outbox_dead::{DeadRow, Item, redacted, select_dead};
+use super::outbox_dead::{DeadRow, Item, redacted};
 use crate::error::ConsoleError;
 use shared::schema::Schema;
 use sqlx::PgPool;
@@ -26,19 +26,8 @@ pub async fn page(
         .map(|a| cursor::position(List::Dead, a))
         .transpose()?;
     let limit = limit.unwrap_or(100).clamp(1, 1000);
-    let mut rows = sqlx::query_as::<_, DeadRow>(schema.sql(&select_dead(
-        "AND ($1::bigint IS NULL OR seq > $1) ORDER BY seq LIMIT $2",
-    )))
-    .bind(after)
-    .bind(limit + 1)
-    .fetch_all(pool)
-    .await?;
+    let (mut rows, total) = relay::dead_rows::dead_page(pool, schema, after, limit + 1).await?;
     let next = cursor::cut_page(&mut rows, limit, List::Dead, |r| r.seq);
-    let total: i64 = sqlx::query_scalar(
-        schema.sql("SELECT count(*) FROM {{schema}}.messages WHERE state = 'dead'"),
-    )
-    .fetch_one(pool)
-    .await?;
     let items = rows.into_iter().map(redacted).collect();
     Ok(DeadPage { items, total, next })
 }
@@ -46,12 +35,7 @@ pub async fn page(
 /// Every dead row with its version now, oldest first: what "all that match" freezes. More than
 /// [`MAX_ALL`] is a 400 (requeue them in parts, never a silent cut).
 pub async fn all(pool: &PgPool, schema: &Schema) -> Result<Vec<Item>, ConsoleError> {
-    let rows: Vec<(uuid::Uuid, i64)> = sqlx::query_as(schema.sql(
-        "SELECT id, xmin::text::bigint FROM {{schema}}.messages WHERE state = 'dead' ORDER BY seq LIMIT $1",
-    ))
-    .bind(MAX_ALL + 1)
-    .fetch_all(pool)
-    .await?;
+    let rows = relay::dead_rows::dead_versions(pool, schema, MAX_ALL + 1).await?;
     if rows.len() as i64 > MAX_ALL {
         return Err(ConsoleError::BadRequest(format!(
             "more than {MAX_ALL} dead rows: select them a page at a time"

@@ -511,10 +511,10 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         (outbox_count(&db.pool, "dead").await == 2).then_some(())
     })
     .await;
-    let dead = relay::store::dead_rows(&db.pool, &Default::default(), 10)
+    let dead = relay::dead_rows::dead_rows(&db.pool, &Default::default(), None, 10)
         .await
         .unwrap();
-    let by_id: HashMap<uuid::Uuid, &relay::store::DeadRow> =
+    let by_id: HashMap<uuid::Uuid, &relay::dead_rows::DeadRow> =
         dead.iter().map(|d| (d.id, d)).collect();
     assert_eq!(by_id[&unroutable].attempts, 3);
     assert!(

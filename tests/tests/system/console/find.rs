@@ -807,6 +807,81 @@ async fn the_overview_pages_its_dead_rows_with_n_of_m_and_a_next_link() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
 
+/// Dead rows nothing can read as they are (an upgrade leaves such rows dead: the door refuses
+/// them since) are listed like the others, by the API and on the overview page: a `created_at`
+/// that is not a finite time as no time, headers nested deeper than a JSON reader goes as a text
+/// saying why they are not shown. A requeue of one is refused by the rule it breaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_rows_nothing_can_read_are_listed_and_their_requeue_refused_by_their_rule() {
+    let c = Console::start().await;
+    let viewer = c.user("vera", Role::Viewer).await;
+    let op = c.user("olga", Role::Operator).await;
+    let ids = c.dead_rows(2).await;
+    let odd: Uuid = sqlx::query_scalar(
+        "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, state, attempts, created_at) \
+         VALUES ('payment', 'p-odd', 'payment.captured', '{}', 'dead', 5, 'infinity') RETURNING id",
+    )
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    let deep: Uuid = sqlx::query_scalar(
+        "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, headers, state, attempts) \
+         VALUES ('payment', 'p-deep', 'payment.captured', '{}', \
+                 ('{\"deep\": ' || repeat('[', 300) || repeat(']', 300) || '}')::jsonb, 'dead', 5) RETURNING id",
+    )
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    let listed = page(&c, &viewer, "/api/outbox/dead").await;
+    assert_eq!(listed["total"], json!(4), "{listed}");
+    let listed_row = |id: Uuid| {
+        listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == json!(id))
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} not listed: {listed}"))
+    };
+    let deep_row = listed_row(deep);
+    assert!(
+        deep_row["headers"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("(not shown:") && h.contains("recursion limit")),
+        "{deep_row}"
+    );
+    let row = listed_row(odd);
+    assert_eq!(row["created_at"], Value::Null, "{row}");
+    assert_eq!(
+        row["unpublishable"],
+        json!("created_at must be a finite time"),
+        "{row}"
+    );
+    assert!(ids_of(&listed).contains(&ids[0]));
+    let cookie = login(&c, &viewer).await;
+    let r = c.web.web_get(&cookie, "/").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let html = r.text().await.unwrap();
+    assert!(html.contains(&odd.to_string()) && html.contains(&deep.to_string()));
+    let version: i64 = row["version"].as_i64().unwrap();
+    let (s, body, _) = c
+        .post(
+            &op,
+            &format!("/api/outbox/dead/{odd}/actions/requeue"),
+            json!({"reason": "try", "version": version}),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("created_at must be a finite time")),
+        "{body}"
+    );
+    assert_eq!(c.state(odd).await, "dead");
+}
+
 /// Item 1 of the console issue, in a real browser for each role: a charge whose outcome is unknown
 /// (a key-honouring remote) opens with "the remote may have acted" and its safe action (rerun
 /// with the same key) first. A viewer reads and can do nothing; an operator is offered the safe
