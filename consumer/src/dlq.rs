@@ -17,7 +17,7 @@ use crate::topology::Topology;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions,
-    ExchangeDeclareOptions, QueueDeclareOptions,
+    ExchangeDeclareOptions,
 };
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable};
@@ -109,13 +109,7 @@ pub async fn depth(amqp_url: &str, tls: &AmqpTls, name: &str) -> Result<usize, D
     let topology = Topology::new(name, &[]);
     let conn =
         plumbing::amqp_nodes::connect(amqp_url, tls, &format!("consumer {name} dlq depth")).await?;
-    let result = async {
-        let ch = conn.create_channel().await?;
-        let n = dlq_count(&ch, name, &topology).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), ch.close(200, "counted".into())).await;
-        n
-    }
-    .await;
+    let result = dlq_count(&conn, name, &topology).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "done".into())).await;
     result
 }
@@ -128,7 +122,7 @@ async fn list_on(
     limit: usize,
 ) -> Result<(Vec<DeadLetter>, usize), DlqError> {
     let ch = conn.create_channel().await?;
-    let count = dlq_count(&ch, name, t).await?;
+    let count = dlq_count(conn, name, t).await?;
     let mut out = Vec::new();
     while out.len() < count.min(limit) {
         let got = bounded(
@@ -230,7 +224,7 @@ async fn replay_on(
     publisher
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
-    let count = dlq_count(&ch, name, t).await?;
+    let count = dlq_count(conn, name, t).await?;
     let mut report = ReplayReport::default();
     for _ in 0..count {
         let got = bounded(
@@ -281,22 +275,12 @@ async fn replay_on(
 /// The replay's queue (the consumer's own) must exist: a replay into nothing would lose the
 /// letters.
 async fn check_queue(conn: &Connection, t: &Topology) -> Result<(), DlqError> {
-    let check = conn.create_channel().await?;
-    check
-        .queue_declare(
-            t.queue.as_str().into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+    plumbing::amqp::inspect_queue(conn, &t.queue)
         .await
         .map_err(|source| DlqError::NoQueue {
             queue: t.queue.clone(),
             source,
         })?;
-    let _ = check.close(200, "checked".into()).await;
     Ok(())
 }
 
@@ -369,16 +353,10 @@ async fn republish(
     Ok(())
 }
 
-async fn dlq_count(ch: &Channel, name: &str, t: &Topology) -> Result<usize, DlqError> {
-    let q = ch
-        .queue_declare(
-            t.dead_letter_queue.as_str().into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+/// The dead-letter queue's depth, by a passive declare on a channel of its own (a missing queue
+/// closes that channel, not the caller's).
+async fn dlq_count(conn: &Connection, name: &str, t: &Topology) -> Result<usize, DlqError> {
+    let q = plumbing::amqp::inspect_queue(conn, &t.dead_letter_queue)
         .await
         .map_err(|source| DlqError::NoDeadLetterQueue {
             queue: t.dead_letter_queue.clone(),
