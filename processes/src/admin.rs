@@ -577,6 +577,19 @@ pub async fn act(
     Ok(outcome)
 }
 
+/// Locks process `id` until the caller's transaction ends (no action and no worker changes it
+/// meanwhile) and gives its row version; [`Error::NotFound`] if there is no such process. A
+/// caller that shows what an action changes locks first, so its "before" is what the action sees.
+pub async fn lock(tx: &mut PgConnection, schema: &Schema, id: Uuid) -> Result<i64, Error> {
+    sqlx::query_scalar(
+        schema.sql("SELECT row_version FROM {{schema}}.processes WHERE id = $1 FOR UPDATE"),
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(Error::NotFound(id))
+}
+
 /// [`act`] inside the caller's transaction, which it does not commit: a caller that records the
 /// action elsewhere (the console's audit log) commits both together or neither. On an error the
 /// caller must roll back: a database error can come after some of the action's writes.
@@ -587,13 +600,7 @@ pub async fn act_in(
     req: &Request,
 ) -> Result<Outcome, Error> {
     check_reason_actor(&req.reason, &req.actor)?;
-    let current: i64 = sqlx::query_scalar(
-        schema.sql("SELECT row_version FROM {{schema}}.processes WHERE id = $1 FOR UPDATE"),
-    )
-    .bind(id)
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(Error::NotFound(id))?;
+    let current = lock(tx, schema, id).await?;
     if current != req.seen_version {
         return Err(Error::Stale {
             id,

@@ -196,7 +196,7 @@ pub async fn view(
             aggregate_type: s.aggregate_type.clone(),
             aggregate_id: s.aggregate_id.clone(),
         };
-        let first_held = admin::held(pool, schema, consumer, &key, HELD_SHOWN)
+        let first_held = admin::held(pool, schema, consumer, &key, None, HELD_SHOWN)
             .await?
             .into_iter()
             .map(|h| HeldView {
@@ -345,6 +345,7 @@ pub async fn request(
     })
 }
 
+/// What a discard would dead-letter, as the request shows it (at most 20, payloads redacted).
 async fn held_messages(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -352,25 +353,15 @@ async fn held_messages(
     key: &AggregateKey,
     seqs: &[i64],
 ) -> Result<Vec<Value>, ConsoleError> {
-    let rows: Vec<(i64, Value)> = sqlx::query_as(schema.sql(
-        "SELECT aggregate_seq, envelope FROM {{schema}}.consumer_held \
-         WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 \
-           AND aggregate_seq = ANY($4) ORDER BY aggregate_seq LIMIT 20",
-    ))
-    .bind(consumer)
-    .bind(&key.aggregate_type)
-    .bind(&key.aggregate_id)
-    .bind(seqs)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(rows
+    let held = admin::held(&mut *conn, schema, consumer, key, Some(seqs), 20).await?;
+    Ok(held
         .into_iter()
-        .map(|(seq, env)| {
+        .map(|m| {
             json!({
-                "aggregate_seq": seq,
-                "message_id": env["message_id"],
-                "event_type": env["event_type"],
-                "payload": redact::value(&env["payload"]),
+                "aggregate_seq": m.aggregate_seq,
+                "message_id": m.message_id,
+                "event_type": m.event_type,
+                "payload": redact::value(&m.payload),
             })
         })
         .collect())

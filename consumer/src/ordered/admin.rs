@@ -227,25 +227,30 @@ pub struct Held {
     pub held_at: DateTime<Utc>,
 }
 
-/// The first `limit` messages held for aggregate `key` of `consumer`, in order.
-pub async fn held(
-    pool: &PgPool,
+/// The first `limit` messages held for aggregate `key` of `consumer`, in order; with `only`,
+/// just those of these sequence numbers (what a discard would dead-letter). On a pool, or on the
+/// caller's transaction.
+pub async fn held<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     schema: &Schema,
     consumer: &str,
     key: &AggregateKey,
+    only: Option<&[i64]>,
     limit: i64,
 ) -> Result<Vec<Held>, sqlx::Error> {
     let rows: Vec<(i64, sqlx::types::Json<Envelope>, DateTime<Utc>)> = sqlx::query_as(schema.sql(
         "SELECT aggregate_seq, envelope, held_at FROM {{schema}}.consumer_held \
          WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 \
-         ORDER BY aggregate_seq LIMIT $4",
+           AND ($4::bigint[] IS NULL OR aggregate_seq = ANY($4)) \
+         ORDER BY aggregate_seq LIMIT $5",
     ))
     .bind(consumer)
     .bind(&key.aggregate_type)
     .bind(&key.aggregate_id)
+    .bind(only)
     .bind(limit)
     .persistent(false)
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?;
     Ok(rows
         .into_iter()

@@ -137,13 +137,7 @@ impl Admin {
     ) -> Result<(Value, Value), ConsoleError> {
         {
             // Lock first, so `before` is what the action changes.
-            sqlx::query(
-                self.schema
-                    .sql("SELECT 1 FROM {{schema}}.processes WHERE id = $1 FOR UPDATE"),
-            )
-            .bind(id)
-            .execute(&mut *conn)
-            .await?;
+            admin::lock(conn, &self.schema, id).await.map_err(error)?;
             let view = admin::view(conn, &self.schema, id).await.map_err(error)?;
             let a = resolve_step(&view, action, request)?;
             let before = before(&view, step_of(&a));
