@@ -125,15 +125,9 @@ async fn list_on(
     let count = dlq_count(conn, name, t).await?;
     let mut out = Vec::new();
     while out.len() < count.min(limit) {
-        let got = bounded(
-            "reading the dead-letter queue",
-            ch.basic_get(
-                t.dead_letter_queue.as_str().into(),
-                BasicGetOptions { no_ack: false },
-            ),
-        )
-        .await?;
-        let Some(m) = got else { break };
+        let Some(m) = next_letter(&ch, t).await? else {
+            break;
+        };
         out.push(describe(&m.delivery));
     }
     // Nothing was acknowledged: closing the channel puts every message back.
@@ -227,15 +221,9 @@ async fn replay_on(
     let count = dlq_count(conn, name, t).await?;
     let mut report = ReplayReport::default();
     for _ in 0..count {
-        let got = bounded(
-            "reading the dead-letter queue",
-            ch.basic_get(
-                t.dead_letter_queue.as_str().into(),
-                BasicGetOptions { no_ack: false },
-            ),
-        )
-        .await?;
-        let Some(m) = got else { break };
+        let Some(m) = next_letter(&ch, t).await? else {
+            break;
+        };
         let d = &m.delivery;
         let id = d
             .properties
@@ -351,6 +339,22 @@ async fn republish(
     )
     .await?;
     Ok(())
+}
+
+/// The next dead letter, unacknowledged (closing `ch` without an ack puts it back); `None` when
+/// the queue is empty.
+async fn next_letter(
+    ch: &Channel,
+    t: &Topology,
+) -> Result<Option<lapin::message::BasicGetMessage>, DlqError> {
+    bounded(
+        "reading the dead-letter queue",
+        ch.basic_get(
+            t.dead_letter_queue.as_str().into(),
+            BasicGetOptions { no_ack: false },
+        ),
+    )
+    .await
 }
 
 /// The dead-letter queue's depth, by a passive declare on a channel of its own (a missing queue
