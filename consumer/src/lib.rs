@@ -10,6 +10,8 @@
 //!   [`Handlers`] registry (AMQP topic patterns, optional catch-all).
 //! - [`supervisor`]: [`Consumer`] / [`run`]: connect, declare, run the workers of a session,
 //!   reconnect with backoff; readiness and the database watch.
+//! - `links`: a session's two connections, one consuming and acknowledging, one publishing the
+//!   copies (so a resource alarm, which blocks publishing connections, never stops the acks).
 //! - `context`: what the supervisor and its workers share, and the bound on broker round trips.
 //! - [`worker`]: one worker's consume loop: buffered deliveries into batches, each delivery's work
 //!   decided before the transaction, retries while the database fails, the copies published with
@@ -64,6 +66,7 @@ pub mod handler;
 #[cfg(test)]
 mod header_strategies;
 pub mod internal_events;
+mod links;
 pub mod message;
 pub mod ordered;
 pub mod retention;

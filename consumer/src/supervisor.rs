@@ -11,9 +11,9 @@ use crate::context::{Ctx, bounded};
 use crate::error::{ConfigError, ConsumerError, SessionError};
 use crate::handler::Handlers;
 use crate::internal_events::{Events, Stats};
+use crate::links::Links;
 use crate::topology::Topology;
 use crate::worker::Worker;
-use lapin::Connection;
 use plumbing::telemetry::{ErrorChain, Readiness};
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -196,39 +196,37 @@ async fn watch_database(pool: PgPool, readiness: Arc<Readiness>, stop: Cancellat
     }
 }
 
-/// One connection to RabbitMQ: declare, consume with `workers` workers until shutdown or failure.
+/// One session on RabbitMQ (its two connections, see [`Links`]): declare, consume with `workers`
+/// workers until shutdown or failure.
 async fn session(
     ctx: &Arc<Ctx>,
     events: &Events,
     shutdown: &CancellationToken,
     established: &AtomicBool,
 ) -> Result<(), SessionError> {
-    let conn = plumbing::amqp_nodes::connect(
+    let links = Links::open(
         &ctx.config.amqp_url,
         &ctx.config.amqp_tls,
         &format!("consumer {}", ctx.config.name),
     )
     .await?;
-    let result = consume(ctx, events, &conn, shutdown, established).await;
-    let _ = tokio::time::timeout(
-        Duration::from_secs(5),
-        conn.close(200, "consumer stopping".into()),
-    )
-    .await;
+    let result = consume(ctx, events, &links, shutdown, established).await;
+    links.close().await;
     result
 }
 
 async fn consume(
     ctx: &Arc<Ctx>,
     events: &Events,
-    conn: &Connection,
+    links: &Links,
     shutdown: &CancellationToken,
     established: &AtomicBool,
 ) -> Result<(), SessionError> {
     let cfg = &ctx.config;
     if cfg.ordered {
-        return crate::ordered::runner::consume(ctx, events, conn, shutdown, established).await;
+        return crate::ordered::runner::consume(ctx, events, links, shutdown, established).await;
     }
+    let conn = &links.consume;
     bounded(
         "declaring the topology",
         ctx.topology.declare(conn, &cfg.exchange, &ctx.bindings),
@@ -240,7 +238,7 @@ async fn consume(
         workers.push(
             bounded(
                 "opening a worker",
-                Worker::open(ctx.clone(), events.clone(), conn, index, None),
+                Worker::open(ctx.clone(), events.clone(), links, index, None),
                 SessionError::Channel,
             )
             .await?,

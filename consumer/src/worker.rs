@@ -10,6 +10,7 @@ use crate::context::{BROKER_TIMEOUT, Ctx, bounded};
 use crate::copies;
 use crate::error::SessionError;
 use crate::internal_events::{Events, Outcome};
+use crate::links::Links;
 use crate::message::{self, DeadLetterKind};
 use crate::ordered::apply::ApplyError;
 use crate::ordered::group::Slot;
@@ -21,7 +22,7 @@ use lapin::options::{
     BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, PublisherConfirm};
+use lapin::{Channel, PublisherConfirm};
 use plumbing::broker_version::BrokerVersion;
 use plumbing::telemetry::{ErrorChain, Readiness};
 use std::ops::ControlFlow;
@@ -78,7 +79,7 @@ pub(crate) struct Worker {
     pub(crate) consume_ch: Channel,
     pub(crate) publish_ch: Channel,
     pub(crate) consumer: lapin::Consumer,
-    /// The connection's negotiated `frame_max`: a copy's properties must fit one frame.
+    /// The copies' connection's negotiated `frame_max`: a copy's properties must fit one frame.
     pub(crate) frame_max: u32,
     /// Ordered mode: the partition this worker consumes, and the fence its transactions check.
     pub(crate) slot: Option<Slot>,
@@ -88,15 +89,16 @@ impl Worker {
     pub(crate) async fn open(
         ctx: Arc<Ctx>,
         events: Events,
-        conn: &Connection,
+        links: &Links,
         index: usize,
         slot: Option<Slot>,
     ) -> Result<Self, lapin::Error> {
+        let conn = &links.consume;
         let consume_ch = conn.create_channel().await?;
         consume_ch
             .basic_qos(ctx.config.prefetch, BasicQosOptions::default())
             .await?;
-        let publish_ch = conn.create_channel().await?;
+        let publish_ch = links.publish.create_channel().await?;
         publish_ch
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
@@ -126,7 +128,7 @@ impl Worker {
             consume_ch,
             publish_ch,
             consumer,
-            frame_max: conn.configuration().frame_max(),
+            frame_max: links.publish.configuration().frame_max(),
             slot,
         })
     }

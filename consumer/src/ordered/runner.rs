@@ -7,6 +7,7 @@ use super::topology;
 use crate::context::{Ctx, bounded};
 use crate::error::SessionError;
 use crate::internal_events::Events;
+use crate::links::Links;
 use crate::worker::Worker;
 use lapin::Connection;
 use plumbing::telemetry::ErrorChain;
@@ -32,11 +33,11 @@ impl Running {
 pub(crate) async fn consume(
     ctx: &Arc<Ctx>,
     events: &Events,
-    conn: &Connection,
+    links: &Links,
     shutdown: &CancellationToken,
     established: &AtomicBool,
 ) -> Result<(), SessionError> {
-    join(ctx, conn, established).await?;
+    join(ctx, &links.consume, established).await?;
     let cfg = &ctx.config;
     let mut running: BTreeMap<i16, Running> = BTreeMap::new();
     let mut last_stuck = (0, 0);
@@ -49,7 +50,7 @@ pub(crate) async fn consume(
             _ = tick.tick() => {}
         }
         reap_ended(&mut running).await;
-        if !conn.status().connected() {
+        if !links.connected() {
             break Err(SessionError::ChannelClosed);
         }
         let Some(held) = renew(ctx, &mut running, &mut renewed_at).await else {
@@ -60,7 +61,7 @@ pub(crate) async fn consume(
         // New: start a worker each.
         for (p, slot) in &held.slots {
             if !surplus.contains(p) && !running.contains_key(p) {
-                start_worker(ctx, events, conn, shutdown, (*p, *slot), &mut running).await;
+                start_worker(ctx, events, links, shutdown, (*p, *slot), &mut running).await;
             }
         }
         crate::internal_events::owned_partitions(&cfg.name, running.len());
@@ -228,14 +229,14 @@ async fn give_back_surplus(
 async fn start_worker(
     ctx: &Arc<Ctx>,
     events: &Events,
-    conn: &Connection,
+    links: &Links,
     shutdown: &CancellationToken,
     (p, slot): (i16, Slot),
     running: &mut BTreeMap<i16, Running>,
 ) {
     let worker = bounded(
         "opening a partition worker",
-        Worker::open(ctx.clone(), events.clone(), conn, p as usize, Some(slot)),
+        Worker::open(ctx.clone(), events.clone(), links, p as usize, Some(slot)),
         SessionError::Channel,
     )
     .await;

@@ -2,10 +2,16 @@
 //! (`connection.blocked`), the relay stops publishing, answers /readyz 503 and sets
 //! `relay_broker_blocked`; nothing is lost, and it resumes once the alarm clears. A batch the
 //! block catches half written (lapin writes nothing more until the unblock) does not freeze the
-//! relay: it still reports the block and stops when asked.
+//! relay: it still reports the block and stops when asked. A consumer whose retry copy the alarm
+//! blocks goes on acknowledging everything else (its copies have a connection of their own).
 
+use consumer::{Config, Handler, HandlerError, Handlers};
+use serde_json::json;
+use shared::{Envelope, NewMessage};
+use sqlx::PgConnection;
 use std::collections::HashSet;
 use std::time::Duration;
+use system_tests::consumers::{RunningConsumer, processed_rows};
 use system_tests::fleet::{self, Component};
 use system_tests::private_rabbit::RabbitNode;
 use system_tests::*;
@@ -19,6 +25,7 @@ struct Setup {
     conn: lapin::Connection,
     rx: tokio::sync::mpsc::UnboundedReceiver<Received>,
     relay: Component,
+    exchange: String,
 }
 
 impl Setup {
@@ -42,6 +49,7 @@ impl Setup {
             conn,
             rx,
             relay,
+            exchange,
         }
     }
 }
@@ -54,6 +62,7 @@ async fn relay_waits_out_a_memory_alarm_and_loses_nothing() {
         conn,
         mut rx,
         mut relay,
+        ..
     } = Setup::start("alarm").await;
 
     assert!(fleet::enqueue_payments(&db.pool, 100, 10, 1).await);
@@ -125,6 +134,7 @@ async fn a_batch_the_block_catches_half_written_neither_freezes_the_relay_nor_is
         conn,
         mut rx,
         mut relay,
+        ..
     } = Setup::start("alarm-mid").await;
 
     tokio::task::block_in_place(|| node.ctl(&["set_vm_memory_high_watermark", "0"]))
@@ -200,6 +210,102 @@ async fn a_batch_the_block_catches_half_written_neither_freezes_the_relay_nor_is
         seen.extend(more.into_iter().map(|r| r.message_id));
     }
     assert_eq!(seen, want, "every committed message arrived");
+    assert!(relay.stop().await, "relay exits cleanly");
+    let _ = conn.close(200, "done".into()).await;
+}
+
+/// Fails the messages whose payload says `"mode": "down"`, transiently (a retry copy is
+/// published for each); takes every other message.
+struct DownIsDown;
+
+impl Handler for DownIsDown {
+    async fn handle(&self, _tx: &mut PgConnection, msg: &Envelope) -> Result<(), HandlerError> {
+        if msg.payload["mode"] == json!("down") {
+            return Err(HandlerError::transient("dependency is down"));
+        }
+        Ok(())
+    }
+}
+
+/// During a memory alarm a consumer's first message fails and needs a retry copy, which the
+/// broker blocks. Were the copy published on the consuming connection, the block would stop the
+/// acks of every worker, and the consumer would stall at its prefetch. Copies have a connection
+/// of their own: the other worker consumes and acknowledges all the rest during the alarm; after
+/// it, the blocked worker goes on too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_the_alarm_blocks_does_not_stop_the_consumers_acks() {
+    let Setup {
+        node,
+        db,
+        conn,
+        rx: _rx,
+        mut relay,
+        exchange,
+    } = Setup::start("alarm-consumer").await;
+    let name = unique("alarmed");
+    let mut config = Config::new(&name, node.amqp_url(), &exchange);
+    config.workers = 2;
+    config.prefetch = 20;
+    config.batch_size = 10;
+    config.max_attempts = 3;
+    config.retry_delays = vec![Duration::from_millis(100)];
+    let pool = plumbing::db::connect(&db.url, config.pool_size(), "alarm-consumer")
+        .await
+        .unwrap();
+    let handlers = || Handlers::new().on("payment.captured", std::sync::Arc::new(DownIsDown));
+    // Declares its queue, then stops: the backlog is published while nobody consumes.
+    RunningConsumer::start(config.clone(), pool.clone(), handlers())
+        .await
+        .stop()
+        .await;
+    let down = NewMessage::new(
+        "account",
+        "acct-down",
+        "payment.captured",
+        json!({"mode": "down"}),
+    );
+    shared::outbox::enqueue(&db.pool, &down).await.unwrap();
+    assert!(fleet::enqueue_payments(&db.pool, 300, 30, 7).await);
+    wait_until("the backlog published before the alarm", LONG, || async {
+        (fleet::outbox_rows(&db.pool, "pending").await == Some(0)).then_some(())
+    })
+    .await;
+
+    tokio::task::block_in_place(|| node.ctl(&["set_vm_memory_high_watermark", "0"]))
+        .expect("raise the memory alarm");
+    wait_until("the memory alarm is raised", LONG, || async {
+        tokio::task::block_in_place(|| node.ctl(&["eval", "rabbit_alarm:get_alarms()."]))
+            .ok()
+            .filter(|alarms| alarms.contains("memory"))
+            .map(|_| ())
+    })
+    .await;
+    let running = RunningConsumer::start(config, pool.clone(), handlers()).await;
+    // The failing message is the queue's head: its worker's retry copy is blocked at once, with
+    // that worker's batch unacknowledged. Everything but that worker's prefetch is taken by the
+    // other worker and acknowledged, during the alarm.
+    wait_until("the rest processed during the alarm", LONG, || {
+        let (pool, name) = (pool.clone(), name.clone());
+        async move { (processed_rows(&pool, &name).await >= 280).then_some(()) }
+    })
+    .await;
+    let alarms =
+        tokio::task::block_in_place(|| node.ctl(&["eval", "rabbit_alarm:get_alarms()."])).unwrap();
+    assert!(
+        alarms.contains("memory"),
+        "still during the alarm: {alarms}"
+    );
+    // In one session: not by giving up on the blocked copy's confirm and starting over.
+    assert_eq!(running.stats.snapshot().reconnects, 0);
+
+    tokio::task::block_in_place(|| node.ctl(&["set_vm_memory_high_watermark", "0.4"]))
+        .expect("clear the memory alarm");
+    wait_until("all 300 processed after the alarm", LONG, || {
+        let (pool, name) = (pool.clone(), name.clone());
+        async move { (processed_rows(&pool, &name).await == 300).then_some(()) }
+    })
+    .await;
+    running.stop().await;
     assert!(relay.stop().await, "relay exits cleanly");
     let _ = conn.close(200, "done".into()).await;
 }
