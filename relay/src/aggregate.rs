@@ -5,15 +5,17 @@
 //! the retained rows, which the retention sweep keeps bounded; it is for a person's click, not
 //! for a hot path.
 
+use crate::dead_rows::RowState;
+use crate::lenient_json::LenientJson;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use shared::schema::Schema;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 /// One message of the aggregate, as a person reads it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct AggregateMessage {
     pub seq: i64,
     pub id: Uuid,
@@ -22,14 +24,17 @@ pub struct AggregateMessage {
     /// Position within the aggregate (`None` for rows written before positions existed).
     pub aggregate_seq: Option<i64>,
     pub event_type: String,
-    /// `pending`, `published` or `dead`.
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: RowState,
     pub attempts: i32,
     pub last_error: Option<String>,
     /// `None` when the row's `created_at` is not a finite time.
     pub created_at: Option<DateTime<Utc>>,
     pub published_at: Option<DateTime<Utc>>,
+    /// As JSON, or a text saying why it cannot be shown (a dead row may nest too deep to read).
+    #[sqlx(try_from = "LenientJson")]
     pub headers: Value,
+    #[sqlx(try_from = "LenientJson")]
     pub payload: Value,
 }
 
@@ -40,32 +45,14 @@ pub async fn messages_of(
     aggregate_id: &str,
     limit: i64,
 ) -> Result<Vec<AggregateMessage>, sqlx::Error> {
-    let rows = sqlx::query(schema.sql(
+    sqlx::query_as(schema.sql(
         "SELECT seq, id, aggregate_type, aggregate_id, aggregate_seq, event_type, state, attempts, last_error, \
-                CASE WHEN isfinite(created_at) THEN created_at END AS created_at, published_at, headers, payload \
+                CASE WHEN isfinite(created_at) THEN created_at END AS created_at, published_at, \
+                headers::text AS headers, payload::text AS payload \
          FROM {{schema}}.messages WHERE aggregate_id = $1 ORDER BY seq DESC LIMIT $2",
     ))
     .bind(aggregate_id)
     .bind(limit.clamp(1, 500))
     .fetch_all(pool)
-    .await?;
-    rows.into_iter()
-        .map(|r| {
-            Ok(AggregateMessage {
-                seq: r.try_get("seq")?,
-                id: r.try_get("id")?,
-                aggregate_type: r.try_get("aggregate_type")?,
-                aggregate_id: r.try_get("aggregate_id")?,
-                aggregate_seq: r.try_get("aggregate_seq")?,
-                event_type: r.try_get("event_type")?,
-                state: r.try_get("state")?,
-                attempts: r.try_get("attempts")?,
-                last_error: r.try_get("last_error")?,
-                created_at: r.try_get("created_at")?,
-                published_at: r.try_get("published_at")?,
-                headers: r.try_get("headers")?,
-                payload: r.try_get("payload")?,
-            })
-        })
-        .collect()
+    .await
 }

@@ -8,6 +8,7 @@
 //! is not a finite time reads as `None` (chrono cannot hold `infinity`), texts are whatever the
 //! producer wrote.
 
+use crate::lenient_json::LenientJson;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -33,49 +34,12 @@ pub struct DeadRow {
     pub version: i64,
     /// The first publishability rule the row breaks, if any: such a row cannot be requeued.
     pub unpublishable: Option<String>,
-    /// The headers as JSON, or a text saying why they cannot be shown (see [`Lenient`]).
-    #[sqlx(try_from = "Lenient")]
+    /// The headers as JSON, or a text saying why they cannot be shown (see [`LenientJson`]).
+    #[sqlx(try_from = "LenientJson")]
     pub headers: Value,
     /// The payload as JSON, or a text saying why it cannot be shown.
-    #[sqlx(try_from = "Lenient")]
+    #[sqlx(try_from = "LenientJson")]
     pub payload: Value,
-}
-
-/// A `jsonb` column read as its text and parsed here, never failing: a document nested deeper
-/// than serde_json's recursion limit (PostgreSQL stores it; nesting is one reason a row goes dead)
-/// becomes a string that says why it is not shown, so one such row cannot fail a whole list. The
-/// text itself is not shown either: it would bypass the console's key-based redaction.
-pub struct Lenient(Value);
-
-impl sqlx::Type<sqlx::Postgres> for Lenient {
-    fn type_info() -> sqlx::postgres::PgTypeInfo {
-        <str as sqlx::Type<sqlx::Postgres>>::type_info()
-    }
-    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
-        <str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
-    }
-}
-
-impl<'r> sqlx::Decode<'r, sqlx::Postgres> for Lenient {
-    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        let text = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
-        Ok(Lenient(lenient(text)))
-    }
-}
-
-fn lenient(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|e| {
-        Value::String(format!(
-            "(not shown: {} bytes of JSON serde cannot read: {e})",
-            text.len()
-        ))
-    })
-}
-
-impl From<Lenient> for Value {
-    fn from(l: Lenient) -> Value {
-        l.0
-    }
 }
 
 /// The columns of a [`DeadRow`], then `rest` after `WHERE state = 'dead'` (more conditions, the
@@ -149,7 +113,8 @@ pub async fn dead_versions(
 }
 
 /// Where a row is in its life (the CHECK of `messages.state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RowState {
     /// Committed, not yet confirmed by the broker.
     Pending,
@@ -281,8 +246,7 @@ pub async fn requeue_dead_in(
 
 #[cfg(test)]
 mod tests {
-    use super::{RowState, lenient};
-    use serde_json::json;
+    use super::RowState;
 
     #[test]
     fn a_row_state_reads_back_as_the_word_it_is_stored_as() {
@@ -290,18 +254,5 @@ mod tests {
             assert_eq!(RowState::try_from(s.as_str().to_string()), Ok(s));
         }
         assert!(RowState::try_from("gone".to_string()).is_err());
-    }
-
-    #[test]
-    fn json_too_deep_to_read_is_named_not_failed() {
-        assert_eq!(lenient(r#"{"a": 1}"#), json!({"a": 1}));
-        let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
-        let shown = lenient(&deep);
-        assert!(
-            shown
-                .as_str()
-                .is_some_and(|s| s.contains("600 bytes") && s.contains("recursion limit")),
-            "{shown}"
-        );
     }
 }

@@ -49,6 +49,7 @@ pub mod dead_rows;
 pub mod encoder;
 pub mod internal_events;
 pub mod leases;
+mod lenient_json;
 pub(crate) mod pipeline;
 pub mod publisher;
 mod retention;

@@ -17,6 +17,7 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use relay::aggregate::AggregateMessage;
+use relay::dead_rows::RowState;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -98,7 +99,7 @@ fn table(messages: &[AggregateMessage], links: &Links) -> Markup {
                     td { code { (m.id) } }
                     td { (shown(&m.aggregate_type)) }
                     td { (shown(&m.event_type)) }
-                    td { (badge(&m.state)) (m.last_error.as_deref().map(|e| format!(" {}", shown(e))).unwrap_or_default()) }
+                    td { (badge(m.state.as_str())) (m.last_error.as_deref().map(|e| format!(" {}", shown(e))).unwrap_or_default()) }
                     td { (m.attempts) }
                     td { @if let Some(t) = m.created_at { (t.format("%Y-%m-%d %H:%M:%S")) } }
                     td { @if let Some(t) = m.published_at { (t.format("%Y-%m-%d %H:%M:%S")) } }
@@ -125,6 +126,6 @@ fn message_links(m: &AggregateMessage, payload: &Value, links: &Links) -> Markup
             a.related href=(Links::messages(v)) { (k.trim_end_matches("_id")) " " code { (v) } } " "
         }
         @if let Some((id, url)) = trace { a.trace href=(url) title=(id) { "trace" } " " }
-        @if m.state == "dead" { a.dead href="/#dead-rows" { "dead rows" } }
+        @if m.state == RowState::Dead { a.dead href="/#dead-rows" { "dead rows" } }
     }
 }

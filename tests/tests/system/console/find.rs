@@ -810,7 +810,8 @@ async fn the_overview_pages_its_dead_rows_with_n_of_m_and_a_next_link() {
 /// Dead rows nothing can read as they are (an upgrade leaves such rows dead: the door refuses
 /// them since) are listed like the others, by the API and on the overview page: a `created_at`
 /// that is not a finite time as no time, headers nested deeper than a JSON reader goes as a text
-/// saying why they are not shown. A requeue of one is refused by the rule it breaks.
+/// saying why they are not shown; the aggregate's page lists them too. A requeue of one is refused
+/// by the rule it breaks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_rows_nothing_can_read_are_listed_and_their_requeue_refused_by_their_rule() {
     let c = Console::start().await;
@@ -863,6 +864,14 @@ async fn dead_rows_nothing_can_read_are_listed_and_their_requeue_refused_by_thei
     assert_eq!(r.status(), StatusCode::OK);
     let html = r.text().await.unwrap();
     assert!(html.contains(&odd.to_string()) && html.contains(&deep.to_string()));
+    // The aggregate's own page too.
+    let r = c
+        .web
+        .web_get(&cookie, "/messages?aggregate_id=p-deep")
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let html = r.text().await.unwrap();
+    assert!(html.contains(&format!("message-{deep}")), "{html}");
     let version: i64 = row["version"].as_i64().unwrap();
     let (s, body, _) = c
         .post(
