@@ -78,6 +78,8 @@ pub(crate) struct Worker {
     pub(crate) index: usize,
     pub(crate) consume_ch: Channel,
     pub(crate) publish_ch: Channel,
+    /// The copies' connection's status: blocked during a broker resource alarm.
+    pub(crate) copies: lapin::ConnectionStatus,
     pub(crate) consumer: lapin::Consumer,
     /// The copies' connection's negotiated `frame_max`: a copy's properties must fit one frame.
     pub(crate) frame_max: u32,
@@ -127,6 +129,7 @@ impl Worker {
             index,
             consume_ch,
             publish_ch,
+            copies: links.publish.status().clone(),
             consumer,
             frame_max: links.publish.configuration().frame_max(),
             slot,
@@ -352,7 +355,9 @@ impl Worker {
         if !self.ctx.config.ack_delay.is_zero() {
             tokio::time::sleep(self.ctx.config.ack_delay).await;
         }
-        self.publish_copies(&items, &mut fates).await?;
+        if let ControlFlow::Break(end) = self.publish_copies(&items, &mut fates, stop).await? {
+            return Ok(end);
+        }
         self.acknowledge(&items, &fates).await?;
         self.count_fates(&fates);
         self.events.batch(size, started.elapsed());
@@ -542,7 +547,8 @@ impl Worker {
         &self,
         items: &[Item],
         fates: &mut [Option<Fate>],
-    ) -> Result<(), SessionError> {
+        stop: &CancellationToken,
+    ) -> Result<ControlFlow<BatchEnd>, SessionError> {
         let mut pending: Vec<(PublisherConfirm, String)> = Vec::new();
         for (item, fate) in items.iter().zip(fates.iter_mut()) {
             let Some(f) = fate.as_ref() else { continue };
@@ -585,12 +591,12 @@ impl Worker {
                 .map_err(SessionError::Publish)?;
             pending.push((confirm, copy.what));
         }
-        let deadline = tokio::time::Instant::now() + BROKER_TIMEOUT;
+        let mut deadline = tokio::time::Instant::now() + BROKER_TIMEOUT;
         for (confirm, what) in pending {
-            let confirmation = tokio::time::timeout_at(deadline, confirm)
-                .await
-                .map_err(|_| SessionError::Timeout("publisher confirm", BROKER_TIMEOUT))?
-                .map_err(SessionError::Publish)?;
+            let Some(confirmation) = self.copy_confirmed(confirm, &mut deadline, stop).await?
+            else {
+                return Ok(ControlFlow::Break(BatchEnd::Abandoned));
+            };
             if !confirmation.is_ack() {
                 return Err(SessionError::NotConfirmed(format!("{what}: nacked")));
             }
@@ -601,7 +607,40 @@ impl Worker {
                 )));
             }
         }
-        Ok(())
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// A copy's confirm, within `deadline`. While a resource alarm blocks the copies' connection
+    /// there is no deadline: the broker confirms after the alarm, and this worker's batch waits
+    /// unacknowledged while the other workers go on; the deadline counts again from the unblock.
+    /// A stop meanwhile gives `None`: the batch is left to redelivery (its copies may go out twice;
+    /// a retry is deduplicated by message id like any delivery).
+    async fn copy_confirmed(
+        &self,
+        confirm: PublisherConfirm,
+        deadline: &mut tokio::time::Instant,
+        stop: &CancellationToken,
+    ) -> Result<Option<lapin::Confirmation>, SessionError> {
+        tokio::pin!(confirm);
+        loop {
+            let look_again = tokio::time::Instant::now() + Duration::from_millis(500);
+            tokio::select! {
+                r = &mut confirm => return r.map(Some).map_err(SessionError::Publish),
+                () = tokio::time::sleep_until(look_again.min(*deadline)) => {}
+            }
+            if self.copies.blocked() {
+                if stop.is_cancelled() {
+                    tracing::info!(
+                        worker = self.index,
+                        "stopping while a resource alarm blocks this batch's copies: leaving it to redelivery"
+                    );
+                    return Ok(None);
+                }
+                *deadline = tokio::time::Instant::now() + BROKER_TIMEOUT;
+            } else if tokio::time::Instant::now() >= *deadline {
+                return Err(SessionError::Timeout("publisher confirm", BROKER_TIMEOUT));
+            }
+        }
     }
 }
 
