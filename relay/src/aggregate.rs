@@ -5,8 +5,8 @@
 //! the retained rows, which the retention sweep keeps bounded; it is for a person's click, not
 //! for a hot path.
 
-use crate::dead_rows::RowState;
 use crate::lenient_json::LenientJson;
+use crate::row_state::RowState;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;

@@ -15,7 +15,7 @@ pub async fn list(
     limit: i64,
     out: &mut impl Write,
 ) -> anyhow::Result<usize> {
-    let rows = dead_rows::dead_rows(pool, schema, None, limit).await?;
+    let rows = dead_rows::dead_rows(pool, schema, limit).await?;
     writeln!(
         out,
         "{:<36}  {:<24}  {:<24}  {:>8}  {:<20}  last error",

@@ -9,6 +9,7 @@
 //! producer wrote.
 
 use crate::lenient_json::LenientJson;
+pub use crate::row_state::RowState;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -55,19 +56,21 @@ fn select_dead(rest: &str) -> String {
     )
 }
 
-/// Dead rows, oldest first: at most `limit`, after `seq` `after` when given (keyset pages over
-/// the partial index `messages_dead_idx`).
+/// Dead rows, oldest first, at most `limit`.
 pub async fn dead_rows(
     pool: &PgPool,
     schema: &Schema,
-    after: Option<i64>,
     limit: i64,
 ) -> Result<Vec<DeadRow>, sqlx::Error> {
-    Ok(dead_page(pool, schema, after, limit).await?.0)
+    let mut tx = pool.begin().await?;
+    let rows = rows_after(&mut tx, schema, None, limit).await?;
+    tx.commit().await?;
+    Ok(rows)
 }
 
-/// [`dead_rows`], and how many rows are dead in all, read in one transaction (the count agrees
-/// with the page).
+/// A page of dead rows: at most `limit` after `seq` `after` (keyset pages over the partial index
+/// `messages_dead_idx`), and how many rows are dead in all, read in one transaction (the count
+/// agrees with the page).
 pub async fn dead_page(
     pool: &PgPool,
     schema: &Schema,
@@ -75,14 +78,7 @@ pub async fn dead_page(
     limit: i64,
 ) -> Result<(Vec<DeadRow>, i64), sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let rows = sqlx::query_as::<_, DeadRow>(schema.sql(&select_dead(
-        "AND ($1::bigint IS NULL OR seq > $1) ORDER BY seq LIMIT $2",
-    )))
-    .bind(after)
-    .bind(limit.max(0))
-    .persistent(false)
-    .fetch_all(&mut *tx)
-    .await?;
+    let rows = rows_after(&mut tx, schema, after, limit).await?;
     let total = sqlx::query_scalar(
         schema.sql("SELECT count(*) FROM {{schema}}.messages WHERE state = 'dead'"),
     )
@@ -91,6 +87,22 @@ pub async fn dead_page(
     .await?;
     tx.commit().await?;
     Ok((rows, total))
+}
+
+async fn rows_after(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    after: Option<i64>,
+    limit: i64,
+) -> Result<Vec<DeadRow>, sqlx::Error> {
+    sqlx::query_as::<_, DeadRow>(schema.sql(&select_dead(
+        "AND ($1::bigint IS NULL OR seq > $1) ORDER BY seq LIMIT $2",
+    )))
+    .bind(after)
+    .bind(limit.max(0))
+    .persistent(false)
+    .fetch_all(conn)
+    .await
 }
 
 /// Each dead row's id and version, oldest first, at most `limit`: what a request for "all that
@@ -110,41 +122,6 @@ pub async fn dead_versions(
     .await?;
     tx.commit().await?;
     Ok(rows)
-}
-
-/// Where a row is in its life (the CHECK of `messages.state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RowState {
-    /// Committed, not yet confirmed by the broker.
-    Pending,
-    /// Confirmed (kept only with a retention).
-    Published,
-    /// Out of attempts, or unpublishable: waits for a person.
-    Dead,
-}
-
-impl RowState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RowState::Pending => "pending",
-            RowState::Published => "published",
-            RowState::Dead => "dead",
-        }
-    }
-}
-
-impl TryFrom<String> for RowState {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "pending" => Ok(RowState::Pending),
-            "published" => Ok(RowState::Published),
-            "dead" => Ok(RowState::Dead),
-            _ => Err(format!("not a row state: {s:?}")),
-        }
-    }
 }
 
 /// A row as it is now, for deciding whether a requeue may touch it.
@@ -242,17 +219,4 @@ pub async fn requeue_dead_in(
         .execute(&mut *conn)
         .await?;
     Ok(requeued)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::RowState;
-
-    #[test]
-    fn a_row_state_reads_back_as_the_word_it_is_stored_as() {
-        for s in [RowState::Pending, RowState::Published, RowState::Dead] {
-            assert_eq!(RowState::try_from(s.as_str().to_string()), Ok(s));
-        }
-        assert!(RowState::try_from("gone".to_string()).is_err());
-    }
 }

@@ -53,6 +53,7 @@ mod lenient_json;
 pub(crate) mod pipeline;
 pub mod publisher;
 mod retention;
+pub mod row_state;
 mod stats;
 pub mod store;
 pub mod verify;

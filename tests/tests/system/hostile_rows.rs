@@ -287,7 +287,7 @@ fn assert_once_each_in_order(received: &[Received], good: &[NewMessage]) {
 }
 
 async fn assert_dead_with_reasons(pool: &sqlx::PgPool, bad: &HashMap<uuid::Uuid, &'static str>) {
-    let dead = relay::dead_rows::dead_rows(pool, &Default::default(), None, 1000)
+    let dead = relay::dead_rows::dead_rows(pool, &Default::default(), 1000)
         .await
         .unwrap();
     let by_id: HashMap<uuid::Uuid, &relay::dead_rows::DeadRow> =
@@ -475,7 +475,7 @@ async fn a_row_the_broker_refuses_is_charged_and_dead_and_the_rest_flows() {
         || async { (outbox_count(&db.pool, "dead").await == 1).then_some(()) },
     )
     .await;
-    let dead = relay::dead_rows::dead_rows(&db.pool, &Default::default(), None, 10)
+    let dead = relay::dead_rows::dead_rows(&db.pool, &Default::default(), 10)
         .await
         .unwrap();
     assert_eq!(dead[0].id, huge.id);

@@ -511,7 +511,7 @@ async fn unroutable_and_nacked_rows_are_not_marked_then_dead_then_requeued() {
         (outbox_count(&db.pool, "dead").await == 2).then_some(())
     })
     .await;
-    let dead = relay::dead_rows::dead_rows(&db.pool, &Default::default(), None, 10)
+    let dead = relay::dead_rows::dead_rows(&db.pool, &Default::default(), 10)
         .await
         .unwrap();
     let by_id: HashMap<uuid::Uuid, &relay::dead_rows::DeadRow> =

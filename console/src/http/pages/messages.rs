@@ -17,7 +17,7 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use relay::aggregate::AggregateMessage;
-use relay::dead_rows::RowState;
+use relay::row_state::RowState;
 use serde::Deserialize;
 use serde_json::Value;
 
