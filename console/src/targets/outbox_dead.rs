@@ -8,7 +8,7 @@
 use crate::error::ConsoleError;
 use crate::redact;
 use crate::targets::Change;
-use relay::dead_rows::{RowNow, RowState};
+use relay::dead_rows::{RowNow, RowState, rows_now};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use shared::schema::Schema;
@@ -18,16 +18,6 @@ use uuid::Uuid;
 
 /// A dead row as shown (payload and headers redacted): the relay's, which owns `messages`.
 pub use relay::dead_rows::DeadRow;
-
-/// Dead rows, oldest first.
-pub async fn list(
-    pool: &PgPool,
-    schema: &Schema,
-    limit: i64,
-) -> Result<Vec<DeadRow>, ConsoleError> {
-    let rows = relay::dead_rows::dead_rows(pool, schema, None, limit.clamp(1, 10_000)).await?;
-    Ok(rows.into_iter().map(redacted).collect())
-}
 
 /// A dead row as shown: its texts, headers and payload redacted.
 pub(super) fn redacted(mut r: DeadRow) -> DeadRow {
@@ -77,15 +67,6 @@ pub struct Planned {
     pub detail: Option<String>,
 }
 
-async fn current(
-    conn: &mut PgConnection,
-    schema: &Schema,
-    ids: &[Uuid],
-    lock: bool,
-) -> Result<Vec<RowNow>, ConsoleError> {
-    Ok(relay::dead_rows::rows_now(conn, schema, ids, lock).await?)
-}
-
 fn judge(item: &Item, cur: Option<&RowNow>) -> Planned {
     let (would, detail) = match cur {
         None => ("not_found", None),
@@ -116,22 +97,23 @@ pub async fn plan(
     items: &[Item],
 ) -> Result<Vec<Planned>, ConsoleError> {
     let ids: Vec<Uuid> = items.iter().map(|i| i.id).collect();
-    let cur = current(conn, schema, &ids, false).await?;
+    let cur = rows_now(conn, schema, &ids, false).await?;
     Ok(items
         .iter()
         .map(|i| judge(i, cur.iter().find(|c| c.id == i.id)))
         .collect())
 }
 
-/// Checks that every item would be requeued now; the first that would not is the error.
+/// Checks that every item would be requeued now; the first that would not is the error. Gives the
+/// rows as it read them (locked with `lock`, until the caller's transaction ends).
 pub async fn check(
     conn: &mut PgConnection,
     schema: &Schema,
     items: &[Item],
     lock: bool,
-) -> Result<(), ConsoleError> {
+) -> Result<Vec<RowNow>, ConsoleError> {
     let ids: Vec<Uuid> = items.iter().map(|i| i.id).collect();
-    let cur = current(conn, schema, &ids, lock).await?;
+    let cur = rows_now(conn, schema, &ids, lock).await?;
     for i in items {
         let p = judge(i, cur.iter().find(|c| c.id == i.id));
         let detail = p.detail.unwrap_or_default();
@@ -152,7 +134,7 @@ pub async fn check(
             }
         }
     }
-    Ok(())
+    Ok(cur)
 }
 
 /// The effect: every item back to pending with fresh attempts, all or none (a stale version or
@@ -166,8 +148,8 @@ pub async fn requeue(
         return Err(ConsoleError::BadRequest("no rows given".into()));
     }
     let ids: Vec<Uuid> = items.iter().map(|i| i.id).collect();
-    check(conn, schema, items, true).await?;
-    let before = current(conn, schema, &ids, false).await?;
+    // Locked: what the requeue changes is what was checked.
+    let before = check(conn, schema, items, true).await?;
     // The relay crate owns `messages`: its function writes the row and wakes the relays.
     let after = relay::dead_rows::requeue_dead_in(conn, schema, Some(&ids)).await?;
     let changes = before
