@@ -238,7 +238,7 @@ impl Handler for DownIsDown {
 /// acks of every worker, and the consumer would stall at its prefetch. Copies have a connection
 /// of their own: the other worker consumes and acknowledges all the rest during the alarm, in one
 /// session, also past the 30 s a confirm otherwise gets; a stop during the alarm is not held up;
-/// after the alarm every message is processed.
+/// after the alarm every message is processed, and the failing one ends in the dead-letter queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_the_alarm_blocks_does_not_stop_the_consumers_acks() {
     let Setup {
@@ -310,6 +310,17 @@ async fn a_retry_the_alarm_blocks_does_not_stop_the_consumers_acks() {
     wait_until("all 300 processed after the alarm", LONG, || {
         let (pool, name) = (pool.clone(), name.clone());
         async move { (processed_rows(&pool, &name).await == 300).then_some(()) }
+    })
+    .await;
+    // The failing message, whose batch the stop left to redelivery, is not lost either: retried
+    // to its last attempt, it is in the dead-letter queue.
+    let amqp = node.amqp_url();
+    wait_until("the failing message dead-lettered", LONG, || {
+        let (amqp, name) = (amqp.clone(), name.clone());
+        async move {
+            let depth = consumer::dlq::depth(&amqp, &Default::default(), &name).await;
+            (depth.ok() == Some(1)).then_some(())
+        }
     })
     .await;
     running.stop().await;
