@@ -61,16 +61,44 @@ pub(crate) async fn ceiling_amqp(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Re
     Ok(lines)
 }
 
-/// The relay-shaped ceiling measured now (best window, `n` publishes): a scenario that runs long
-/// takes its own just before each measurement, so drift on a shared machine hits both alike.
-pub(crate) async fn relay_shaped_now(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
-    let q = env.queue("ceiling-now", "ceiling.#").await?;
-    let mut best = 0.0f64;
+/// One relay-shaped ceiling measurement: its rate, the confirm window it used and the CPU use
+/// while it ran (to set beside a drain's).
+pub(crate) struct CeilingTrial {
+    pub rate: f64,
+    pub window: usize,
+    pub cpu: String,
+}
+
+/// The relay-shaped ceiling measured now (`n` publishes at each window, the best kept): a scenario
+/// that runs long takes its own just before each measurement, so drift on a shared machine hits
+/// both alike.
+pub(crate) async fn relay_shaped_now(env: &BenchEnv, n: u64) -> anyhow::Result<CeilingTrial> {
+    let mut best: Option<CeilingTrial> = None;
     for window in WINDOWS {
-        best = best.max(publish_rate(env, &q, Shape::RelayShaped, window, n).await?);
+        let trial = relay_shaped_at(env, n, window).await?;
+        if best.as_ref().is_none_or(|b| trial.rate > b.rate) {
+            best = Some(trial);
+        }
     }
+    best.ok_or_else(|| anyhow::anyhow!("no window to measure"))
+}
+
+/// The relay-shaped ceiling at one confirm window.
+pub(crate) async fn relay_shaped_at(
+    env: &BenchEnv,
+    n: u64,
+    window: usize,
+) -> anyhow::Result<CeilingTrial> {
+    let q = env.queue("ceiling-now", "ceiling.#").await?;
+    let cpu = env::CpuSnapshot::take();
+    let rate = publish_rate(env, &q, Shape::RelayShaped, window, n).await;
+    let cpu = env::CpuSnapshot::take().report_since(&cpu, n);
     env.delete_queue(&q).await;
-    Ok(best)
+    Ok(CeilingTrial {
+        rate: rate?,
+        window,
+        cpu,
+    })
 }
 
 /// Publishes `n` messages of `shape` with at most `window` unconfirmed, then purges `queue`;
