@@ -26,6 +26,8 @@ fn every_bench_scenario_runs_at_tiny_scale() {
         "ceiling-pg",
         "relay-drain",
         "relay-latency",
+        "relay-skew",
+        "producer-insert",
         "consumer",
         "consumer timeline ordered",
         "consumer timeline ordered, 4 instances (3-node cluster)",
