@@ -74,6 +74,17 @@ impl Scenario {
 }
 
 /// A ~208-byte JSON payload, like the reference figures.
+/// The median of repeated measurements (0 for none): what the scenarios that measure more than
+/// once report, so one noisy sample on a shared machine does not decide a ratio.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 pub fn payload(i: u64) -> serde_json::Value {
     serde_json::json!({
         "account": format!("acct-{:05}", i % 1000),

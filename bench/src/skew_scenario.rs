@@ -3,7 +3,7 @@
 
 use crate::env::{self, BenchEnv};
 use crate::report::Line;
-use crate::scenarios::{Ceilings, payload};
+use crate::scenarios::{Ceilings, median, payload};
 use rand::{Rng, SeedableRng};
 use shared::NewMessage;
 use std::time::{Duration, Instant};
@@ -145,7 +145,6 @@ async fn drain_once(env: &BenchEnv, drawn: &[u64]) -> anyhow::Result<Drain> {
     let (rate, cpu) = crate::relay_scenario::timed_drain(env, n).await?;
     env::stop(relay).await;
     env.delete_queue(&q).await;
-    env.reset_outbox().await?;
     Ok(Drain {
         rate,
         cpu,
@@ -157,15 +156,6 @@ struct Drain {
     rate: f64,
     cpu: String,
     start_up: Duration,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 fn skew_line(

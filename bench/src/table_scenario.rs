@@ -108,8 +108,7 @@ pub(crate) async fn median_claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<
     for _ in 0..3 {
         rates.push(claim_rate(env, n).await?);
     }
-    rates.sort_by(f64::total_cmp);
-    Ok(rates[1])
+    Ok(crate::scenarios::median(rates))
 }
 
 pub(crate) async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
