@@ -1375,3 +1375,50 @@ async fn api_key_create_command_prints_one_key_that_works() {
     assert!(!bad.status.success());
     assert!(bad.stdout.is_empty());
 }
+
+/// sqlx 0.9.0 leaves Nagle's algorithm on, and a statement over one 16 KiB TLS record (a 100-row
+/// `enqueue_many`, a relay claim listing the rows it holds) then waited ~40 ms for PostgreSQL's
+/// delayed ACK. The vendored sqlx-core sets TCP_NODELAY (vendor/sqlx-core/PATCHED.md): read back
+/// from the sockets this process holds to PostgreSQL.
+#[tokio::test]
+async fn database_connections_are_opened_with_tcp_nodelay() {
+    use sqlx::ConnectOptions;
+    use std::os::fd::BorrowedFd;
+    let db = TestDb::new().await;
+    let _held = db.pool.acquire().await.expect("a connection");
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().expect("test database URL");
+    let _direct = options.connect().await.expect("a direct connection");
+    let port = options.get_port();
+    let mut checked = 0;
+    for entry in std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .flatten()
+    {
+        let Ok(raw) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if !std::fs::read_link(entry.path())
+            .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+        {
+            continue;
+        }
+        // SAFETY: only read (getpeername, getsockopt); a descriptor closed meanwhile fails them.
+        let fd = unsafe { BorrowedFd::borrow_raw(raw) };
+        let socket = socket2::SockRef::from(&fd);
+        let Some(peer) = socket.peer_addr().ok().and_then(|a| a.as_socket()) else {
+            continue;
+        };
+        if peer.port() != port {
+            continue;
+        }
+        assert!(
+            socket.tcp_nodelay().expect("read TCP_NODELAY"),
+            "the connection to {peer} has Nagle's algorithm on"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 2,
+        "found {checked} connections to PostgreSQL port {port}, expected the pool's and the direct one"
+    );
+}
