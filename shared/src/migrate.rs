@@ -106,6 +106,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "robust plans: the claim's partition index and the insert trigger's id lookup whatever the statistics",
         include_str!("../../migrations/0018_robust_plans.sql"),
     ),
+    (
+        19,
+        "counter flush by the primary key whatever the call's collation; one flush check per transaction",
+        include_str!("../../migrations/0019_counter_flush_by_index.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

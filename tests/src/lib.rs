@@ -436,16 +436,24 @@ pub fn free_addr() -> SocketAddr {
 impl TestDb {
     /// A fresh database without migrations (to test that binaries migrate it, concurrently).
     pub async fn new_unmigrated() -> Self {
+        Self::new_unmigrated_with("").await
+    }
+
+    /// A fresh database without migrations, created with `options` (the rest of a
+    /// `CREATE DATABASE`: a template, a locale, ...).
+    pub async fn new_unmigrated_with(options: &str) -> Self {
         init_logging();
         let name = unique("t");
         let admin = admin_url();
         let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
             .await
             .expect("connect admin db");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut conn)
-            .await
-            .expect("create test database");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE {name} {options}"
+        )))
+        .execute(&mut conn)
+        .await
+        .expect("create test database");
         let url = replace_db(&admin, &name);
         let pool = plumbing::db::connect(&url, 10, "tests")
             .await

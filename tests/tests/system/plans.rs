@@ -317,3 +317,91 @@ async fn the_insert_triggers_id_lookup_probes_the_index_in_a_session_that_planne
     .unwrap();
     assert_eq!(numbered, 3000, "every row got its own number");
 }
+
+/// Reads of `outbox.aggregate_sequences` this session has made so far: (sequential scans, scans
+/// of its primary key), this transaction's included.
+async fn counter_scans(conn: &mut PgConnection) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT pg_stat_get_xact_numscans('outbox.aggregate_sequences'::regclass), \
+                pg_stat_get_xact_numscans('outbox.aggregate_sequences_pkey'::regclass)",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// A transaction that writes two or more messages of one aggregate leaves that aggregate's counter
+/// behind and writes it once, when it moves on to another aggregate or at commit. That write
+/// found its row with a sequential scan of every counter (one per aggregate that ever had a
+/// message): its callers pass the schema as a `name`, whose collation "C" the PL/pgSQL function
+/// then compared in, and the primary key is in the database's collation. Here, in a database with
+/// a linguistic collation and 20,000 counters, both flushes read the primary key, and the numbers
+/// carry on from the written counters.
+#[tokio::test]
+async fn the_counter_flush_reads_the_primary_key_in_a_database_with_a_linguistic_collation() {
+    let db =
+        TestDb::new_unmigrated_with("TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'")
+            .await;
+    shared::migrate::run(&db.pool, &Schema::default())
+        .await
+        .unwrap();
+    // An installation that has run a while: many aggregates, each with its counter.
+    sqlx::query(
+        "INSERT INTO outbox.aggregate_sequences (aggregate_type, aggregate_id, last_seq) \
+         SELECT 'plans', 'agg-' || g, 1 FROM generate_series(1, 20000) g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE outbox.aggregate_sequences")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let (seq_before, pkey_before) = counter_scans(&mut tx).await;
+    let batch = |key: &str, n: usize| rows(std::iter::repeat_n(key.to_string(), n));
+    // agg-7 three times (its counter falls behind), then agg-8: the switch writes agg-7's counter.
+    shared::outbox::enqueue_many(&mut *tx, &batch("agg-7", 3))
+        .await
+        .unwrap();
+    shared::outbox::enqueue_many(&mut *tx, &batch("agg-8", 2))
+        .await
+        .unwrap();
+    // The commit-time flush, run now so this transaction's statistics see it: agg-8's counter.
+    sqlx::query("SET CONSTRAINTS ALL IMMEDIATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let (seq_after, pkey_after) = counter_scans(&mut tx).await;
+    tx.commit().await.unwrap();
+    assert_eq!(
+        seq_after - seq_before,
+        0,
+        "no sequential scan of the counters (primary key scans: {})",
+        pkey_after - pkey_before
+    );
+    assert_eq!(
+        pkey_after - pkey_before,
+        4,
+        "the primary key is read four times: by the two upserts that took agg-7's and agg-8's first \
+         numbers and by the two flushes"
+    );
+    shared::outbox::enqueue_many(&mut *conn, &batch("agg-7", 1))
+        .await
+        .unwrap();
+    shared::outbox::enqueue_many(&mut *conn, &batch("agg-8", 1))
+        .await
+        .unwrap();
+    let numbers: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT aggregate_id, aggregate_seq FROM outbox.messages ORDER BY aggregate_id, seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let expected: Vec<(String, i64)> = [("agg-7", 2..=5), ("agg-8", 2..=4)]
+        .into_iter()
+        .flat_map(|(key, ns)| ns.map(move |n| (key.to_string(), n)))
+        .collect();
+    assert_eq!(numbers, expected, "each count carries on from its counter");
+}
