@@ -15,8 +15,8 @@
 //!   waiting processes, reconciliation runs.
 //! - [`ordered_scenario`]: ordered consumers against the same consumer unordered.
 //! - [`process_scenario`]: recoverable processes (3-step no-op) against the commit ceiling.
-//! - [`skew_scenario`]: the relay over 1 to 10,000 aggregates and Zipf-skewed keys; the producer's
-//!   insert cost of per-aggregate sequence numbers.
+//! - [`skew_scenario`]: the relay over 1 to 10,000 aggregates and Zipf-skewed keys.
+//! - [`producer_insert_scenario`]: the producer's insert cost of per-aggregate sequence numbers.
 //! - [`wire_count`]: a proxy that counts PostgreSQL round trips on the wire.
 //!
 //! Ratios compare with ceilings measured in the same run, because absolute numbers drift on a shared machine.
@@ -28,6 +28,7 @@ pub mod env;
 pub mod latency_scenario;
 pub mod ordered_scenario;
 pub mod process_scenario;
+pub mod producer_insert_scenario;
 pub mod reconciliation_scenario;
 pub mod relay_scenario;
 pub mod report;

@@ -57,7 +57,7 @@ impl Scenario {
             Scenario::RelayDrain => relay_scenario::relay_drain(env, c).await,
             Scenario::RelaySkew => skew_scenario::relay_skew(env, c).await,
             Scenario::RelayLatency => latency_scenario::relay_latency(env).await,
-            Scenario::ProducerInsert => skew_scenario::producer_insert(env).await,
+            Scenario::ProducerInsert => producer_insert_scenario::producer_insert(env).await,
             Scenario::Consumer => consumer_scenario::consumer(env, c).await,
             Scenario::ConsumerOrdered => ordered_scenario::consumer_ordered(env).await,
             Scenario::ConsumerOrderedScale => ordered_scenario::consumer_ordered_scale(env).await,

@@ -1,5 +1,5 @@
 //! Key skew: the relay draining backlogs spread over 1 to 10,000 aggregates and over Zipf-skewed
-//! keys, and the producer's insert cost of per-aggregate sequence numbers.
+//! keys.
 
 use crate::env::{self, BenchEnv};
 use crate::report::Line;
@@ -197,98 +197,4 @@ fn skew_line(
             window = first_ceiling.window,
             dist = distribution(drawn),
         ))
-}
-
-/// Producer inserts with sequence numbers against the same inserts into a table without them, in
-/// schemas of their own: single-row and 100-row transactions, each on different aggregates and on
-/// one aggregate. Two baselines: the layout at migration 7 as it shipped (what the issue compares
-/// against), and migration 7 with migration 15's cheaper header checks, so the cost of the numbers
-/// alone is visible too.
-pub async fn producer_insert(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
-    let shipped = shared::schema::Schema::new("bench_before_seq")?;
-    let checks_only = shared::schema::Schema::new("bench_checks_only")?;
-    for schema in [&shipped, &checks_only] {
-        shared::migrate::migrator(schema)
-            .run_to(7, &env.pool)
-            .await?;
-    }
-    let checks = shared::migrate::sql_of(&checks_only, 15)
-        .and_then(|sql| sql.split("\nDO $migration$").next().map(str::to_string))
-        .ok_or_else(|| anyhow::anyhow!("migration 15 has no header checks to apply"))?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(checks))
-        .execute(&env.pool)
-        .await?;
-    let after = shared::schema::Schema::default();
-    let duration = env.secs(5.0, 1.0);
-    let mut lines = Vec::new();
-    for rows in [1usize, 100] {
-        for one_aggregate in [false, true] {
-            let mut rates = [Vec::new(), Vec::new(), Vec::new()];
-            // Rounds in turn, so drift on a shared machine hits all alike.
-            for _ in 0..2 {
-                for (i, schema) in [&shipped, &checks_only, &after].into_iter().enumerate() {
-                    rates[i]
-                        .push(insert_rate(env, schema, rows, one_aggregate, duration / 3).await?);
-                }
-            }
-            let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
-            let [shipped_rate, checks_rate, with] = rates.each_ref().map(mean);
-            let what = format!(
-                "producer-insert ({rows}-row transactions, {})",
-                if one_aggregate {
-                    "one aggregate"
-                } else {
-                    "different aggregates"
-                }
-            );
-            lines.push(
-                Line::new(&what, with, "rows/s")
-                    .vs_ceiling(shipped_rate, Some(0.85))
-                    .note(format!(
-                        "1 connection; ceiling = the same inserts without sequence numbers (schema at migration 7 as shipped): {shipped_rate:.0} rows/s; numbers alone (migration 7 with migration 15's header checks: {checks_rate:.0} rows/s): {:.0} %",
-                        with * 100.0 / checks_rate.max(1.0)
-                    )),
-            );
-        }
-    }
-    for schema in [&shipped, &checks_only] {
-        sqlx::query(schema.sql("DROP SCHEMA {{schema}} CASCADE"))
-            .execute(&env.pool)
-            .await?;
-    }
-    Ok(lines)
-}
-
-async fn insert_rate(
-    env: &BenchEnv,
-    schema: &shared::schema::Schema,
-    rows: usize,
-    one_aggregate: bool,
-    duration: Duration,
-) -> anyhow::Result<f64> {
-    let outbox = shared::outbox::Outbox::new(schema.clone());
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let started = Instant::now();
-    let mut done = 0u64;
-    while started.elapsed() < duration {
-        let batch: Vec<NewMessage> = (0..rows)
-            .map(|_| {
-                let key = if one_aggregate {
-                    "hot".to_string()
-                } else {
-                    format!("agg-{}", rng.random_range(0..10_000_000u64))
-                };
-                NewMessage::new("bench", key, "bench.insert", payload(done))
-            })
-            .collect();
-        let mut tx = env.pool.begin().await?;
-        outbox.enqueue_many(&mut *tx, &batch).await?;
-        tx.commit().await?;
-        done += rows as u64;
-    }
-    let rate = done as f64 / started.elapsed().as_secs_f64();
-    sqlx::query(schema.sql("TRUNCATE {{schema}}.messages"))
-        .execute(&env.pool)
-        .await?;
-    Ok(rate)
 }

@@ -111,6 +111,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "counter flush by the primary key whatever the call's collation; one flush check per transaction",
         include_str!("../../migrations/0019_counter_flush_by_index.sql"),
     ),
+    (
+        20,
+        "cheaper many-row inserts: empty headers checked at once, one statement per numbered row",
+        include_str!("../../migrations/0020_cheaper_batch_inserts.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.
