@@ -1,6 +1,7 @@
 //! Plans that hold whatever the outbox's statistics say (migration 18, `relay::store`): the
 //! outbox is emptied as fast as it fills, so its statistics are usually wrong, and the two
-//! statements that run for every row must read their index anyway.
+//! statements that run for every row must read their index anyway. The counter flush (migration
+//! 19) must read the counters' primary key whatever collation its call runs in.
 //!
 //! Each test makes the statistics wrong on purpose, runs the statement, and reads which scans it
 //! did from `pg_stat_get_xact_numscans` in the same transaction (before and after, so counts that
