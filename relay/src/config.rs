@@ -21,8 +21,10 @@ pub struct RelayOptions {
     #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=50_000))]
     pub batch_size: u32,
     /// Publishes in flight (sent, confirm not yet received) on the channel. RabbitMQ confirms in
-    /// bulk, so a wide window is what makes publishing fast.
-    #[arg(long, env = "RELAY_WINDOW", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    /// bulk, so a wide window is what makes publishing fast. 2,000: the relay-shaped ceiling was
+    /// highest at 2,000 of 256/1,000/2,000 in most runs, and `bench relay-skew` drained closer to
+    /// it with 2,000 than with 1,000 (README, "Performance").
+    #[arg(long, env = "RELAY_WINDOW", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub window: u32,
     /// Partition lease, in milliseconds. A relay that dies (SIGKILL, lost host) holds its
     /// partitions at most this long before the others take them over and publish its rows.
