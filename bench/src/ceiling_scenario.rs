@@ -28,7 +28,7 @@ impl Shape {
 }
 
 /// The confirm windows the ceiling tries; the best is the ceiling.
-const WINDOWS: [usize; 3] = [256, 1000, 2000];
+pub(crate) const WINDOWS: [usize; 3] = [256, 1000, 2000];
 
 /// Raw lapin: persistent publishes with confirms to a durable queue, windows of 256, 1000 and 2000.
 pub(crate) async fn ceiling_amqp(env: &BenchEnv, c: &mut Ceilings) -> anyhow::Result<Vec<Line>> {

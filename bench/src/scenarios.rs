@@ -73,7 +73,6 @@ impl Scenario {
     }
 }
 
-/// A ~208-byte JSON payload, like the reference figures.
 /// The median of repeated measurements (0 for none): what the scenarios that measure more than
 /// once report, so one noisy sample on a shared machine does not decide a ratio.
 pub fn median(mut v: Vec<f64>) -> f64 {
@@ -85,6 +84,7 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// A ~208-byte JSON payload, like the reference figures.
 pub fn payload(i: u64) -> serde_json::Value {
     serde_json::json!({
         "account": format!("acct-{:05}", i % 1000),

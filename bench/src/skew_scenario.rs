@@ -185,10 +185,13 @@ fn skew_line(
         .map(|r| format!("; the run's ceiling-amqp: {r:.0} msg/s"))
         .unwrap_or_default();
     let (first_ceiling, first_drain) = (&ceilings[0], &drains[0]);
+    let windows = crate::ceiling_scenario::WINDOWS
+        .map(|w| w.to_string())
+        .join("/");
     Line::new(&format!("relay-skew ({})", keys.label()), rate, "msg/s")
         .vs_ceiling(ceiling, Some(0.85))
         .note(format!(
-            "{n} rows committed in one transaction, drained by 1 relay that was running (its start and lease claim took {:.2} s before), {trials} times, each right after a ceiling of as many relay-shaped publishes (best of windows 256/1000/2000 first, then window {window}); median drain over median ceiling; drain/ceiling per trial: {pairs}; {dist}; first ceiling: {}; first drain: {}{run_ceiling}",
+            "{n} rows committed in one transaction, drained by 1 relay that was running (its start and lease claim took {:.2} s before), {trials} times, each right after a ceiling of as many relay-shaped publishes (best of windows {windows} first, then window {window}); median drain over median ceiling; drain/ceiling per trial: {pairs}; {dist}; first ceiling: {}; first drain: {}{run_ceiling}",
             first_drain.start_up.as_secs_f64(),
             first_ceiling.cpu,
             first_drain.cpu,
