@@ -108,7 +108,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     (
         19,
-        "counter flush by the primary key whatever the call's collation; one flush check per transaction",
+        "counter flush by the primary key whatever the call's collation; the per-row flush check without a SET clause",
         include_str!("../../migrations/0019_counter_flush_by_index.sql"),
     ),
     (
