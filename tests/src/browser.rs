@@ -94,6 +94,21 @@ pub async fn wait_for(b: &Client, id: &str) -> Element {
     }
 }
 
+/// Waits until the element with `id` shows `needle`, and returns its text: after a click that
+/// loads a new page holding the same element (a paging line, a status), reading at once may
+/// read the page being left. On timeout fails with the page the browser shows.
+pub async fn wait_for_text(b: &Client, id: &str, needle: &str) -> String {
+    wait_until(
+        &format!("#{id} to show {needle:?}"),
+        Duration::from_secs(60),
+        || async {
+            let text = b.find(Locator::Id(id)).await.ok()?.text().await.ok()?;
+            text.contains(needle).then_some(text)
+        },
+    )
+    .await
+}
+
 /// Clicks the element with `id`.
 pub async fn click(b: &Client, id: &str) {
     b.find(Locator::Id(id))

@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use shared::schema::Schema;
 use std::time::Duration;
-use system_tests::browser::{chromedriver, click, type_into, wait_for};
+use system_tests::browser::{chromedriver, click, type_into, wait_for, wait_for_text};
 use system_tests::consoles::{self, RunningConsole};
 use system_tests::process_fixtures as fx;
 use system_tests::{TestDb, bin_path, wait_until};
