@@ -98,15 +98,28 @@ pub async fn wait_for(b: &Client, id: &str) -> Element {
 /// loads a new page holding the same element (a paging line, a status), reading at once may
 /// read the page being left. On timeout fails with the page the browser shows.
 pub async fn wait_for_text(b: &Client, id: &str, needle: &str) -> String {
-    wait_until(
-        &format!("#{id} to show {needle:?}"),
-        Duration::from_secs(60),
-        || async {
-            let text = b.find(Locator::Id(id)).await.ok()?.text().await.ok()?;
-            text.contains(needle).then_some(text)
-        },
-    )
-    .await
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = match b.find(Locator::Id(id)).await {
+            Ok(element) => element.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if text.contains(needle) {
+            return text;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let url = b
+                .current_url()
+                .await
+                .map(|u| u.to_string())
+                .unwrap_or_default();
+            let source = b.source().await.unwrap_or_default();
+            panic!(
+                "#{id} did not show {needle:?} (it shows {text:?}); the browser shows {url}:\n{source}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Clicks the element with `id`.
