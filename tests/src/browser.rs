@@ -94,35 +94,29 @@ pub async fn wait_for(b: &Client, id: &str) -> Element {
     }
 }
 
-/// Waits until the element with `id` shows `needle`, and returns its text: after a click that
-/// loads a new page holding the same element (a paging line, a status), reading at once may
-/// read the page being left. On timeout fails with the page the browser shows.
-pub async fn wait_for_text(b: &Client, id: &str, needle: &str) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = match b.find(Locator::Id(id)).await {
-            Ok(element) => element.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
-        if text.contains(needle) {
-            return text;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            let url = b
-                .current_url()
-                .await
-                .map(|u| u.to_string())
-                .unwrap_or_default();
-            let source = b.source().await.unwrap_or_default();
-            panic!(
-                "#{id} did not show {needle:?} (it shows {text:?}); the browser shows {url}:\n{source}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Clicks the element with `id` and waits until the browser has left the page it was on (that
+/// page's root element is gone), so what is read next is the page the click loaded. chromedriver's
+/// click returns once the click is dispatched; for a link or a form's POST that can be before the
+/// next page has come, and reading at once read the page being left (a paging line both pages
+/// have, an `#error` only the next one has). For a click that changes the page in place (a
+/// checkbox, a `<details>`), use [`click`].
+pub async fn follow(b: &Client, id: &str) {
+    let page = b.find(Locator::Css("html")).await.unwrap();
+    click(b, id).await;
+    wait_until(
+        &format!("the browser to leave the page after a click on #{id}"),
+        Duration::from_secs(60),
+        || async {
+            match page.tag_name().await {
+                Err(e) if e.is_stale_element_reference() || e.is_no_such_element() => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await;
 }
 
-/// Clicks the element with `id`.
+/// Clicks the element with `id`, staying on the page (see [`follow`] for a click that loads one).
 pub async fn click(b: &Client, id: &str) {
     b.find(Locator::Id(id))
         .await

@@ -272,27 +272,30 @@ async fn in_a_real_browser_an_operator_and_a_viewer_search_and_page_through_proc
     );
     let paging = wait_for(&b, "paging").await.text().await.unwrap();
     assert!(paging.contains("showing 1–50 of 120"), "{paging}");
-    click(&b, "next").await;
-    wait_for_text(&b, "paging", "showing 51–100 of 120").await;
-    click(&b, "next").await;
-    wait_for_text(&b, "paging", "showing 101–120 of 120").await;
+    follow(&b, "next").await;
+    let paging = wait_for(&b, "paging").await.text().await.unwrap();
+    assert!(paging.contains("showing 51–100 of 120"), "{paging}");
+    follow(&b, "next").await;
+    let paging = wait_for(&b, "paging").await.text().await.unwrap();
+    assert!(paging.contains("showing 101–120 of 120"), "{paging}");
     assert!(
         b.find(fantoccini::Locator::Id("next")).await.is_err(),
         "no Next on the last page"
     );
 
     // A count filters.
-    click(&b, "count-manual_review").await;
-    wait_for_text(&b, "paging", "showing 1–1 of 1").await;
+    follow(&b, "count-manual_review").await;
     wait_for(&b, &format!("process-{}", ids[7])).await;
+    let paging = wait_for(&b, "paging").await.text().await.unwrap();
+    assert!(paging.contains("showing 1–1 of 1"), "{paging}");
 
     // The search box finds a process by its order id.
     b.goto(&format!("{}/processes", c.web.base)).await.unwrap();
     type_into(&b, "search", "ord-order_key-42").await;
-    click(&b, "filter").await;
-    // The first page also lists it: the paging line says the search has answered.
-    wait_for_text(&b, "paging", "showing 1–1 of 1").await;
+    follow(&b, "filter").await;
     wait_for(&b, &format!("process-{}", ids[42])).await;
+    let paging = wait_for(&b, "paging").await.text().await.unwrap();
+    assert!(paging.contains("showing 1–1 of 1"), "{paging}");
     let source = b.source().await.unwrap();
     assert!(!source.contains(CARD));
     b.screenshot().await.unwrap();
@@ -307,7 +310,7 @@ async fn in_a_real_browser_an_operator_and_a_viewer_search_and_page_through_proc
     wait_for(&b, &format!("process-{}", ids[7])).await;
     type_into(&b, "bulk-step", "charge").await;
     type_into(&b, "bulk-reason", "provider recovered, INC-7").await;
-    click(&b, "bulk-dry-run").await;
+    follow(&b, "bulk-dry-run").await;
     let plan = wait_for(&b, "bulk-plan").await.text().await.unwrap();
     assert!(plan.contains(&ids[7].to_string()), "{plan}");
     assert_eq!(
@@ -315,7 +318,7 @@ async fn in_a_real_browser_an_operator_and_a_viewer_search_and_page_through_proc
         "1"
     );
     assert_eq!(c.approvals().await, 0, "a dry run asks nobody");
-    click(&b, "bulk-submit").await;
+    follow(&b, "bulk-submit").await;
     let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approval request"), "{notice}");
     assert_eq!(c.approvals().await, 1);
@@ -329,8 +332,7 @@ async fn in_a_real_browser_an_operator_and_a_viewer_search_and_page_through_proc
     let paging = wait_for(&b, "paging").await.text().await.unwrap();
     assert!(paging.contains("showing 1–50 of 120"), "{paging}");
     type_into(&b, "search", "ord-order_key-42").await;
-    click(&b, "filter").await;
-    wait_for_text(&b, "paging", "showing 1–1 of 1").await;
+    follow(&b, "filter").await;
     wait_for(&b, &format!("process-{}", ids[42])).await;
     assert!(
         b.find(fantoccini::Locator::Id("bulk-form")).await.is_err(),
@@ -950,8 +952,7 @@ async fn in_a_real_browser_each_role_meets_an_unknown_outcome_as_the_safe_decisi
                 "Request resolve as failed"
             );
             type_into(&b, &format!("reason-{slug}"), "I think it failed").await;
-            click(&b, &format!("action-{slug}")).await;
-            // The refusal is a new page: wait for it rather than read the one being left.
+            follow(&b, &format!("action-{slug}")).await;
             let refused = wait_for(&b, "error").await.text().await.unwrap();
             assert!(refused.starts_with("400"), "{refused}");
             screenshot_keep(&b, "console-unknown-outcome-refused.png").await;

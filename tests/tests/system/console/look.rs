@@ -526,7 +526,7 @@ async fn in_a_real_browser_the_step_strip_shows_and_the_overview_refreshes_itsel
     .unwrap();
     // The overview, refreshing every 10 s: the page reloads by itself.
     b.goto(&format!("{}/", c.web.base)).await.unwrap();
-    click(&b, "refresh-10").await;
+    follow(&b, "refresh-10").await;
     wait_for(&b, "refresh-off").await;
     let first = text_of(&b, "as-of").await;
     wait_until(

@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use shared::schema::Schema;
 use std::time::Duration;
-use system_tests::browser::{chromedriver, click, type_into, wait_for, wait_for_text};
+use system_tests::browser::{chromedriver, click, follow, type_into, wait_for};
 use system_tests::consoles::{self, RunningConsole};
 use system_tests::process_fixtures as fx;
 use system_tests::{TestDb, bin_path, wait_until};
@@ -1508,7 +1508,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
         click(&b, &format!("item-{id}")).await;
     }
     type_into(&b, "requeue-reason", "gateway outage over, INC-42").await;
-    click(&b, "requeue-submit").await;
+    follow(&b, "requeue-submit").await;
     let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approval request"), "{notice}");
     let source = b.source().await.unwrap();
@@ -1523,7 +1523,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
 
     // The approver logs in and approves.
     type_into(&b, "token", &ap).await;
-    click(&b, "login").await;
+    follow(&b, "login").await;
     wait_for(&b, "approvals").await;
     let approval: Uuid =
         sqlx::query_scalar("SELECT id FROM outbox.console_approvals WHERE status = 'pending'")
@@ -1536,7 +1536,7 @@ async fn in_a_real_browser_an_operator_requests_a_bulk_requeue_and_an_approver_a
         "checked the gateway",
     )
     .await;
-    click(&b, &format!("approve-{approval}")).await;
+    follow(&b, &format!("approve-{approval}")).await;
     let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approved"), "{notice}");
 
@@ -1966,12 +1966,12 @@ async fn text_of(b: &fantoccini::Client, id: &str) -> String {
 async fn log_in(b: &fantoccini::Client, base: &str, token: &str) {
     b.goto(&format!("{base}/login")).await.unwrap();
     wait_for(b, "token").await.send_keys(token).await.unwrap();
-    click(b, "login").await;
+    follow(b, "login").await;
     wait_for(b, "whoami").await;
 }
 
 async fn log_out(b: &fantoccini::Client) {
-    click(b, "logout").await;
+    follow(b, "logout").await;
     wait_for(b, "token").await;
 }
 
@@ -2047,7 +2047,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         first.contains(&pid.to_string()) && first.contains("manual_review"),
         "{first}"
     );
-    click(&b, &format!("process-{pid}")).await;
+    follow(&b, &format!("process-{pid}")).await;
     wait_for(&b, "steps").await;
     assert_eq!(text_of(&b, "process-status").await, "manual_review");
     assert_eq!(
@@ -2073,7 +2073,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         "order cancelled by support, INC-77: refund the customer",
     )
     .await;
-    click(&b, &format!("action-{slug}")).await;
+    follow(&b, &format!("action-{slug}")).await;
     let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approval request"), "{notice}");
     assert!(
@@ -2105,7 +2105,7 @@ async fn in_a_real_browser_an_operator_requests_a_refund_and_an_approver_approve
         .send_keys("checked the order: cancelled, refund due")
         .await
         .unwrap();
-    click(&b, &format!("approve-{approval}")).await;
+    follow(&b, &format!("approve-{approval}")).await;
     let notice = wait_for(&b, "notice").await.text().await.unwrap();
     assert!(notice.contains("approved"), "{notice}");
 
