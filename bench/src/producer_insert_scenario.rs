@@ -2,7 +2,7 @@
 
 use crate::env::BenchEnv;
 use crate::report::Line;
-use crate::scenarios::payload;
+use crate::scenarios::{median, payload};
 use rand::{Rng, SeedableRng};
 use shared::NewMessage;
 use std::time::{Duration, Instant};
@@ -53,8 +53,7 @@ pub async fn producer_insert(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
                     rates[i].push(insert_rate(env, schema, rows, keys, duration / 3).await?);
                 }
             }
-            let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
-            let [shipped_rate, checks_rate, with] = rates.each_ref().map(mean);
+            let [shipped_rate, checks_rate, with] = rates.map(median);
             let what = format!("producer-insert ({rows}-row transactions, {})", keys.name());
             lines.push(
                 Line::new(&what, with, "rows/s")
