@@ -24,16 +24,16 @@ struct Scans {
 
 impl Scans {
     async fn now(conn: &mut PgConnection) -> Scans {
-        // For a table its sequential scans, for an index its scans; this transaction's included.
-        let (seq, claim_idx, pkey, id_idx): (i64, i64, i64, i64) = sqlx::query_as(
-            "SELECT pg_stat_get_xact_numscans('outbox.messages'::regclass), \
-                    pg_stat_get_xact_numscans('outbox.messages_claim_idx'::regclass), \
-                    pg_stat_get_xact_numscans('outbox.messages_pkey'::regclass), \
-                    pg_stat_get_xact_numscans('outbox.messages_id_idx'::regclass)",
+        let [seq, claim_idx, pkey, id_idx] = numscans(
+            conn,
+            [
+                "outbox.messages",
+                "outbox.messages_claim_idx",
+                "outbox.messages_pkey",
+                "outbox.messages_id_idx",
+            ],
         )
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+        .await;
         Scans {
             seq,
             claim_idx,
@@ -50,6 +50,20 @@ impl Scans {
             id_idx: self.id_idx - before.id_idx,
         }
     }
+}
+
+/// Scans of each relation so far in this session's unflushed statistics, this transaction's
+/// included: for a table its sequential scans, for an index its scans.
+async fn numscans<const N: usize>(conn: &mut PgConnection, relations: [&str; N]) -> [i64; N] {
+    let counts: Vec<i64> = sqlx::query_scalar(
+        "SELECT pg_stat_get_xact_numscans(r::regclass) \
+         FROM unnest($1::text[]) WITH ORDINALITY AS t(r, i) ORDER BY i",
+    )
+    .bind(relations.as_slice())
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    counts.try_into().expect("one count per relation")
 }
 
 /// Claims `args` for owner `plans` in one indexed transaction on `pool`; returns the claimed rows
@@ -322,13 +336,15 @@ async fn the_insert_triggers_id_lookup_probes_the_index_in_a_session_that_planne
 /// Reads of `outbox.aggregate_sequences` this session has made so far: (sequential scans, scans
 /// of its primary key), this transaction's included.
 async fn counter_scans(conn: &mut PgConnection) -> (i64, i64) {
-    sqlx::query_as(
-        "SELECT pg_stat_get_xact_numscans('outbox.aggregate_sequences'::regclass), \
-                pg_stat_get_xact_numscans('outbox.aggregate_sequences_pkey'::regclass)",
+    let [seq, pkey] = numscans(
+        conn,
+        [
+            "outbox.aggregate_sequences",
+            "outbox.aggregate_sequences_pkey",
+        ],
     )
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap()
+    .await;
+    (seq, pkey)
 }
 
 /// A transaction that writes two or more messages of one aggregate leaves that aggregate's counter
