@@ -116,6 +116,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "cheaper many-row inserts: empty headers checked at once, one statement per numbered row",
         include_str!("../../migrations/0020_cheaper_batch_inserts.sql"),
     ),
+    (
+        21,
+        "dependencies: shared circuits and limits; process steps that wait for an unavailable remote",
+        include_str!("../../migrations/0021_dependencies.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.
