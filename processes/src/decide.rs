@@ -482,6 +482,7 @@ pub(crate) mod tests {
             output: None,
             wait_key: None,
             wait_until: None,
+            waiting_since: None,
         }
     }
 

@@ -302,6 +302,8 @@ pub struct Compensation {
     /// What it does in business words ("refund", "release"), so a person reads the refund as a
     /// refund and not as the step it undoes; stored with the compensation step.
     pub label: Option<String>,
+    /// The remote it calls, as its step's ([`Step::needs`]).
+    pub dependency: Option<breaker::Dependency>,
 }
 
 /// One step of a definition.
@@ -315,6 +317,8 @@ pub struct Step {
     /// external call is unknown.
     pub timeout: Duration,
     pub compensation: Option<Compensation>,
+    /// The remote an external step (and its compensation) calls ([`Step::needs`]).
+    pub dependency: Option<breaker::Dependency>,
 }
 
 impl Step {
@@ -349,7 +353,19 @@ impl Step {
             retry: RetryPolicy::default(),
             timeout: Duration::from_secs(10),
             compensation: None,
+            dependency: None,
         }
+    }
+    /// The step (and its compensation) calls `dependency`: before each call the worker asks its
+    /// shared circuit and limits, and while the remote is down the step waits for it (no attempt
+    /// spent, the remote not called) and is woken, oldest first at the dependency's resume rate,
+    /// when it may be called again.
+    pub fn needs(mut self, dependency: breaker::Dependency) -> Self {
+        if let Some(c) = self.compensation.as_mut() {
+            c.dependency = Some(dependency.clone());
+        }
+        self.dependency = Some(dependency);
+        self
     }
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
@@ -367,6 +383,7 @@ impl Step {
             retry: RetryPolicy::default(),
             timeout: self.timeout,
             label: None,
+            dependency: self.dependency.clone(),
         });
         self
     }
@@ -394,6 +411,7 @@ impl Step {
             retry: RetryPolicy::default(),
             timeout: self.timeout,
             label: None,
+            dependency: self.dependency.clone(),
         });
         self
     }
@@ -509,6 +527,21 @@ impl Registry {
     pub fn get(&self, kind: &str, version: i32) -> Option<&Arc<Definition>> {
         self.definitions.get(&(kind.to_string(), version))
     }
+    /// Every dependency a step or compensation of a definition names, once by name.
+    pub fn dependencies(&self) -> Vec<breaker::Dependency> {
+        let mut seen = std::collections::BTreeMap::new();
+        for d in self.definitions.values() {
+            for s in d.steps() {
+                let comp = s.compensation.as_ref().and_then(|c| c.dependency.as_ref());
+                for dep in s.dependency.iter().chain(comp) {
+                    seen.entry(dep.name().to_string())
+                        .or_insert_with(|| dep.clone());
+                }
+            }
+        }
+        seen.into_values().collect()
+    }
+
     /// (kinds, versions) as parallel arrays, for the claim query.
     pub fn known(&self) -> (Vec<String>, Vec<i32>) {
         self.definitions.keys().cloned().unzip()

@@ -1,6 +1,7 @@
 //! How a step's errors classify, and the errors of the library itself.
 
 use std::fmt;
+use std::time::Duration;
 
 /// The class of a step error: it decides what happens next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -13,6 +14,11 @@ pub enum ErrorClass {
     /// The remote may have acted (a timeout, a dropped connection, a 5xx after sending): never a
     /// failure; resolved by what the remote supports (same key again, query, or manual review).
     Unknown,
+    /// The remote refused before doing anything because it is down or overloaded (503, 429,
+    /// connection refused, a timeout before the request was sent): not a failure. The step waits
+    /// without spending attempts (through its dependency's circuit, if it names one); only its
+    /// policy's deadline, the business deadline, ends the wait.
+    Unavailable,
 }
 
 impl ErrorClass {
@@ -21,6 +27,7 @@ impl ErrorClass {
             ErrorClass::Transient => "transient",
             ErrorClass::Permanent => "permanent",
             ErrorClass::Unknown => "unknown",
+            ErrorClass::Unavailable => "unavailable",
         }
     }
 
@@ -29,16 +36,19 @@ impl ErrorClass {
             "transient" => Some(ErrorClass::Transient),
             "permanent" => Some(ErrorClass::Permanent),
             "unknown" => Some(ErrorClass::Unknown),
+            "unavailable" => Some(ErrorClass::Unavailable),
             _ => None,
         }
     }
 
-    /// The usual classification of an HTTP status answered by a remote: 408, 425, 429, 502 and
-    /// 503 are transient (the request was not acted on, or may be retried), other 4xx permanent,
-    /// and anything else (500, 504, unexpected codes) unknown: the remote may have acted.
+    /// The usual classification of an HTTP status answered by a remote: 429 and 503 are
+    /// unavailable (the remote is down or shedding load and did nothing), 408, 425 and 502
+    /// transient (the request was not acted on, or may be retried), other 4xx permanent, and
+    /// anything else (500, 504, unexpected codes) unknown: the remote may have acted.
     pub fn of_http_status(status: u16) -> Self {
         match status {
-            408 | 425 | 429 | 502 | 503 => ErrorClass::Transient,
+            429 | 503 => ErrorClass::Unavailable,
+            408 | 425 | 502 => ErrorClass::Transient,
             400..=499 => ErrorClass::Permanent,
             _ => ErrorClass::Unknown,
         }
@@ -57,6 +67,9 @@ pub struct StepError {
     pub class: ErrorClass,
     /// Stored redacted (see [`crate::redact::message`]): say what happened, not what was sent.
     pub message: String,
+    /// For [`ErrorClass::Unavailable`]: the remote's `Retry-After`, the earliest it wants to be
+    /// called again.
+    pub retry_after: Option<Duration>,
 }
 
 impl StepError {
@@ -64,6 +77,7 @@ impl StepError {
         Self {
             class,
             message: message.into(),
+            retry_after: None,
         }
     }
     pub fn transient(message: impl Into<String>) -> Self {
@@ -74,6 +88,16 @@ impl StepError {
     }
     pub fn unknown(message: impl Into<String>) -> Self {
         Self::new(ErrorClass::Unknown, message)
+    }
+    /// The remote is unavailable and did nothing (503, 429, connection refused): the step waits
+    /// without spending an attempt.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorClass::Unavailable, message)
+    }
+    /// The remote's `Retry-After`: the step calls again no earlier.
+    pub fn retry_after(mut self, d: Option<Duration>) -> Self {
+        self.retry_after = d;
+        self
     }
 }
 

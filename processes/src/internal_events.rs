@@ -6,6 +6,19 @@ use metrics::{
 use std::time::Duration;
 
 pub fn describe() {
+    describe_counter!(
+        "process_dependency_waits_total",
+        "Steps parked because their dependency's circuit or limits would not let the call go, by kind, dependency and reason"
+    );
+    describe_gauge!(
+        "process_steps_waiting",
+        "Steps waiting for a dependency's circuit (waiting_for), by dependency"
+    );
+    describe_gauge!(
+        "process_steps_waiting_oldest_seconds",
+        Unit::Seconds,
+        "How long the step waiting longest for a dependency has waited, by dependency"
+    );
     describe_gauge!(
         "processes_active",
         "Processes not yet finished, by kind and status"
@@ -132,4 +145,18 @@ pub fn manual_review(backlog: i64, oldest_age: Duration) {
 pub fn unknown_version(kind: &str, version: i32, due: i64) {
     gauge!("process_unknown_version_due", "kind" => kind.to_string(), "version" => version.to_string())
         .set(due as f64);
+}
+
+/// A step parked for its dependency (`reason`: open, probing, forced_open, rate_limited, saturated).
+pub fn dependency_wait(kind: &str, dependency: &str, reason: &'static str) {
+    counter!("process_dependency_waits_total", "kind" => kind.to_string(),
+        "dependency" => dependency.to_string(), "reason" => reason)
+    .increment(1);
+}
+
+/// Steps waiting for `dependency`, and how long the oldest has waited.
+pub fn waiting(dependency: &str, n: i64, oldest: Duration) {
+    gauge!("process_steps_waiting", "dependency" => dependency.to_string()).set(n as f64);
+    gauge!("process_steps_waiting_oldest_seconds", "dependency" => dependency.to_string())
+        .set(oldest.as_secs_f64());
 }

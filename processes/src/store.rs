@@ -58,6 +58,11 @@ impl Lease {
         self.token
     }
 
+    /// The schema the process lives in.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
     /// Extends the lease; `Fenced` if it was taken over.
     pub async fn heartbeat(&self, pool: &PgPool, lease: Duration) -> Result<(), WriteError> {
         let r = sqlx::query(self.schema.sql(
@@ -108,6 +113,8 @@ impl Lease {
             .bind(c.result_ref)
             .bind(c.output.map(sqlx::types::Json))
             .bind(crate::redact::truncate(c.reason, 1000))
+            .bind(c.waiting)
+            .bind(c.waiting_for)
             .execute(conn)
             .await?;
         matched(r.rows_affected())
@@ -309,6 +316,8 @@ pub struct StepRow {
     pub wait_key: Option<String>,
     /// Wait steps: the deadline; timers: when to continue.
     pub wait_until: Option<DateTime<Utc>>,
+    /// Since when the step has waited for an unavailable remote (cleared by any other outcome).
+    pub waiting_since: Option<DateTime<Utc>>,
 }
 
 impl Claimed {
@@ -354,7 +363,7 @@ RETURNING p.id, p.kind, p.definition_version, p.business_key, p.status, p.input,
           (SELECT json_agg(s ORDER BY s.seq) FROM (
               SELECT seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts,
                      next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output,
-                     wait_key, wait_until
+                     wait_key, wait_until, waiting_since
               FROM {{schema}}.process_steps WHERE process_id = p.id) s) AS steps";
 
 /// Claims up to `limit` due processes of the known (kind, version) pairs, each with its steps.
@@ -453,6 +462,7 @@ struct StepColumns {
     output: Option<Value>,
     wait_key: Option<String>,
     wait_until: Option<DateTime<Utc>>,
+    waiting_since: Option<DateTime<Utc>>,
 }
 
 impl From<StepColumns> for StepRow {
@@ -475,8 +485,66 @@ impl From<StepColumns> for StepRow {
             output: s.output,
             wait_key: s.wait_key,
             wait_until: s.wait_until,
+            waiting_since: s.waiting_since,
         }
     }
+}
+
+/// Wakes up to `n` steps waiting for `dependency`, the longest-waiting first: each becomes due
+/// now, and so does its process (if it is still waiting, not paused and not held). Returns how
+/// many were woken.
+pub async fn wake_waiting(
+    pool: &PgPool,
+    schema: &Schema,
+    dependency: &str,
+    n: u32,
+) -> Result<u64, sqlx::Error> {
+    let r = sqlx::query(schema.sql(
+        "WITH w AS ( \
+             SELECT s.process_id, s.seq FROM {{schema}}.process_steps s \
+             JOIN {{schema}}.processes p ON p.id = s.process_id \
+             WHERE s.waiting_for = $1 AND s.status = 'retryable' \
+               AND p.status = 'waiting' AND NOT p.paused \
+             ORDER BY s.waiting_since, s.process_id LIMIT $2 \
+             FOR UPDATE OF p SKIP LOCKED), \
+         steps AS ( \
+             UPDATE {{schema}}.process_steps s SET next_attempt_at = now(), waiting_for = NULL \
+             FROM w WHERE s.process_id = w.process_id AND s.seq = w.seq RETURNING s.process_id) \
+         UPDATE {{schema}}.processes p SET next_run_at = now() \
+         FROM w WHERE p.id = w.process_id",
+    ))
+    .bind(dependency)
+    .bind(i64::from(n))
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// Whether any step waits for `dependency` (read through the wake-up's index).
+pub async fn any_waiting(
+    pool: &PgPool,
+    schema: &Schema,
+    dependency: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        schema.sql("SELECT EXISTS (SELECT 1 FROM {{schema}}.process_steps WHERE waiting_for = $1)"),
+    )
+    .bind(dependency)
+    .fetch_one(pool)
+    .await
+}
+
+/// Steps waiting for each dependency, and since when the oldest has waited.
+pub async fn waiting_by_dependency(
+    pool: &PgPool,
+    schema: &Schema,
+) -> Result<Vec<(String, i64, Option<DateTime<Utc>>)>, sqlx::Error> {
+    sqlx::query_as(schema.sql(
+        "SELECT waiting_for, count(*), min(waiting_since) FROM {{schema}}.process_steps \
+         WHERE waiting_for IS NOT NULL GROUP BY 1 ORDER BY 1",
+    ))
+    .fetch_all(pool)
+    .await
 }
 
 /// Due processes whose (kind, version) this worker does not know, by kind and version.
@@ -500,7 +568,8 @@ pub async fn unknown_versions(
 }
 
 const STEP_COLUMNS: &str = "seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts, \
-     next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output, wait_key, wait_until";
+     next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output, wait_key, wait_until, \
+     waiting_since";
 
 /// Every step of a process, in order.
 pub async fn steps(
@@ -542,6 +611,19 @@ pub enum StepChange<'a> {
         count_attempt: bool,
         reason: &'a str,
     },
+    /// The remote was unavailable (or its circuit would not let the call go): the step waits
+    /// until `at` (or until the dependency's wake-up) without spending an attempt; `uncount`
+    /// gives back the attempt its refused call began.
+    Waiting {
+        /// `unavailable`, or `unknown` for a step whose earlier outcome is still in doubt.
+        class: &'a str,
+        message: &'a str,
+        at: DateTime<Utc>,
+        /// The dependency it waits on (woken by its wake-up), if it has one.
+        waiting_for: Option<&'a str>,
+        uncount: bool,
+        reason: &'a str,
+    },
     Failed {
         class: &'a str,
         message: &'a str,
@@ -559,8 +641,11 @@ pub enum StepChange<'a> {
 /// The columns a [`StepChange`] writes.
 struct StepWrite<'a> {
     status: StepStatus,
-    /// 1 if the change counts an attempt.
+    /// 1 if the change counts an attempt, -1 if it gives one back.
     count_attempt: i32,
+    /// The step waits for an unavailable remote (through `waiting_for`, if it has one).
+    waiting: bool,
+    waiting_for: Option<&'a str>,
     at: Option<DateTime<Utc>>,
     class: Option<&'a str>,
     message: Option<&'a str>,
@@ -576,6 +661,8 @@ impl<'a> StepChange<'a> {
         let none = |status, count_attempt: bool, reason| StepWrite {
             status,
             count_attempt: i32::from(count_attempt),
+            waiting: false,
+            waiting_for: None,
             at: None,
             class: None,
             message: None,
@@ -610,6 +697,22 @@ impl<'a> StepChange<'a> {
                 message: Some(message),
                 ..none(StepStatus::Retryable, count_attempt, reason)
             },
+            StepChange::Waiting {
+                class,
+                message,
+                at,
+                waiting_for,
+                uncount,
+                reason,
+            } => StepWrite {
+                at: Some(at),
+                class: Some(class),
+                message: Some(message),
+                count_attempt: -i32::from(uncount),
+                waiting: true,
+                waiting_for,
+                ..none(StepStatus::Retryable, false, reason)
+            },
             StepChange::Failed {
                 class,
                 message,
@@ -641,7 +744,7 @@ WITH fence AS (
 UPDATE {{schema}}.process_steps SET
     status = $4,
     attempts = attempts + $5,
-    first_attempt_at = CASE WHEN $5 > 0 THEN coalesce(first_attempt_at, now()) ELSE first_attempt_at END,
+    first_attempt_at = CASE WHEN $5 > 0 OR $13 THEN coalesce(first_attempt_at, now()) ELSE first_attempt_at END,
     last_attempt_at = CASE WHEN $5 > 0 THEN now() ELSE last_attempt_at END,
     next_attempt_at = CASE WHEN $4 = 'retryable' THEN $6::timestamptz END,
     finished_at = CASE WHEN $4 IN ('succeeded', 'failed') THEN now() END,
@@ -651,6 +754,9 @@ UPDATE {{schema}}.process_steps SET
     result_ref = coalesce($10, result_ref),
     output = coalesce($11, output),
     last_reason = $12,
+    waiting_for = $14,
+    waiting_since = CASE WHEN $13 THEN coalesce(waiting_since, now())
+                         WHEN $4 = 'running' THEN waiting_since END,
     last_actor = 'system',
     lease_token = $2,
     updated_at = now()

@@ -123,10 +123,18 @@ impl Worker {
             wake.clone(),
             background.clone(),
         ));
+        let dependencies = registry.dependencies();
+        let resume = tokio::spawn(resume_waiting(
+            config.clone(),
+            dependencies.clone(),
+            wake.clone(),
+            background.clone(),
+        ));
         let stats = Stats {
             config: config.clone(),
             kinds: kinds.clone(),
             versions: versions.clone(),
+            dependencies: dependencies.iter().map(|d| d.name().to_string()).collect(),
             seen: HashSet::new(),
             warned: HashSet::new(),
         };
@@ -151,6 +159,7 @@ impl Worker {
         background.cancel();
         let _ = listener.await;
         let _ = stats.await;
+        let _ = resume.await;
         tracing::info!(worker = %config.worker_id, "process worker stopped");
         Ok(())
     }
@@ -339,6 +348,8 @@ struct Stats {
     config: WorkerConfig,
     kinds: Vec<String>,
     versions: Vec<i32>,
+    /// The dependencies the registry's steps name (their waiting gauges).
+    dependencies: Vec<String>,
     /// The (kind, status) gauges set last time, to zero those that are gone.
     seen: HashSet<(String, String)>,
     /// The unknown versions already logged, to log each once.
@@ -351,9 +362,13 @@ impl plumbing::periodic::Refresh for Stats {
             config,
             kinds,
             versions,
+            dependencies,
             seen,
             warned,
         } = self;
+        if let Err(e) = refresh_waiting(config, dependencies).await {
+            tracing::debug!(error = %e, "waiting gauges not refreshed");
+        }
         if let Err(e) = refresh(config, kinds, versions, seen, warned).await {
             tracing::debug!(error = %e, "process statistics not refreshed");
         }
@@ -402,4 +417,76 @@ async fn refresh(
         }
     }
     Ok(())
+}
+
+/// Sets the gauges of the steps waiting for each dependency the registry names.
+async fn refresh_waiting(
+    config: &WorkerConfig,
+    dependencies: &[String],
+) -> Result<(), sqlx::Error> {
+    if dependencies.is_empty() {
+        return Ok(());
+    }
+    let rows = store::waiting_by_dependency(&config.pool, &config.schema).await?;
+    let now = chrono::Utc::now();
+    for name in dependencies {
+        let (n, oldest) = rows
+            .iter()
+            .find(|(d, _, _)| d == name)
+            .map(|(_, n, since)| {
+                let age = since.and_then(|t| (now - t).to_std().ok());
+                (*n, age.unwrap_or_default())
+            })
+            .unwrap_or_default();
+        events::waiting(name, n, oldest);
+    }
+    Ok(())
+}
+
+/// How often the wake-up looks at the dependencies' circuits.
+const RESUME_TICK: Duration = Duration::from_millis(250);
+
+/// The wake-up: while steps wait for a dependency, wakes them when its circuit lets calls go
+/// again, the longest-waiting first and at most the policy's resume rate a second across all
+/// workers ([`breaker::Dependency::resume_budget`]); while the circuit is open, wakes one step
+/// as the probe when the cool-down is over. So a recovery is no thundering herd, and an open
+/// circuit costs the remote one call per cool-down.
+async fn resume_waiting(
+    config: WorkerConfig,
+    dependencies: Vec<breaker::Dependency>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    if dependencies.is_empty() {
+        return;
+    }
+    loop {
+        for dep in &dependencies {
+            match resume_one(&config, dep).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::debug!(dependency = %dep.name(), woken = n, "woke steps waiting for their dependency");
+                    wake.notify_one();
+                }
+                Err(e) => {
+                    tracing::debug!(dependency = %dep.name(), error = %e, "wake-up of waiting steps failed; trying again");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RESUME_TICK) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn resume_one(config: &WorkerConfig, dep: &breaker::Dependency) -> Result<u64, sqlx::Error> {
+    if !store::any_waiting(&config.pool, &config.schema, dep.name()).await? {
+        return Ok(0);
+    }
+    let budget = dep.resume_budget(&config.pool, &config.schema).await?;
+    if budget == 0 {
+        return Ok(0);
+    }
+    store::wake_waiting(&config.pool, &config.schema, dep.name(), budget).await
 }
