@@ -4,7 +4,9 @@
 //! for reconciliation drills `POST /admin/charges` (record a charge as given) and
 //! `POST /admin/charges/{id}` (overwrite its amount, currency or status).
 
-use crate::api::{Charge, DeliveryStatus, EventRecord, EventType, FaultsBody, ModeBody};
+use crate::api::{
+    Charge, DeliveryStatus, EventRecord, EventType, FaultsBody, ModeBody, OutageBody,
+};
 use crate::charges::ChargeRow;
 use crate::error::{ApiError, Body};
 use crate::faults::FaultSet;
@@ -51,6 +53,30 @@ pub async fn set_faults(
     internal_events::faults_changed(&set);
     Ok(Json(FaultsBody {
         faults: set.to_string(),
+    }))
+}
+
+/// `GET /admin/outage`: the outage switch (`off`, or `503:<Retry-After>` / `429:<Retry-After>`).
+pub async fn outage(State(state): State<AppState>) -> Json<OutageBody> {
+    Json(OutageBody {
+        outage: state.outage.get().to_string(),
+    })
+}
+
+/// `POST /admin/outage` with `{"outage": "503:1" | "429:5" | "off"}`: every API call is answered
+/// so from now on (nothing done), until switched back.
+pub async fn set_outage(
+    State(state): State<AppState>,
+    Body(body): Body<OutageBody>,
+) -> Result<Json<OutageBody>, ApiError> {
+    let setting: crate::outage::OutageSetting = body
+        .outage
+        .parse()
+        .map_err(|e: crate::outage::OutageSyntaxError| ApiError::BadRequest(e.to_string()))?;
+    state.outage.set(setting);
+    internal_events::outage_changed(setting);
+    Ok(Json(OutageBody {
+        outage: setting.to_string(),
     }))
 }
 

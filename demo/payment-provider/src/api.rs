@@ -90,6 +90,13 @@ pub struct FaultsBody {
     pub faults: String,
 }
 
+/// The body of `POST /admin/outage` and the answer of `GET /admin/outage`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OutageBody {
+    /// `off`, `503` or `429`, optionally with `:<Retry-After seconds>` (`503:5`).
+    pub outage: String,
+}
+
 /// The body of `POST /admin/mode` and the answer of `GET /admin/mode`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -57,6 +57,8 @@ pub enum ChargeError {
         reason: String,
         #[source]
         source: Option<reqwest::Error>,
+        /// The provider's `Retry-After`, if it said.
+        retry_after: Option<Duration>,
     },
     /// The request was sent and no usable answer came back: the charge may or may not exist.
     #[error("the outcome of the charge is unknown: {reason}")]
@@ -114,6 +116,8 @@ pub enum RefundError {
         reason: String,
         #[source]
         source: Option<reqwest::Error>,
+        /// The provider's `Retry-After`, if it said.
+        retry_after: Option<Duration>,
     },
     /// The request was sent and no usable answer came back. A refund is once per charge, so
     /// retrying is safe.
@@ -161,13 +165,21 @@ struct Failures<E> {
 }
 
 const CHARGE: Failures<ChargeError> = Failures {
-    unavailable: |reason, source| ChargeError::Unavailable { reason, source },
+    unavailable: |reason, source| ChargeError::Unavailable {
+        reason,
+        source,
+        retry_after: None,
+    },
     outcome_unknown: |reason, source| ChargeError::OutcomeUnknown { reason, source },
     invalid: |status, message| ChargeError::Invalid { status, message },
 };
 
 const REFUND: Failures<RefundError> = Failures {
-    unavailable: |reason, source| RefundError::Unavailable { reason, source },
+    unavailable: |reason, source| RefundError::Unavailable {
+        reason,
+        source,
+        retry_after: None,
+    },
     outcome_unknown: |reason, source| RefundError::OutcomeUnknown { reason, source },
     invalid: |status, message| RefundError::Invalid { status, message },
 };
@@ -202,6 +214,20 @@ impl<E> Failures<E> {
             s => (self.outcome_unknown)(format!("{s}: {message}"), None),
         }
     }
+}
+
+/// The answer's `Retry-After` in seconds (the HTTP-date form is not used by this provider and
+/// read as none), at most an hour.
+fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+    let secs: u64 = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(secs.min(3600)))
 }
 
 /// `{"error": "..."}` or the raw body.
@@ -257,6 +283,7 @@ impl Client {
             Transport::NotSent(e) => ChargeError::Unavailable {
                 reason: "cannot connect".into(),
                 source: Some(e),
+                retry_after: None,
             },
             Transport::Unknown(e) => ChargeError::OutcomeUnknown {
                 reason: if e.is_timeout() {
@@ -277,10 +304,18 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(|l| l.rsplit('/').next())
             .and_then(|id| Uuid::parse_str(id).ok());
+        let wait = retry_after(&response);
         let message = message(response).await;
         Err(match status {
             StatusCode::PAYMENT_REQUIRED => ChargeError::Declined { message, charge_id },
-            s => CHARGE.refused(s, message),
+            s => match CHARGE.refused(s, message) {
+                ChargeError::Unavailable { reason, source, .. } => ChargeError::Unavailable {
+                    reason,
+                    source,
+                    retry_after: wait,
+                },
+                e => e,
+            },
         })
     }
 
@@ -337,6 +372,7 @@ impl Client {
                 Transport::NotSent(e) => RefundError::Unavailable {
                     reason: "cannot connect".into(),
                     source: Some(e),
+                    retry_after: None,
                 },
                 Transport::Unknown(e) => RefundError::OutcomeUnknown {
                     reason: "no answer".into(),
@@ -347,11 +383,19 @@ impl Client {
         if status.is_success() {
             return REFUND.body(response).await;
         }
+        let wait = retry_after(&response);
         let message = message(response).await;
         Err(match status {
             StatusCode::NOT_FOUND => RefundError::NotFound,
             StatusCode::CONFLICT => RefundError::NotRefundable { message },
-            s => REFUND.refused(s, message),
+            s => match REFUND.refused(s, message) {
+                RefundError::Unavailable { reason, source, .. } => RefundError::Unavailable {
+                    reason,
+                    source,
+                    retry_after: wait,
+                },
+                e => e,
+            },
         })
     }
 

@@ -59,6 +59,11 @@ pub struct Config {
     /// (e.g. `decline:5,slow:10,webhook_lost:20`).
     #[arg(long, env = "PROVIDER_FAULTS", default_value = "")]
     pub faults: FaultSet,
+    /// An outage from the start: `503` or `429` (with `:<Retry-After seconds>`, default 1)
+    /// answers every API call so, before anything is done, until `POST /admin/outage` with
+    /// `{"outage": "off"}`; `off` (the default) serves.
+    #[arg(long, env = "PROVIDER_OUTAGE", default_value = "off")]
+    pub outage: crate::outage::OutageSetting,
     /// `off` ignores Idempotency-Key headers: every POST /charges charges again.
     #[arg(long, env = "PROVIDER_IDEMPOTENCY", default_value = "on", value_parser = parse_switch, action = clap::ArgAction::Set)]
     pub idempotency: bool,

@@ -13,10 +13,16 @@ use tokio_util::sync::CancellationToken;
 
 /// Every route: the API, the admin routes, `/metrics`, `/healthz`, `/readyz`.
 pub fn app(state: AppState, readiness: Arc<Readiness>) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/charges", post(charges::create).get(charges::by_reference))
         .route("/charges/{id}", get(charges::get))
         .route("/refunds", post(refunds::create))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.outage.clone(),
+            crate::outage::refuse_while_down,
+        ));
+    Router::new()
+        .merge(api)
         .route(
             "/admin/charges",
             get(admin::charges).post(admin::create_charge),
@@ -24,6 +30,7 @@ pub fn app(state: AppState, readiness: Arc<Readiness>) -> Router {
         .route("/admin/charges/{id}", post(admin::edit_charge))
         .route("/admin/faults", get(admin::faults).post(admin::set_faults))
         .route("/admin/mode", get(admin::mode).post(admin::set_mode))
+        .route("/admin/outage", get(admin::outage).post(admin::set_outage))
         .route("/admin/events", get(admin::events))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async {

@@ -127,6 +127,15 @@ pub fn refund(outcome: &'static str) {
     metrics::counter!(REFUNDS, "outcome" => outcome).increment(1);
 }
 
+/// A call refused by the outage switch.
+pub fn outage_refused(status: u16) {
+    metrics::counter!("provider_outage_refused_total", "status" => status.to_string()).increment(1);
+}
+
+pub fn outage_changed(setting: crate::outage::OutageSetting) {
+    tracing::info!(outage = %setting, "outage switch changed");
+}
+
 pub fn faults_changed(set: &FaultSet) {
     tracing::info!(faults = %set, "faults changed");
 }

@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 pub struct AppState {
     pub pool: PgPool,
     pub faults: Arc<FaultInjector>,
+    /// The outage switch ([`crate::outage`]).
+    pub outage: Arc<crate::outage::OutageSwitch>,
     pub idempotency: bool,
     pub status_query: bool,
     pub timeout_delay: Duration,
@@ -31,6 +33,7 @@ impl AppState {
         Self {
             pool,
             faults: Arc::new(FaultInjector::new(config.faults, config.seed)),
+            outage: Arc::new(crate::outage::OutageSwitch::new(config.outage)),
             idempotency: config.idempotency,
             status_query: config.status_query,
             timeout_delay: config.timeout_delay,

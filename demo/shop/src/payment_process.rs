@@ -84,7 +84,13 @@ pub struct PaymentFlow {
     /// How long a pending charge waits for its webhook before the provider is asked
     /// (`PAYMENT_CONFIRMATION_TIMEOUT`).
     pub confirmation_timeout: Duration,
+    /// The provider as a dependency (its shared circuit and limits); `None` where processes are
+    /// only started.
+    pub dependency: Option<breaker::Dependency>,
 }
+
+/// The provider's name as a dependency (its circuit in the `dependencies` table).
+pub const PROVIDER: &str = "provider";
 
 impl PaymentFlow {
     /// A flow that only starts processes (the API): the steps are never run with it.
@@ -96,6 +102,7 @@ impl PaymentFlow {
             call_timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
             confirmation_timeout: Duration::from_secs(60),
+            dependency: None,
         }
     }
 
@@ -137,15 +144,19 @@ fn definition_version(flow: &PaymentFlow, version: i32) -> Definition {
                 .retry(local_retry)
                 .compensate_as("release", Action::local(Release(flow.clone()))),
         )
-        .step(
-            Step::external("charge", flow.remote, Charge(flow.clone()))
+        .step({
+            let charge = Step::external("charge", flow.remote, Charge(flow.clone()))
                 .retry(flow.retry)
                 .timeout(step_timeout)
                 .compensate_sensitive_as(
                     "refund",
                     Action::external(Remote::HonoursKey, Refund(flow.clone())),
-                ),
-        );
+                );
+            match &flow.dependency {
+                Some(provider) => charge.needs(provider.clone()),
+                None => charge,
+            }
+        });
     let d = if version >= 2 {
         d.step(
             Step::wait(
@@ -423,12 +434,15 @@ impl ExternalStep for Charge {
 }
 
 /// A failed charge as the step's error: a decline or a refused request is final, an
-/// unavailable provider is retried, an unanswered call is an unknown outcome.
+/// unavailable provider is waited for (no attempt spent), an unanswered call is an unknown
+/// outcome.
 fn charge_failed(e: ChargeError) -> StepError {
     let message = e.to_string();
     match e {
         ChargeError::Declined { .. } | ChargeError::Invalid { .. } => StepError::permanent(message),
-        ChargeError::Unavailable { .. } => StepError::transient(message),
+        ChargeError::Unavailable { retry_after, .. } => {
+            StepError::unavailable(message).retry_after(retry_after)
+        }
         ChargeError::OutcomeUnknown { .. } => StepError::unknown(message),
     }
 }
@@ -557,7 +571,9 @@ fn refund_failed(e: RefundError) -> StepError {
         RefundError::NotFound | RefundError::NotRefundable { .. } | RefundError::Invalid { .. } => {
             StepError::permanent(message)
         }
-        RefundError::Unavailable { .. } => StepError::transient(message),
+        RefundError::Unavailable { retry_after, .. } => {
+            StepError::unavailable(message).retry_after(retry_after)
+        }
         RefundError::OutcomeUnknown { .. } => StepError::unknown(message),
     }
 }

@@ -35,6 +35,29 @@ pub struct WorkerSettings {
     #[arg(long, env = "CHARGE_DEADLINE_SECS", default_value_t = 3_600,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub charge_deadline_secs: u64,
+    /// Unavailable answers in a row (503, 429, connection refused) that open the provider's
+    /// circuit, shared by every worker: then the charges wait, no attempt spent, and one probe a
+    /// cool-down asks the provider whether it is back.
+    #[arg(long, env = "PROVIDER_CIRCUIT_THRESHOLD", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub provider_circuit_threshold: u32,
+    /// The longest cool-down between two probes of a provider that is down (doubling from 2s).
+    #[arg(long, env = "PROVIDER_CIRCUIT_MAX_COOLDOWN", default_value = "30s",
+          value_parser = humantime::parse_duration)]
+    pub provider_circuit_max_cooldown: Duration,
+    /// Waiting payments resumed per second once the provider is back (oldest first).
+    #[arg(long, env = "PROVIDER_RESUME_RATE", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub provider_resume_rate: u32,
+    /// Most provider calls in flight at once across all workers (unset: no cap).
+    #[arg(long, env = "PROVIDER_CONCURRENCY",
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub provider_concurrency: Option<u32>,
+    /// Most provider calls a second across all workers, a token bucket of one second's burst
+    /// (unset: no limit).
+    #[arg(long, env = "PROVIDER_RATE",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub provider_rate: Option<u32>,
     /// How long a charge the provider accepted as pending (async mode) waits for its webhook
     /// before the provider is asked (e.g. `30s`, `10m`).
     #[arg(long, env = "PAYMENT_CONFIRMATION_TIMEOUT", default_value = "60s",
@@ -96,6 +119,8 @@ pub enum WorkerRunError {
     },
     #[error(transparent)]
     Worker(#[from] processes::WorkerError),
+    #[error("the provider's dependency settings cannot work")]
+    Dependency(#[from] breaker::DeclareError),
 }
 
 impl WorkerSettings {
@@ -113,7 +138,26 @@ impl WorkerSettings {
                 .max_delay(Duration::from_millis(self.charge_retry_max_delay_ms))
                 .deadline(Some(Duration::from_secs(self.charge_deadline_secs))),
             confirmation_timeout: self.payment_confirmation_timeout,
+            dependency: Some(self.provider_dependency()?),
         })
+    }
+
+    /// The provider as a dependency: its circuit and limits, shared by every worker.
+    pub fn provider_dependency(&self) -> Result<breaker::Dependency, breaker::DeclareError> {
+        let mut policy = breaker::Policy::default()
+            .consecutive(self.provider_circuit_threshold)
+            .cooldown(
+                Duration::from_secs(2).min(self.provider_circuit_max_cooldown),
+                self.provider_circuit_max_cooldown,
+            )
+            .resume_per_second(self.provider_resume_rate);
+        if let Some(n) = self.provider_concurrency {
+            policy = policy.concurrency(n);
+        }
+        if let Some(r) = self.provider_rate {
+            policy = policy.rate(f64::from(r), r);
+        }
+        breaker::Dependency::new(payment_process::PROVIDER, policy)
     }
 }
 

@@ -1883,6 +1883,7 @@ impl Payments {
                 .initial(Duration::from_millis(100))
                 .max_delay(Duration::from_millis(800)),
             confirmation_timeout: Duration::from_secs(60),
+            dependency: None,
         };
         let registry = processes::Registry::new()
             .with(demo::payment_process::definition(&flow))
