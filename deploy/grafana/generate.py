@@ -840,6 +840,28 @@ def processes():
                        targets(("count(count by (instance) (process_manual_review_backlog)) or vector(0)", "workers")),
                        legend_calcs=("lastNotNull", "min")),
         ]),
+        row("Dependencies"),
+        (7, [
+            timeseries("Dependency circuits and waiting steps",
+                       "Each dependency's shared circuit (dependency_circuit_state: 0 closed, 1 half open, 2 open; "
+                       "max over the workers, which all read the same row), how long it has been down "
+                       "(dependency_open_seconds, right axis in the legend) and the steps waiting for it "
+                       "(process_steps_waiting). Waiting steps spend no attempts; they resume oldest first at the "
+                       "dependency's resume rate when a probe gets through. Alert: DependencyDown.",
+                       targets(("max by (dependency) (dependency_circuit_state)", "{{dependency}} circuit"),
+                               ("max by (dependency) (process_steps_waiting)", "{{dependency}} steps waiting"),
+                               ("max by (dependency) (dependency_open_seconds)", "{{dependency}} down for (s)"))),
+            timeseries("Calls to dependencies",
+                       "Calls made, by what the answer said of the remote's health (dependency_calls_total: "
+                       "answered, unavailable, no_answer), and calls the circuit or the limits kept back "
+                       "(dependency_calls_refused_total: open, probing, forced_open, rate_limited, saturated). While "
+                       "a remote is down, the made calls should fall to about one probe a cool-down.",
+                       targets((f"sum by (dependency, outcome) (rate(dependency_calls_total[{RI}]))",
+                                "{{dependency}} {{outcome}}"),
+                               (f"sum by (dependency, reason) (rate(dependency_calls_refused_total[{RI}]))",
+                                "{{dependency}} kept back: {{reason}}")),
+                       unit="ops"),
+        ]),
         row("Reconciliation with the payment provider"),
         (7, [
             timeseries("Reconciliation mismatches",

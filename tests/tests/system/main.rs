@@ -19,6 +19,7 @@ mod idempotency_layer;
 mod ordered_consumer;
 mod ordered_faults;
 mod ordering;
+mod outage;
 mod payment_async;
 mod payment_flow;
 mod payment_provider;

@@ -428,13 +428,15 @@ async fn an_operator_resolves_an_unknown_charge_with_the_providers_charge_id_and
 
 /// What could end the 200-payment run in a `compensated` payment whose money was taken: an
 /// attempt charges but its answer comes too late (unknown), and every later attempt with the same
-/// key gets a 503 before the provider looks at the key. When the attempts run out the outcome is
-/// still unknown: manual review, the order still reserved, never a failed payment and a released
-/// order with the money kept.
+/// key gets a 503 before the provider looks at the key. The step waits for the provider without
+/// spending attempts and stays in doubt; when its business deadline (`CHARGE_DEADLINE_SECS`)
+/// passes, the outcome is still unknown: manual review, the order still reserved, never a failed
+/// payment and a released order with the money kept.
 #[tokio::test]
-async fn unavailable_retries_after_an_unknown_charge_end_in_review_not_in_a_failed_payment() {
+async fn an_unavailable_provider_after_an_unknown_charge_ends_at_the_deadline_in_review_not_in_a_failed_payment()
+ {
     let f = Flow::timing_out("3s", &[], "honours_key").await;
-    let _w = f.worker("w1", &[]);
+    let _w = f.worker("w1", &[("CHARGE_DEADLINE_SECS", "8")]);
     // From then on every call is refused before the provider looks at its key.
     let payment = unknown_outcome_then(&f, "error_before_charge:100").await;
     f.wait_status(payment, "manual_review").await;

@@ -1,0 +1,228 @@
+//! A payment provider that is down (issue 38): payments taken before, during and after a provider
+//! outage, run by two `producer worker` instances that share the provider's circuit
+//! (`dependencies`), one of them killed and replaced while the circuit is open. The outage is the
+//! simulator's switch (`POST /admin/outage`, every call answered 503 with `Retry-After: 1` before
+//! anything is done). Nothing may fail, compensate or go to review because of it; every payment
+//! is charged exactly once after the recovery; and the provider is not flooded while it is down.
+
+use payment_provider::api::{Charge, ChargeStatus};
+use payment_provider::client::Client;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use system_tests::signals::sigkill;
+use system_tests::{TestDb, demo_stack, wait_until};
+use tokio::process::Child;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const ORDER: &str = r#"{"customer_id":"cust-1","currency":"EUR","items":[{"sku":"sku-1","quantity":1,"unit_price":500}]}"#;
+/// Attempts a charge may spend: few, so that an outage spent as attempts would fail payments.
+const ATTEMPTS: &str = "4";
+
+struct Drill {
+    db: TestDb,
+    provider: Child,
+    provider_url: String,
+    api: demo_stack::ApiClient,
+    http: reqwest::Client,
+    _shutdown: CancellationToken,
+}
+
+impl Drill {
+    async fn start() -> Self {
+        let db = TestDb::new().await;
+        let (provider, provider_url) = demo_stack::spawn_provider(&db, &[]).await;
+        let shutdown = CancellationToken::new();
+        let (api, key) =
+            demo_stack::start_api(&db, processes::Remote::HonoursKey, shutdown.clone()).await;
+        Self {
+            db,
+            provider,
+            provider_url,
+            api: demo_stack::ApiClient::new(api, key),
+            http: reqwest::Client::new(),
+            _shutdown: shutdown,
+        }
+    }
+
+    fn worker(&self, name: &str) -> Child {
+        let mut cmd = demo_stack::worker_command(&self.db, &self.provider_url, "honours_key", name);
+        cmd.env("WORKER_CONCURRENCY", "8")
+            .env("CHARGE_MAX_ATTEMPTS", ATTEMPTS)
+            .env("CHARGE_RETRY_INITIAL_MS", "100")
+            .env("CHARGE_RETRY_MAX_DELAY_MS", "800")
+            .env("PROVIDER_CIRCUIT_THRESHOLD", "3")
+            .env("PROVIDER_CIRCUIT_MAX_COOLDOWN", "4s")
+            .env("PROVIDER_RESUME_RATE", "10");
+        cmd.spawn().expect("spawn producer worker")
+    }
+
+    async fn outage(&self, setting: &str) {
+        let r = self
+            .http
+            .post(format!("{}/admin/outage", self.provider_url))
+            .json(&json!({ "outage": setting }))
+            .send()
+            .await
+            .expect("admin/outage");
+        assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    }
+
+    /// Places an order and requests its payment.
+    async fn pay(&self, n: usize) -> Uuid {
+        let r = self
+            .api
+            .post("/orders", &format!("order-{n}"), ORDER, &[])
+            .await;
+        assert_eq!(r.status(), 201);
+        let order: Value = r.json().await.unwrap();
+        let body = json!({"order_id": order["id"], "amount": 500, "currency": "EUR"}).to_string();
+        let r = self
+            .api
+            .post("/payments", &format!("pay-{n}"), &body, &[])
+            .await;
+        assert_eq!(r.status(), 202);
+        let payment: Value = r.json().await.unwrap();
+        payment["id"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// Pays `rate` payments a second for `d`, from number `from` on.
+    async fn pay_for(&self, d: Duration, rate: u32, from: usize, ids: &mut Vec<Uuid>) {
+        let start = Instant::now();
+        let mut n = from;
+        while start.elapsed() < d {
+            ids.push(self.pay(n).await);
+            n += 1;
+            tokio::time::sleep(Duration::from_secs(1) / rate).await;
+        }
+    }
+
+    async fn scalar_i64(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// The provider's count of calls its outage switch refused.
+    async fn refused_calls(&self) -> f64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.provider_url))
+            .send()
+            .await
+            .expect("provider /metrics")
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with("provider_outage_refused_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+async fn outage_under_load(outage: Duration) {
+    let mut drill = Drill::start().await;
+    let mut w1 = drill.worker("outage-w1");
+    let mut w2 = drill.worker("outage-w2");
+    let mut ids = vec![];
+    drill.pay_for(Duration::from_secs(3), 4, 0, &mut ids).await;
+
+    drill.outage("503:1").await;
+    let down = Instant::now();
+    // Half the outage, then the circuit is open for every instance, and steps wait on it.
+    drill.pay_for(outage / 2, 4, ids.len(), &mut ids).await;
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM outbox.dependencies WHERE name = 'provider'")
+            .fetch_one(&drill.db.pool)
+            .await
+            .expect("the provider's circuit exists");
+    assert_ne!(state, "closed", "the circuit opened during the outage");
+    let waiting = drill
+        .scalar_i64("SELECT count(*) FROM outbox.process_steps WHERE error_class IN ('unavailable') OR waiting_for IS NOT NULL")
+        .await;
+    assert!(waiting > 0, "steps wait for the provider");
+    // A restart while the circuit is open: one instance dies, a new one starts; it learns the
+    // open circuit from the database, not from memory.
+    sigkill(&w2);
+    let _ = w2.wait().await;
+    let mut w3 = drill.worker("outage-w3");
+    drill.pay_for(outage / 2, 4, ids.len(), &mut ids).await;
+    let refused = drill.refused_calls().await;
+    let down_for = down.elapsed().as_secs_f64();
+    drill.outage("off").await;
+    drill
+        .pay_for(Duration::from_secs(3), 4, ids.len(), &mut ids)
+        .await;
+
+    // Every payment succeeds after the recovery; none failed, compensated or needs a person.
+    let expected = ids.len() as i64;
+    wait_until("every payment succeeded", Duration::from_secs(180), || async {
+        let done = drill
+            .scalar_i64("SELECT count(*) FROM outbox.processes WHERE kind = 'payment' AND status = 'succeeded'")
+            .await;
+        (done == expected).then_some(())
+    })
+    .await;
+    let bad = drill
+        .scalar_i64("SELECT count(*) FROM outbox.processes WHERE status IN ('failed', 'compensating', 'compensated', 'manual_review')")
+        .await;
+    assert_eq!(bad, 0, "no payment failed, compensated or went to review");
+    // Each exactly once at the provider.
+    let charges: Vec<Charge> = Client::new(&drill.provider_url, Duration::from_secs(30))
+        .unwrap()
+        .admin_charges()
+        .await
+        .expect("admin charges");
+    let mut by_ref: HashMap<String, usize> = HashMap::new();
+    for c in charges
+        .iter()
+        .filter(|c| c.status == ChargeStatus::Succeeded)
+    {
+        *by_ref.entry(c.reference.clone()).or_default() += 1;
+    }
+    for id in &ids {
+        let n = by_ref.get(&id.to_string()).copied().unwrap_or(0);
+        assert_eq!(n, 1, "payment {id} charged {n} times");
+    }
+    // Nobody flooded the provider: the threshold's calls, about one probe a cool-down (2 s
+    // doubling to 4 s), and calls of steps already past their admission.
+    let per_second = refused / down_for;
+    assert!(
+        per_second < 2.0,
+        "{refused} calls refused in {down_for:.0}s ({per_second:.2}/s) while the circuit was shared"
+    );
+    // The circuit's story: opened, probed, closed; written by the system.
+    let transitions: Vec<String> = sqlx::query_scalar(
+        "SELECT to_state FROM outbox.dependency_history WHERE name = 'provider' ORDER BY id",
+    )
+    .fetch_all(&drill.db.pool)
+    .await
+    .unwrap();
+    assert!(transitions.iter().any(|s| s == "open"), "{transitions:?}");
+    assert!(
+        transitions.iter().any(|s| s == "half_open"),
+        "{transitions:?}"
+    );
+    assert_eq!(
+        transitions.last().map(String::as_str),
+        Some("closed"),
+        "{transitions:?}"
+    );
+    eprintln!(
+        "outage of {down_for:.0}s: {} payments, {refused} provider calls refused ({per_second:.2}/s), {} circuit transitions",
+        ids.len(),
+        transitions.len()
+    );
+    for w in [&mut w1, &mut w3, &mut drill.provider] {
+        sigkill(&*w);
+        let _ = w.wait().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_two_minute_provider_outage_under_load_fails_no_payment_and_charges_each_once() {
+    outage_under_load(Duration::from_secs(120)).await;
+}
