@@ -57,6 +57,9 @@ pub(crate) enum Fate {
     Duplicate,
     Ignored,
     Retry(String),
+    /// A remote its handler needs is unavailable: a copy waits in the retry queue of at least
+    /// this delay, its attempt not counted.
+    Wait(String, std::time::Duration),
     DeadLetter(DeadLetterKind, String),
     /// Its retry or dead-letter copy could not fit a frame: rejected without requeue.
     Discarded,
@@ -66,9 +69,17 @@ pub(crate) enum Fate {
     Stale,
 }
 
-/// A failed handler run: either the message's problem or the infrastructure's.
+/// A failed handler run: the message's problem, a remote's (unavailable: the message waits at
+/// least `wait`, no attempt spent), or the infrastructure's.
 pub(crate) enum Failure {
-    Message { permanent: bool, reason: String },
+    Message {
+        permanent: bool,
+        reason: String,
+    },
+    Unavailable {
+        reason: String,
+        wait: std::time::Duration,
+    },
     Infrastructure(sqlx::Error),
 }
 
@@ -165,7 +176,7 @@ async fn optimistic(
                 }
             }
             Err(Failure::Infrastructure(e)) => return Err(e),
-            Err(Failure::Message { reason, .. }) => {
+            Err(Failure::Message { reason, .. } | Failure::Unavailable { reason, .. }) => {
                 tracing::debug!(%reason, messages = run.len(), "handler failed, re-running the batch with a savepoint per message");
                 plumbing::db::bounded(tx.rollback()).await?;
                 return Ok(None);
@@ -223,7 +234,7 @@ async fn with_savepoints(
         match result {
             Ok(()) => fates[i] = Some(Fate::Processed),
             Err(Failure::Infrastructure(e)) => return Err(e),
-            Err(Failure::Message { permanent, reason }) => {
+            Err(failure) => {
                 plumbing::db::bounded(
                     sqlx::raw_sql("ROLLBACK TO SAVEPOINT consumer_message").execute(&mut *tx),
                 )
@@ -233,9 +244,18 @@ async fn with_savepoints(
                 )
                 .await?;
                 failed.push(env.message_id);
-                let fate = fate_of_failure(ctx, permanent, reason, attempt);
+                let fate = match failure {
+                    Failure::Message { permanent, reason } => {
+                        fate_of_failure(ctx, permanent, reason, attempt)
+                    }
+                    Failure::Unavailable { reason, wait } => Fate::Wait(reason, wait),
+                    Failure::Infrastructure(e) => return Err(e),
+                };
                 span.in_scope(|| match &fate {
                     Fate::Retry(reason) => tracing::warn!(%reason, "handler failed, will retry"),
+                    Fate::Wait(reason, wait) => {
+                        tracing::info!(%reason, ?wait, "remote unavailable, the message waits (no attempt spent)")
+                    }
                     Fate::DeadLetter(kind, reason) => {
                         tracing::warn!(kind = kind.as_str(), %reason, "handler failed, dead-lettering")
                     }
@@ -258,7 +278,9 @@ async fn with_savepoints(
 }
 
 /// One handler call: a single message (`handle`) or several (`handle_batch`), bounded by the
-/// handler timeout, a panic caught and counted as a permanent failure.
+/// handler timeout, a panic caught and counted as a permanent failure. A handler that names a
+/// dependency is called only when the dependency's circuit and limits let it, and its answer is
+/// recorded in the circuit.
 pub(crate) async fn run_handler(
     ctx: &Ctx,
     events: &Events,
@@ -267,6 +289,10 @@ pub(crate) async fn run_handler(
     handler: &Arc<dyn DynHandler>,
 ) -> Result<(), Failure> {
     let timeout = ctx.config.handler_timeout;
+    let permit = match handler.dependency() {
+        None => None,
+        Some(dep) => Some(admit(ctx, dep, timeout).await?),
+    };
     let start = Instant::now();
     let call = match envs {
         [one] => handler.call(conn, one),
@@ -274,6 +300,9 @@ pub(crate) async fn run_handler(
     };
     let result = tokio::time::timeout(timeout, AssertUnwindSafe(call).catch_unwind()).await;
     events.handler_finished(start.elapsed());
+    if let Some(permit) = permit {
+        permit.record(health(&result)).await;
+    }
     match result {
         Err(_) => Err(Failure::Message {
             permanent: false,
@@ -285,10 +314,90 @@ pub(crate) async fn run_handler(
         }),
         Ok(Ok(Ok(()))) => Ok(()),
         Ok(Ok(Err(HandlerError::Database(e)))) => Err(classify_db(e, "handler query failed")),
+        Ok(Ok(Err(e @ HandlerError::Unavailable { .. }))) => {
+            let HandlerError::Unavailable { retry_after, .. } = &e else {
+                unreachable!("matched above")
+            };
+            let wait = unavailable_wait(ctx, handler, *retry_after);
+            Err(Failure::Unavailable {
+                reason: ErrorChain(&e).to_string(),
+                wait,
+            })
+        }
         Ok(Ok(Err(e))) => Err(Failure::Message {
             permanent: matches!(e, HandlerError::Permanent(_)),
             reason: ErrorChain(&e).to_string(),
         }),
+    }
+}
+
+/// Asks `dep` whether the handler may call it now: a permit, or the wait as a failure (the
+/// message then waits without the handler being called).
+async fn admit(
+    ctx: &Ctx,
+    dep: &breaker::Dependency,
+    timeout: std::time::Duration,
+) -> Result<breaker::Permit, Failure> {
+    let lease = timeout + std::time::Duration::from_secs(5);
+    match dep.acquire(&ctx.pool, &ctx.config.schema, lease).await {
+        Ok(breaker::Admission::Go(permit)) => Ok(permit),
+        Ok(breaker::Admission::Wait(w)) => {
+            // Behind a circuit that keeps calls back, a message waits at least the longest
+            // cool-down: the circuit decides when the remote is back, and a shorter wait would
+            // only cycle every waiting message through the broker once per retry delay.
+            let circuit = !matches!(
+                w.reason,
+                breaker::WaitReason::RateLimited | breaker::WaitReason::Saturated
+            );
+            let floor = if circuit {
+                dep.policy().max_cooldown
+            } else {
+                std::time::Duration::ZERO
+            };
+            Err(Failure::Unavailable {
+                reason: format!("waiting for {}: {}", dep.name(), w.reason.describe()),
+                wait: w.remaining().max(floor),
+            })
+        }
+        Err(e) => Err(Failure::Infrastructure(e)),
+    }
+}
+
+/// How long a message whose handler's remote answered "unavailable" waits: until the
+/// dependency's next probe if its circuit is not letting calls go, else the first retry delay;
+/// never before the remote's `Retry-After`.
+fn unavailable_wait(
+    ctx: &Ctx,
+    handler: &Arc<dyn DynHandler>,
+    retry_after: Option<std::time::Duration>,
+) -> std::time::Duration {
+    let circuit = handler
+        .dependency()
+        .and_then(|d| d.last_seen())
+        .filter(|c| !c.lets_through())
+        .and_then(|c| c.probe_at.or(c.probe_until))
+        .and_then(|t| (t - chrono::Utc::now()).to_std().ok());
+    let base = circuit.unwrap_or_else(|| ctx.config.retry_delay(1));
+    retry_after.map_or(base, |r| r.max(base))
+}
+
+/// What a handler call's result says of its dependency's health: an answer (success, or a
+/// permanent refusal) shows it up, "unavailable" shows it down, anything else says neither.
+fn health(
+    result: &Result<
+        Result<Result<(), HandlerError>, Box<dyn std::any::Any + Send>>,
+        tokio::time::error::Elapsed,
+    >,
+) -> breaker::Outcome {
+    match result {
+        Ok(Ok(Ok(()))) | Ok(Ok(Err(HandlerError::Permanent(_)))) => breaker::Outcome::Answered,
+        Ok(Ok(Err(e @ HandlerError::Unavailable { retry_after, .. }))) => {
+            breaker::Outcome::Unavailable {
+                retry_after: *retry_after,
+                message: ErrorChain(e).to_string(),
+            }
+        }
+        _ => breaker::Outcome::NoAnswer,
     }
 }
 

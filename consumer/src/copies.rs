@@ -145,6 +145,20 @@ pub(crate) fn copy_of(
             );
             (String::new(), queue.to_string(), "retry")
         }
+        // Waiting for a remote spends no attempt: the copy keeps the delivery's attempt number.
+        Fate::Wait(reason, wait) => {
+            let queue = ctx
+                .topology
+                .retry_queue_at_least(*wait)
+                .unwrap_or(&ctx.topology.queue);
+            message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt));
+            message::set_text(
+                &mut table,
+                headers::LAST_ERROR,
+                &message::truncate(reason, 1000),
+            );
+            (String::new(), queue.to_string(), "wait")
+        }
         Fate::DeadLetter(kind, reason) => {
             message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt));
             message::set_text(&mut table, headers::DEAD_LETTER_KIND, kind.as_str());

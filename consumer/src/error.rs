@@ -45,6 +45,12 @@ pub enum ConfigError {
     Partitions(u16),
     #[error("the partition lease must be at least 2s, not {0:?}")]
     LeaseTooShort(Duration),
+    #[error(
+        "a handler names a dependency, but no retry delay is configured: messages waiting for an \
+         unavailable remote wait in the retry queues (set retry delays, or use ordered mode, which \
+         waits in place)"
+    )]
+    DependencyWithoutRetryQueues,
 }
 
 /// Errors that end [`crate::run`]. Lost connections are not among them: the runtime reconnects.

@@ -15,6 +15,7 @@ use shared::Envelope;
 use sqlx::PgConnection;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A boxed error that can cross threads (what [`HandlerError`] carries).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -22,10 +23,21 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// How a handler failed; decides what the runtime does with the message.
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
-    /// Might work later (a dependency is down, a row is not there yet): retried after a delay,
-    /// dead-lettered after the last attempt.
+    /// Might work later (a row is not there yet, a remote answered oddly): retried after a
+    /// delay, dead-lettered after the last attempt.
     #[error("transient failure")]
     Transient(#[source] BoxError),
+    /// A remote the handler calls is down or shedding load and did nothing (503, 429, connection
+    /// refused): not the message's fault. The message waits in a retry queue without spending an
+    /// attempt (never dead-lettered, never parked for it), for at least `retry_after`; when the
+    /// handler names the remote as a dependency ([`Handlers::on_needing`]), the dependency's
+    /// shared circuit opens and later messages wait without calling the handler at all.
+    #[error("remote unavailable")]
+    Unavailable {
+        #[source]
+        source: BoxError,
+        retry_after: Option<Duration>,
+    },
     /// Will never work (invalid payload, business rule): dead-lettered at once with the reason.
     #[error("permanent failure")]
     Permanent(#[source] BoxError),
@@ -46,6 +58,14 @@ impl HandlerError {
     /// A permanent failure from any error or message.
     pub fn permanent(e: impl Into<BoxError>) -> Self {
         Self::Permanent(e.into())
+    }
+
+    /// The remote is unavailable (nothing was done), with its `Retry-After` if it gave one.
+    pub fn unavailable(e: impl Into<BoxError>, retry_after: Option<Duration>) -> Self {
+        Self::Unavailable {
+            source: e.into(),
+            retry_after,
+        }
     }
 }
 
@@ -134,6 +154,40 @@ pub(crate) trait DynHandler: Send + Sync {
         tx: &'a mut PgConnection,
         msgs: &'a [&'a Envelope],
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
+
+    /// The remote the handler calls ([`Handlers::on_needing`]), whose circuit the runtime asks
+    /// before each call.
+    fn dependency(&self) -> Option<&breaker::Dependency> {
+        None
+    }
+}
+
+/// A handler registered with the dependency it calls.
+struct Needing<H> {
+    dependency: breaker::Dependency,
+    handler: H,
+}
+
+impl<H: Handler> DynHandler for Needing<H> {
+    fn call<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        msg: &'a Envelope,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(self.handler.handle(tx, msg))
+    }
+
+    fn call_batch<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        msgs: &'a [&'a Envelope],
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(self.handler.handle_batch(tx, msgs))
+    }
+
+    fn dependency(&self) -> Option<&breaker::Dependency> {
+        Some(&self.dependency)
+    }
 }
 
 impl<H: Handler> DynHandler for H {
@@ -181,6 +235,37 @@ impl Handlers {
     pub fn on(mut self, pattern: impl Into<String>, handler: impl Handler) -> Self {
         self.routes.push((pattern.into(), Arc::new(handler)));
         self
+    }
+
+    /// Registers `handler` for `pattern`, naming the remote it calls: before each call the
+    /// runtime asks `dependency`'s circuit (shared by every instance, see the `breaker` crate).
+    /// While the remote is down, the messages this handler takes wait in a retry queue without
+    /// calling it or spending attempts, one probe a cool-down finds out whether the remote is
+    /// back, and the other handlers of the consumer flow on. Needs retry delays (the waits are in
+    /// the retry queues); ordered mode waits in place.
+    pub fn on_needing(
+        mut self,
+        pattern: impl Into<String>,
+        dependency: breaker::Dependency,
+        handler: impl Handler,
+    ) -> Self {
+        self.routes.push((
+            pattern.into(),
+            Arc::new(Needing {
+                dependency,
+                handler,
+            }),
+        ));
+        self
+    }
+
+    /// Whether some registered handler names a dependency.
+    pub fn needs_dependencies(&self) -> bool {
+        self.routes.iter().any(|(_, h)| h.dependency().is_some())
+            || self
+                .fallback
+                .as_ref()
+                .is_some_and(|h| h.dependency().is_some())
     }
 
     /// Registers the handler for event types no pattern matches.

@@ -80,10 +80,13 @@ pub enum Outcome {
     /// Ordered mode: at or below its aggregate's applied position (a copy, or a message older
     /// than one applied): never applied, acknowledged, reported.
     Stale,
+    /// A remote its handler needs is unavailable: a copy waits in a retry queue, no attempt
+    /// spent.
+    Waited,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 9] = [
         Self::Processed,
         Self::Duplicate,
         Self::Retried,
@@ -92,6 +95,7 @@ impl Outcome {
         Self::Discarded,
         Self::Held,
         Self::Stale,
+        Self::Waited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -104,6 +108,7 @@ impl Outcome {
             Self::Discarded => "discarded",
             Self::Held => "held",
             Self::Stale => "stale",
+            Self::Waited => "waited",
         }
     }
 }
@@ -125,6 +130,7 @@ pub struct Stats {
     redelivered: AtomicU64,
     held: AtomicU64,
     stale: AtomicU64,
+    waited: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one moment.
@@ -150,6 +156,8 @@ pub struct StatsSnapshot {
     pub held: u64,
     /// Ordered mode: deliveries at or below their aggregate's position (never applied).
     pub stale: u64,
+    /// Deliveries that wait in a retry queue for an unavailable remote (no attempt spent).
+    pub waited: u64,
 }
 
 impl StatsSnapshot {
@@ -183,6 +191,7 @@ impl Stats {
             redelivered: l(&self.redelivered),
             held: l(&self.held),
             stale: l(&self.stale),
+            waited: l(&self.waited),
         }
     }
 
@@ -196,6 +205,7 @@ impl Stats {
             Outcome::Discarded => &self.discarded,
             Outcome::Held => &self.held,
             Outcome::Stale => &self.stale,
+            Outcome::Waited => &self.waited,
         }
     }
 }
@@ -204,7 +214,7 @@ impl Stats {
 #[derive(Clone)]
 pub struct Events {
     stats: Arc<Stats>,
-    outcomes: [Counter; 8],
+    outcomes: [Counter; 9],
     dead_letter_kinds: [Counter; 4],
     rejected: [Counter; 5],
     handler_duration: Histogram,

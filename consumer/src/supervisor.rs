@@ -41,6 +41,9 @@ impl Consumer {
         if bindings.is_empty() {
             return Err(ConfigError::NoBindings);
         }
+        if !config.ordered && config.retry_delays.is_empty() && handlers.needs_dependencies() {
+            return Err(ConfigError::DependencyWithoutRetryQueues);
+        }
         // Ordered mode retries in place (held, see crate::ordered): no retry queues.
         let retry_delays: &[Duration] = if config.ordered {
             &[]

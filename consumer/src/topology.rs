@@ -71,6 +71,17 @@ impl Topology {
             .map(|(_, n)| n.as_str())
     }
 
+    /// The retry queue of the shortest delay at least `wait` (the longest there is when none is
+    /// that long): where a message waits for an unavailable remote.
+    pub fn retry_queue_at_least(&self, wait: Duration) -> Option<&str> {
+        self.retry_queues
+            .iter()
+            .filter(|(d, _)| *d >= wait)
+            .min_by_key(|(d, _)| *d)
+            .or_else(|| self.retry_queues.iter().max_by_key(|(d, _)| *d))
+            .map(|(_, n)| n.as_str())
+    }
+
     /// Declares everything (idempotent): the outbox exchange, the dead-letter exchange and queue,
     /// the main queue with `bindings`, and the retry queues.
     pub async fn declare(

@@ -473,6 +473,7 @@ impl Worker {
                 Fate::Duplicate => Outcome::Duplicate,
                 Fate::Ignored => Outcome::Ignored,
                 Fate::Retry(_) => Outcome::Retried,
+                Fate::Wait(..) => Outcome::Waited,
                 Fate::Discarded => Outcome::Discarded,
                 Fate::Held => Outcome::Held,
                 Fate::Stale => Outcome::Stale,

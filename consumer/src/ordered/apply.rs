@@ -221,7 +221,7 @@ async fn optimistic(ctx: &Ctx, events: &Events, b: &mut Begun<'_>) -> Result<boo
         {
             Ok(()) => {}
             Err(Failure::Infrastructure(e)) => return Err(e.into()),
-            Err(Failure::Message { .. }) => return Ok(false),
+            Err(Failure::Message { .. } | Failure::Unavailable { .. }) => return Ok(false),
         }
     }
     // A handler that swallowed a query error leaves the transaction aborted.
@@ -244,17 +244,27 @@ async fn isolated(ctx: &Ctx, events: &Events, b: &mut Begun<'_>) -> Result<(), A
             };
             let env = m.env();
             let result = savepoint(ctx, events, &mut b.tx, env, handler).await?;
-            let Err((permanent, reason)) = result else {
+            let Err(failed) = result else {
                 applied += 1;
                 continue;
             };
             // Only the head (first of the run) has failed attempts behind it.
             let before = if applied == 0 { agg.attempts } else { 0 };
-            agg.failure = Some(Failed {
-                seq: env.aggregate_seq.unwrap_or_default(),
-                what: decide::head_failure(before, ctx.config.max_attempts, permanent),
-                reason,
-                attempts: before + 1,
+            let seq = env.aggregate_seq.unwrap_or_default();
+            agg.failure = Some(match failed {
+                // Waiting for a remote spends no attempt and never parks.
+                HeadError::Unavailable { reason, wait } => Failed {
+                    seq,
+                    what: HeadFailure::Wait(wait),
+                    reason,
+                    attempts: before,
+                },
+                HeadError::Failed { permanent, reason } => Failed {
+                    seq,
+                    what: decide::head_failure(before, ctx.config.max_attempts, permanent),
+                    reason,
+                    attempts: before + 1,
+                },
             });
             break;
         }
@@ -263,14 +273,26 @@ async fn isolated(ctx: &Ctx, events: &Events, b: &mut Begun<'_>) -> Result<(), A
     Ok(())
 }
 
-/// One message in a savepoint: `Ok(Err((permanent, reason)))` when it failed (rolled back alone).
+/// Why a message failed in its savepoint.
+enum HeadError {
+    Failed {
+        permanent: bool,
+        reason: String,
+    },
+    Unavailable {
+        reason: String,
+        wait: std::time::Duration,
+    },
+}
+
+/// One message in a savepoint: `Ok(Err(..))` when it failed (rolled back alone).
 async fn savepoint(
     ctx: &Ctx,
     events: &Events,
     tx: &mut sqlx::PgConnection,
     env: &Envelope,
     handler: &Arc<dyn DynHandler>,
-) -> Result<Result<(), (bool, String)>, ApplyError> {
+) -> Result<Result<(), HeadError>, ApplyError> {
     exec(tx, "SAVEPOINT consumer_message").await?;
     let mut result = batch::run_handler(ctx, events, tx, &[env], handler)
         .instrument(batch::message_span(env, 1))
@@ -289,7 +311,12 @@ async fn savepoint(
         Err(Failure::Message { permanent, reason }) => {
             exec(tx, "ROLLBACK TO SAVEPOINT consumer_message").await?;
             exec(tx, "RELEASE SAVEPOINT consumer_message").await?;
-            Ok(Err((permanent, reason)))
+            Ok(Err(HeadError::Failed { permanent, reason }))
+        }
+        Err(Failure::Unavailable { reason, wait }) => {
+            exec(tx, "ROLLBACK TO SAVEPOINT consumer_message").await?;
+            exec(tx, "RELEASE SAVEPOINT consumer_message").await?;
+            Ok(Err(HeadError::Unavailable { reason, wait }))
         }
     }
 }
@@ -401,6 +428,7 @@ fn position_update(
             attempts: f.attempts,
             retry_in: match f.what {
                 HeadFailure::RetryAfterAttempt(n) => Some(cfg.retry_delay(n)),
+                HeadFailure::Wait(d) => Some(d.max(std::time::Duration::from_millis(100))),
                 HeadFailure::Park => None,
             },
             park: f.what == HeadFailure::Park,
@@ -428,6 +456,10 @@ fn log_failure(consumer: &str, key: &AggregateKey, f: &Failed) {
         HeadFailure::RetryAfterAttempt(n) => tracing::warn!(
             consumer, aggregate_type = %t, aggregate_id = %id, aggregate_seq = seq, attempt = n, %reason,
             "handler failed; the aggregate waits for the retry (others go on)"
+        ),
+        HeadFailure::Wait(wait) => tracing::info!(
+            consumer, aggregate_type = %t, aggregate_id = %id, aggregate_seq = seq, ?wait, %reason,
+            "remote unavailable; the aggregate waits for it (no attempt spent, others go on)"
         ),
     }
 }

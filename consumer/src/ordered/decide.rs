@@ -77,6 +77,9 @@ pub fn cut_at_failure(plan: &mut Plan, failed: i64, held: &BTreeSet<i64>) -> Vec
 pub enum HeadFailure {
     RetryAfterAttempt(u32),
     Park,
+    /// A remote its handler needs is unavailable: the aggregate waits this long and tries the
+    /// head again, no attempt spent, never parked for it.
+    Wait(std::time::Duration),
 }
 
 pub fn head_failure(attempts_before: u32, max_attempts: u32, permanent: bool) -> HeadFailure {

@@ -131,6 +131,23 @@ pub enum RefundError {
     Invalid { status: u16, message: String },
 }
 
+/// Why a notification was not (knowingly) accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    /// 503/429 or no connection: nothing was done.
+    #[error("the notification service is unavailable: {reason}")]
+    Unavailable {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    /// Sent, no usable answer: posting again with the same key is safe.
+    #[error("the outcome of the notification is unknown: {0}")]
+    OutcomeUnknown(String),
+    /// Refused (4xx): posting it again will not help.
+    #[error("the notification was refused ({status}): {message}")]
+    Invalid { status: u16, message: String },
+}
+
 /// A client of one provider.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -396,6 +413,52 @@ impl Client {
                 },
                 e => e,
             },
+        })
+    }
+
+    /// Posts a notification once per `idempotency_key` (`POST /notifications`): the number of
+    /// times the key has been posted, 1 the first time.
+    pub async fn notify(
+        &self,
+        idempotency_key: &str,
+        body: &serde_json::Value,
+    ) -> Result<i32, NotifyError> {
+        let response = self
+            .http
+            .post(self.url("/notifications"))
+            .header(IDEMPOTENCY_KEY_HEADER, idempotency_key)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| match transport(e) {
+                Transport::NotSent(e) => NotifyError::Unavailable {
+                    reason: format!("cannot connect: {e}"),
+                    retry_after: None,
+                },
+                Transport::Unknown(e) => NotifyError::OutcomeUnknown(e.to_string()),
+            })?;
+        let status = response.status();
+        let wait = retry_after(&response);
+        if status.is_success() {
+            let n: crate::notifications::Notified = response
+                .json()
+                .await
+                .map_err(|e| NotifyError::OutcomeUnknown(format!("unreadable answer: {e}")))?;
+            return Ok(n.posts);
+        }
+        let message = message(response).await;
+        Err(match status {
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
+                NotifyError::Unavailable {
+                    reason: format!("{status}: {message}"),
+                    retry_after: wait,
+                }
+            }
+            s if s.is_client_error() => NotifyError::Invalid {
+                status: s.as_u16(),
+                message,
+            },
+            s => NotifyError::OutcomeUnknown(format!("{s}: {message}")),
         })
     }
 

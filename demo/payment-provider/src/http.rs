@@ -17,6 +17,7 @@ pub fn app(state: AppState, readiness: Arc<Readiness>) -> Router {
         .route("/charges", post(charges::create).get(charges::by_reference))
         .route("/charges/{id}", get(charges::get))
         .route("/refunds", post(refunds::create))
+        .route("/notifications", post(crate::notifications::create))
         .route_layer(axum::middleware::from_fn_with_state(
             state.outage.clone(),
             crate::outage::refuse_while_down,

@@ -33,6 +33,7 @@ pub mod http;
 pub mod internal_events;
 pub mod migrate;
 pub mod mode;
+pub mod notifications;
 pub mod outage;
 pub mod refunds;
 pub mod state;

@@ -18,6 +18,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "async confirmation",
         include_str!("../migrations/0002_async_confirmation.sql"),
     ),
+    (
+        3,
+        "notifications",
+        include_str!("../migrations/0003_notifications.sql"),
+    ),
 ];
 
 /// The simulator's migrator.

@@ -48,6 +48,7 @@ pub mod idempotent_post;
 pub mod internal_events;
 pub mod ledger;
 pub mod migrate;
+pub mod notifier;
 pub mod openapi;
 pub mod orders;
 pub mod payment_process;

@@ -37,6 +37,18 @@ enum Command {
         #[command(flatten)]
         settings: Box<consumer::config::Settings>,
     },
+    /// Run the example notifier (every `payment.captured` posts a notification to the
+    /// notification service at PROVIDER_URL, through its shared circuit) until SIGTERM/SIGINT.
+    Notifier {
+        /// Base URL of the notification service (the provider simulator's POST /notifications).
+        #[arg(long, env = "PROVIDER_URL", default_value = "http://127.0.0.1:8090")]
+        provider_url: String,
+        /// Limit of one notification call, e.g. `5s`.
+        #[arg(long, env = "NOTIFY_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+        notify_timeout: std::time::Duration,
+        #[command(flatten)]
+        settings: Box<consumer::config::Settings>,
+    },
     /// Run the payment processes that POST /payments starts (charges at the provider at
     /// PROVIDER_URL) until SIGTERM/SIGINT.
     Worker {
@@ -98,6 +110,19 @@ async fn main() -> anyhow::Result<()> {
         Command::Ledger { settings } => {
             run_consumer(&cli.config, *settings, "ledger", |config| {
                 demo::ledger::handlers_with(config.named_statements)
+            })
+            .await
+        }
+        Command::Notifier {
+            provider_url,
+            notify_timeout,
+            settings,
+        } => {
+            let client = payment_provider::client::Client::new(&provider_url, notify_timeout)
+                .context("building the notification client")?;
+            let dependency = demo::notifier::dependency();
+            run_consumer(&cli.config, *settings, "notifier", move |_| {
+                demo::notifier::handlers(client, dependency)
             })
             .await
         }

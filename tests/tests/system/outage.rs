@@ -226,3 +226,233 @@ async fn outage_under_load(outage: Duration) {
 async fn a_two_minute_provider_outage_under_load_fails_no_payment_and_charges_each_once() {
     outage_under_load(Duration::from_secs(120)).await;
 }
+
+// --- The consumer side --------------------------------------------------------------------------
+
+use consumer::{Config, Handler, HandlerError, Handlers};
+use payment_provider::client::NotifyError;
+use shared::{Envelope, NewMessage};
+use sqlx::PgConnection;
+use system_tests::consumers::{RunningConsumer, track_consumer};
+use system_tests::relays::{InProcess, test_options};
+use system_tests::{TestBroker, amqp_url, unique};
+
+/// Calls the notification service for each event (keyed by message id) and, once it answered,
+/// records the effect: the aggregate's number, so the order effects were applied in shows.
+struct NotifyAndRecord {
+    client: Client,
+}
+
+impl Handler for NotifyAndRecord {
+    async fn handle(&self, tx: &mut PgConnection, msg: &Envelope) -> Result<(), HandlerError> {
+        match self
+            .client
+            .notify(&msg.message_id.to_string(), &msg.payload)
+            .await
+        {
+            Ok(_) => {}
+            Err(e @ NotifyError::Unavailable { retry_after, .. }) => {
+                return Err(HandlerError::unavailable(e, retry_after));
+            }
+            Err(e) => return Err(HandlerError::transient(e)),
+        }
+        sqlx::query(
+            "INSERT INTO outage_applied (aggregate_id, seq, message_id) VALUES ($1, $2, $3)",
+        )
+        .bind(&msg.aggregate_id)
+        .bind(msg.aggregate_seq)
+        .bind(msg.message_id)
+        .execute(&mut *tx)
+        .await?;
+        Ok(())
+    }
+}
+
+/// Records order events: a handler that needs no remote.
+struct RecordOrder;
+
+impl Handler for RecordOrder {
+    async fn handle(&self, tx: &mut PgConnection, msg: &Envelope) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO outage_orders (message_id) VALUES ($1)")
+            .bind(msg.message_id)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+}
+
+/// A consumer whose notification service goes down for longer than all its retry delays.
+async fn consumer_outage(ordered: bool) {
+    let mut drill = Drill::start().await;
+    sqlx::raw_sql(
+        "CREATE TABLE outage_applied (position bigserial PRIMARY KEY, aggregate_id text, seq bigint, message_id uuid); \
+         CREATE TABLE outage_orders (message_id uuid PRIMARY KEY);",
+    )
+    .execute(&drill.db.pool)
+    .await
+    .unwrap();
+    let broker = TestBroker::new();
+    let exchange = broker.outbox_exchange("outage");
+    let name = unique("notify");
+    let retry_delays = vec![Duration::from_millis(200), Duration::from_secs(1)];
+    track_consumer(&broker, &name, &retry_delays, ordered.then_some(4));
+    let mut config = Config::new(&name, amqp_url(), &exchange);
+    config.retry_delays = retry_delays.clone();
+    // Three attempts: an outage spent as attempts would dead-letter (or park) within 2 seconds.
+    config.max_attempts = 3;
+    if ordered {
+        config.ordered = true;
+        config.partitions = 4;
+        config.lease = Duration::from_secs(2);
+        config.gap_timeout = Duration::from_millis(500);
+    }
+    let dependency = breaker::Dependency::new(
+        "notifications",
+        breaker::Policy::default()
+            .consecutive(3)
+            .cooldown(Duration::from_secs(1), Duration::from_secs(3)),
+    )
+    .unwrap();
+    let client = Client::new(&drill.provider_url, Duration::from_secs(5)).unwrap();
+    let handlers = Handlers::new()
+        .on_needing("payment.captured", dependency, NotifyAndRecord { client })
+        .on("order.placed", RecordOrder);
+    let pool = plumbing::db::connect(&drill.db.url, config.pool_size(), "outage-consumer")
+        .await
+        .unwrap();
+    let consumer = RunningConsumer::start(config, pool, handlers).await;
+    let relay = InProcess::on(&drill.db, &exchange, test_options()).await;
+
+    let enqueue = |event: &'static str, aggregate: String, n: usize| {
+        let pool = drill.db.pool.clone();
+        async move {
+            let msg = NewMessage::new(
+                event.split('.').next().unwrap(),
+                aggregate,
+                event,
+                json!({ "n": n }),
+            );
+            shared::outbox::enqueue(&pool, &msg).await.unwrap();
+        }
+    };
+    // Before the outage: some notifications go through.
+    for n in 0..10 {
+        enqueue("payment.captured", format!("acct-{}", n % 5), n).await;
+    }
+    wait_until(
+        "the first notifications",
+        Duration::from_secs(60),
+        || async {
+            (drill
+                .scalar_i64("SELECT count(*) FROM outage_applied")
+                .await
+                >= 10)
+                .then_some(())
+        },
+    )
+    .await;
+
+    drill.outage("503:1").await;
+    let down = Instant::now();
+    for n in 10..60 {
+        enqueue("payment.captured", format!("acct-{}", n % 5), n).await;
+        enqueue("order.placed", format!("order-{n}"), n).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The orders' handler needs no remote: it flows on during the outage.
+    wait_until(
+        "orders applied during the outage",
+        Duration::from_secs(60),
+        || async {
+            (drill.scalar_i64("SELECT count(*) FROM outage_orders").await == 50).then_some(())
+        },
+    )
+    .await;
+    // Longer than every retry delay many times over.
+    tokio::time::sleep(Duration::from_secs(15).saturating_sub(down.elapsed())).await;
+    let during = drill
+        .scalar_i64("SELECT count(*) FROM outage_applied")
+        .await;
+    assert_eq!(
+        during, 10,
+        "nothing was notified while the service was down"
+    );
+    let refused = drill.refused_calls().await;
+    let down_for = down.elapsed().as_secs_f64();
+    drill.outage("off").await;
+
+    wait_until(
+        "every notification applied",
+        Duration::from_secs(120),
+        || async {
+            (drill
+                .scalar_i64("SELECT count(*) FROM outage_applied")
+                .await
+                >= 60)
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Once each, and in each aggregate's order in ordered mode.
+    let applied: Vec<(String, i64, Uuid)> = sqlx::query_as(
+        "SELECT aggregate_id, seq, message_id FROM outage_applied ORDER BY position",
+    )
+    .fetch_all(&drill.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(applied.len(), 60, "each effect once");
+    let distinct: std::collections::HashSet<Uuid> = applied.iter().map(|a| a.2).collect();
+    assert_eq!(distinct.len(), 60);
+    if ordered {
+        let mut by: HashMap<&str, Vec<i64>> = HashMap::new();
+        for (a, seq, _) in &applied {
+            by.entry(a.as_str()).or_default().push(*seq);
+        }
+        for (a, seqs) in by {
+            let want: Vec<i64> = (1..=seqs.len() as i64).collect();
+            assert_eq!(seqs, want, "aggregate {a} applied in order");
+        }
+        let parked = drill
+            .scalar_i64(
+                "SELECT count(*) FROM outbox.consumer_positions WHERE parked_at IS NOT NULL",
+            )
+            .await;
+        assert_eq!(parked, 0, "no aggregate parked for the outage");
+    }
+    let stats = consumer.stats.snapshot();
+    assert_eq!(
+        stats.dead_lettered, 0,
+        "nothing dead-lettered for the outage: {stats:?}"
+    );
+    if !ordered {
+        assert!(
+            stats.waited > 0,
+            "messages waited in the retry queues: {stats:?}"
+        );
+    }
+    // The service was not flooded: about a probe a cool-down (1 s doubling to 3 s) and the calls
+    // that opened the circuit.
+    let per_second = refused / down_for;
+    assert!(
+        per_second < 3.0,
+        "{refused} calls refused in {down_for:.0}s ({per_second:.2}/s)"
+    );
+    eprintln!(
+        "consumer outage (ordered: {ordered}) of {down_for:.0}s: {refused} calls refused ({per_second:.2}/s), {stats:?}"
+    );
+    relay.stop().await;
+    consumer.stop().await;
+    sigkill(&drill.provider);
+    let _ = drill.provider.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consumer_whose_remote_is_down_longer_than_its_retries_dead_letters_nothing() {
+    consumer_outage(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ordered_consumer_whose_remote_is_down_parks_nothing_and_keeps_each_aggregates_order() {
+    consumer_outage(true).await;
+}
