@@ -381,14 +381,15 @@ fn unavailable_wait(
     retry_after.map_or(base, |r| r.max(base))
 }
 
+/// A handler call as it ends: within its timeout or not, panicked or not, and what it returned.
+type CallResult = Result<
+    Result<Result<(), HandlerError>, Box<dyn std::any::Any + Send>>,
+    tokio::time::error::Elapsed,
+>;
+
 /// What a handler call's result says of its dependency's health: an answer (success, or a
 /// permanent refusal) shows it up, "unavailable" shows it down, anything else says neither.
-fn health(
-    result: &Result<
-        Result<Result<(), HandlerError>, Box<dyn std::any::Any + Send>>,
-        tokio::time::error::Elapsed,
-    >,
-) -> breaker::Outcome {
+fn health(result: &CallResult) -> breaker::Outcome {
     match result {
         Ok(Ok(Ok(()))) | Ok(Ok(Err(HandlerError::Permanent(_)))) => breaker::Outcome::Answered,
         Ok(Ok(Err(e @ HandlerError::Unavailable { retry_after, .. }))) => {
