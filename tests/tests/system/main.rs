@@ -11,6 +11,7 @@ mod cluster;
 mod console;
 mod consumer;
 mod db_crash;
+mod dependencies;
 mod drop_in;
 mod fault_campaign;
 mod hostile_deliveries;
