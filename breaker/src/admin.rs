@@ -10,7 +10,7 @@ use crate::store;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use shared::schema::Schema;
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 
 /// A dependency as an operator sees it.
 #[derive(Debug, Clone, Serialize)]
@@ -74,12 +74,16 @@ pub async fn list(pool: &PgPool, schema: &Schema) -> Result<Vec<DependencyView>,
     rows.iter().map(view).collect()
 }
 
-/// One dependency.
-pub async fn get(pool: &PgPool, schema: &Schema, name: &str) -> Result<DependencyView, AdminError> {
+/// One dependency (on a connection: an operator's action reads it in its own transaction).
+pub async fn get(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    name: &str,
+) -> Result<DependencyView, AdminError> {
     let sql = format!("{SELECT} WHERE name = $1");
     let row = sqlx::query(schema.sql(&sql))
         .bind(name)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *conn)
         .await?;
     row.as_ref()
         .map(view)
@@ -131,9 +135,10 @@ fn check(actor: &str, reason: &str) -> Result<(), AdminError> {
     Ok(())
 }
 
-/// Holds the circuit open until an operator closes it: every call waits, nothing is spent.
+/// Holds the circuit open until an operator closes it: every call waits, nothing is spent. Runs
+/// on `conn`, so an action's audit entry can commit with it.
 pub async fn force_open(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     schema: &Schema,
     name: &str,
     actor: &str,
@@ -148,18 +153,18 @@ pub async fn force_open(
     .bind(name)
     .bind(actor)
     .bind(format!("opened by hand: {reason}"))
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
     if r.rows_affected() == 0 {
         return Err(AdminError::NotFound(name.to_string()));
     }
-    get(pool, schema, name).await
+    get(conn, schema, name).await
 }
 
 /// Closes the circuit by hand (also one an operator held open): calls go again, and waiting work
-/// resumes at the policy's rate.
+/// resumes at the policy's rate. Runs on `conn`, as [`force_open`].
 pub async fn close(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     schema: &Schema,
     name: &str,
     actor: &str,
@@ -175,10 +180,10 @@ pub async fn close(
     .bind(name)
     .bind(actor)
     .bind(format!("closed by hand: {reason}"))
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
     if r.rows_affected() == 0 {
         return Err(AdminError::NotFound(name.to_string()));
     }
-    get(pool, schema, name).await
+    get(conn, schema, name).await
 }

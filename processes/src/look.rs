@@ -86,3 +86,38 @@ pub async fn of_key(
         })
         .collect()
 }
+
+/// Processes of one kind whose step waits for a dependency (its circuit or its limits).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct DependencyWaiters {
+    pub dependency: String,
+    pub kind: String,
+    pub count: i64,
+    /// Since when the longest-waiting of them has waited for the remote.
+    pub oldest_since: Option<DateTime<Utc>>,
+}
+
+/// The steps waiting for each dependency, by process kind ("provider: 478 payment processes
+/// waiting since 12:03"), read through the wake-up's index.
+pub async fn waiting_for_dependencies(
+    pool: &PgPool,
+    schema: &Schema,
+) -> Result<Vec<DependencyWaiters>, sqlx::Error> {
+    let rows = sqlx::query(schema.sql(
+        "SELECT s.waiting_for, p.kind, count(*) AS n, min(s.waiting_since) AS oldest \
+         FROM {{schema}}.process_steps s JOIN {{schema}}.processes p ON p.id = s.process_id \
+         WHERE s.waiting_for IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2",
+    ))
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(DependencyWaiters {
+                dependency: r.try_get("waiting_for")?,
+                kind: r.try_get("kind")?,
+                count: r.try_get("n")?,
+                oldest_since: r.try_get("oldest")?,
+            })
+        })
+        .collect()
+}

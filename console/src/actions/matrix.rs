@@ -26,6 +26,9 @@ pub enum Action {
     AuditPurge,
     /// An action on a process, in the processes crate's vocabulary ([`ActionKind`]).
     Process(ActionKind),
+    /// Hold a dependency's circuit open by hand (`true`: every call to the remote waits), or close
+    /// it (`false`: calls go again, waiting work resumes).
+    DependencyCircuit(bool),
     /// An action on an ordered consumer's stuck aggregate (see [`crate::targets::ordered`]): an operator
     /// retries, or asks for a skip or a dead-lettered run that an approver must approve.
     Ordered(OrderedAction),
@@ -50,6 +53,8 @@ impl Action {
             Action::ApprovalApprove => "approval.approve",
             Action::ApprovalReject => "approval.reject",
             Action::AuditPurge => "audit.purge",
+            Action::DependencyCircuit(true) => "dependency.open",
+            Action::DependencyCircuit(false) => "dependency.close",
             Action::Process(p) => p.audit_name(),
             Action::Ordered(o) => o.audit_name(),
         }
@@ -59,7 +64,9 @@ impl Action {
     pub fn min_role(self) -> Role {
         match self {
             Action::Read => Role::Viewer,
-            Action::OutboxRequeue | Action::DlqReplay => Role::Operator,
+            Action::OutboxRequeue | Action::DlqReplay | Action::DependencyCircuit(_) => {
+                Role::Operator
+            }
             Action::ApprovalApprove | Action::ApprovalReject => Role::Approver,
             Action::AuditPurge => Role::Admin,
             Action::Process(p) => process_min_role(p),
@@ -76,6 +83,8 @@ impl Action {
             Action::ApprovalApprove,
             Action::ApprovalReject,
             Action::AuditPurge,
+            Action::DependencyCircuit(true),
+            Action::DependencyCircuit(false),
         ];
         v.extend(
             crate::targets::processes::OFFERED

@@ -5,7 +5,7 @@ use crate::actions::{approvals, audit};
 use crate::auth::users;
 use crate::error;
 use crate::http::{api, dto};
-use crate::targets::{dead_letters, ordered, outbox_dead, processes};
+use crate::targets::{dead_letters, dependencies, ordered, outbox_dead, processes};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -19,7 +19,8 @@ use utoipa::{Modify, OpenApi};
         api::dead_letters::dead_letter_list, api::dead_letters::replay, api::idempotency::idempotency,
         api::audit::audit_list, api::audit::audit_purge, api::approvals::approval_list, api::approvals::approve,
         api::approvals::reject, api::processes::process_list, api::processes::process_get,
-        api::processes::process_action, api::processes::process_bulk, api::ordered::ordered_view, api::ordered::ordered_action, api::whoami::whoami
+        api::processes::process_action, api::processes::process_bulk, api::ordered::ordered_view, api::ordered::ordered_action, api::whoami::whoami,
+        api::dependencies::dependency_list, api::dependencies::dependency_action
     ),
     components(schemas(
         error::ErrorBody, outbox_dead::DeadRow, outbox_dead::Backlog, outbox_dead::Item, outbox_dead::Planned,
@@ -27,7 +28,8 @@ use utoipa::{Modify, OpenApi};
         dto::Replay, dto::ReasonOnly, dto::IdempotencyRecord, audit::Entry, approvals::Approval, approvals::Decision,
         ProcessAction, processes::ProcessActionRequest, processes::RemoteCheck, processes::BulkRequest, processes::Frozen, dto::IdempotencyQuery,
         users::Principal, crate::auth::roles::Role, ordered::ConsumerView, ordered::StuckView, ordered::HeldView,
-        ordered::PartitionView, ordered::AggregateAction, ordered::OrderedAction
+        ordered::PartitionView, ordered::AggregateAction, ordered::OrderedAction,
+        dependencies::Dependency
     )),
     modifiers(&BearerAuth),
     security(("token" = []))

@@ -8,6 +8,7 @@ pub mod change;
 pub mod cursor;
 pub mod dead_letters;
 pub mod dead_letters_page;
+pub mod dependencies;
 pub mod ordered;
 pub mod outbox_dead;
 pub mod outbox_dead_page;

@@ -159,16 +159,17 @@ async fn an_operator_opens_and_closes_a_circuit_by_hand_with_a_reason_and_it_is_
     let schema = Schema::default();
     let d = instance(Policy::default().cache_for(Duration::ZERO));
     d.circuit(&db.pool, &schema).await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
     // A name and a reason are required; "system" is not an operator.
     for (actor, reason) in [("", "maintenance"), ("system", "maintenance"), ("ana", " ")] {
-        let e = admin::force_open(&db.pool, &schema, "remote", actor, reason).await;
+        let e = admin::force_open(&mut conn, &schema, "remote", actor, reason).await;
         assert!(matches!(e, Err(breaker::AdminError::Invalid(_))), "{e:?}");
     }
-    let e = admin::force_open(&db.pool, &schema, "nobody", "ana", "x").await;
+    let e = admin::force_open(&mut conn, &schema, "nobody", "ana", "x").await;
     assert!(matches!(e, Err(breaker::AdminError::NotFound(_))), "{e:?}");
 
     let v = admin::force_open(
-        &db.pool,
+        &mut conn,
         &schema,
         "remote",
         "ana",
@@ -181,7 +182,7 @@ async fn an_operator_opens_and_closes_a_circuit_by_hand_with_a_reason_and_it_is_
         Admission::Wait(w) => assert_eq!(w.reason, WaitReason::ForcedOpen),
         Admission::Go(_) => panic!("a held-open circuit let a call through"),
     }
-    let v = admin::close(&db.pool, &schema, "remote", "ben", "maintenance over")
+    let v = admin::close(&mut conn, &schema, "remote", "ben", "maintenance over")
         .await
         .unwrap();
     assert!(!v.forced_open && v.down_since.is_none());

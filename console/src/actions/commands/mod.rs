@@ -3,6 +3,7 @@
 
 mod audit_purge;
 mod decide;
+mod dependency_circuit;
 mod dlq_replay;
 mod ordered_actions;
 mod outbox_requeue;
@@ -11,6 +12,7 @@ mod process_bulk;
 
 pub use audit_purge::purge_audit;
 pub use decide::decide;
+pub use dependency_circuit::dependency_circuit;
 pub use dlq_replay::replay_dead_letters;
 pub use ordered_actions::ordered_action;
 pub use outbox_requeue::requeue_outbox;

@@ -8,6 +8,7 @@ pub mod approvals;
 pub mod audit;
 mod bearer;
 pub mod dead_letters;
+pub mod dependencies;
 pub mod idempotency;
 pub mod ordered;
 pub mod outbox;
@@ -58,6 +59,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
             "/api/consumers/{consumer}/ordered",
             get(ordered::ordered_view),
         )
+        .route("/api/dependencies", get(dependencies::dependency_list))
         .route("/api/whoami", get(whoami::whoami))
         .merge(actions(state))
         .layer(axum::middleware::from_fn(json_errors))
@@ -80,6 +82,10 @@ pub fn actions(state: &AppState) -> Router<AppState> {
             post(dead_letters::replay),
         )
         .route("/api/audit/actions/purge", post(audit::audit_purge))
+        .route(
+            "/api/dependencies/{name}/actions/{action}",
+            post(dependencies::dependency_action),
+        )
         .route("/api/approvals/{id}/approve", post(approvals::approve))
         .route("/api/approvals/{id}/reject", post(approvals::reject))
         .route(

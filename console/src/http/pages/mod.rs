@@ -17,6 +17,7 @@ pub mod badge;
 pub mod charts;
 pub mod dashboard;
 pub mod dead_letters;
+pub mod dependencies;
 pub mod diff;
 pub mod errors;
 pub mod forms;
@@ -67,6 +68,7 @@ pub fn router() -> Router<AppState> {
             post(processes::actions::process_action),
         )
         .route("/ui/outbox/requeue", post(overview::requeue))
+        .route("/ui/dependencies/{name}", post(dependencies::act))
         .route("/ui/processes/bulk", post(processes::bulk::bulk))
         .route(
             "/ui/dead-letters/{consumer}/replay",

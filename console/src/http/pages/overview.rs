@@ -75,8 +75,10 @@ async fn render_overview(
     )
     .await?;
     let in_review = figures.review.count;
+    let deps = crate::targets::dependencies::list(&s.pool, &s.schema).await?;
     let body = html! {
         (notice.html())
+        (super::dependencies::down_lines(&deps))
         (dashboard)
         h2 { "Processes" }
         p #manual-review {
@@ -84,6 +86,8 @@ async fn render_overview(
             " · "
             a href="/processes" { "all processes" }
         }
+        h2 { "Dependencies" }
+        (super::dependencies::table(session, &deps))
         h2 { "Outbox" }
         p #backlog {
             "pending " b { (backlog.pending) } " (oldest " (backlog.oldest_age.as_secs())

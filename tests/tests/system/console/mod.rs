@@ -17,6 +17,7 @@ use system_tests::{TestDb, bin_path, wait_until};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+mod dependencies;
 mod look;
 
 const CARD: &str = "4111111111111111";
@@ -279,6 +280,13 @@ fn request_for(action: Action) -> (String, Value) {
         ),
         Action::AuditPurge => (
             "/api/audit/actions/purge".into(),
+            json!({"reason": "matrix"}),
+        ),
+        Action::DependencyCircuit(open) => (
+            format!(
+                "/api/dependencies/no_such_dependency_for_matrix/actions/{}",
+                if open { "open" } else { "close" }
+            ),
             json!({"reason": "matrix"}),
         ),
         Action::Process(p) => (
