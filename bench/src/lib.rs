@@ -15,6 +15,8 @@
 //!   waiting processes, reconciliation runs.
 //! - [`ordered_scenario`]: ordered consumers against the same consumer unordered.
 //! - [`process_scenario`]: recoverable processes (3-step no-op) against the commit ceiling.
+//! - [`outage_scenario`]: a remote that is down: calls made to it with and without its circuit,
+//!   the recovery, and what the circuit costs on the happy path.
 //! - [`skew_scenario`]: the relay over 1 to 10,000 aggregates and Zipf-skewed keys.
 //! - [`producer_insert_scenario`]: the producer's insert cost of per-aggregate sequence numbers.
 //! - [`wire_count`]: a proxy that counts PostgreSQL round trips on the wire.
@@ -27,6 +29,7 @@ pub mod consumer_scenario;
 pub mod env;
 pub mod latency_scenario;
 pub mod ordered_scenario;
+pub mod outage_scenario;
 pub mod process_scenario;
 pub mod producer_insert_scenario;
 pub mod reconciliation_scenario;

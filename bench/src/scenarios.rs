@@ -32,6 +32,7 @@ pub enum Scenario {
     TableGrowth,
     Processes,
     ProcessesWaiting,
+    DependencyOutage,
     Reconciliation,
 }
 
@@ -68,6 +69,7 @@ impl Scenario {
             Scenario::TableGrowth => table_scenario::table_growth(env).await,
             Scenario::Processes => process_scenario::run(env).await,
             Scenario::ProcessesWaiting => waiting_scenario::processes_waiting(env).await,
+            Scenario::DependencyOutage => outage_scenario::dependency_outage(env).await,
             Scenario::Reconciliation => reconciliation_scenario::reconciliation(env).await,
         }
     }
