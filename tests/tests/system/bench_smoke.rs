@@ -33,6 +33,8 @@ fn every_bench_scenario_runs_at_tiny_scale() {
         "consumer timeline ordered, 4 instances (3-node cluster)",
         "webhook ingest",
         "processes waiting",
+        "dependency-outage",
+        "dependency happy path",
         "reconciliation run",
         "end-to-end",
         "api",
