@@ -23,6 +23,7 @@ pub mod display;
 pub mod envelope;
 pub mod error_chain;
 pub mod migrate;
+pub mod money;
 pub mod outbox;
 pub mod publishable;
 pub mod schema;

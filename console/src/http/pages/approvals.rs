@@ -140,9 +140,20 @@ fn approval_terms(a: &approvals::Approval) -> Markup {
     };
     let s = |v: &Value| shown(v.as_str().unwrap_or(""));
     let mut terms: Vec<Markup> = Vec::new();
-    if let Some(amount) = field("amount") {
+    // Amounts are minor units (cents): shown in major units by the currency's ISO 4217
+    // exponent, with the stored figure beside them, so the approver reads 63.96 EUR, not 6396.
+    if let Some(amount) = input.get("amount").filter(|v| !v.is_null()) {
         let currency = field("currency").unwrap_or_default();
-        terms.push(html! { "amount " b.amount { (shown(&amount)) " " (shown(&currency)) } });
+        match amount.as_i64() {
+            Some(minor) => terms.push(html! {
+                "amount " b.amount { (shown(&shared::money::format_minor(minor, &currency))) }
+                " " small { "(" (minor) " minor units)" }
+            }),
+            None => terms.push(html! {
+                "amount " b.amount { (shown(&amount.to_string())) " " (shown(&currency)) }
+                " " small { "(not a whole number of minor units: shown as stored)" }
+            }),
+        }
     }
     for (label, key) in [
         ("order", "order_id"),

@@ -821,7 +821,7 @@ async fn refund_in_review(
         &c.db.pool,
         &d,
         key,
-        &json!({"amount": 5, "charge": "ok", "reject_confirm": true}),
+        &json!({"amount": 6396, "currency": "EUR", "charge": "ok", "reject_confirm": true}),
     )
     .await
     .unwrap()
@@ -3095,7 +3095,8 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
         .unwrap_or_else(|| panic!("no card: {overview}"));
     for part in [
         "Run the compensation",
-        "amount <b class=\"amount\">5 </b>",
+        // Minor units shown in major ones (issue 40: it read "6396 EUR").
+        "amount <b class=\"amount\">63.96 EUR</b> <small>(6396 minor units)</small>",
         &format!("href=\"/processes/{id}\""),
         "now <b>manual_review</b>",
         &format!("at version {}", view["version"]),
