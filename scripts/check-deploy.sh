@@ -336,8 +336,10 @@ for job in prom["scrape_configs"]:
             for target in sc["targets"]:
                 host = target.rsplit(":", 1)[0]
                 cmd = compose["services"].get(host, {}).get("command") or [""]
-                # The example consumer is `producer ledger` (the demo's binary runs it).
-                runs = "consumer" if cmd[:2] == ["producer", "ledger"] else cmd[0]
+                # The example consumers are `producer ledger` and `producer notifier` (the demo's
+                # binary runs them).
+                consumers = (["producer", "ledger"], ["producer", "notifier"])
+                runs = "consumer" if cmd[:2] in consumers else cmd[0]
                 if runs != job["job_name"]:
                     errors.append(f"prometheus job {job['job_name']} scrapes {host}, which runs {cmd[0]!r}")
 print("\n".join(errors))

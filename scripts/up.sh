@@ -10,7 +10,7 @@
 #   PROVIDER_FAULTS=timeout_after_charge:10,decline:5 scripts/up.sh   # a misbehaving provider
 #   UP_KEEP_DB=1 scripts/up.sh   # keep the demo database of the last run (default: a fresh one)
 #   UP_BIN_DIR=target/debug scripts/up.sh   # binaries already built there, no release build
-#   UP_METRICS_PORT=9101         # the relays', ledger's and worker's metrics: this port and the next three
+#   UP_METRICS_PORT=9101         # the relays', ledger's, worker's and notifier's metrics: this port and the next four
 #   LEDGER_NAME=ledger           # the ledger consumer's name (its queues: NAME, NAME.dlq, NAME.retry.*)
 #
 #   PROVIDER_MODE=async scripts/up.sh   # charges confirmed later, by signed webhook
@@ -110,6 +110,9 @@ METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 2)) "$BIN/producer" ledger --name "$LED
 # The payment process worker: charges at the provider, waits for pending charges' webhooks (at
 # most PAYMENT_CONFIRMATION_TIMEOUT, then asks the provider), records captures, compensates declines.
 PROVIDER_URL="http://$PROVIDER_ADDR" METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 3)) "$BIN/producer" worker >"$LOG_DIR/payment-worker.log" 2>&1 & pids+=($!)
+# The notifier: a consumer that calls a remote (the simulator's POST /notifications) for every
+# payment.captured, through the shared "notifications" circuit (docs/consumer.md).
+PROVIDER_URL="http://$PROVIDER_ADDR" METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 4)) "$BIN/producer" notifier --name notifier >"$LOG_DIR/consumer-notifier.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 1 100); do curl -fsS "http://$API_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
 for _ in $(seq 1 100); do curl -fsS "http://$PROVIDER_ADDR/readyz" >/dev/null 2>&1 && break; sleep 0.2; done
@@ -121,6 +124,7 @@ running:
   provider       http://$PROVIDER_ADDR  payment provider simulator (mode: ${PROVIDER_MODE:-sync}; faults: ${PROVIDER_FAULTS:-none}; charges: /admin/charges; webhooks: /admin/events -> $PROVIDER_WEBHOOK_URL)
   console        http://$CONSOLE_ADDR  (log in with the admin token: $CONSOLE_TOKEN; docs/console.md)
   worker         http://127.0.0.1:$((METRICS_PORT + 3))/metrics (producer worker: the payment processes)
+  notifier       http://127.0.0.1:$((METRICS_PORT + 4))/metrics (producer notifier: posts a notification per payment.captured; outage drill: POST /admin/outage {"outage":"503:1"} on the provider)
   logs           $LOG_DIR/
 load: deploy/loadgen.sh places an order and pays it every 200 ms (with replays, conflicts, mismatches)
 EOT
