@@ -144,21 +144,16 @@ pub async fn force_open(
     actor: &str,
     reason: &str,
 ) -> Result<DependencyView, AdminError> {
-    check(actor, reason)?;
-    let r = sqlx::query(schema.sql(
-        "UPDATE {{schema}}.dependencies SET forced_open = true, \
-             down_since = coalesce(down_since, now()), last_reason = $3, last_actor = $2, \
-             version = version + 1, updated_at = now() WHERE name = $1",
-    ))
-    .bind(name)
-    .bind(actor)
-    .bind(format!("opened by hand: {reason}"))
-    .execute(&mut *conn)
-    .await?;
-    if r.rows_affected() == 0 {
-        return Err(AdminError::NotFound(name.to_string()));
-    }
-    get(conn, schema, name).await
+    let set = "forced_open = true, down_since = coalesce(down_since, now())";
+    by_hand(
+        conn,
+        schema,
+        name,
+        set,
+        actor,
+        &format!("opened by hand: {reason}"),
+    )
+    .await
 }
 
 /// Closes the circuit by hand (also one an operator held open): calls go again, and waiting work
@@ -170,18 +165,41 @@ pub async fn close(
     actor: &str,
     reason: &str,
 ) -> Result<DependencyView, AdminError> {
+    let set = "state = 'closed', forced_open = false, consecutive = 0, window_started_at = NULL, \
+         window_calls = 0, window_unavailable = 0, down_since = NULL, cooldown_ms = 0, \
+         probe_at = NULL, probe_until = NULL";
+    by_hand(
+        conn,
+        schema,
+        name,
+        set,
+        actor,
+        &format!("closed by hand: {reason}"),
+    )
+    .await
+}
+
+/// An operator's change `set` of `name`'s circuit, with the actor and reason (checked first), the
+/// version bumped (a worker's compare-and-set in flight then loses), and the circuit after it.
+async fn by_hand(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    name: &str,
+    set: &str,
+    actor: &str,
+    reason: &str,
+) -> Result<DependencyView, AdminError> {
     check(actor, reason)?;
-    let r = sqlx::query(schema.sql(
-        "UPDATE {{schema}}.dependencies SET state = 'closed', forced_open = false, consecutive = 0, \
-             window_started_at = NULL, window_calls = 0, window_unavailable = 0, down_since = NULL, \
-             cooldown_ms = 0, probe_at = NULL, probe_until = NULL, last_reason = $3, last_actor = $2, \
-             version = version + 1, updated_at = now() WHERE name = $1",
-    ))
-    .bind(name)
-    .bind(actor)
-    .bind(format!("closed by hand: {reason}"))
-    .execute(&mut *conn)
-    .await?;
+    let sql = format!(
+        "UPDATE {{{{schema}}}}.dependencies SET {set}, last_reason = $3, last_actor = $2, \
+         version = version + 1, updated_at = now() WHERE name = $1"
+    );
+    let r = sqlx::query(schema.sql(&sql))
+        .bind(name)
+        .bind(actor)
+        .bind(reason)
+        .execute(&mut *conn)
+        .await?;
     if r.rows_affected() == 0 {
         return Err(AdminError::NotFound(name.to_string()));
     }

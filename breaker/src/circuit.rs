@@ -263,20 +263,15 @@ pub fn record(
     }
 }
 
-/// The circuit closed again, everything counted reset.
+/// The circuit closed again, everything counted reset (what an operator's hand and the last
+/// error are, stays).
 fn closed(c: &Circuit, why: &str) -> Circuit {
     Circuit {
-        state: CircuitState::Closed,
-        consecutive: 0,
-        window_started_at: None,
-        window_calls: 0,
-        window_unavailable: 0,
-        down_since: None,
-        cooldown: Duration::ZERO,
-        probe_at: None,
-        probe_until: None,
+        forced_open: c.forced_open,
+        last_error: c.last_error.clone(),
         reason: why.into(),
-        ..c.clone()
+        version: c.version,
+        ..Circuit::new()
     }
 }
 
