@@ -50,6 +50,9 @@ COMMENT ON COLUMN {{schema}}.dependencies.last_actor IS 'system or the operator 
 COMMENT ON COLUMN {{schema}}.dependencies.tokens IS 'The rate limiter''s tokens at tokens_at (NULL without a rate limit).';
 COMMENT ON COLUMN {{schema}}.dependencies.resumed_at IS 'When waiting work was last woken (one wake-up a second across all instances, at the policy''s resume rate).';
 COMMENT ON COLUMN {{schema}}.dependencies.version IS 'Incremented on every change of the circuit: writes compare and set it.';
+COMMENT ON COLUMN {{schema}}.dependencies.last_error_at IS 'When last_error changed.';
+COMMENT ON COLUMN {{schema}}.dependencies.tokens_at IS 'When tokens was last computed (the bucket refills from there at the policy''s rate).';
+COMMENT ON COLUMN {{schema}}.dependencies.updated_at IS 'Last change of the circuit.';
 
 CREATE TABLE {{schema}}.dependency_slots (
     name        text        NOT NULL REFERENCES {{schema}}.dependencies (name) ON DELETE CASCADE,
@@ -60,6 +63,10 @@ CREATE TABLE {{schema}}.dependency_slots (
     CONSTRAINT dependency_slots_held_pair CHECK ((holder IS NULL) = (held_until IS NULL))
 );
 COMMENT ON TABLE {{schema}}.dependency_slots IS 'The concurrency cap of a dependency across all instances: one row per allowed call in flight; a call holds a slot until it ends or held_until passes (a crashed holder''s slot comes back).';
+COMMENT ON COLUMN {{schema}}.dependency_slots.name IS 'The dependency.';
+COMMENT ON COLUMN {{schema}}.dependency_slots.slot IS 'The slot''s number, 0 to the cap - 1.';
+COMMENT ON COLUMN {{schema}}.dependency_slots.holder IS 'The process (instance) whose call holds the slot; NULL when free.';
+COMMENT ON COLUMN {{schema}}.dependency_slots.held_until IS 'The hold''s lease: after it the slot is free again, whoever held it.';
 
 CREATE TABLE {{schema}}.dependency_history (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -72,6 +79,14 @@ CREATE TABLE {{schema}}.dependency_history (
     at          timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 COMMENT ON TABLE {{schema}}.dependency_history IS 'Append-only record of every circuit transition and operator action on dependencies, written by a trigger in the transaction of the change.';
+COMMENT ON COLUMN {{schema}}.dependency_history.id IS 'Order of the entries.';
+COMMENT ON COLUMN {{schema}}.dependency_history.name IS 'The dependency.';
+COMMENT ON COLUMN {{schema}}.dependency_history.from_state IS 'The state before (NULL when the row was created).';
+COMMENT ON COLUMN {{schema}}.dependency_history.to_state IS 'The state after.';
+COMMENT ON COLUMN {{schema}}.dependency_history.forced_open IS 'Whether an operator held the circuit open after the change.';
+COMMENT ON COLUMN {{schema}}.dependency_history.reason IS 'Why (the circuit''s reason, or the operator''s with "opened by hand:" or "closed by hand:").';
+COMMENT ON COLUMN {{schema}}.dependency_history.actor IS 'system or the operator.';
+COMMENT ON COLUMN {{schema}}.dependency_history.at IS 'When.';
 CREATE INDEX dependency_history_name_idx ON {{schema}}.dependency_history (name, id);
 
 CREATE FUNCTION {{schema}}.dependencies_transition() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -144,6 +144,7 @@ pub async fn force_open(
     actor: &str,
     reason: &str,
 ) -> Result<DependencyView, AdminError> {
+    check(actor, reason)?;
     let set = "forced_open = true, down_since = coalesce(down_since, now())";
     by_hand(
         conn,
@@ -168,6 +169,7 @@ pub async fn close(
     let set = "state = 'closed', forced_open = false, consecutive = 0, window_started_at = NULL, \
          window_calls = 0, window_unavailable = 0, down_since = NULL, cooldown_ms = 0, \
          probe_at = NULL, probe_until = NULL";
+    check(actor, reason)?;
     by_hand(
         conn,
         schema,
@@ -179,8 +181,9 @@ pub async fn close(
     .await
 }
 
-/// An operator's change `set` of `name`'s circuit, with the actor and reason (checked first), the
-/// version bumped (a worker's compare-and-set in flight then loses), and the circuit after it.
+/// An operator's change `set` of `name`'s circuit, with the actor and the reason as recorded (both
+/// checked by the caller), the version bumped (a worker's compare-and-set in flight then loses),
+/// and the circuit after it.
 async fn by_hand(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -189,7 +192,6 @@ async fn by_hand(
     actor: &str,
     reason: &str,
 ) -> Result<DependencyView, AdminError> {
-    check(actor, reason)?;
     let sql = format!(
         "UPDATE {{{{schema}}}}.dependencies SET {set}, last_reason = $3, last_actor = $2, \
          version = version + 1, updated_at = now() WHERE name = $1"

@@ -11,3 +11,7 @@ CREATE TABLE provider.notifications (
 );
 COMMENT ON TABLE provider.notifications IS
     'Every notification the simulator accepted (POST /notifications), once per Idempotency-Key; posts counts the deliveries of that key (replays included).';
+COMMENT ON COLUMN provider.notifications.idempotency_key IS 'The caller''s Idempotency-Key (the example''s notifier sends the event''s message id): one notification per key.';
+COMMENT ON COLUMN provider.notifications.body IS 'The notification as first posted (a JSON object).';
+COMMENT ON COLUMN provider.notifications.posts IS 'How often the key was posted: 1, plus one for every repeat (a retry, a redelivery).';
+COMMENT ON COLUMN provider.notifications.received_at IS 'When the first post was accepted.';

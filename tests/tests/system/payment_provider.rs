@@ -233,7 +233,7 @@ async fn every_endpoint() {
         .fetch_one(&p.db.pool)
         .await
         .unwrap();
-    assert_eq!(history, 2);
+    assert_eq!(history, 3);
     let uncommented: Vec<String> = sqlx::query_scalar(
         "SELECT c.table_name || '.' || c.column_name
            FROM information_schema.columns c
