@@ -85,6 +85,11 @@ pub struct StepView {
     /// For a wait step: its deadline (then the remote is queried, or the step goes to manual
     /// review); for a timer: when the process continues.
     pub wait_until: Option<DateTime<Utc>>,
+    /// The dependency whose circuit the step waits on (a retryable step, woken when the circuit
+    /// lets calls go again); `None` otherwise.
+    pub waiting_for: Option<String>,
+    /// Since when the step has waited for an unavailable remote.
+    pub waiting_since: Option<DateTime<Utc>>,
 }
 
 impl StepView {
@@ -481,7 +486,8 @@ async fn steps_of(
     sqlx::query_as(schema.sql(
         "SELECT seq, name, role, acts_on, execution, remote, sensitive, status, operation_id, attempts, \
          max_attempts, next_attempt_at, first_attempt_at, last_attempt_at, finished_at, error_class, \
-         error_message, remote_ref, result_ref, last_reason, last_actor, wait_key, wait_since, wait_until \
+         error_message, remote_ref, result_ref, last_reason, last_actor, wait_key, wait_since, wait_until, \
+         waiting_for, waiting_since \
          FROM {{schema}}.process_steps WHERE process_id = $1 ORDER BY seq",
     ))
     .bind(id)

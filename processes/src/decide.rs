@@ -889,6 +889,8 @@ pub(crate) mod tests {
             wait_key: None,
             wait_since: None,
             wait_until: None,
+            waiting_for: None,
+            waiting_since: None,
         }
     }
 
