@@ -293,6 +293,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_wait_takes_the_shortest_retry_queue_at_least_as_long_or_else_the_longest() {
+        let t = Topology::new(
+            "c",
+            &[
+                Duration::from_secs(1),
+                Duration::from_secs(10),
+                Duration::from_secs(60),
+            ],
+        );
+        let q = |secs: u64| t.retry_queue_at_least(Duration::from_secs(secs));
+        assert_eq!(q(0), Some("c.retry.1s"));
+        assert_eq!(q(2), Some("c.retry.10s"));
+        assert_eq!(q(60), Some("c.retry.1m"));
+        assert_eq!(q(3600), Some("c.retry.1m"), "longer than any: the longest");
+        assert_eq!(
+            Topology::new("c", &[]).retry_queue_at_least(Duration::ZERO),
+            None
+        );
+    }
+
+    #[test]
     fn names_derive_from_the_consumer() {
         let t = Topology::new(
             "ledger",

@@ -227,3 +227,44 @@ pub(super) fn circuit_stopped(ext: &External) -> Option<&str> {
     let stopped = dep.last_seen().is_some_and(|c| !c.lets_through());
     stopped.then(|| dep.name())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::definition::Done;
+
+    #[tokio::test]
+    async fn only_an_unavailable_answer_counts_against_the_remote_and_a_timeout_never_does() {
+        let answered: CallOutcome = Ok(Ok(Done::new("ref")));
+        assert_eq!(health(&answered), Health::Answered);
+        let declined: CallOutcome = Ok(Err(StepError::permanent("402 declined")));
+        assert_eq!(
+            health(&declined),
+            Health::Answered,
+            "a refusal is an answer"
+        );
+        let down: CallOutcome = Ok(Err(
+            StepError::unavailable("503").retry_after(Some(Duration::from_secs(7)))
+        ));
+        assert_eq!(
+            health(&down),
+            Health::Unavailable {
+                retry_after: Some(Duration::from_secs(7)),
+                message: "503".into()
+            }
+        );
+        for neither in [
+            StepError::unknown("reset after sending"),
+            StepError::transient("502"),
+        ] {
+            assert_eq!(health(&Ok(Err(neither))), Health::NoAnswer);
+        }
+        let timed_out: CallOutcome =
+            tokio::time::timeout(Duration::ZERO, std::future::pending()).await;
+        assert_eq!(
+            health(&timed_out),
+            Health::NoAnswer,
+            "a timeout after sending"
+        );
+    }
+}
