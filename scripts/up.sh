@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole system on the local PostgreSQL and RabbitMQ, without Docker: the producer API, two
-# relays, the payment provider simulator, the payment process worker, the ledger consumer and a
+# relays, the payment provider simulator, the payment process worker, the ledger and notifier consumers and a
 # small load generator, as in docker-compose.yml. Ctrl-C or SIGTERM stops everything within 10 s.
 #
 #   scripts/up.sh            # runs until Ctrl-C
@@ -35,7 +35,7 @@ export PROVIDER_WEBHOOK_SECRET="${PROVIDER_WEBHOOK_SECRET:-$(od -An -N24 -tx1 /d
 export PAYMENT_CONFIRMATION_TIMEOUT="${PAYMENT_CONFIRMATION_TIMEOUT:-30s}"
 CONSOLE_ADDR="${CONSOLE_ADDR:-127.0.0.1:8070}"
 LOG_DIR="${LOG_DIR:-target/up-logs}"
-# The relays', the ledger's and the worker's metrics: this port and the next three.
+# The relays', the ledger's, the worker's and the notifier's metrics: this port and the next four.
 METRICS_PORT="${UP_METRICS_PORT:-9101}"
 
 # Stopping. Bash runs a trap only once the foreground command it waits for has ended, so every
