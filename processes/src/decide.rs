@@ -483,6 +483,7 @@ pub(crate) mod tests {
             wait_key: None,
             wait_until: None,
             waiting_since: None,
+            waiting_for: None,
         }
     }
 

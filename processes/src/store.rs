@@ -318,6 +318,9 @@ pub struct StepRow {
     pub wait_until: Option<DateTime<Utc>>,
     /// Since when the step has waited for an unavailable remote (cleared by any other outcome).
     pub waiting_since: Option<DateTime<Utc>>,
+    /// The dependency whose wake-up the step waits for: still set when the step was claimed on its
+    /// own timer rather than woken (the wake-up clears it).
+    pub waiting_for: Option<String>,
 }
 
 impl Claimed {
@@ -363,7 +366,7 @@ RETURNING p.id, p.kind, p.definition_version, p.business_key, p.status, p.input,
           (SELECT json_agg(s ORDER BY s.seq) FROM (
               SELECT seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts,
                      next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output,
-                     wait_key, wait_until, waiting_since
+                     wait_key, wait_until, waiting_since, waiting_for
               FROM {{schema}}.process_steps WHERE process_id = p.id) s) AS steps";
 
 /// Claims up to `limit` due processes of the known (kind, version) pairs, each with its steps.
@@ -463,6 +466,7 @@ struct StepColumns {
     wait_key: Option<String>,
     wait_until: Option<DateTime<Utc>>,
     waiting_since: Option<DateTime<Utc>>,
+    waiting_for: Option<String>,
 }
 
 impl From<StepColumns> for StepRow {
@@ -486,6 +490,7 @@ impl From<StepColumns> for StepRow {
             wait_key: s.wait_key,
             wait_until: s.wait_until,
             waiting_since: s.waiting_since,
+            waiting_for: s.waiting_for,
         }
     }
 }
@@ -569,7 +574,7 @@ pub async fn unknown_versions(
 
 const STEP_COLUMNS: &str = "seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts, \
      next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output, wait_key, wait_until, \
-     waiting_since";
+     waiting_since, waiting_for";
 
 /// Every step of a process, in order.
 pub async fn steps(

@@ -28,11 +28,11 @@ pub(super) struct Unavailable<'m> {
     pub(super) uncount: bool,
 }
 
-/// How long a step waiting for a dependency's wake-up sleeps at most (spread over 80-100% of it):
-/// if no worker wakes it (none runs the wake-up, or the database was unreachable), it asks the
-/// circuit again then. Long, because every such self-wake costs a claim during the outage and,
-/// after it, is a call the resume rate does not pace: measured with a one-minute recheck, 16,199
-/// steps waiting out a twenty-minute outage woke at 147/s against a resume rate of 50.
+/// How long a step waiting for a dependency's wake-up sleeps at most (spread over 80-100% of it)
+/// before it is claimed on its own timer, only to look at its deadline: it calls the remote only
+/// when the wake-up (which runs in every worker) resumes it, so the resume rate holds. Long,
+/// because every self-claim costs a claim: with a one-minute timer that also called, 16,199 steps
+/// waiting out a twenty-minute outage resumed at 147/s against a resume rate of 50.
 const DEPENDENCY_RECHECK: Duration = Duration::from_secs(15 * 60);
 /// A limit's wait shorter than this is slept in the turn (the process keeps its lease); a longer
 /// one parks the process.
@@ -53,6 +53,23 @@ impl Run<'_> {
         let Some(dep) = &ext.dependency else {
             return Ok(ControlFlow::Continue(()));
         };
+        // Claimed on its own timer, not woken: the wake-up resumes the waiting steps oldest first
+        // at the dependency's rate, and this one takes its turn there (or fails at its deadline).
+        if self.steps[i].waiting_for.is_some() {
+            let why = format!(
+                "waiting for {}: its waiting steps resume oldest first, at most {} a second",
+                dep.name(),
+                dep.policy().resume_per_second
+            );
+            let w = Unavailable {
+                message: &why,
+                retry_after: None,
+                waiting_for: Some(dep.name()),
+                not_before: None,
+                uncount: false,
+            };
+            return Ok(ControlFlow::Break(self.wait_unavailable(i, ext, w).await?));
+        }
         let lease = ext.timeout + Duration::from_secs(5);
         let schema = self.c.lease.schema().clone();
         for _ in 0..10 {
@@ -188,6 +205,7 @@ impl Run<'_> {
         );
         let s = &mut self.steps[i];
         s.status = StepStatus::Retryable;
+        s.waiting_for = w.waiting_for.map(str::to_string);
         s.attempts -= i32::from(w.uncount);
         s.next_attempt_at = Some(at);
         s.error_class = Some(class.as_str().into());
