@@ -314,11 +314,8 @@ pub(crate) async fn run_handler(
         }),
         Ok(Ok(Ok(()))) => Ok(()),
         Ok(Ok(Err(HandlerError::Database(e)))) => Err(classify_db(e, "handler query failed")),
-        Ok(Ok(Err(e @ HandlerError::Unavailable { .. }))) => {
-            let HandlerError::Unavailable { retry_after, .. } = &e else {
-                unreachable!("matched above")
-            };
-            let wait = unavailable_wait(ctx, handler, *retry_after);
+        Ok(Ok(Err(e @ HandlerError::Unavailable { retry_after, .. }))) => {
+            let wait = unavailable_wait(ctx, handler, retry_after);
             Err(Failure::Unavailable {
                 reason: ErrorChain(&e).to_string(),
                 wait,

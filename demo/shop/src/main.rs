@@ -120,7 +120,8 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let client = payment_provider::client::Client::new(&provider_url, notify_timeout)
                 .context("building the notification client")?;
-            let dependency = demo::notifier::dependency();
+            let dependency =
+                demo::notifier::dependency().context("declaring the notification service")?;
             run_consumer(&cli.config, *settings, "notifier", move |_| {
                 demo::notifier::handlers(client, dependency)
             })

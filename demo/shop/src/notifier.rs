@@ -47,7 +47,6 @@ pub fn handlers(client: Client, dependency: breaker::Dependency) -> Handlers {
 }
 
 /// The notification service as a dependency with the default policy.
-pub fn dependency() -> breaker::Dependency {
+pub fn dependency() -> Result<breaker::Dependency, breaker::DeclareError> {
     breaker::Dependency::new(NOTIFICATIONS, breaker::Policy::default())
-        .expect("the default policy and the name are valid")
 }
