@@ -63,13 +63,20 @@ fn view(r: &sqlx::postgres::PgRow) -> Result<DependencyView, sqlx::Error> {
     })
 }
 
-const SELECT: &str = "SELECT name, state, forced_open, consecutive, window_started_at, window_calls, \
-    window_unavailable, down_since, cooldown_ms, probe_at, probe_until, last_error, last_error_at, \
-    last_reason, last_actor, updated_at, version FROM {{schema}}.dependencies";
+/// The circuit's columns (read by `store::circuit`) and what an operator sees besides.
+fn select() -> String {
+    format!(
+        "SELECT name, {}, last_error_at, last_actor, updated_at FROM {{{{schema}}}}.dependencies",
+        store::COLUMNS
+    )
+}
 
 /// Every dependency, those that are not closed first.
 pub async fn list(pool: &PgPool, schema: &Schema) -> Result<Vec<DependencyView>, sqlx::Error> {
-    let sql = format!("{SELECT} ORDER BY (state = 'closed' AND NOT forced_open), name");
+    let sql = format!(
+        "{} ORDER BY (state = 'closed' AND NOT forced_open), name",
+        select()
+    );
     let rows = sqlx::query(schema.sql(&sql)).fetch_all(pool).await?;
     rows.iter().map(view).collect()
 }
@@ -80,7 +87,7 @@ pub async fn get(
     schema: &Schema,
     name: &str,
 ) -> Result<DependencyView, AdminError> {
-    let sql = format!("{SELECT} WHERE name = $1");
+    let sql = format!("{} WHERE name = $1", select());
     let row = sqlx::query(schema.sql(&sql))
         .bind(name)
         .fetch_optional(&mut *conn)

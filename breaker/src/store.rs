@@ -4,7 +4,7 @@
 
 use crate::circuit::Circuit;
 use crate::state::CircuitState;
-
+use shared::display::truncate;
 use shared::schema::Schema;
 use sqlx::postgres::PgRow;
 use sqlx::{PgExecutor, Row};
@@ -49,7 +49,8 @@ pub async fn ensure_slots<'e>(
     Ok(())
 }
 
-const COLUMNS: &str = "state, forced_open, consecutive, window_started_at, window_calls, \
+/// The circuit's columns, as [`circuit`] reads them.
+pub const COLUMNS: &str = "state, forced_open, consecutive, window_started_at, window_calls, \
     window_unavailable, down_since, cooldown_ms, probe_at, probe_until, last_error, last_reason, version";
 
 /// The circuit from a row of [`COLUMNS`].
@@ -220,16 +221,4 @@ pub async fn take_resume_turn<'e>(
     .execute(db)
     .await?;
     Ok(r.rows_affected() == 1)
-}
-
-/// Cuts `s` to at most `max` bytes on a character boundary.
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
 }

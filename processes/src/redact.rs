@@ -70,12 +70,7 @@ pub fn message(m: &str) -> String {
 }
 
 /// `s` cut to at most `max` bytes on a character boundary.
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    s[..s.floor_char_boundary(max)].to_string()
-}
+pub use shared::display::truncate;
 
 #[cfg(test)]
 mod tests {

@@ -24,6 +24,14 @@ pub fn escape_control(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `s` cut to at most `max` bytes on a character boundary (what a bounded text column takes).
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    s[..s.floor_char_boundary(max)].to_string()
+}
+
 fn needs_escape(c: char) -> bool {
     c == '\\'
         || c.is_control()
@@ -33,6 +41,13 @@ fn needs_escape(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn truncate_cuts_on_a_character_boundary() {
+        assert_eq!(truncate("abc", 5), "abc");
+        assert_eq!(truncate("abcdef", 3), "abc");
+        assert_eq!(truncate("aé", 2), "a", "é is two bytes: not cut in half");
+    }
 
     #[test]
     fn escapes_what_could_forge_output() {
