@@ -116,6 +116,20 @@ pub(crate) struct Copy {
     pub what: String,
 }
 
+/// A copy into retry queue `queue` (the main queue if there is none): its attempt number and last
+/// error set; the routing key to publish it with on the default exchange.
+fn delayed(
+    ctx: &Ctx,
+    table: &mut FieldTable,
+    queue: Option<&str>,
+    attempt: i64,
+    reason: &str,
+) -> String {
+    message::set_int(table, headers::ATTEMPT, attempt);
+    message::set_text(table, headers::LAST_ERROR, &message::truncate(reason, 1000));
+    queue.unwrap_or(&ctx.topology.queue).to_string()
+}
+
 /// The copy `fate` asks for of `item`'s delivery: `Ok(None)` when the fate needs none (processed,
 /// duplicate, ignored); `Err` when it cannot be made to fit one frame of `frame_max` (see [`fit`]).
 pub(crate) fn copy_of(
@@ -132,32 +146,25 @@ pub(crate) fn copy_of(
     message::set_text(&mut table, headers::ORIGINAL_ROUTING_KEY, &original_key);
     let (exchange, routing_key, kind) = match fate {
         Fate::Retry(reason) => {
-            let delay = ctx.config.retry_delay(item.attempt);
             let queue = ctx
                 .topology
-                .retry_queue(delay)
-                .unwrap_or(&ctx.topology.queue);
-            message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt) + 1);
-            message::set_text(
-                &mut table,
-                headers::LAST_ERROR,
-                &message::truncate(reason, 1000),
-            );
-            (String::new(), queue.to_string(), "retry")
+                .retry_queue(ctx.config.retry_delay(item.attempt));
+            let attempt = i64::from(item.attempt) + 1;
+            (
+                String::new(),
+                delayed(ctx, &mut table, queue, attempt, reason),
+                "retry",
+            )
         }
         // Waiting for a remote spends no attempt: the copy keeps the delivery's attempt number.
         Fate::Wait(reason, wait) => {
-            let queue = ctx
-                .topology
-                .retry_queue_at_least(*wait)
-                .unwrap_or(&ctx.topology.queue);
-            message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt));
-            message::set_text(
-                &mut table,
-                headers::LAST_ERROR,
-                &message::truncate(reason, 1000),
-            );
-            (String::new(), queue.to_string(), "wait")
+            let queue = ctx.topology.retry_queue_at_least(*wait);
+            let attempt = i64::from(item.attempt);
+            (
+                String::new(),
+                delayed(ctx, &mut table, queue, attempt, reason),
+                "wait",
+            )
         }
         Fate::DeadLetter(kind, reason) => {
             message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt));
