@@ -248,7 +248,9 @@ async fn with_savepoints(
                     Failure::Message { permanent, reason } => {
                         fate_of_failure(ctx, permanent, reason, attempt)
                     }
-                    Failure::Unavailable { reason, wait } => Fate::Wait(reason, wait),
+                    Failure::Unavailable { reason, wait } => {
+                        fate_of_unavailable(ctx, reason, wait, attempt)
+                    }
                     Failure::Infrastructure(e) => return Err(e),
                 };
                 span.in_scope(|| match &fate {
@@ -397,6 +399,17 @@ fn health(result: &CallResult) -> breaker::Outcome {
         }
         _ => breaker::Outcome::NoAnswer,
     }
+}
+
+/// A message whose remote is unavailable waits in a retry queue without spending an attempt. A
+/// consumer with no retry queue has nowhere to wait (its copy would go straight back to the main
+/// queue, a hot loop): there the answer counts as a transient failure, bounded by the attempts.
+fn fate_of_unavailable(ctx: &Ctx, reason: String, wait: std::time::Duration, attempt: u32) -> Fate {
+    if ctx.topology.retry_queue_at_least(wait).is_some() {
+        return Fate::Wait(reason, wait);
+    }
+    let reason = format!("{reason} (no retry queue to wait in: counted as a transient failure)");
+    fate_of_failure(ctx, false, reason, attempt)
 }
 
 fn fate_of_failure(ctx: &Ctx, permanent: bool, reason: String, attempt: u32) -> Fate {

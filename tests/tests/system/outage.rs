@@ -456,3 +456,53 @@ async fn a_consumer_whose_remote_is_down_longer_than_its_retries_dead_letters_no
 async fn an_ordered_consumer_whose_remote_is_down_parks_nothing_and_keeps_each_aggregates_order() {
     consumer_outage(true).await;
 }
+
+/// Always answers that its remote is unavailable.
+struct AlwaysDown;
+
+impl Handler for AlwaysDown {
+    async fn handle(&self, _: &mut PgConnection, _: &Envelope) -> Result<(), HandlerError> {
+        Err(HandlerError::unavailable("503 from the remote", None))
+    }
+}
+
+/// A consumer with no retry queue has nowhere to wait: an unavailable answer counts as a
+/// transient failure, so the message ends in the dead-letter queue with the reason instead of
+/// going round the main queue for ever.
+#[tokio::test]
+async fn without_retry_queues_an_unavailable_remote_is_a_counted_failure_not_a_hot_loop() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let exchange = broker.outbox_exchange("outage-noretry");
+    let name = unique("noretry");
+    track_consumer(&broker, &name, &[], None);
+    let mut config = Config::new(&name, amqp_url(), &exchange);
+    config.max_attempts = 1;
+    config.retry_delays = vec![];
+    let pool = plumbing::db::connect(&db.url, config.pool_size(), "outage-noretry")
+        .await
+        .unwrap();
+    let consumer =
+        RunningConsumer::start(config, pool, Handlers::new().on("payment.captured", AlwaysDown))
+            .await;
+    let relay = InProcess::on(&db, &exchange, test_options()).await;
+    let msg = NewMessage::new("payment", "acct-1", "payment.captured", json!({"n": 1}));
+    shared::outbox::enqueue(&db.pool, &msg).await.unwrap();
+    wait_until("the message is dead-lettered", Duration::from_secs(60), || async {
+        (consumer.stats.snapshot().dead_lettered == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stats = consumer.stats.snapshot();
+    assert_eq!(
+        (stats.dead_lettered, stats.waited, stats.retried),
+        (1, 0, 0),
+        "{stats:?}"
+    );
+    let depth = consumer::dlq::depth(&amqp_url(), &Default::default(), &name)
+        .await
+        .unwrap();
+    assert_eq!(depth, 1);
+    relay.stop().await;
+    consumer.stop().await;
+}
