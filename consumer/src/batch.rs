@@ -338,7 +338,10 @@ async fn admit(
     timeout: std::time::Duration,
 ) -> Result<breaker::Permit, Failure> {
     let lease = timeout + std::time::Duration::from_secs(5);
-    match dep.acquire(&ctx.pool, &ctx.config.schema, lease).await {
+    match dep
+        .acquire(&ctx.breaker_pool, &ctx.config.schema, lease)
+        .await
+    {
         Ok(breaker::Admission::Go(permit)) => Ok(permit),
         Ok(breaker::Admission::Wait(w)) => {
             // Behind a circuit that keeps calls back, a message waits at least the longest

@@ -19,6 +19,10 @@ pub(crate) const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) struct Ctx {
     pub(crate) config: Config,
     pub(crate) pool: PgPool,
+    /// The dependencies' bookkeeping (circuit reads and writes, slots, tokens): a pool of its
+    /// own, two connections made when first used, so a worker asking a circuit from inside its
+    /// batch transaction never waits for a connection another worker's transaction holds.
+    pub(crate) breaker_pool: PgPool,
     pub(crate) handlers: Handlers,
     pub(crate) topology: Topology,
     pub(crate) bindings: Vec<String>,

@@ -54,6 +54,9 @@ impl Consumer {
         Ok(Self {
             ctx: Arc::new(Ctx {
                 config,
+                breaker_pool: sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(2)
+                    .connect_lazy_with(pool.connect_options().as_ref().clone()),
                 pool,
                 handlers,
                 topology,
@@ -163,6 +166,8 @@ impl Consumer {
             while tasks.join_next().await.is_some() {}
         })
         .await;
+        // Our own pool (the caller's pool is the caller's to close).
+        ctx.breaker_pool.close().await;
         tracing::info!(consumer = %cfg.name, "consumer stopped");
         Ok(())
     }

@@ -482,15 +482,20 @@ async fn without_retry_queues_an_unavailable_remote_is_a_counted_failure_not_a_h
     let pool = plumbing::db::connect(&db.url, config.pool_size(), "outage-noretry")
         .await
         .unwrap();
-    let consumer =
-        RunningConsumer::start(config, pool, Handlers::new().on("payment.captured", AlwaysDown))
-            .await;
+    let consumer = RunningConsumer::start(
+        config,
+        pool,
+        Handlers::new().on("payment.captured", AlwaysDown),
+    )
+    .await;
     let relay = InProcess::on(&db, &exchange, test_options()).await;
     let msg = NewMessage::new("payment", "acct-1", "payment.captured", json!({"n": 1}));
     shared::outbox::enqueue(&db.pool, &msg).await.unwrap();
-    wait_until("the message is dead-lettered", Duration::from_secs(60), || async {
-        (consumer.stats.snapshot().dead_lettered == 1).then_some(())
-    })
+    wait_until(
+        "the message is dead-lettered",
+        Duration::from_secs(60),
+        || async { (consumer.stats.snapshot().dead_lettered == 1).then_some(()) },
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let stats = consumer.stats.snapshot();
@@ -503,6 +508,72 @@ async fn without_retry_queues_an_unavailable_remote_is_a_counted_failure_not_a_h
         .await
         .unwrap();
     assert_eq!(depth, 1);
+    relay.stop().await;
+    consumer.stop().await;
+}
+
+/// A handler that names a dependency asks its circuit from inside its batch transaction: on a
+/// pool with exactly one connection per worker (all held by the batches) that read must not wait
+/// for a connection the batches hold. The circuit is read on every call here (no cache).
+#[tokio::test]
+async fn a_dependency_read_inside_the_batch_never_waits_for_the_batches_connections() {
+    let drill = Drill::start().await;
+    sqlx::raw_sql(
+        "CREATE TABLE outage_applied (position bigserial PRIMARY KEY, aggregate_id text, seq bigint, message_id uuid)",
+    )
+    .execute(&drill.db.pool)
+    .await
+    .unwrap();
+    let broker = TestBroker::new();
+    let exchange = broker.outbox_exchange("outage-pool");
+    let name = unique("pool");
+    let retry_delays = vec![Duration::from_millis(200)];
+    track_consumer(&broker, &name, &retry_delays, None);
+    let mut config = Config::new(&name, amqp_url(), &exchange);
+    config.retry_delays = retry_delays;
+    config.workers = 2;
+    config.batch_size = 1;
+    let dependency = breaker::Dependency::new(
+        "notifications",
+        breaker::Policy::default().cache_for(Duration::ZERO),
+    )
+    .unwrap();
+    let client = Client::new(&drill.provider_url, Duration::from_secs(5)).unwrap();
+    let handlers =
+        Handlers::new().on_needing("payment.captured", dependency, NotifyAndRecord { client });
+    // One connection per worker, nothing spare.
+    let pool = plumbing::db::connect(&drill.db.url, config.workers as u32, "outage-pool")
+        .await
+        .unwrap();
+    let consumer = RunningConsumer::start(config, pool, handlers).await;
+    let relay = InProcess::on(&drill.db, &exchange, test_options()).await;
+    for n in 0..20 {
+        let msg = NewMessage::new(
+            "payment",
+            format!("acct-{n}"),
+            "payment.captured",
+            json!({"n": n}),
+        );
+        shared::outbox::enqueue(&drill.db.pool, &msg).await.unwrap();
+    }
+    wait_until(
+        "every notification applied",
+        Duration::from_secs(60),
+        || async {
+            (drill
+                .scalar_i64("SELECT count(*) FROM outage_applied")
+                .await
+                == 20)
+                .then_some(())
+        },
+    )
+    .await;
+    let stats = consumer.stats.snapshot();
+    assert_eq!(
+        (stats.database_failures, stats.dead_lettered),
+        (0, 0),
+        "{stats:?}"
+    );
     relay.stop().await;
     consumer.stop().await;
 }
