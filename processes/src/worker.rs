@@ -108,6 +108,9 @@ impl Worker {
         let (kinds, versions) = registry.known();
         let shared = Shared {
             pool: config.pool.clone(),
+            breaker_pool: sqlx::postgres::PgPoolOptions::new()
+                .max_connections(2)
+                .connect_lazy_with(config.pool.connect_options().as_ref().clone()),
             lease: config.lease,
             heartbeat: config.heartbeat,
             local_group: config.local_steps_per_transaction,
@@ -160,6 +163,7 @@ impl Worker {
         let _ = listener.await;
         let _ = stats.await;
         let _ = resume.await;
+        turns.shared.breaker_pool.close().await;
         tracing::info!(worker = %config.worker_id, "process worker stopped");
         Ok(())
     }

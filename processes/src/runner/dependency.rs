@@ -73,7 +73,7 @@ impl Run<'_> {
         let lease = ext.timeout + Duration::from_secs(5);
         let schema = self.c.lease.schema().clone();
         for _ in 0..10 {
-            let wait = match dep.acquire(&self.sh.pool, &schema, lease).await? {
+            let wait = match dep.acquire(&self.sh.breaker_pool, &schema, lease).await? {
                 Admission::Go(permit) => {
                     self.permit = Some(permit);
                     return Ok(ControlFlow::Continue(()));

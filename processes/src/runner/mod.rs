@@ -71,6 +71,10 @@ struct External {
 #[derive(Debug, Clone)]
 pub(crate) struct Shared {
     pub pool: PgPool,
+    /// The dependencies' bookkeeping (circuit reads and writes, slots, tokens): a pool of its own,
+    /// two connections made when first used, so a turn that holds its connection never waits for
+    /// one the other turns hold to ask a circuit.
+    pub breaker_pool: PgPool,
     /// Connections of turns that ended, for the next turns while the worker has work.
     pub spare: Spare,
     pub lease: Duration,
