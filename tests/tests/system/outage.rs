@@ -577,3 +577,59 @@ async fn a_dependency_read_inside_the_batch_never_waits_for_the_batches_connecti
     relay.stop().await;
     consumer.stop().await;
 }
+
+/// Only the business deadline ends a wait for the provider: past `CHARGE_DEADLINE_SECS` a payment
+/// whose provider never came back fails and releases its order; nothing was charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_business_deadline_ends_a_wait_for_the_provider_as_a_failure_that_charged_nothing() {
+    let mut drill = Drill::start().await;
+    drill.outage("503:1").await;
+    let mut cmd =
+        demo_stack::worker_command(&drill.db, &drill.provider_url, "honours_key", "deadline-w");
+    cmd.env("CHARGE_MAX_ATTEMPTS", ATTEMPTS)
+        .env("CHARGE_DEADLINE_SECS", "6")
+        .env("PROVIDER_CIRCUIT_THRESHOLD", "2")
+        .env("PROVIDER_CIRCUIT_MAX_COOLDOWN", "2s");
+    let mut worker = cmd.spawn().expect("spawn producer worker");
+    let ids = [drill.pay(0).await, drill.pay(1).await];
+    wait_until("both payments ended", Duration::from_secs(90), || async {
+        let ended = drill
+            .scalar_i64("SELECT count(*) FROM outbox.processes WHERE kind = 'payment' AND status IN ('failed', 'compensated')")
+            .await;
+        (ended == 2).then_some(())
+    })
+    .await;
+    let review = drill
+        .scalar_i64("SELECT count(*) FROM outbox.processes WHERE status = 'manual_review'")
+        .await;
+    assert_eq!(review, 0, "nothing was in doubt: no person needed");
+    let reasons: Vec<String> = sqlx::query_scalar(
+        "SELECT s.error_message FROM outbox.process_steps s JOIN outbox.processes p ON p.id = s.process_id \
+         WHERE p.kind = 'payment' AND s.name = 'charge' AND s.role = 'forward' AND s.status = 'failed'",
+    )
+    .fetch_all(&drill.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    for r in &reasons {
+        assert!(
+            r.contains("deadline passed while the remote was unavailable"),
+            "{r}"
+        );
+    }
+    let charges = Client::new(&drill.provider_url, Duration::from_secs(30))
+        .unwrap()
+        .admin_charges()
+        .await
+        .unwrap();
+    for id in ids {
+        assert!(
+            !charges.iter().any(|c| c.reference == id.to_string()),
+            "payment {id} was never charged"
+        );
+    }
+    for c in [&mut worker, &mut drill.provider] {
+        sigkill(&*c);
+        let _ = c.wait().await;
+    }
+}
