@@ -438,6 +438,7 @@ pub struct Definition {
     steps: Vec<Step>,
     redacted: Vec<String>,
     deadline: Option<Duration>,
+    fair_key: Option<String>,
 }
 
 impl Definition {
@@ -448,6 +449,7 @@ impl Definition {
             steps: Vec::new(),
             redacted: Vec::new(),
             deadline: None,
+            fair_key: None,
         }
     }
     pub fn step(mut self, step: Step) -> Self {
@@ -463,6 +465,34 @@ impl Definition {
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
         self
+    }
+    /// The input field (top-level or a dotted path, e.g. `merchant.id`) that says whose work a
+    /// process is: a tenant, a merchant. A worker with a fair share
+    /// ([`crate::WorkerConfig::fair_share`]) claims the due processes of each key in turn, by
+    /// weight, so one key's burst cannot starve the others. A string or a number; a process whose
+    /// input lacks it shares the group of processes without a key.
+    pub fn fair_key(mut self, field: impl Into<String>) -> Self {
+        self.fair_key = Some(field.into());
+        self
+    }
+    /// The fair key of a process with `input` (see [`Self::fair_key`]); a key longer than 200
+    /// bytes is cut there (at a character boundary).
+    pub fn fair_key_of(&self, input: &Value) -> Option<String> {
+        let field = self.fair_key.as_deref()?;
+        let value = field.split('.').try_fold(input, |v, part| v.get(part))?;
+        let mut key = match value {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            _ => return None,
+        };
+        if key.len() > 200 {
+            let cut = (0..=200)
+                .rev()
+                .find(|&i| key.is_char_boundary(i))
+                .unwrap_or(0);
+            key.truncate(cut);
+        }
+        (!key.is_empty()).then_some(key)
     }
     /// Checks names and shape; [`crate::Registry::with`] calls it.
     pub fn validate(&self) -> Result<(), DefinitionError> {

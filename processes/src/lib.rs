@@ -12,6 +12,8 @@
 //!   lease whose fencing token grows on every claim; `runner` runs one claimed process step by
 //!   step, consecutive local steps in one transaction with one checkpoint statement; every write
 //!   goes through the claim's [`store::Lease`] (schema, id, token), fenced by the token.
+//! - [`fair`]: a worker with a weighted fair share claims the due processes of each fair key (a
+//!   tenant) in turn, by weight, so one key's burst cannot starve the others.
 //! - `decide`: the decisions over the step rows, pure and unit-tested beside them: the next step,
 //!   local groups, what an error leads to, the compensation plan, and the operators' allowed
 //!   actions, requirements and doubts (re-exported by [`admin`]).
@@ -40,6 +42,7 @@ pub mod admin;
 mod decide;
 pub mod definition;
 pub mod error;
+pub mod fair;
 pub mod find;
 pub mod internal_events;
 pub mod look;
@@ -57,6 +60,7 @@ pub use definition::{
     StepContext, StepFuture, TimerStep, WaitStep,
 };
 pub use error::{Error, ErrorClass, StepError};
+pub use fair::FairShare;
 pub use retry::RetryPolicy;
 pub use signal::{Signalled, signal};
 pub use start::{Started, revise, start, start_in};

@@ -42,9 +42,10 @@ const INSERT: &str = "\
 WITH ins AS (
     INSERT INTO {{schema}}.processes
         (id, kind, definition_version, business_key, revision, revision_of, last_reason, last_actor,
-         input, input_redacted, deadline_at)
+         input, input_redacted, deadline_at, fair_key)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-            CASE WHEN $11::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $11::float8) END)
+            CASE WHEN $11::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $11::float8) END,
+            $17)
     ON CONFLICT (kind, business_key, revision) DO NOTHING
     RETURNING id
 ), steps AS (
@@ -193,6 +194,7 @@ async fn insert(
         .bind(&remotes)
         .bind(&max_attempts)
         .bind(notify_channel(schema))
+        .bind(definition.fair_key_of(input))
         .fetch_optional(&mut *conn)
         .await?;
     Ok(match row {

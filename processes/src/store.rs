@@ -11,6 +11,7 @@
 //! one statement for any number of steps, fenced by itself ([`checkpoint_local`]).
 
 use crate::definition::{Remote, Role};
+use crate::fair::{FairShare, Passes};
 use crate::status::{ProcessStatus, StepStatus};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -336,17 +337,8 @@ impl StepRow {
     }
 }
 
-const CLAIM: &str = "\
-WITH c AS (
-    SELECT p.id, p.lease_owner AS previous_owner
-    FROM {{schema}}.processes p
-    WHERE p.status IN ('pending', 'running', 'waiting', 'compensating') AND NOT p.paused
-      AND p.next_run_at <= now() AND (p.lease_until IS NULL OR p.lease_until < now())
-      AND (p.kind, p.definition_version) IN (SELECT k, v FROM unnest($1::text[], $2::int[]) AS u(k, v))
-    ORDER BY p.next_run_at
-    LIMIT {{limit}}
-    FOR UPDATE OF p SKIP LOCKED
-)
+/// Takes the chosen rows `c` (id, previous owner): leases them and returns each with its steps.
+const TAKE: &str = "\
 UPDATE {{schema}}.processes p SET
     status = CASE WHEN p.status IN ('pending', 'waiting') THEN 'running' ELSE p.status END,
     last_reason = CASE
@@ -362,12 +354,23 @@ UPDATE {{schema}}.processes p SET
     updated_at = now()
 FROM c WHERE p.id = c.id
 RETURNING p.id, p.kind, p.definition_version, p.business_key, p.status, p.input, p.lease_token,
-          p.deadline_at, p.created_at, c.previous_owner,
+          p.deadline_at, p.created_at, c.previous_owner{{returning}},
           (SELECT json_agg(s ORDER BY s.seq) FROM (
               SELECT seq, name, role, acts_on, remote, status, operation_id, attempts, max_attempts,
                      next_attempt_at, first_attempt_at, error_class, remote_ref, result_ref, output,
                      wait_key, wait_until, waiting_since, waiting_for
               FROM {{schema}}.process_steps WHERE process_id = p.id) s) AS steps";
+
+const CLAIM: &str = "\
+WITH c AS (
+    SELECT p.id, p.lease_owner AS previous_owner
+    FROM {{schema}}.processes p
+    WHERE {{due}}
+    ORDER BY p.next_run_at
+    LIMIT {{limit}}
+    FOR UPDATE OF p SKIP LOCKED
+)
+{{take}}";
 
 /// Claims up to `limit` due processes of the known (kind, version) pairs, each with its steps.
 ///
@@ -383,7 +386,11 @@ pub async fn claim(
     owner: &str,
     lease: Duration,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
-    let sql = CLAIM.replace("{{limit}}", &limit.max(1).to_string());
+    let sql = CLAIM
+        .replace("{{take}}", TAKE)
+        .replace("{{returning}}", "")
+        .replace("{{due}}", DUE)
+        .replace("{{limit}}", &limit.max(1).to_string());
     let rows = sqlx::query(schema.sql(&sql))
         .bind(kinds)
         .bind(versions)
@@ -391,10 +398,14 @@ pub async fn claim(
         .bind(lease.as_secs_f64())
         .fetch_all(&mut *conn)
         .await?;
-    // One unreadable row must not hold up the others: it is left to its lease (and claimed and
-    // skipped again after it), as a process whose steps cannot be read always was.
-    Ok(rows
-        .iter()
+    Ok(claimed_rows(&rows, schema))
+}
+
+/// The claimed rows that can be read. One unreadable row must not hold up the others: it is left
+/// to its lease (and claimed and skipped again after it), as a process whose steps cannot be read
+/// always was.
+fn claimed_rows(rows: &[PgRow], schema: &Schema) -> Vec<Claimed> {
+    rows.iter()
         .filter_map(|r| match claimed(r, schema) {
             Ok(c) => Some(c),
             Err(e) => {
@@ -403,7 +414,104 @@ pub async fn claim(
                 None
             }
         })
-        .collect())
+        .collect()
+}
+
+/// What makes a process claimable: due, unpaused, in a worker-driven status, not held, of a
+/// known (kind, version).
+const DUE: &str = "p.status IN ('pending', 'running', 'waiting', 'compensating') AND NOT p.paused \
+    AND p.next_run_at <= now() AND (p.lease_until IS NULL OR p.lease_until < now()) \
+    AND (p.kind, p.definition_version) IN (SELECT k, v FROM unnest($1::text[], $2::int[]) AS u(k, v))";
+
+/// The fair claim ([`crate::fair`]): walks up to `{{keys}}` distinct due keys after `$5` (a skip
+/// scan of `processes_fair_due_idx`, one probe per key), adds the group without a key if it has
+/// due work, gives each group a quota by weight, locks each group's oldest due rows, and takes
+/// the `{{limit}}` with the lowest turn (`max(pass, virtual time) + rank / weight`).
+const CLAIM_FAIR: &str = "\
+WITH RECURSIVE walk(k, n) AS (
+    (SELECT p.fair_key, 1 FROM {{schema}}.processes p
+     WHERE p.fair_key > $5 AND {{due}} ORDER BY p.fair_key LIMIT 1)
+  UNION ALL
+    SELECT (SELECT p.fair_key FROM {{schema}}.processes p
+            WHERE p.fair_key > walk.k AND {{due}} ORDER BY p.fair_key LIMIT 1), walk.n + 1
+    FROM walk WHERE walk.k IS NOT NULL AND walk.n < {{keys}}
+), keys AS (
+    SELECT k FROM walk WHERE k IS NOT NULL
+), groups AS (
+    SELECT k, false AS unkeyed FROM keys
+    UNION ALL
+    SELECT NULL, true WHERE EXISTS (SELECT 1 FROM {{schema}}.processes p WHERE p.fair_key IS NULL AND {{due}})
+), weighted AS (
+    SELECT g.k, g.unkeyed, w.weight,
+           greatest(coalesce(s.pass, $10), $10) AS pass,
+           least({{limit}}, greatest(1, ceil({{limit}} * w.weight / sum(w.weight) OVER ())))::int AS quota
+    FROM groups g
+    CROSS JOIN LATERAL (SELECT coalesce((SELECT x.w FROM unnest($8::text[], $9::float8[]) AS x(k, w)
+                                         WHERE x.k = g.k), $11) AS weight) w
+    LEFT JOIN unnest($6::text[], $7::float8[]) AS s(k, pass) ON s.k IS NOT DISTINCT FROM g.k
+), locked AS (
+    SELECT c.id, c.previous_owner, w.k, w.pass + (row_number() OVER (PARTITION BY w.k ORDER BY c.next_run_at, c.id))::float8 / w.weight AS turn
+    FROM weighted w CROSS JOIN LATERAL (
+        SELECT * FROM (SELECT p.id, p.lease_owner AS previous_owner, p.next_run_at FROM {{schema}}.processes p
+                       WHERE NOT w.unkeyed AND p.fair_key = w.k AND {{due}}
+                       ORDER BY p.next_run_at LIMIT w.quota FOR UPDATE OF p SKIP LOCKED) keyed
+        UNION ALL
+        SELECT * FROM (SELECT p.id, p.lease_owner AS previous_owner, p.next_run_at FROM {{schema}}.processes p
+                       WHERE w.unkeyed AND p.fair_key IS NULL AND {{due}}
+                       ORDER BY p.next_run_at LIMIT w.quota FOR UPDATE OF p SKIP LOCKED) unkeyed
+    ) c
+), c AS (
+    SELECT * FROM locked ORDER BY turn, id LIMIT {{limit}}
+)
+{{take}}";
+
+/// [`claim`] by weighted fair share ([`crate::fair`]): the worker's `passes` say where each key
+/// stands and are moved on by what this claim took.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn claim_fair(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    kinds: &[String],
+    versions: &[i32],
+    limit: i64,
+    owner: &str,
+    lease: Duration,
+    share: &FairShare,
+    passes: &mut Passes,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let keys = share.keys_per_claim_limit();
+    let returning = ", c.k AS fair_key, c.turn AS fair_turn, \
+        (SELECT array_agg(k) FROM groups) AS fair_groups";
+    let sql = CLAIM_FAIR
+        .replace("{{take}}", TAKE)
+        .replace("{{returning}}", returning)
+        .replace("{{due}}", DUE)
+        .replace("{{limit}}", &limit.max(1).to_string())
+        .replace("{{keys}}", &keys.to_string());
+    let (pass_keys, pass_values) = passes.arrays();
+    let (weight_keys, weight_values) = share.weight_arrays();
+    let rows = sqlx::query(schema.sql(&sql))
+        .bind(kinds)
+        .bind(versions)
+        .bind(owner)
+        .bind(lease.as_secs_f64())
+        .bind(passes.cursor())
+        .bind(&pass_keys)
+        .bind(&pass_values)
+        .bind(&weight_keys)
+        .bind(&weight_values)
+        .bind(passes.virtual_time())
+        .bind(share.default_weight_value())
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut turns = Vec::with_capacity(rows.len());
+    let mut groups = Vec::new();
+    for r in &rows {
+        turns.push((r.try_get("fair_key")?, r.try_get::<f64, _>("fair_turn")?));
+        groups = r.try_get("fair_groups")?;
+    }
+    passes.after_claim(&turns, &groups, keys);
+    Ok(claimed_rows(&rows, schema))
 }
 
 /// A claimed row as the claim returns it.

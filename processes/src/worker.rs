@@ -8,6 +8,7 @@
 //! released.
 
 use crate::definition::Registry;
+use crate::fair::{FairShare, Passes};
 use crate::internal_events as events;
 use crate::runner::{self, Shared, Spare, TurnEnd};
 use crate::start::notify_channel;
@@ -53,6 +54,9 @@ pub struct WorkerConfig {
     pub stats_interval: Duration,
     /// Told after every claim whether the database answered, so a binary's `/readyz` follows it.
     pub on_database: Option<DatabaseHook>,
+    /// Claim by weighted fair share of the definitions' fair keys ([`crate::fair`]) instead of
+    /// strictly oldest first. `None` (the default): oldest first.
+    pub fair_share: Option<FairShare>,
 }
 
 /// Called with `true` after a claim the database answered, `false` after one that failed.
@@ -80,6 +84,7 @@ impl WorkerConfig {
             shutdown_grace: Duration::from_secs(10),
             stats_interval: Duration::from_secs(5),
             on_database: None,
+            fair_share: None,
         }
     }
 }
@@ -156,6 +161,7 @@ impl Worker {
             abandon: CancellationToken::new(),
             failures: 0,
             database_up: None,
+            passes: Passes::default(),
         };
         turns.claim_until(&shutdown, &wake).await;
         turns.finish().await;
@@ -184,6 +190,11 @@ fn check(config: &WorkerConfig, registry: &Registry) -> Result<(), WorkerError> 
                 .into(),
         ));
     }
+    if let Some(share) = &config.fair_share {
+        share
+            .check()
+            .map_err(|e| WorkerError::Config(format!("fair share: {e}")))?;
+    }
     Ok(())
 }
 
@@ -201,6 +212,8 @@ struct Turns<'a> {
     failures: u32,
     /// What the hook was last told ([`report_database`]).
     database_up: Option<bool>,
+    /// Where each fair key stands (with a fair share).
+    passes: Passes,
 }
 
 impl Turns<'_> {
@@ -251,16 +264,34 @@ impl Turns<'_> {
         let limit = (free as i64).min(config.claim_batch);
         let claimed = match self.shared.spare.take(&config.pool).await {
             Ok(mut conn) => {
-                let claimed = store::claim(
-                    &mut conn,
-                    &config.schema,
-                    &self.kinds,
-                    &self.versions,
-                    limit,
-                    &config.worker_id,
-                    config.lease,
-                )
-                .await;
+                let claimed = match &config.fair_share {
+                    None => {
+                        store::claim(
+                            &mut conn,
+                            &config.schema,
+                            &self.kinds,
+                            &self.versions,
+                            limit,
+                            &config.worker_id,
+                            config.lease,
+                        )
+                        .await
+                    }
+                    Some(share) => {
+                        store::claim_fair(
+                            &mut conn,
+                            &config.schema,
+                            &self.kinds,
+                            &self.versions,
+                            limit,
+                            &config.worker_id,
+                            config.lease,
+                            share,
+                            &mut self.passes,
+                        )
+                        .await
+                    }
+                };
                 if claimed.is_ok() {
                     self.shared.spare.give(conn);
                 }

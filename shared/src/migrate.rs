@@ -121,6 +121,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "dependencies: shared circuits and limits; process steps that wait for an unavailable remote",
         include_str!("../../migrations/0021_dependencies.sql"),
     ),
+    (
+        22,
+        "weighted fair share: a process's fair key and the index of the fair claim",
+        include_str!("../../migrations/0022_fair_share.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

@@ -13,6 +13,7 @@ mod consumer;
 mod db_crash;
 mod dependencies;
 mod drop_in;
+mod fair_share;
 mod fault_campaign;
 mod hostile_deliveries;
 mod hostile_rows;
