@@ -40,6 +40,7 @@ pub const RECONNECTS: &str = "consumer_reconnects_total";
 pub const DEDUP_ROWS_DELETED: &str = "consumer_dedup_rows_deleted_total";
 pub const REDELIVERIES: &str = "consumer_redeliveries_total";
 pub const DELIVERIES_RETURNED: &str = "consumer_deliveries_returned_total";
+pub const PAUSED_WORKERS: &str = "consumer_paused_workers";
 pub const ORDERED_PARTITIONS: &str = "consumer_ordered_partitions";
 pub const ORDERED_PARKED: &str = "consumer_ordered_parked_aggregates";
 pub const ORDERED_GAPS: &str = "consumer_ordered_gap_waits";
@@ -213,6 +214,7 @@ impl Stats {
 /// Metric handles for one consumer, registered once (after the recorder is installed).
 #[derive(Clone)]
 pub struct Events {
+    consumer: String,
     stats: Arc<Stats>,
     outcomes: [Counter; 9],
     dead_letter_kinds: [Counter; 4],
@@ -233,6 +235,7 @@ impl Events {
         describe();
         let c = consumer.to_string();
         Self {
+            consumer: c.clone(),
             stats,
             outcomes: Outcome::ALL
                 .map(|o| metrics::counter!(MESSAGES_TOTAL, "consumer" => c.clone(), "outcome" => o.as_str())),
@@ -321,6 +324,17 @@ impl Events {
         self.stats.redelivered.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A worker stopped (`true`) or resumed (`false`) taking deliveries because every handler's
+    /// dependency (`held`, their names) held calls back.
+    pub fn paused(&self, held: &str, paused: bool) {
+        let g = metrics::gauge!(PAUSED_WORKERS, "consumer" => self.consumer.clone(), "dependencies" => held.to_string());
+        if paused {
+            g.increment(1.0)
+        } else {
+            g.decrement(1.0)
+        }
+    }
+
     /// The retention sweep deleted `n` deduplication rows.
     pub fn dedup_rows_deleted(&self, n: u64) {
         self.dedup_rows_deleted.increment(n);
@@ -349,6 +363,10 @@ fn describe() {
         "Outbox insert to consumer commit"
     );
     describe_histogram!(BATCH_SIZE, "Deliveries per batch transaction");
+    metrics::describe_gauge!(
+        PAUSED_WORKERS,
+        "Workers taking no deliveries because every handler's dependency holds calls back (the backlog stays in the queue)"
+    );
     describe_histogram!(
         BATCH_DURATION,
         Unit::Seconds,

@@ -69,6 +69,7 @@ pub mod internal_events;
 mod links;
 pub mod message;
 pub mod ordered;
+mod pause;
 pub mod retention;
 pub mod screen;
 pub mod supervisor;

@@ -59,7 +59,10 @@ pub(crate) fn consume_arguments(config: &Config, broker: Option<BrokerVersion>) 
 /// Resolves once the broker has cancelled `consumer` (`basic.cancel`: its queue was deleted, the
 /// consumer timeout struck, ...). Polled, because a worker waiting on its database does not
 /// read the delivery stream whose end would say so.
-async fn cancelled_by_broker(consumer: &lapin::Consumer) {
+async fn cancelled_by_broker(consumer: &lapin::Consumer, by_us: bool) {
+    if by_us {
+        return std::future::pending().await;
+    }
     while !consumer.is_cancelled() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -85,6 +88,17 @@ pub(crate) struct Worker {
     pub(crate) frame_max: u32,
     /// Ordered mode: the partition this worker consumes, and the fence its transactions check.
     pub(crate) slot: Option<Slot>,
+    /// The queue consumed and the `basic.consume` arguments, to consume again after a pause.
+    pub(crate) queue: String,
+    pub(crate) consume_args: FieldTable,
+    /// Consuming one message at a time after a pause, until the dependencies let calls go.
+    pub(crate) probing: bool,
+    /// The first consumer's tag and how many consumers were started since (each new tag is the
+    /// first one and the count).
+    pub(crate) tag: String,
+    pub(crate) consumes: u32,
+    /// The consumer was cancelled by this worker (a pause), not by the broker.
+    pub(crate) cancelled_by_us: bool,
 }
 
 impl Worker {
@@ -115,12 +129,13 @@ impl Worker {
             Some(s) => crate::ordered::topology::queue(&ctx.config.name, s.partition),
             None => ctx.topology.queue.clone(),
         };
+        let consume_args = consume_arguments(&ctx.config, BrokerVersion::of(conn));
         let consumer = consume_ch
             .basic_consume(
                 queue.as_str().into(),
-                tag.into(),
+                tag.as_str().into(),
                 BasicConsumeOptions::default(),
-                consume_arguments(&ctx.config, BrokerVersion::of(conn)),
+                consume_args.clone(),
             )
             .await?;
         Ok(Self {
@@ -133,6 +148,12 @@ impl Worker {
             consumer,
             frame_max: links.publish.configuration().frame_max(),
             slot,
+            queue,
+            consume_args,
+            probing: false,
+            tag,
+            consumes: 0,
+            cancelled_by_us: false,
         })
     }
 
@@ -218,6 +239,12 @@ impl Worker {
         let mut sweep = tokio::time::interval(crate::ordered::SWEEP_INTERVAL);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            if let Some((pause, held)) = crate::pause::held_for(&self.ctx).await {
+                if let ControlFlow::Break(()) = self.pause(pause, &held, stop).await? {
+                    return Ok(());
+                }
+                continue;
+            }
             let next = tokio::select! {
                 biased;
                 _ = stop.cancelled() => return Ok(()),
@@ -246,7 +273,120 @@ impl Worker {
             if let BatchEnd::Abandoned = self.process_batch(batch, started, stop).await? {
                 return Ok(());
             }
+            if let ControlFlow::Break(()) = self.end_probing(stop).await? {
+                return Ok(());
+            }
         }
+    }
+
+    /// Every handler's dependency holds calls back ([`crate::pause`]): stop consuming (the
+    /// backlog stays in the queue), then look at the circuits again until one would let a call
+    /// go, and consume again: one message at a time while that call is a probe, at the full
+    /// prefetch if the circuit has closed meanwhile. Breaks on shutdown.
+    async fn pause(
+        &mut self,
+        first: Duration,
+        held: &str,
+        stop: &CancellationToken,
+    ) -> Result<ControlFlow<()>, SessionError> {
+        tracing::info!(worker = self.index, dependencies = %held, "every handler's dependency holds calls back: taking no deliveries until one lets a call go");
+        let _paused = Paused::start(self.events.clone(), held);
+        let started = Instant::now();
+        if let ControlFlow::Break(()) = self.stop_consuming(stop).await? {
+            return Ok(ControlFlow::Break(()));
+        }
+        let mut pause = first;
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return Ok(ControlFlow::Break(())),
+                _ = tokio::time::sleep(pause) => {}
+            }
+            match crate::pause::held_for(&self.ctx).await {
+                Some((p, _)) => pause = p,
+                None => break,
+            }
+        }
+        self.probing = !crate::pause::all_let_through(&self.ctx);
+        let prefetch = if self.probing {
+            1
+        } else {
+            self.ctx.config.prefetch
+        };
+        self.consume(prefetch).await?;
+        tracing::info!(worker = self.index, dependencies = %held, paused_s = started.elapsed().as_secs(), probing = self.probing, "taking deliveries again");
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// After a probing consumer's batch: once the dependencies let calls go, consume at the full
+    /// prefetch again (a channel's prefetch applies to the consumers started after it is set).
+    async fn end_probing(
+        &mut self,
+        stop: &CancellationToken,
+    ) -> Result<ControlFlow<()>, SessionError> {
+        if !self.probing || !crate::pause::all_let_through(&self.ctx) {
+            return Ok(ControlFlow::Continue(()));
+        }
+        if let ControlFlow::Break(()) = self.stop_consuming(stop).await? {
+            return Ok(ControlFlow::Break(()));
+        }
+        self.probing = false;
+        self.consume(self.ctx.config.prefetch).await?;
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Cancels the consumer (`basic.cancel`: the broker sends nothing more) and settles, as one
+    /// batch, what it had already sent. Breaks if that batch was abandoned on shutdown.
+    async fn stop_consuming(
+        &mut self,
+        stop: &CancellationToken,
+    ) -> Result<ControlFlow<()>, SessionError> {
+        let tag = self.consumer.tag();
+        self.cancelled_by_us = true;
+        bounded(
+            "cancelling the consumer",
+            self.consume_ch
+                .basic_cancel(tag, BasicCancelOptions::default()),
+            SessionError::Ack,
+        )
+        .await?;
+        // After cancel-ok every delivery sent before it is buffered.
+        let mut buffered = Vec::new();
+        while let Some(Some(Ok(d))) = self.consumer.next().now_or_never() {
+            buffered.push(d);
+        }
+        if !buffered.is_empty()
+            && let BatchEnd::Abandoned = self.process_batch(buffered, Instant::now(), stop).await?
+        {
+            return Ok(ControlFlow::Break(()));
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Starts consuming the worker's queue again with `prefetch`.
+    async fn consume(&mut self, prefetch: u16) -> Result<(), SessionError> {
+        bounded(
+            "setting the prefetch",
+            self.consume_ch
+                .basic_qos(prefetch, BasicQosOptions::default()),
+            SessionError::Ack,
+        )
+        .await?;
+        self.consumes += 1;
+        let tag = format!("{}.{}", self.tag, self.consumes);
+        self.consumer = bounded(
+            "consuming again",
+            self.consume_ch.basic_consume(
+                self.queue.as_str().into(),
+                tag.into(),
+                BasicConsumeOptions::default(),
+                self.consume_args.clone(),
+            ),
+            SessionError::Ack,
+        )
+        .await?;
+        self.cancelled_by_us = false;
+        Ok(())
     }
 
     fn prepare(&self, delivery: Delivery) -> Item {
@@ -379,7 +519,7 @@ impl Worker {
             let attempt = tokio::select! {
                 biased;
                 result = self.transact(items) => result?,
-                () = cancelled_by_broker(&self.consumer) => {
+                () = cancelled_by_broker(&self.consumer, self.cancelled_by_us) => {
                     tracing::warn!(
                         worker = self.index,
                         batch = size,
@@ -423,7 +563,7 @@ impl Worker {
                     tracing::info!(worker = self.index, batch = size, "stopping with the database unavailable: leaving the batch to redelivery");
                     return Ok(ControlFlow::Break(BatchEnd::Abandoned));
                 }
-                () = cancelled_by_broker(&self.consumer) => {
+                () = cancelled_by_broker(&self.consumer, self.cancelled_by_us) => {
                     tracing::warn!(worker = self.index, batch = size, "the broker cancelled the consumer while the database was unavailable (queue deleted, or the consumer timeout struck): reconnecting; the batch is redelivered");
                     return Err(SessionError::ConsumerCancelled);
                 }
@@ -432,7 +572,7 @@ impl Worker {
             if !self.consume_ch.status().connected() {
                 return Err(SessionError::ChannelClosed);
             }
-            if self.consumer.is_cancelled() {
+            if self.consumer.is_cancelled() && !self.cancelled_by_us {
                 return Err(SessionError::ConsumerCancelled);
             }
         }
@@ -648,6 +788,28 @@ impl Worker {
 /// The fate of each message the transaction did not handle: dead-lettered (it cannot be
 /// handled) or ignored. The transaction decides every handled message; were one left
 /// undecided, nothing of the batch is acknowledged: the channel closes, all come back.
+/// A worker counted as paused ([`Events::paused`]) until dropped, however the pause ends.
+struct Paused {
+    events: Events,
+    held: String,
+}
+
+impl Paused {
+    fn start(events: Events, held: &str) -> Self {
+        events.paused(held, true);
+        Self {
+            events,
+            held: held.to_string(),
+        }
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        self.events.paused(&self.held, false);
+    }
+}
+
 fn decide_unhandled(items: &[Item], fates: &mut [Option<Fate>]) -> Result<(), SessionError> {
     for (item, fate) in items.iter().zip(fates.iter_mut()) {
         if fate.is_none() {

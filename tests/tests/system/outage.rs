@@ -457,6 +457,127 @@ async fn an_ordered_consumer_whose_remote_is_down_parks_nothing_and_keeps_each_a
     consumer_outage(true).await;
 }
 
+/// A consumer whose every handler needs the notification service stops taking deliveries while
+/// the service's circuit holds calls back: the backlog stays in its queue (not cycling through
+/// the retry queues), a probe at a time finds out when the service is back, and then every
+/// message is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_consumer_whose_every_handler_needs_the_down_remote_stops_taking_deliveries() {
+    let mut drill = Drill::start().await;
+    sqlx::raw_sql(
+        "CREATE TABLE outage_applied (position bigserial PRIMARY KEY, aggregate_id text, seq bigint, message_id uuid);",
+    )
+    .execute(&drill.db.pool)
+    .await
+    .unwrap();
+    let broker = TestBroker::new();
+    let exchange = broker.outbox_exchange("pause");
+    let name = unique("notify_only");
+    let retry_delays = vec![Duration::from_millis(200), Duration::from_secs(1)];
+    track_consumer(&broker, &name, &retry_delays, None);
+    let mut config = Config::new(&name, amqp_url(), &exchange);
+    config.retry_delays = retry_delays.clone();
+    config.max_attempts = 3;
+    let dependency = breaker::Dependency::new(
+        "notifications",
+        breaker::Policy::default()
+            .consecutive(3)
+            .cooldown(Duration::from_secs(1), Duration::from_secs(3)),
+    )
+    .unwrap();
+    let client = Client::new(&drill.provider_url, Duration::from_secs(5)).unwrap();
+    let handlers =
+        Handlers::new().on_needing("payment.captured", dependency, NotifyAndRecord { client });
+    let pool = plumbing::db::connect(&drill.db.url, config.pool_size(), "pause-consumer")
+        .await
+        .unwrap();
+    let consumer = RunningConsumer::start(config, pool, handlers).await;
+    let relay = InProcess::on(&drill.db, &exchange, test_options()).await;
+    let enqueue = |n: usize| {
+        let pool = drill.db.pool.clone();
+        async move {
+            let msg = NewMessage::new(
+                "payment",
+                format!("acct-{}", n % 5),
+                "payment.captured",
+                json!({ "n": n }),
+            );
+            shared::outbox::enqueue(&pool, &msg).await.unwrap();
+        }
+    };
+    drill.outage("503:1").await;
+    // A few messages open the circuit.
+    for n in 0..5 {
+        enqueue(n).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let waited_before = consumer.stats.snapshot().waited;
+    for n in 5..155 {
+        enqueue(n).await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let conn = broker.connect().await;
+    let ch = conn.create_channel().await.unwrap();
+    let queue = consumer::topology::Topology::new(&name, &retry_delays).queue;
+    let ready = ch
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            Default::default(),
+        )
+        .await
+        .unwrap()
+        .message_count();
+    let stats = consumer.stats.snapshot();
+    let cycled = stats.waited - waited_before;
+    assert!(
+        ready >= 120,
+        "the backlog stays in the queue while the service is down: {ready} ready, {stats:?}"
+    );
+    assert!(
+        cycled <= 30,
+        "a paused consumer takes one probe message at a time, not a prefetch's worth: {cycled} waits, {stats:?}"
+    );
+    assert_eq!(
+        drill
+            .scalar_i64("SELECT count(*) FROM outage_applied")
+            .await,
+        0
+    );
+    drill.outage("off").await;
+    wait_until(
+        "every notification applied",
+        Duration::from_secs(120),
+        || async {
+            (drill
+                .scalar_i64("SELECT count(*) FROM outage_applied")
+                .await
+                >= 155)
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (total, distinct) = (
+        drill
+            .scalar_i64("SELECT count(*) FROM outage_applied")
+            .await,
+        drill
+            .scalar_i64("SELECT count(DISTINCT message_id) FROM outage_applied")
+            .await,
+    );
+    assert_eq!((total, distinct), (155, 155), "each effect once");
+    assert_eq!(consumer.stats.snapshot().dead_lettered, 0);
+    eprintln!("paused consumer: {ready} stayed in the queue, {cycled} waits cycled, {stats:?}");
+    relay.stop().await;
+    consumer.stop().await;
+    sigkill(&drill.provider);
+    let _ = drill.provider.wait().await;
+}
+
 /// Always answers that its remote is unavailable.
 struct AlwaysDown;
 
