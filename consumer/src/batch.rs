@@ -42,6 +42,8 @@ pub(crate) enum Work {
     /// Ordered mode, no handler: the message advances its aggregate's position without an
     /// effect (its turn still comes in order).
     Advance(Box<Envelope>),
+    /// A fair share's sorting worker: a copy goes to the key's lane ([`crate::fair`]).
+    Lane(String),
 }
 
 pub(crate) struct Item {
@@ -67,6 +69,8 @@ pub(crate) enum Fate {
     Held,
     /// Ordered mode: at or below its aggregate's position; never applied.
     Stale,
+    /// Sorted into a fair share's lane (this queue): a copy goes there, its attempt kept.
+    Lane(String),
 }
 
 /// A failed handler run: the message's problem, a remote's (unavailable: the message waits at

@@ -85,6 +85,9 @@ pub struct Config {
     pub lease: Duration,
     /// Ordered mode: this instance's id in the consumer group (default: host and a random suffix).
     pub instance_id: String,
+    /// Weighted fair share by a key header (see [`crate::fair`]): the queue is sorted into lanes
+    /// by key, worked side by side, so one key's burst holds its own lane only. Unordered mode.
+    pub fair_share: Option<crate::fair::FairShare>,
 }
 
 /// Default of [`Config::partitions`] (ordered mode).
@@ -133,6 +136,7 @@ impl Config {
             gap_timeout: Duration::from_secs(60),
             lease: Duration::from_secs(10),
             instance_id: plumbing::membership::instance_id(),
+            fair_share: None,
         }
     }
 
@@ -186,6 +190,12 @@ impl Config {
                 return Err(ConfigError::InvalidBinding(b.clone()));
             }
         }
+        if let Some(share) = &self.fair_share {
+            if self.ordered {
+                return Err(ConfigError::FairShareOrdered);
+            }
+            share.check().map_err(ConfigError::FairShare)?;
+        }
         if self.ordered {
             if self.strict {
                 return Err(ConfigError::StrictOrdered);
@@ -211,15 +221,16 @@ impl Config {
         (1..self.max_attempts).map(|r| self.retry_delay(r)).sum()
     }
 
-    /// Database connections [`crate::run`] uses: one per worker, one for the retention sweep and
-    /// one for the health probe.
+    /// Database connections [`crate::run`] uses: one per worker (a fair share's lane workers
+    /// included), one for the retention sweep and one for the health probe.
     pub fn pool_size(&self) -> u32 {
         if self.ordered {
             // A worker per partition held (at most all of them), the heartbeat, the sweep's read
             // and the health probe.
             return u32::from(self.partitions).saturating_add(3);
         }
-        u32::try_from(self.workers)
+        let lanes = self.fair_share.as_ref().map_or(0, |f| f.lane_workers());
+        u32::try_from(self.workers + lanes)
             .unwrap_or(u32::MAX)
             .saturating_add(2)
     }
@@ -308,9 +319,32 @@ pub struct Settings {
     /// Ordered mode: partition lease; a dead instance's partitions move after at most this.
     #[arg(long, env = "CONSUMER_LEASE", default_value = "10s", value_parser = parse_duration)]
     pub lease: Duration,
+    /// Weighted fair share by this message header (e.g. `tenant`): the queue is sorted into
+    /// lanes by its value, worked side by side (unordered mode; see docs/consumer.md).
+    #[arg(long, env = "CONSUMER_FAIR_SHARE_HEADER")]
+    pub fair_share_header: Option<String>,
+    /// Fair share: hashed lanes the keys without a weight are spread over.
+    #[arg(long, env = "CONSUMER_FAIR_SHARE_LANES", default_value_t = 8)]
+    pub fair_share_lanes: u16,
+    /// Fair share: `KEY=WEIGHT` pairs (comma separated): a key's own lane, worked by WEIGHT
+    /// workers.
+    #[arg(long, env = "CONSUMER_FAIR_SHARE_WEIGHTS", value_delimiter = ',', value_parser = parse_weight)]
+    pub fair_share_weights: Vec<(String, u16)>,
     /// Fault injection for tests: pause between commit and ack.
     #[arg(long, hide = true, default_value = "0ms", value_parser = parse_duration)]
     pub debug_ack_delay: Duration,
+}
+
+/// A `KEY=WEIGHT` pair of `--fair-share-weights`.
+fn parse_weight(s: &str) -> Result<(String, u16), String> {
+    let (k, w) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected KEY=WEIGHT"))?;
+    let w = w
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: the weight is a whole number from 1 to 16"))?;
+    Ok((k.trim().to_string(), w))
 }
 
 impl Settings {
@@ -346,6 +380,18 @@ impl Settings {
         c.partitions = self.partitions;
         c.gap_timeout = self.gap_timeout;
         c.lease = self.lease;
+        if let Some(header) = self.fair_share_header {
+            let share = crate::fair::FairShare::by_header(header).lanes(self.fair_share_lanes);
+            c.fair_share = Some(
+                self.fair_share_weights
+                    .into_iter()
+                    .fold(share, |s, (k, w)| s.weight(k, w)),
+            );
+        } else if !self.fair_share_weights.is_empty() {
+            return Err(ConfigError::FairShare(
+                "fair share weights need a fair share header (--fair-share-header)".into(),
+            ));
+        }
         c.named_statements = self.connections.database_pooler == plumbing::db::Pooler::None;
         c.validate()?;
         Ok(c)

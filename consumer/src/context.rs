@@ -28,6 +28,8 @@ pub(crate) struct Ctx {
     pub(crate) bindings: Vec<String>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) readiness: Arc<Readiness>,
+    /// The fair share, if the consumer has one (its lanes are in the topology).
+    pub(crate) fairness: Option<crate::fair::FairShare>,
 }
 
 /// `fut`, failing with [`SessionError::Timeout`] after [`BROKER_TIMEOUT`]: a broker that stops

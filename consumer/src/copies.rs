@@ -166,6 +166,11 @@ pub(crate) fn copy_of(
                 "wait",
             )
         }
+        // Sorted into a fair share's lane: the same message, its attempt kept.
+        Fate::Lane(queue) => {
+            message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt));
+            (String::new(), queue.clone(), "lane")
+        }
         Fate::DeadLetter(kind, reason) => {
             message::set_int(&mut table, headers::ATTEMPT, i64::from(item.attempt));
             message::set_text(&mut table, headers::DEAD_LETTER_KIND, kind.as_str());

@@ -51,6 +51,13 @@ pub enum ConfigError {
          waits in place)"
     )]
     DependencyWithoutRetryQueues,
+    #[error(
+        "a fair share needs unordered mode: lanes worked side by side would reorder an aggregate \
+         (ordered mode shares by partition and keeps each aggregate's order)"
+    )]
+    FairShareOrdered,
+    #[error("{0}")]
+    FairShare(String),
 }
 
 /// Errors that end [`crate::run`]. Lost connections are not among them: the runtime reconnects.

@@ -84,10 +84,12 @@ pub enum Outcome {
     /// A remote its handler needs is unavailable: a copy waits in a retry queue, no attempt
     /// spent.
     Waited,
+    /// A fair share's sorting worker moved it to its key's lane (see `crate::fair`).
+    Sorted,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 9] = [
+    pub const ALL: [Outcome; 10] = [
         Self::Processed,
         Self::Duplicate,
         Self::Retried,
@@ -97,6 +99,7 @@ impl Outcome {
         Self::Held,
         Self::Stale,
         Self::Waited,
+        Self::Sorted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -110,6 +113,7 @@ impl Outcome {
             Self::Held => "held",
             Self::Stale => "stale",
             Self::Waited => "waited",
+            Self::Sorted => "sorted",
         }
     }
 }
@@ -132,6 +136,7 @@ pub struct Stats {
     held: AtomicU64,
     stale: AtomicU64,
     waited: AtomicU64,
+    sorted: AtomicU64,
 }
 
 /// A copy of [`Stats`] at one moment.
@@ -159,6 +164,7 @@ pub struct StatsSnapshot {
     pub stale: u64,
     /// Deliveries that wait in a retry queue for an unavailable remote (no attempt spent).
     pub waited: u64,
+    pub sorted: u64,
 }
 
 impl StatsSnapshot {
@@ -193,6 +199,7 @@ impl Stats {
             held: l(&self.held),
             stale: l(&self.stale),
             waited: l(&self.waited),
+            sorted: l(&self.sorted),
         }
     }
 
@@ -207,6 +214,7 @@ impl Stats {
             Outcome::Held => &self.held,
             Outcome::Stale => &self.stale,
             Outcome::Waited => &self.waited,
+            Outcome::Sorted => &self.sorted,
         }
     }
 }
@@ -216,7 +224,7 @@ impl Stats {
 pub struct Events {
     consumer: String,
     stats: Arc<Stats>,
-    outcomes: [Counter; 9],
+    outcomes: [Counter; 10],
     dead_letter_kinds: [Counter; 4],
     rejected: [Counter; 5],
     handler_duration: Histogram,

@@ -32,6 +32,10 @@
 //! - [`ordered`]: ordered mode (`Config::ordered`): per-aggregate order across instances,
 //!   partition queues and leases; its own tables (`consumer_positions`, `consumer_held`,
 //!   `consumer_partitions`, ...).
+//! - `pause`: a worker takes no deliveries while every handler's dependency holds calls back
+//!   (the backlog stays in the queue), then one message at a time for the probe.
+//! - [`fair`]: weighted fair share by a key header: the queue sorted into lanes worked side by
+//!   side, so one tenant's burst holds its own lane only.
 //! - [`retention`]: the bounded, single-instance sweep of old dedup rows.
 //! - [`internal_events`]: every metric, with fixed label sets, and the in-process [`Stats`].
 //! - [`config`]: [`Config`] and the command-line [`config::Settings`].
@@ -62,6 +66,7 @@ pub mod copies;
 pub mod dedup;
 pub mod dlq;
 pub mod error;
+pub mod fair;
 pub mod handler;
 #[cfg(test)]
 mod header_strategies;

@@ -50,9 +50,14 @@ impl Consumer {
         } else {
             &config.retry_delays
         };
-        let topology = Topology::new(&config.name, retry_delays);
+        let mut topology = Topology::new(&config.name, retry_delays);
+        if let Some(share) = &config.fair_share {
+            topology.lanes = share.all_lanes(&config.name);
+        }
+        let fairness = config.fair_share.clone();
         Ok(Self {
             ctx: Arc::new(Ctx {
+                fairness,
                 config,
                 breaker_pool: sqlx::postgres::PgPoolOptions::new()
                     .max_connections(2)
@@ -246,11 +251,32 @@ async fn consume(
         workers.push(
             bounded(
                 "opening a worker",
-                Worker::open(ctx.clone(), events.clone(), links, index, None),
+                Worker::open(ctx.clone(), events.clone(), links, index, None, None),
                 SessionError::Channel,
             )
             .await?,
         );
+    }
+    // A fair share's lanes, each worked by its own workers (see crate::fair).
+    for lane in &ctx.topology.lanes {
+        for _ in 0..lane.workers {
+            let index = workers.len();
+            workers.push(
+                bounded(
+                    "opening a lane's worker",
+                    Worker::open(
+                        ctx.clone(),
+                        events.clone(),
+                        links,
+                        index,
+                        None,
+                        Some(lane.queue.clone()),
+                    ),
+                    SessionError::Channel,
+                )
+                .await?,
+            );
+        }
     }
     ctx.readiness.set_rabbitmq(true);
     established.store(true, Ordering::Relaxed);

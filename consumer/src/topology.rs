@@ -33,6 +33,9 @@ pub struct Topology {
     pub dead_letter_queue: String,
     /// One queue per distinct retry delay: `NAME.retry.<delay>` (e.g. `ledger.retry.10s`).
     pub retry_queues: Vec<(Duration, String)>,
+    /// A fair share's lanes (see [`crate::fair`]): quorum queues dead-lettering like the main
+    /// queue, bound to nothing (the sorting workers publish to them by name).
+    pub lanes: Vec<crate::fair::Lane>,
 }
 
 impl Topology {
@@ -48,6 +51,7 @@ impl Topology {
             dead_letter_exchange: format!("{name}.dlx"),
             dead_letter_queue: format!("{name}.dlq"),
             retry_queues,
+            lanes: Vec::new(),
         }
     }
 
@@ -55,6 +59,7 @@ impl Topology {
     pub fn queues(&self) -> Vec<String> {
         let mut q = vec![self.queue.clone(), self.dead_letter_queue.clone()];
         q.extend(self.retry_queues.iter().map(|(_, n)| n.clone()));
+        q.extend(self.lanes.iter().map(|l| l.queue.clone()));
         q
     }
 
@@ -93,7 +98,10 @@ impl Topology {
         plumbing::amqp::declare_outbox_exchange(conn, exchange, true).await?;
         let ch = conn.create_channel().await?;
         let ch = self.declare_dead_letters(conn, ch).await?;
-        let ch = self.declare_queue(conn, ch, exchange, bindings).await?;
+        let mut ch = self.declare_queue(conn, ch, exchange, bindings).await?;
+        for lane in &self.lanes {
+            ch = self.declare_quorum(conn, ch, &lane.queue).await?;
+        }
         let ch = self.declare_retry_queues(conn, ch).await?;
         let _ = ch.close(200, ShortString::from("declared")).await;
         Ok(())
@@ -165,14 +173,13 @@ impl Topology {
         .await
     }
 
-    /// The main queue (a quorum queue dead-lettering to the dead-letter exchange; one declared
-    /// otherwise before is used as it is), bound to `exchange` by `bindings`.
-    async fn declare_queue(
+    /// A quorum queue dead-lettering to the dead-letter exchange (one declared otherwise before
+    /// is used as it is): the main queue, a fair share's lane.
+    async fn declare_quorum(
         &self,
         conn: &Connection,
         mut ch: Channel,
-        exchange: &str,
-        bindings: &[String],
+        queue: &str,
     ) -> Result<Channel, lapin::Error> {
         let mut args = FieldTable::default();
         args.insert("x-queue-type".into(), text("quorum"));
@@ -184,19 +191,29 @@ impl Topology {
             "x-quorum-initial-group-size".into(),
             AMQPValue::LongLongInt(QUORUM_INITIAL_GROUP_SIZE),
         );
-        if let Err(e) = ch
-            .queue_declare(self.queue.as_str().into(), durable(), args)
-            .await
-        {
+        if let Err(e) = ch.queue_declare(queue.into(), durable(), args).await {
             // Declared before with other arguments (e.g. without a group size): use it as it is.
             if !is_code(&e, 406) {
                 return Err(e);
             }
-            tracing::warn!(queue = %self.queue, error = %e, "queue exists with other arguments; using it as it is");
+            tracing::warn!(queue = %queue, error = %e, "queue exists with other arguments; using it as it is");
             ch = conn.create_channel().await?;
-            ch.queue_declare(self.queue.as_str().into(), passive(), FieldTable::default())
+            ch.queue_declare(queue.into(), passive(), FieldTable::default())
                 .await?;
         }
+        Ok(ch)
+    }
+
+    /// The main queue (a quorum queue dead-lettering to the dead-letter exchange; one declared
+    /// otherwise before is used as it is), bound to `exchange` by `bindings`.
+    async fn declare_queue(
+        &self,
+        conn: &Connection,
+        ch: Channel,
+        exchange: &str,
+        bindings: &[String],
+    ) -> Result<Channel, lapin::Error> {
+        let ch = self.declare_quorum(conn, ch, &self.queue).await?;
         for key in bindings {
             ch.queue_bind(
                 self.queue.as_str().into(),

@@ -88,6 +88,9 @@ pub(crate) struct Worker {
     pub(crate) frame_max: u32,
     /// Ordered mode: the partition this worker consumes, and the fence its transactions check.
     pub(crate) slot: Option<Slot>,
+    /// A fair share's lane this worker works (it handles); `None`: the main queue (with a fair
+    /// share, it sorts).
+    pub(crate) lane: Option<String>,
     /// The queue consumed and the `basic.consume` arguments, to consume again after a pause.
     pub(crate) queue: String,
     pub(crate) consume_args: FieldTable,
@@ -108,6 +111,7 @@ impl Worker {
         links: &Links,
         index: usize,
         slot: Option<Slot>,
+        lane: Option<String>,
     ) -> Result<Self, lapin::Error> {
         let conn = &links.consume;
         let consume_ch = conn.create_channel().await?;
@@ -125,9 +129,10 @@ impl Worker {
             index,
             &Uuid::new_v4().simple().to_string()[..8]
         );
-        let queue = match slot {
-            Some(s) => crate::ordered::topology::queue(&ctx.config.name, s.partition),
-            None => ctx.topology.queue.clone(),
+        let queue = match (slot, &lane) {
+            (Some(s), _) => crate::ordered::topology::queue(&ctx.config.name, s.partition),
+            (None, Some(lane)) => lane.clone(),
+            (None, None) => ctx.topology.queue.clone(),
         };
         let consume_args = consume_arguments(&ctx.config, BrokerVersion::of(conn));
         let consumer = consume_ch
@@ -148,6 +153,7 @@ impl Worker {
             consumer,
             frame_max: links.publish.configuration().frame_max(),
             slot,
+            lane,
             queue,
             consume_args,
             probing: false,
@@ -389,6 +395,23 @@ impl Worker {
         Ok(())
     }
 
+    /// With a fair share, a worker of the main queue sorts: each message it would handle goes
+    /// to its key's lane instead ([`crate::fair`]); the lanes' own workers handle them.
+    fn sort_into_lanes(&self, items: &mut [Item]) {
+        let Some(share) = &self.ctx.fairness else {
+            return;
+        };
+        if self.lane.is_some() || self.slot.is_some() {
+            return;
+        }
+        for item in items.iter_mut() {
+            if let Work::Handle(env, _) = &item.work {
+                let key = share.key_of(env);
+                item.work = Work::Lane(share.lane_of(&self.ctx.config.name, &key));
+            }
+        }
+    }
+
     fn prepare(&self, delivery: Delivery) -> Item {
         let attempt = message::attempt(&delivery.properties);
         self.note_redelivery(&delivery, attempt);
@@ -464,7 +487,8 @@ impl Worker {
         stop: &CancellationToken,
     ) -> Result<BatchEnd, SessionError> {
         let size = deliveries.len();
-        let items: Vec<Item> = deliveries.into_iter().map(|d| self.prepare(d)).collect();
+        let mut items: Vec<Item> = deliveries.into_iter().map(|d| self.prepare(d)).collect();
+        self.sort_into_lanes(&mut items);
 
         let mut fates: Vec<Option<Fate>> = vec![None; items.len()];
         if items
@@ -614,6 +638,7 @@ impl Worker {
                 Fate::Ignored => Outcome::Ignored,
                 Fate::Retry(_) => Outcome::Retried,
                 Fate::Wait(..) => Outcome::Waited,
+                Fate::Lane(_) => Outcome::Sorted,
                 Fate::Discarded => Outcome::Discarded,
                 Fate::Held => Outcome::Held,
                 Fate::Stale => Outcome::Stale,
@@ -826,6 +851,7 @@ fn decide_unhandled(items: &[Item], fates: &mut [Option<Fate>]) -> Result<(), Se
                     Fate::DeadLetter(*kind, reason.clone())
                 }
                 Work::Ignore => Fate::Ignored,
+                Work::Lane(queue) => Fate::Lane(queue.clone()),
                 Work::Handle(..) | Work::Advance(_) => return Err(SessionError::Undecided),
             });
         }

@@ -484,7 +484,8 @@ fn gather<'a>(items: &'a [Item], sweep: &[AggregateKey]) -> BTreeMap<AggregateKe
         let (env, handler) = match &it.work {
             Work::Handle(env, h) => (env.as_ref(), Some(h.clone())),
             Work::Advance(env) => (env.as_ref(), None),
-            Work::Reject(..) | Work::Ignore => continue,
+            // Never deferred in ordered mode (a fair share is refused there).
+            Work::Reject(..) | Work::Ignore | Work::Lane(_) => continue,
         };
         let Some(seq) = env.aggregate_seq else {
             continue;

@@ -236,7 +236,14 @@ async fn start_worker(
 ) {
     let worker = bounded(
         "opening a partition worker",
-        Worker::open(ctx.clone(), events.clone(), links, p as usize, Some(slot)),
+        Worker::open(
+            ctx.clone(),
+            events.clone(),
+            links,
+            p as usize,
+            Some(slot),
+            None,
+        ),
         SessionError::Channel,
     )
     .await;

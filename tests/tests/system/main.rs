@@ -10,6 +10,7 @@ mod cloudevents;
 mod cluster;
 mod console;
 mod consumer;
+mod consumer_fair_share;
 mod db_crash;
 mod dependencies;
 mod drop_in;
