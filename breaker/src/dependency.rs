@@ -130,6 +130,29 @@ impl Dependency {
         Ok(c)
     }
 
+    /// Reads the shared circuit and limits and sets their gauges (circuit state, how long open,
+    /// concurrency slots held, tokens): for a worker's periodic statistics, so that the gauges
+    /// say the truth between calls too.
+    pub async fn report(&self, pool: &PgPool, schema: &Schema) -> Result<(), sqlx::Error> {
+        self.circuit(pool, schema).await?;
+        let usage = self.usage(pool, schema).await?;
+        if let Some(cap) = self.inner.policy.concurrency {
+            events::slots(self.name(), usage.slots_held, cap);
+        }
+        if let Some(t) = usage.tokens {
+            events::tokens(self.name(), t);
+        }
+        Ok(())
+    }
+
+    /// The limits as they stand across all instances: slots held now, tokens in the bucket.
+    pub async fn usage(&self, pool: &PgPool, schema: &Schema) -> Result<Usage, sqlx::Error> {
+        self.ensure(pool, schema).await?;
+        let rate = self.inner.policy.rate.map(|r| (r.per_second, r.burst));
+        let (slots_held, tokens) = store::usage(pool, schema, self.name(), rate).await?;
+        Ok(Usage { slots_held, tokens })
+    }
+
     /// The circuit from the cache while it is fresh, else read.
     async fn cached(&self, pool: &PgPool, schema: &Schema) -> Result<Circuit, sqlx::Error> {
         let fresh = {
@@ -332,6 +355,15 @@ fn log_transition(name: &str, before: &Circuit, after: &Circuit) {
         ),
         CircuitState::HalfOpen => {}
     }
+}
+
+/// A dependency's limits as they stand ([`Dependency::usage`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Usage {
+    /// Concurrency slots held now (not expired), across all instances.
+    pub slots_held: i64,
+    /// Tokens in the rate limit's bucket now; `None` without a rate limit.
+    pub tokens: Option<f64>,
 }
 
 /// What a call may do now that the circuit let it go. Record its answer with

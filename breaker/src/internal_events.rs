@@ -33,7 +33,15 @@ pub fn describe() {
     );
     describe_gauge!(
         "dependency_rate_tokens",
-        "Tokens left in the dependency's rate-limit bucket at the last call"
+        "Tokens in the dependency's rate-limit bucket (at the last call or statistics refresh)"
+    );
+    describe_gauge!(
+        "dependency_slots_in_use",
+        "Concurrency slots of the dependency held now, across all instances"
+    );
+    describe_gauge!(
+        "dependency_slots",
+        "The dependency's concurrency cap (its slots)"
     );
 }
 
@@ -67,4 +75,10 @@ pub fn transition(name: &str, to: CircuitState) {
 
 pub fn tokens(name: &str, tokens: f64) {
     gauge!("dependency_rate_tokens", "dependency" => name.to_string()).set(tokens.max(0.0));
+}
+
+/// Concurrency slots held now (`held`) of the cap `cap`.
+pub fn slots(name: &str, held: i64, cap: u32) {
+    gauge!("dependency_slots_in_use", "dependency" => name.to_string()).set(held as f64);
+    gauge!("dependency_slots", "dependency" => name.to_string()).set(f64::from(cap));
 }

@@ -34,7 +34,7 @@ pub mod state;
 mod store;
 
 pub use circuit::{Outcome, WaitReason};
-pub use dependency::{Admission, Dependency, Permit, Wait, valid_name};
+pub use dependency::{Admission, Dependency, Permit, Usage, Wait, valid_name};
 pub use error::{AdminError, DeclareError, PolicyError};
 pub use policy::Policy;
 pub use state::CircuitState;

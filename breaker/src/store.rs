@@ -161,6 +161,27 @@ pub async fn take_token<'e>(
     }
 }
 
+/// A dependency's limits now: its concurrency slots held (not expired), and the tokens in its
+/// bucket as refilled to now (`per_second`, `burst`; `None` without a rate limit).
+pub async fn usage<'e>(
+    db: impl PgExecutor<'e>,
+    schema: &Schema,
+    name: &str,
+    rate: Option<(f64, u32)>,
+) -> Result<(i64, Option<f64>), sqlx::Error> {
+    let row = sqlx::query(schema.sql(
+        "SELECT (SELECT count(*) FROM {{schema}}.dependency_slots                  WHERE name = $1 AND holder IS NOT NULL AND held_until >= clock_timestamp()) AS held,                 (SELECT least($3::float8, coalesce(tokens, $3::float8) + $2::float8 *                      extract(epoch FROM clock_timestamp() - coalesce(tokens_at, clock_timestamp()))::float8)                  FROM {{schema}}.dependencies WHERE name = $1) AS tokens",
+    ))
+    .bind(name)
+    .bind(rate.map_or(0.0, |r| r.0))
+    .bind(rate.map_or(0.0, |r| f64::from(r.1)))
+    .fetch_one(db)
+    .await?;
+    let held: i64 = row.try_get("held")?;
+    let tokens: Option<f64> = row.try_get("tokens")?;
+    Ok((held, rate.and(tokens)))
+}
+
 /// Takes a free (or expired) concurrency slot for `holder` until `held_for` passes.
 pub async fn take_slot<'e>(
     db: impl PgExecutor<'e>,

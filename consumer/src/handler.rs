@@ -268,6 +268,24 @@ impl Handlers {
                 .is_some_and(|h| h.dependency().is_some())
     }
 
+    /// Every dependency a handler names, once by name.
+    pub(crate) fn dependencies(&self) -> Vec<&breaker::Dependency> {
+        let mut deps: Vec<&breaker::Dependency> = Vec::new();
+        for h in self
+            .routes
+            .iter()
+            .map(|(_, h)| h)
+            .chain(self.fallback.as_ref())
+        {
+            if let Some(d) = h.dependency()
+                && !deps.iter().any(|x| x.name() == d.name())
+            {
+                deps.push(d);
+            }
+        }
+        deps
+    }
+
     /// The dependencies of the handlers, if every handler (the fallback included) names one; the
     /// consumer then has nothing to do while all of them hold calls back (see `pause`).
     pub(crate) fn all_dependencies(&self) -> Option<Vec<&breaker::Dependency>> {

@@ -123,11 +123,7 @@ impl Consumer {
             events.clone(),
             background.clone(),
         ));
-        tasks.spawn(watch_database(
-            ctx.pool.clone(),
-            ctx.readiness.clone(),
-            background.clone(),
-        ));
+        tasks.spawn(watch_database(ctx.clone(), background.clone()));
 
         tracing::info!(
             consumer = %cfg.name,
@@ -199,13 +195,20 @@ async fn ping(pool: &PgPool) -> bool {
     )
 }
 
-async fn watch_database(pool: PgPool, readiness: Arc<Readiness>, stop: CancellationToken) {
+/// Every 5 s: whether PostgreSQL answers (readiness), and the gauges of the handlers'
+/// dependencies (circuit, slots, tokens).
+async fn watch_database(ctx: Arc<Ctx>, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
-        readiness.set_postgres(ping(&pool).await);
+        ctx.readiness.set_postgres(ping(&ctx.pool).await);
+        for dep in ctx.handlers.dependencies() {
+            if let Err(e) = dep.report(&ctx.breaker_pool, &ctx.config.schema).await {
+                tracing::debug!(dependency = %dep.name(), error = %e, "dependency gauges not refreshed");
+            }
+        }
     }
 }
 

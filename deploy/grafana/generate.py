@@ -861,6 +861,16 @@ def processes():
                                (f"sum by (dependency, reason) (rate(dependency_calls_refused_total[{RI}]))",
                                 "{{dependency}} kept back: {{reason}}")),
                        unit="ops"),
+            timeseries("Dependency limits and paused consumers",
+                       "Each dependency's limits across all instances: concurrency slots held "
+                       "(dependency_slots_in_use) against the cap (dependency_slots), tokens in the rate "
+                       "limit's bucket (dependency_rate_tokens; 0 means callers wait for the limit), and consumer "
+                       "workers that stopped taking deliveries because every handler's dependency holds calls "
+                       "back (consumer_paused_workers; the backlog stays in the queue).",
+                       targets(("max by (dependency) (dependency_slots_in_use)", "{{dependency}} slots held"),
+                               ("max by (dependency) (dependency_slots)", "{{dependency}} slots (cap)"),
+                               ("min by (dependency) (dependency_rate_tokens)", "{{dependency}} tokens"),
+                               ("sum by (consumer) (consumer_paused_workers)", "{{consumer}} workers paused"))),
         ]),
         row("Reconciliation with the payment provider"),
         (7, [

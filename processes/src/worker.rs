@@ -142,7 +142,7 @@ impl Worker {
             config: config.clone(),
             kinds: kinds.clone(),
             versions: versions.clone(),
-            dependencies: dependencies.iter().map(|d| d.name().to_string()).collect(),
+            dependencies: dependencies.clone(),
             seen: HashSet::new(),
             warned: HashSet::new(),
         };
@@ -383,8 +383,9 @@ struct Stats {
     config: WorkerConfig,
     kinds: Vec<String>,
     versions: Vec<i32>,
-    /// The dependencies the registry's steps name (their waiting gauges).
-    dependencies: Vec<String>,
+    /// The dependencies the registry's steps name (their waiting gauges, their circuits' and
+    /// limits' gauges).
+    dependencies: Vec<breaker::Dependency>,
     /// The (kind, status) gauges set last time, to zero those that are gone.
     seen: HashSet<(String, String)>,
     /// The unknown versions already logged, to log each once.
@@ -403,6 +404,11 @@ impl plumbing::periodic::Refresh for Stats {
         } = self;
         if let Err(e) = refresh_waiting(config, dependencies).await {
             tracing::debug!(error = %e, "waiting gauges not refreshed");
+        }
+        for dep in dependencies.iter() {
+            if let Err(e) = dep.report(&config.pool, &config.schema).await {
+                tracing::debug!(dependency = %dep.name(), error = %e, "dependency gauges not refreshed");
+            }
         }
         if let Err(e) = refresh(config, kinds, versions, seen, warned).await {
             tracing::debug!(error = %e, "process statistics not refreshed");
@@ -457,14 +463,14 @@ async fn refresh(
 /// Sets the gauges of the steps waiting for each dependency the registry names.
 async fn refresh_waiting(
     config: &WorkerConfig,
-    dependencies: &[String],
+    dependencies: &[breaker::Dependency],
 ) -> Result<(), sqlx::Error> {
     if dependencies.is_empty() {
         return Ok(());
     }
     let rows = store::waiting_by_dependency(&config.pool, &config.schema).await?;
     let now = chrono::Utc::now();
-    for name in dependencies {
+    for name in dependencies.iter().map(|d| d.name()) {
         let (n, oldest) = rows
             .iter()
             .find(|(d, _, _)| d == name)

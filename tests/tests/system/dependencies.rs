@@ -55,6 +55,13 @@ async fn two_instances_share_one_rate_limit() {
     );
     assert!(granted >= 15, "the limit lets its rate through: {granted}");
     assert!(limited > 0, "the rest was held back");
+    // The bucket as the gauge dependency_rate_tokens reads it: drained, then refilled at the
+    // rate up to the burst.
+    let drained = a.usage(&db.pool, &schema).await.unwrap().tokens.unwrap();
+    assert!(drained < 2.0, "{drained} tokens right after the calls");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let refilled = b.usage(&db.pool, &schema).await.unwrap().tokens.unwrap();
+    assert_eq!(refilled, 2.0, "refilled to the burst");
 }
 
 #[tokio::test]
@@ -77,7 +84,17 @@ async fn two_instances_share_one_concurrency_cap_and_a_slot_comes_back() {
             Admission::Go(_) => panic!("a third call in flight past a cap of 2"),
         }
     }
+    // The slots held are seen from any instance (the gauge dependency_slots_in_use reads this).
+    assert_eq!(
+        instance(policy)
+            .usage(&db.pool, &schema)
+            .await
+            .unwrap()
+            .slots_held,
+        2
+    );
     p1.record(Outcome::Answered).await;
+    assert_eq!(a.usage(&db.pool, &schema).await.unwrap().slots_held, 1);
     let Admission::Go(p3) = b.acquire(&db.pool, &schema, LEASE).await.unwrap() else {
         panic!("a slot given back is taken again");
     };
