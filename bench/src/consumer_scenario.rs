@@ -63,6 +63,57 @@ pub(crate) async fn publish_ledger_events(
     Ok(())
 }
 
+/// Publishes `n` events with routing key `key` and header `tenant` to the exchange, with
+/// confirms (the fair share scenario's traffic).
+pub(crate) async fn publish_tenant_events(
+    env: &BenchEnv,
+    key: &str,
+    tenant: &str,
+    n: u64,
+) -> anyhow::Result<()> {
+    let ch = env.conn.create_channel().await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let mut in_flight = FuturesUnordered::new();
+    for i in 0..n {
+        while in_flight.len() >= 1000 {
+            let r: Result<Confirmation, lapin::Error> = in_flight.next().await.unwrap();
+            anyhow::ensure!(matches!(r?, Confirmation::Ack(None)), "publish not acked");
+        }
+        let mut headers = FieldTable::default();
+        for (k, v) in [("aggregate_type", "account"), ("tenant", tenant)] {
+            headers.insert(k.into(), lapin::types::AMQPValue::LongString(v.into()));
+        }
+        headers.insert(
+            "aggregate_id".into(),
+            lapin::types::AMQPValue::LongString(format!("{tenant}-{i}").into()),
+        );
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_type(key.into())
+            .with_message_id(uuid::Uuid::now_v7().to_string().into())
+            .with_headers(headers);
+        let body = payload(i).to_string();
+        let confirm = ch
+            .basic_publish(
+                env.exchange.as_str().into(),
+                key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                body.as_bytes(),
+                props,
+            )
+            .await?;
+        in_flight.push(confirm);
+    }
+    while let Some(r) = in_flight.next().await {
+        anyhow::ensure!(matches!(r?, Confirmation::Ack(None)), "publish not acked");
+    }
+    Ok(())
+}
+
 pub(crate) fn consumer_topology(name: &str) -> consumer::Topology {
     let delays: Vec<Duration> = ["1s", "10s", "1m", "5m"]
         .iter()

@@ -27,6 +27,7 @@ pub mod api_scenario;
 pub mod ceiling_scenario;
 pub mod consumer_scenario;
 pub mod env;
+pub mod fair_scenario;
 pub mod latency_scenario;
 pub mod ordered_scenario;
 pub mod outage_scenario;

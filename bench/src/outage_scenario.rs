@@ -248,7 +248,93 @@ pub async fn dependency_outage(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             .vs_ceiling(f64::from(resume), None),
     ];
     lines.extend(happy_path(env).await?);
+    lines.extend(consumer_happy_path(env).await?);
     Ok(lines)
+}
+
+/// Counts the messages it handles; does nothing else (so the runtime's cost shows).
+#[derive(Clone)]
+struct Count(Arc<AtomicU64>);
+
+impl consumer::Handler for Count {
+    async fn handle(
+        &self,
+        _: &mut sqlx::PgConnection,
+        _: &consumer::Envelope,
+    ) -> Result<(), consumer::HandlerError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// The consumer's drain rate of a queue of messages with the handler's remote up, with and
+/// without the handler naming it as a dependency (twice each, alternating; medians).
+async fn consumer_happy_path(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
+    let n = env.n(20_000, 1000);
+    let dep = breaker::Dependency::new("bench-up-consumer", breaker::Policy::default())?;
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..2 {
+        for needs in [true, false] {
+            let name = format!(
+                "{}-happy-{round}-{}",
+                env.exchange.replace('.', "-"),
+                if needs { "dep" } else { "plain" }
+            );
+            let key = format!("happy{round}{}.charged", u8::from(needs));
+            let mut config = consumer::Config::new(&name, &env.amqp_url, &env.exchange);
+            config.bindings = vec![key.clone()];
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(config.pool_size())
+                .connect(&env.db_url)
+                .await?;
+            let done = Arc::new(AtomicU64::new(0));
+            let handlers = if needs {
+                consumer::Handlers::new().on_needing(key.clone(), dep.clone(), Count(done.clone()))
+            } else {
+                consumer::Handlers::new().on(key.clone(), Count(done.clone()))
+            };
+            let c = consumer::Consumer::new(config, pool.clone(), handlers)?;
+            let topology = c.topology().clone();
+            topology
+                .declare(&env.conn, &env.exchange, c.bindings())
+                .await?;
+            crate::consumer_scenario::publish_tenant_events(env, &key, "t", n).await?;
+            let stop = CancellationToken::new();
+            let start = Instant::now();
+            let handle = tokio::spawn(c.run(stop.clone()));
+            while done.load(Ordering::Relaxed) < n {
+                anyhow::ensure!(start.elapsed() < Duration::from_secs(300), "{name}: drain too slow");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let rate = n as f64 / start.elapsed().as_secs_f64();
+            stop.cancel();
+            let _ = handle.await;
+            pool.close().await;
+            for q in topology.queues() {
+                env.delete_queue(&q).await;
+            }
+            if let Ok(ch) = env.conn.create_channel().await {
+                for e in topology.exchanges() {
+                    let _ = ch
+                        .exchange_delete(e.as_str().into(), Default::default())
+                        .await;
+                }
+            }
+            if needs {
+                with.push(rate)
+            } else {
+                without.push(rate)
+            }
+        }
+    }
+    let (with, without) = (median(with), median(without));
+    Ok(vec![
+        Line::new("dependency happy path, consumer", with, "msg/s")
+            .vs_ceiling(without, Some(0.9))
+            .note(format!(
+                "{n} messages drained by a consumer (default settings) whose handler names its remote as a dependency (closed circuit: a cached read per call) against the same handler without it (the ceiling), medians of two"
+            )),
+    ])
 }
 
 /// The drain rate of a backlog of one-step processes with the remote up, with and without a
@@ -303,7 +389,7 @@ async fn happy_path(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     }
     let (with, without) = (median(with), median(without));
     Ok(vec![
-        Line::new("dependency happy path", with, "proc/s")
+        Line::new("dependency happy path, processes", with, "proc/s")
             .vs_ceiling(without, Some(0.9))
             .note(format!(
                 "{n} one-step processes drained by one worker with the remote named as a dependency (closed circuit: a cached read, no write) against the same without it (the ceiling), medians of two"

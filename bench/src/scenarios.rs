@@ -33,6 +33,7 @@ pub enum Scenario {
     Processes,
     ProcessesWaiting,
     DependencyOutage,
+    FairShare,
     Reconciliation,
 }
 
@@ -70,6 +71,7 @@ impl Scenario {
             Scenario::Processes => process_scenario::run(env).await,
             Scenario::ProcessesWaiting => waiting_scenario::processes_waiting(env).await,
             Scenario::DependencyOutage => outage_scenario::dependency_outage(env).await,
+            Scenario::FairShare => fair_scenario::fair_share(env).await,
             Scenario::Reconciliation => reconciliation_scenario::reconciliation(env).await,
         }
     }
