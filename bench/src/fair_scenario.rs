@@ -50,7 +50,12 @@ fn shares(order: &[String], first: usize) -> HashMap<String, f64> {
     n
 }
 
-fn lines(what: &str, fair: &HashMap<String, f64>, plain: &HashMap<String, f64>, first: usize) -> Vec<Line> {
+fn lines(
+    what: &str,
+    fair: &HashMap<String, f64>,
+    plain: &HashMap<String, f64>,
+    first: usize,
+) -> Vec<Line> {
     let get = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0) * 100.0;
     let gap = WANT
         .iter()
@@ -89,7 +94,13 @@ async fn process_order(env: &BenchEnv, kind: &str) -> anyhow::Result<Vec<String>
     .await?)
 }
 
-async fn processes_run(env: &BenchEnv, fair: bool, flood: u64, each: u64, first: usize) -> anyhow::Result<Vec<String>> {
+async fn processes_run(
+    env: &BenchEnv,
+    fair: bool,
+    flood: u64,
+    each: u64,
+    first: usize,
+) -> anyhow::Result<Vec<String>> {
     let kind = if fair { "bench_fair" } else { "bench_unfair" };
     let def = Definition::new(kind, 1)
         .fair_key("tenant")
@@ -99,7 +110,14 @@ async fn processes_run(env: &BenchEnv, fair: bool, flood: u64, each: u64, first:
         async move {
             let mut tx = env.pool.begin().await?;
             for i in 0..n {
-                processes::start_in(&mut tx, &Schema::default(), &def, &format!("{tenant}-{i}"), &serde_json::json!({ "tenant": tenant })).await?;
+                processes::start_in(
+                    &mut tx,
+                    &Schema::default(),
+                    &def,
+                    &format!("{tenant}-{i}"),
+                    &serde_json::json!({ "tenant": tenant }),
+                )
+                .await?;
             }
             tx.commit().await?;
             anyhow::Ok(())
@@ -122,14 +140,19 @@ async fn processes_run(env: &BenchEnv, fair: bool, flood: u64, each: u64, first:
     let handle = tokio::spawn(async move { Worker::run(config, registry, s).await });
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let done: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox.processes WHERE kind = $1 AND status = 'succeeded'")
-            .bind(kind)
-            .fetch_one(&env.pool)
-            .await?;
+        let done: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox.processes WHERE kind = $1 AND status = 'succeeded'",
+        )
+        .bind(kind)
+        .fetch_one(&env.pool)
+        .await?;
         if done as usize >= first {
             break;
         }
-        anyhow::ensure!(Instant::now() < deadline, "{kind}: {done} of {first} in 300 s");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{kind}: {done} of {first} in 300 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.cancel();
@@ -145,19 +168,46 @@ struct Record(Arc<Mutex<Vec<String>>>);
 impl Handler for Record {
     async fn handle(&self, _: &mut PgConnection, msg: &Envelope) -> Result<(), HandlerError> {
         tokio::time::sleep(WORK).await;
-        let t = msg.headers.get("tenant").and_then(|v| v.as_str()).unwrap_or("");
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(t.to_string());
+        let t = msg
+            .headers
+            .get("tenant")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(t.to_string());
         Ok(())
     }
 }
 
-async fn consumer_run(env: &BenchEnv, fair: bool, flood: u64, each: u64, first: usize) -> anyhow::Result<Vec<String>> {
-    let name = format!("{}-{}", env.exchange.replace('.', "-"), if fair { "fair" } else { "unfair" });
-    let key = if fair { "fair.charged" } else { "unfair.charged" };
+async fn consumer_run(
+    env: &BenchEnv,
+    fair: bool,
+    flood: u64,
+    each: u64,
+    first: usize,
+) -> anyhow::Result<Vec<String>> {
+    let name = format!(
+        "{}-{}",
+        env.exchange.replace('.', "-"),
+        if fair { "fair" } else { "unfair" }
+    );
+    let key = if fair {
+        "fair.charged"
+    } else {
+        "unfair.charged"
+    };
     let share = ConsumerShare::by_header("tenant").lanes(4).weight("b", 2);
     // `a` and `c` in different hashed lanes: `c` is the first of c, c1, c2, ... that is.
     let c = (0..)
-        .map(|i| if i == 0 { "c".to_string() } else { format!("c{i}") })
+        .map(|i| {
+            if i == 0 {
+                "c".to_string()
+            } else {
+                format!("c{i}")
+            }
+        })
         .find(|c| share.lane_of(&name, c) != share.lane_of(&name, "a"))
         .unwrap_or_else(|| "c".into());
     let mut config = Config::new(&name, &env.amqp_url, &env.exchange);
@@ -173,7 +223,9 @@ async fn consumer_run(env: &BenchEnv, fair: bool, flood: u64, each: u64, first: 
     let handlers = Handlers::new().on(key, Record(order.clone()));
     let consumer = Consumer::new(config, pool.clone(), handlers)?;
     let topology = consumer.topology().clone();
-    topology.declare(&env.conn, &env.exchange, consumer.bindings()).await?;
+    topology
+        .declare(&env.conn, &env.exchange, consumer.bindings())
+        .await?;
     publish_tenant_events(env, key, "a", flood).await?;
     publish_tenant_events(env, key, "b", each).await?;
     publish_tenant_events(env, key, &c, each).await?;
@@ -181,7 +233,10 @@ async fn consumer_run(env: &BenchEnv, fair: bool, flood: u64, each: u64, first: 
     let handle = tokio::spawn(consumer.run(stop.clone()));
     let deadline = Instant::now() + Duration::from_secs(300);
     while order.lock().unwrap_or_else(|e| e.into_inner()).len() < first {
-        anyhow::ensure!(Instant::now() < deadline, "{name}: fewer than {first} handled in 300 s");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{name}: fewer than {first} handled in 300 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.cancel();
@@ -192,11 +247,16 @@ async fn consumer_run(env: &BenchEnv, fair: bool, flood: u64, each: u64, first: 
     }
     if let Ok(ch) = env.conn.create_channel().await {
         for e in topology.exchanges() {
-            let _ = ch.exchange_delete(e.as_str().into(), Default::default()).await;
+            let _ = ch
+                .exchange_delete(e.as_str().into(), Default::default())
+                .await;
         }
     }
     let got = order.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    Ok(got.into_iter().map(|t| if t == c { "c".into() } else { t }).collect())
+    Ok(got
+        .into_iter()
+        .map(|t| if t == c { "c".into() } else { t })
+        .collect())
 }
 
 pub async fn fair_share(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
@@ -204,9 +264,19 @@ pub async fn fair_share(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
     let first = (each as usize * 4 / 3).max(100);
     let fair = processes_run(env, true, flood, each, first).await?;
     let plain = processes_run(env, false, flood, each, first).await?;
-    let mut out = lines("processes", &shares(&fair, first), &shares(&plain, first), first);
+    let mut out = lines(
+        "processes",
+        &shares(&fair, first),
+        &shares(&plain, first),
+        first,
+    );
     let fair = consumer_run(env, true, flood, each, first).await?;
     let plain = consumer_run(env, false, flood, each, first).await?;
-    out.extend(lines("consumer", &shares(&fair, first), &shares(&plain, first), first));
+    out.extend(lines(
+        "consumer",
+        &shares(&fair, first),
+        &shares(&plain, first),
+        first,
+    ));
     Ok(out)
 }

@@ -303,7 +303,10 @@ async fn consumer_happy_path(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             let start = Instant::now();
             let handle = tokio::spawn(c.run(stop.clone()));
             while done.load(Ordering::Relaxed) < n {
-                anyhow::ensure!(start.elapsed() < Duration::from_secs(300), "{name}: drain too slow");
+                anyhow::ensure!(
+                    start.elapsed() < Duration::from_secs(300),
+                    "{name}: drain too slow"
+                );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             let rate = n as f64 / start.elapsed().as_secs_f64();

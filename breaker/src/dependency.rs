@@ -30,8 +30,11 @@ pub struct Dependency {
 struct Inner {
     name: String,
     policy: Policy,
-    /// The circuit as last read or written, and when.
-    cache: Mutex<Option<(Instant, Circuit)>>,
+    /// The circuit as last read or written, and when (shared, not copied, by every call that
+    /// reads it while it is fresh: the happy path's only cost).
+    cache: Mutex<Option<(Instant, Arc<Circuit>)>>,
+    /// The call counters by outcome, made on first use (after the metrics recorder is in).
+    calls: std::sync::OnceLock<[metrics::Counter; 3]>,
     /// The row (and the slots) exist.
     ensured: AtomicBool,
     /// This process's holder id for concurrency slots.
@@ -92,6 +95,7 @@ impl Dependency {
                 name: name.to_string(),
                 policy,
                 cache: Mutex::new(None),
+                calls: std::sync::OnceLock::new(),
                 ensured: AtomicBool::new(false),
                 holder: Uuid::new_v4(),
             }),
@@ -154,7 +158,7 @@ impl Dependency {
     }
 
     /// The circuit from the cache while it is fresh, else read.
-    async fn cached(&self, pool: &PgPool, schema: &Schema) -> Result<Circuit, sqlx::Error> {
+    async fn cached(&self, pool: &PgPool, schema: &Schema) -> Result<Arc<Circuit>, sqlx::Error> {
         let fresh = {
             let cache = self.inner.cache.lock().unwrap_or_else(|e| e.into_inner());
             cache
@@ -164,20 +168,20 @@ impl Dependency {
         };
         match fresh {
             Some(c) => Ok(c),
-            None => self.circuit(pool, schema).await,
+            None => self.circuit(pool, schema).await.map(Arc::new),
         }
     }
 
     /// The circuit as this instance last read or wrote it (no database call).
     pub fn last_seen(&self) -> Option<Circuit> {
         let cache = self.inner.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache.as_ref().map(|(_, c)| c.clone())
+        cache.as_ref().map(|(_, c)| Circuit::clone(c))
     }
 
     fn remember(&self, c: &Circuit) {
         events::circuit(self.name(), c);
         let mut cache = self.inner.cache.lock().unwrap_or_else(|e| e.into_inner());
-        *cache = Some((Instant::now(), c.clone()));
+        *cache = Some((Instant::now(), Arc::new(c.clone())));
     }
 
     fn refuse(&self, until: DateTime<Utc>, reason: WaitReason) -> Admission {
@@ -301,21 +305,23 @@ impl Dependency {
         outcome: &Outcome,
         probe: bool,
     ) -> Result<(), sqlx::Error> {
-        events::call(
-            self.name(),
-            match outcome {
-                Outcome::Answered => "answered",
-                Outcome::Unavailable { .. } => "unavailable",
-                Outcome::NoAnswer => "no_answer",
-            },
-        );
+        let calls = self
+            .inner
+            .calls
+            .get_or_init(|| events::call_counters(self.name()));
+        calls[match outcome {
+            Outcome::Answered => 0,
+            Outcome::Unavailable { .. } => 1,
+            Outcome::NoAnswer => 2,
+        }]
+        .increment(1);
         let policy = self.inner.policy;
         let quiet = *outcome == Outcome::Answered && !probe && policy.failure_rate.is_none();
         for attempt in 0..5 {
             let c = if quiet && attempt == 0 {
                 self.cached(pool, schema).await?
             } else {
-                self.circuit(pool, schema).await?
+                Arc::new(self.circuit(pool, schema).await?)
             };
             let Some(next) = circuit::record(&c, outcome, probe, &policy, Utc::now()) else {
                 return Ok(());

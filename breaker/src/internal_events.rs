@@ -58,9 +58,11 @@ pub fn circuit(name: &str, c: &Circuit) {
     gauge!("dependency_open_seconds", "dependency" => dep).set(open);
 }
 
-pub fn call(name: &str, outcome: &'static str) {
-    counter!("dependency_calls_total", "dependency" => name.to_string(), "outcome" => outcome)
-        .increment(1);
+/// The call counters of a dependency: answered, unavailable, no_answer.
+pub fn call_counters(name: &str) -> [metrics::Counter; 3] {
+    ["answered", "unavailable", "no_answer"].map(|outcome| {
+        counter!("dependency_calls_total", "dependency" => name.to_string(), "outcome" => outcome)
+    })
 }
 
 pub fn refused(name: &str, reason: &WaitReason) {

@@ -297,7 +297,15 @@ pub(crate) async fn run_handler(
     let timeout = ctx.config.handler_timeout;
     let permit = match handler.dependency() {
         None => None,
-        Some(dep) => Some(admit(ctx, dep, timeout).await?),
+        Some(dep) => match admit(ctx, dep, timeout).await {
+            Ok(p) => Some(p),
+            Err(f) => {
+                if matches!(f, Failure::Unavailable { .. }) {
+                    events.dependency_wait(dep.name());
+                }
+                return Err(f);
+            }
+        },
     };
     let start = Instant::now();
     let call = match envs {
@@ -321,6 +329,9 @@ pub(crate) async fn run_handler(
         Ok(Ok(Ok(()))) => Ok(()),
         Ok(Ok(Err(HandlerError::Database(e)))) => Err(classify_db(e, "handler query failed")),
         Ok(Ok(Err(e @ HandlerError::Unavailable { retry_after, .. }))) => {
+            if let Some(dep) = handler.dependency() {
+                events.dependency_wait(dep.name());
+            }
             let wait = unavailable_wait(ctx, handler, retry_after);
             Err(Failure::Unavailable {
                 reason: ErrorChain(&e).to_string(),

@@ -41,6 +41,7 @@ pub const DEDUP_ROWS_DELETED: &str = "consumer_dedup_rows_deleted_total";
 pub const REDELIVERIES: &str = "consumer_redeliveries_total";
 pub const DELIVERIES_RETURNED: &str = "consumer_deliveries_returned_total";
 pub const PAUSED_WORKERS: &str = "consumer_paused_workers";
+pub const DEPENDENCY_WAITS: &str = "consumer_dependency_waits_total";
 pub const ORDERED_PARTITIONS: &str = "consumer_ordered_partitions";
 pub const ORDERED_PARKED: &str = "consumer_ordered_parked_aggregates";
 pub const ORDERED_GAPS: &str = "consumer_ordered_gap_waits";
@@ -343,6 +344,13 @@ impl Events {
         }
     }
 
+    /// A message waits for `dependency` (its circuit or limits kept the call back, or the remote
+    /// answered "unavailable"): no attempt spent.
+    pub fn dependency_wait(&self, dependency: &str) {
+        metrics::counter!(DEPENDENCY_WAITS, "consumer" => self.consumer.clone(), "dependency" => dependency.to_string())
+            .increment(1);
+    }
+
     /// The retention sweep deleted `n` deduplication rows.
     pub fn dedup_rows_deleted(&self, n: u64) {
         self.dedup_rows_deleted.increment(n);
@@ -371,6 +379,10 @@ fn describe() {
         "Outbox insert to consumer commit"
     );
     describe_histogram!(BATCH_SIZE, "Deliveries per batch transaction");
+    describe_counter!(
+        DEPENDENCY_WAITS,
+        "Messages that waited for a dependency (circuit or limits, or an unavailable answer), no attempt spent"
+    );
     metrics::describe_gauge!(
         PAUSED_WORKERS,
         "Workers taking no deliveries because every handler's dependency holds calls back (the backlog stays in the queue)"

@@ -129,7 +129,9 @@ async fn outage_under_load(outage: Duration, rate: u32) {
     let mut w1 = drill.worker("outage-w1");
     let mut w2 = drill.worker("outage-w2");
     let mut ids = vec![];
-    drill.pay_for(Duration::from_secs(3), rate, 0, &mut ids).await;
+    drill
+        .pay_for(Duration::from_secs(3), rate, 0, &mut ids)
+        .await;
 
     drill.outage("503:1").await;
     let down = Instant::now();
@@ -596,6 +598,67 @@ impl Handler for AlwaysDown {
     async fn handle(&self, _: &mut PgConnection, _: &Envelope) -> Result<(), HandlerError> {
         Err(HandlerError::unavailable("503 from the remote", None))
     }
+}
+
+/// Always refuses for real: a 402, an answer that decides something.
+struct AlwaysDeclines;
+
+impl Handler for AlwaysDeclines {
+    async fn handle(&self, _: &mut PgConnection, _: &Envelope) -> Result<(), HandlerError> {
+        Err(HandlerError::permanent("402 Payment Required: declined"))
+    }
+}
+
+/// A remote that refuses for real through a dependency: the message is dead-lettered as it
+/// always was (a refusal is an answer), and the dependency's circuit stays closed however many
+/// refusals there are.
+#[tokio::test]
+async fn a_real_refusal_through_a_dependency_is_still_dead_lettered_and_never_opens_the_circuit() {
+    let db = TestDb::new().await;
+    let broker = TestBroker::new();
+    let exchange = broker.outbox_exchange("outage-402");
+    let name = unique("declines");
+    let retry_delays = vec![Duration::from_millis(200)];
+    track_consumer(&broker, &name, &retry_delays, None);
+    let mut config = Config::new(&name, amqp_url(), &exchange);
+    config.retry_delays = retry_delays;
+    let dependency =
+        breaker::Dependency::new("declines", breaker::Policy::default().consecutive(2)).unwrap();
+    let pool = plumbing::db::connect(&db.url, config.pool_size(), "outage-402")
+        .await
+        .unwrap();
+    let consumer = RunningConsumer::start(
+        config,
+        pool,
+        Handlers::new().on_needing("payment.captured", dependency, AlwaysDeclines),
+    )
+    .await;
+    let relay = InProcess::on(&db, &exchange, test_options()).await;
+    for n in 0..5 {
+        let msg = NewMessage::new(
+            "payment",
+            format!("acct-{n}"),
+            "payment.captured",
+            json!({"n": n}),
+        );
+        shared::outbox::enqueue(&db.pool, &msg).await.unwrap();
+    }
+    wait_until(
+        "every message is dead-lettered",
+        Duration::from_secs(60),
+        || async { (consumer.stats.snapshot().dead_lettered == 5).then_some(()) },
+    )
+    .await;
+    let stats = consumer.stats.snapshot();
+    assert_eq!((stats.waited, stats.retried), (0, 0), "{stats:?}");
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM outbox.dependencies WHERE name = 'declines'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "closed", "five refusals are answers, not an outage");
+    relay.stop().await;
+    consumer.stop().await;
 }
 
 /// A consumer with no retry queue has nowhere to wait: an unavailable answer counts as a
