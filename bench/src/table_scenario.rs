@@ -125,6 +125,8 @@ pub(crate) async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
     env.settle().await?;
     let partitions: Vec<i16> = (0..64).collect();
     let per_partition = vec![32i64; partitions.len()];
+    // From the start of each partition every time: the claim as it was before positions.
+    let floors = vec![0i64; partitions.len()];
     let schema = shared::schema::Schema::default();
     let started = Instant::now();
     let mut done = 0u64;
@@ -132,11 +134,14 @@ pub(crate) async fn claim_rate(env: &BenchEnv, n: u64) -> anyhow::Result<f64> {
         let args = relay::store::ClaimArgs {
             partitions: &partitions,
             per_partition: &per_partition,
+            floors: &floors,
             limit: 1000,
             held: &[],
+            late_running: &[],
+            late_from: None,
             statements: relay::store::Statements::Prepared,
         };
-        let rows = relay::store::claim(&env.pool, &schema, "bench", &args).await?;
+        let (rows, _) = relay::store::claim(&env.pool, &schema, "bench", &args).await?;
         let seqs: Vec<i64> = rows
             .iter()
             .map(|c| match c {

@@ -33,6 +33,9 @@ pub struct Leases {
     held: Mutex<BTreeMap<i16, Instant>>,
     /// How many partitions to give back at the next safe point.
     surplus: Mutex<usize>,
+    /// Partitions taken over since the pipeline last asked ([`Self::take_taken`]): another
+    /// relay may have worked them meanwhile.
+    taken: Mutex<Vec<i16>>,
 }
 
 impl Leases {
@@ -43,6 +46,7 @@ impl Leases {
             lease,
             held: Mutex::new(BTreeMap::new()),
             surplus: Mutex::new(0),
+            taken: Mutex::new(Vec::new()),
         }
     }
 
@@ -132,6 +136,9 @@ impl Leases {
             if !taken.is_empty() {
                 tracing::info!(partitions = ?taken, "took over partitions");
             }
+            // Recorded before the commit: if it fails, forgetting the positions costs one read
+            // from the start; not forgetting them could skip another relay's given-back rows.
+            self.taken.lock().unwrap().extend(&taken);
             renewed.extend(taken);
         }
         // Forget relays gone for long (their partitions expired long ago).
@@ -155,6 +162,11 @@ impl Leases {
         *self.surplus.lock().unwrap() = (renewed.len() as i64 - fair).max(0) as usize;
         crate::internal_events::owned_partitions(renewed.len());
         Ok(())
+    }
+
+    /// The partitions taken over since the last call.
+    pub fn take_taken(&self) -> Vec<i16> {
+        std::mem::take(&mut *self.taken.lock().unwrap())
     }
 
     /// Local lease end of a partition, if held.

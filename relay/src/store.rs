@@ -99,15 +99,22 @@ pub struct ClaimArgs<'a> {
     /// Rows at most from each partition (same order as `partitions`): a partition with one hot
     /// aggregate is asked for more.
     pub per_partition: &'a [i64],
+    /// Where each partition's forward read starts (it takes seqs above it; same order).
+    pub floors: &'a [i64],
     /// Rows at most in all (the lowest seqs, so every partition keeps a prefix).
     pub limit: i64,
     /// Rows this relay already holds (claimed, unsettled).
     pub held: &'a [i64],
+    /// Transactions whose rows may have committed below the floors: these running ones...
+    pub late_running: &'a [String],
+    /// ... and every one from this id on (`None`: none yet).
+    pub late_from: Option<&'a str>,
     pub statements: Statements,
 }
 
-/// The head of each owned, unblocked partition in seq order, leaving out the rows this relay
-/// already holds.
+/// The head of each owned, unblocked partition past its floor, in seq order, with the rows that
+/// committed late below the floors (of the watched transactions), leaving out the rows this
+/// relay already holds; and the snapshot taken just before (see `pipeline::positions`).
 ///
 /// The held rows are one array, turned into a hashed set once per statement (`NOT IN` over an
 /// uncorrelated subquery), so the exclusion costs one probe per row looked at, also when thousands
@@ -118,11 +125,17 @@ pub async fn claim(
     schema: &Schema,
     owner: &str,
     args: &ClaimArgs<'_>,
-) -> Result<Vec<Claimed>, sqlx::Error> {
+) -> Result<(Vec<Claimed>, String), sqlx::Error> {
     let mut tx = begin_indexed(pool, false).await?;
+    // Before the claim's own snapshot: every transaction the claim cannot see is running in this
+    // one or starts after it.
+    let snapshot: String = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
+        .persistent(args.statements.prepared())
+        .fetch_one(&mut *tx)
+        .await?;
     let rows = claim_in(&mut tx, schema, owner, args).await?;
     tx.commit().await?;
-    Ok(rows)
+    Ok((rows, snapshot))
 }
 
 /// [`claim`] on a connection inside a transaction begun by [`begin_indexed`].
@@ -138,17 +151,35 @@ pub async fn claim_in(
                 CASE WHEN isfinite(c.created_at) THEN c.created_at END AS created_at, \
                 c.attempts, c.partition \
          FROM ( \
-             SELECT o.* FROM unnest($1::smallint[], $3::bigint[]) AS l(p, n) \
-             JOIN {{schema}}.relay_partitions rp ON rp.partition = l.p \
-             CROSS JOIN LATERAL ( \
-                 SELECT * FROM {{schema}}.messages o \
-                 WHERE o.partition >= l.p AND o.partition < l.p + 1 \
-                   AND o.state = 'pending' \
+             SELECT DISTINCT ON (o.seq) o.* FROM ( \
+                 SELECT o.* FROM unnest($1::smallint[], $3::bigint[], $6::bigint[]) AS l(p, n, f) \
+                 JOIN {{schema}}.relay_partitions rp ON rp.partition = l.p \
+                 CROSS JOIN LATERAL ( \
+                     SELECT * FROM {{schema}}.messages o \
+                     WHERE o.partition >= l.p AND o.partition < l.p + 1 \
+                       AND o.state = 'pending' AND o.seq > l.f \
+                       AND o.seq NOT IN (SELECT h.s FROM unnest($5::bigint[]) AS h(s)) \
+                     ORDER BY o.partition, o.seq LIMIT l.n \
+                 ) o \
+                 WHERE rp.owner = $2 \
+                   AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \
+                 UNION ALL \
+                 SELECT o.* FROM {{schema}}.messages o \
+                 JOIN unnest($1::smallint[], $6::bigint[]) AS l(p, f) ON l.p = o.partition \
+                 JOIN {{schema}}.relay_partitions rp ON rp.partition = o.partition \
+                 WHERE o.state = 'pending' AND o.txid = ANY($7::text[]::xid8[]) AND o.seq <= l.f \
                    AND o.seq NOT IN (SELECT h.s FROM unnest($5::bigint[]) AS h(s)) \
-                 ORDER BY o.partition, o.seq LIMIT l.n \
+                   AND rp.owner = $2 \
+                   AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \
+                 UNION ALL \
+                 SELECT o.* FROM {{schema}}.messages o \
+                 JOIN unnest($1::smallint[], $6::bigint[]) AS l(p, f) ON l.p = o.partition \
+                 JOIN {{schema}}.relay_partitions rp ON rp.partition = o.partition \
+                 WHERE o.state = 'pending' AND o.txid >= $8::text::xid8 AND o.seq <= l.f \
+                   AND o.seq NOT IN (SELECT h.s FROM unnest($5::bigint[]) AS h(s)) \
+                   AND rp.owner = $2 \
+                   AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \
              ) o \
-             WHERE rp.owner = $2 \
-               AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \
              ORDER BY o.seq LIMIT $4 \
          ) c",
     );
@@ -158,6 +189,9 @@ pub async fn claim_in(
         .bind(args.per_partition)
         .bind(args.limit)
         .bind(args.held)
+        .bind(args.floors)
+        .bind(args.late_running)
+        .bind(args.late_from)
         .persistent(args.statements.prepared());
     let rows = query.fetch_all(conn).await?;
     rows.iter().map(decode_row).collect()
@@ -180,6 +214,12 @@ impl Claimed {
         match self {
             Claimed::Row(row) => row.partition,
             Claimed::Undecodable { partition, .. } => *partition,
+        }
+    }
+    pub fn seq(&self) -> i64 {
+        match self {
+            Claimed::Row(row) => row.seq,
+            Claimed::Undecodable { seq, .. } => *seq,
         }
     }
 }

@@ -126,6 +126,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "weighted fair share: a process's fair key and the index of the fair claim",
         include_str!("../../migrations/0022_fair_share.sql"),
     ),
+    (
+        23,
+        "claim positions: the relay reads each partition past the position it has passed; late commits found by their transaction",
+        include_str!("../../migrations/0023_claim_positions.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

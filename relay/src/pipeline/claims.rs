@@ -7,6 +7,7 @@
 //! generation: a claim that started before cannot know those rows are free again (its rows, later
 //! ones of the same aggregates, would overtake them), so its result is dropped and the claim redone.
 
+use super::positions::{LateArgs, Positions, Snapshot};
 use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Default)]
@@ -21,6 +22,8 @@ pub(super) struct Claims {
     pub more: bool,
     /// Rows asked of each partition by the next claim, where it differs from the base.
     sizes: HashMap<i16, i64>,
+    /// Where each partition's claim starts, and the transactions that may commit below it.
+    positions: Positions,
 }
 
 /// The arguments of one claim.
@@ -33,6 +36,10 @@ pub(super) struct ClaimPlan {
     pub limit: i64,
     pub held: Vec<i64>,
     pub generation: u64,
+    /// Where each partition's forward read starts (same order as `partitions`).
+    pub floors: Vec<i64>,
+    /// The transactions whose rows may have committed below the floors.
+    pub late: LateArgs,
 }
 
 /// A claimed row's fate.
@@ -65,16 +72,20 @@ impl Claims {
         self.held.insert(seq, partition);
     }
 
-    /// The row is settled or given back: a later claim may hand it out again.
+    /// The row is given back (or settled elsewhere): a later claim may hand it out again, so its
+    /// partition's claim starts below it again. (Marked and buried rows are settled through
+    /// [`Self::marked`] and [`Self::buried`].)
     pub fn release(&mut self, seq: i64) {
-        self.held.remove(&seq);
+        if let Some(p) = self.held.remove(&seq) {
+            self.positions.returned(p, seq);
+        }
     }
 
     /// Rows went back to the outbox: running claims are stale.
     pub fn gave_back(&mut self, seqs: impl IntoIterator<Item = i64>) {
         self.generation += 1;
         for s in seqs {
-            self.held.remove(&s);
+            self.release(s);
         }
     }
 
@@ -82,7 +93,34 @@ impl Claims {
     /// generation: everything else went back to the outbox.
     pub fn retain(&mut self, keep: impl Fn(i64) -> bool) {
         self.generation += 1;
-        self.held.retain(|seq, _| keep(*seq));
+        let back: Vec<i64> = self.held.keys().copied().filter(|s| !keep(*s)).collect();
+        for s in back {
+            self.release(s);
+        }
+    }
+
+    /// A row the claim returned that this relay did not take (its partition closed meanwhile):
+    /// it is still in the outbox, below where the partition's claim now starts.
+    pub fn not_taken(&mut self, partition: i16, seq: i64) {
+        self.positions.returned(partition, seq);
+    }
+
+    /// The claim of `plan` returned `rows` (partition, seq) after taking `snapshot`: each
+    /// partition's claim starts past what it read (see `positions`).
+    pub fn positioned(&mut self, plan: &ClaimPlan, rows: &[(i16, i64)], snapshot: &Snapshot) {
+        let held = &self.held;
+        self.positions.claimed(
+            (&plan.partitions, &plan.limits, plan.limit),
+            &plan.floors,
+            rows,
+            snapshot,
+            |s| held.contains_key(&s),
+        );
+    }
+
+    /// This relay took `partition` over (again): its claim starts from the beginning.
+    pub fn taken_over(&mut self, partition: i16) {
+        self.positions.forget(partition);
     }
 
     /// Rows were marked: no longer held, and remembered against the running claim's snapshot.
@@ -111,6 +149,8 @@ impl Claims {
         self.claim_running = true;
         self.more = false;
         ClaimPlan {
+            floors: self.positions.floors(&partitions),
+            late: self.positions.late(),
             partitions,
             limits,
             limit: batch,

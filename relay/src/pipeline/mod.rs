@@ -24,6 +24,7 @@ mod claims;
 mod gate;
 mod health;
 mod marks;
+mod positions;
 mod window;
 
 use crate::RelayOptions;
@@ -54,7 +55,8 @@ use tracing::Instrument;
 use window::{ConfirmResult, Verdict, Window};
 
 /// A running claim.
-type ClaimTask = JoinHandle<Result<Vec<Claimed>, sqlx::Error>>;
+/// A claim's rows and the snapshot taken just before it (`pg_current_snapshot()` as text).
+type ClaimTask = JoinHandle<Result<(Vec<Claimed>, String), sqlx::Error>>;
 /// A written batch: its rows, each publish's confirm (or why it was not sent), when it went.
 type SentBatch = (
     Vec<OutboxRow>,
@@ -70,7 +72,7 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 enum Event {
     Sent(Box<SentBatch>),
     Confirm(Box<(OutboxRow, ConfirmResult, Instant)>),
-    Claimed(Result<Vec<Claimed>, String>),
+    Claimed(Result<(Vec<Claimed>, String), String>),
     Marked(Result<(), String>),
     Wake,
     Stop,
@@ -329,6 +331,9 @@ impl<'a> Pipeline<'a> {
     }
 
     fn start_claim(&mut self) {
+        for p in self.leases.take_taken() {
+            self.claims.taken_over(p);
+        }
         let need = self.opts.confirm_timeout() + self.opts.lease() / 10;
         let (owned, _) = self.leases.usable(need);
         let mut partitions = self.gate.open(owned, Instant::now());
@@ -354,8 +359,11 @@ impl<'a> Pipeline<'a> {
                 &store::ClaimArgs {
                     partitions: &args.partitions,
                     per_partition: &args.limits,
+                    floors: &args.floors,
                     limit: args.limit,
                     held: &args.held,
+                    late_running: &args.late.running,
+                    late_from: args.late.from.as_deref(),
                     statements,
                 },
             ))
@@ -366,10 +374,14 @@ impl<'a> Pipeline<'a> {
         self.claiming = Some((task, plan));
     }
 
-    async fn on_claimed(&mut self, result: Result<Vec<Claimed>, String>, plan: ClaimPlan) {
+    async fn on_claimed(
+        &mut self,
+        result: Result<(Vec<Claimed>, String), String>,
+        plan: ClaimPlan,
+    ) {
         let batch = i64::from(self.opts.batch_size);
-        let claimed = match result {
-            Ok(rows) => rows,
+        let (claimed, snapshot) = match result {
+            Ok(r) => r,
             Err(e) => {
                 let attempt = self.health.db_failed();
                 internal_events::reconnect("postgres");
@@ -383,7 +395,20 @@ impl<'a> Pipeline<'a> {
         for item in &claimed {
             *counts.entry(item.partition()).or_default() += 1;
         }
-        if !self.claims.returned(&plan, Some(&counts), batch) || claimed.is_empty() {
+        if !self.claims.returned(&plan, Some(&counts), batch) {
+            self.claims.admitted();
+            return;
+        }
+        // Where each partition's next claim starts, and what it watches below that.
+        match positions::Snapshot::parse(&snapshot) {
+            Some(snapshot) => {
+                let rows: Vec<(i16, i64)> =
+                    claimed.iter().map(|c| (c.partition(), c.seq())).collect();
+                self.claims.positioned(&plan, &rows, &snapshot);
+            }
+            None => tracing::warn!(%snapshot, "claim snapshot not understood; positions kept"),
+        }
+        if claimed.is_empty() {
             self.claims.admitted();
             return;
         }
@@ -405,11 +430,13 @@ impl<'a> Pipeline<'a> {
                     internal_events::claim_lag(
                         (wall - row.created_at).to_std().unwrap_or_default(),
                     );
-                    if self.claims.admit(row.seq) == Admit::Take
-                        && self.gate.is_open(row.partition, now)
-                    {
-                        self.claims.hold(row.seq, row.partition);
-                        self.chains.add(row);
+                    if self.claims.admit(row.seq) == Admit::Take {
+                        if self.gate.is_open(row.partition, now) {
+                            self.claims.hold(row.seq, row.partition);
+                            self.chains.add(row);
+                        } else {
+                            self.claims.not_taken(row.partition, row.seq);
+                        }
                     }
                 }
             }

@@ -19,6 +19,7 @@ mod fault_campaign;
 mod hostile_deliveries;
 mod hostile_rows;
 mod idempotency_layer;
+mod late_commit;
 mod ordered_consumer;
 mod ordered_faults;
 mod ordering;

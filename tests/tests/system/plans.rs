@@ -87,6 +87,8 @@ async fn claim_counting_scans(
 struct ClaimAll {
     partitions: Vec<i16>,
     per_partition: Vec<i64>,
+    /// Each partition read from its start (a relay's first claim).
+    floors: Vec<i64>,
     limit: i64,
 }
 
@@ -99,6 +101,7 @@ impl ClaimAll {
         Self {
             partitions: (0..64).collect(),
             per_partition: vec![per; 64],
+            floors: vec![0; 64],
             limit,
         }
     }
@@ -107,8 +110,11 @@ impl ClaimAll {
         ClaimArgs {
             partitions: &self.partitions,
             per_partition: &self.per_partition,
+            floors: &self.floors,
             limit: self.limit,
             held: &[],
+            late_running: &[],
+            late_from: None,
             statements: Statements::Prepared,
         }
     }
