@@ -38,6 +38,7 @@ pub mod relay_scenario;
 pub mod report;
 pub mod scenarios;
 pub mod skew_scenario;
+pub mod snapshot_scenario;
 pub mod table_scenario;
 pub mod waiting_scenario;
 pub mod webhook_scenario;

@@ -34,6 +34,7 @@ pub enum Scenario {
     ProcessesWaiting,
     DependencyOutage,
     FairShare,
+    OldSnapshot,
     Reconciliation,
 }
 
@@ -72,6 +73,7 @@ impl Scenario {
             Scenario::ProcessesWaiting => waiting_scenario::processes_waiting(env).await,
             Scenario::DependencyOutage => outage_scenario::dependency_outage(env).await,
             Scenario::FairShare => fair_scenario::fair_share(env).await,
+            Scenario::OldSnapshot => snapshot_scenario::old_snapshot(env).await,
             Scenario::Reconciliation => reconciliation_scenario::reconciliation(env).await,
         }
     }

@@ -62,6 +62,19 @@ pub fn describe() {
         "Outbox rows that exhausted their attempts"
     );
     describe_gauge!(
+        "outbox_oldest_snapshot_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest transaction holding a snapshot in the outbox's database (sessions, hot_standby_feedback, prepared transactions): nothing deleted or updated since it began can be cleaned up"
+    );
+    describe_gauge!(
+        "outbox_oldest_xmin_age_transactions",
+        "Transactions since the oldest xmin holding back cleanup (sessions and replication slots)"
+    );
+    describe_gauge!(
+        "outbox_dead_tuples",
+        "Dead tuples per table of the product's schema, partitions summed (pg_stat_user_tables)"
+    );
+    describe_gauge!(
         "relay_unrouted_messages",
         "Messages waiting in the alternate-exchange queue (no binding matched)"
     );
@@ -202,6 +215,15 @@ pub fn backlog(pending: i64, oldest_age: Duration, dead: i64) {
     gauge!("outbox_pending_messages").set(pending as f64);
     gauge!("outbox_oldest_pending_age_seconds").set(oldest_age.as_secs_f64());
     gauge!("outbox_dead_messages").set(dead as f64);
+}
+
+/// What holds back cleanup, and the dead tuples of the product's tables.
+pub fn horizon(h: &crate::store::Horizon) {
+    gauge!("outbox_oldest_snapshot_age_seconds").set(h.oldest_snapshot_age);
+    gauge!("outbox_oldest_xmin_age_transactions").set(h.oldest_xmin_age as f64);
+    for (table, n) in &h.dead_tuples {
+        gauge!("outbox_dead_tuples", "table" => table.clone()).set(*n as f64);
+    }
 }
 
 pub fn unrouted(count: u32) {

@@ -1,4 +1,5 @@
-//! The backlog gauges (pending, oldest age, dead) and the unrouted-queue depth, refreshed on a
+//! The backlog gauges (pending, oldest age, dead), what holds back cleanup (the oldest snapshot,
+//! the dead tuples of the product's tables) and the unrouted-queue depth, refreshed on a
 //! timer of their own ([`plumbing::periodic`]) so the publish loop never waits on them.
 //!
 //! Counting the pending rows reads every one of them: 0.6 s for a backlog of 50,000 rows (the
@@ -54,6 +55,10 @@ impl plumbing::periodic::Refresh for Gauges {
         match plumbing::db::bounded(store::backlog(&self.pool, &self.schema)).await {
             Ok(b) => internal_events::backlog(b.pending, b.oldest_age, b.dead),
             Err(e) => tracing::debug!(error = %ErrorChain(&e), "backlog query failed"),
+        }
+        match plumbing::db::bounded(store::horizon(&self.pool, &self.schema)).await {
+            Ok(h) => internal_events::horizon(&h),
+            Err(e) => tracing::debug!(error = %ErrorChain(&e), "horizon query failed"),
         }
         if let Some((url, tls, exchange)) = &self.amqp {
             if !self.conn.as_ref().is_some_and(|c| c.status().connected()) {

@@ -433,6 +433,56 @@ pub async fn purge_published(
     Ok(done.rows_affected())
 }
 
+/// What holds back cleanup in the database (issue 39): while a snapshot is old, no row deleted or
+/// updated after it began can be vacuumed away, in any table.
+#[derive(Debug, Clone, Default)]
+pub struct Horizon {
+    /// Age of the oldest transaction holding a snapshot in this database (a session, a
+    /// `hot_standby_feedback` walsender, a prepared transaction), in seconds.
+    pub oldest_snapshot_age: f64,
+    /// How many transactions ago the oldest xmin holding back cleanup was taken, replication
+    /// slots included (a slot has no start time).
+    pub oldest_xmin_age: i64,
+    /// Dead tuples per table of the product's schema (partitions summed into their table).
+    pub dead_tuples: Vec<(String, i64)>,
+}
+
+/// Reads [`Horizon`]: `pg_stat_activity`, `pg_prepared_xacts`, `pg_replication_slots` and
+/// `pg_stat_user_tables`, nothing of the outbox itself.
+pub async fn horizon(pool: &PgPool, schema: &Schema) -> Result<Horizon, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT greatest( \
+             (SELECT max(extract(epoch FROM now() - coalesce(xact_start, backend_start))) \
+              FROM pg_stat_activity WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() \
+                AND (datname = current_database() OR backend_type = 'walsender')), \
+             (SELECT max(extract(epoch FROM now() - prepared)) FROM pg_prepared_xacts \
+              WHERE database = current_database()), 0)::float8 AS snapshot_age, \
+                greatest( \
+             (SELECT max(age(backend_xmin)) FROM pg_stat_activity \
+              WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()), \
+             (SELECT max(age(xmin)) FROM pg_replication_slots WHERE xmin IS NOT NULL), 0)::int8 AS xmin_age",
+    )
+    .persistent(false)
+    .fetch_one(pool)
+    .await?;
+    let dead_tuples = sqlx::query_as(
+        "SELECT coalesce(parent.relname, c.relname)::text, sum(s.n_dead_tup)::int8 \
+         FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid \
+         LEFT JOIN pg_inherits i ON i.inhrelid = c.oid \
+         LEFT JOIN pg_class parent ON parent.oid = i.inhparent \
+         WHERE s.schemaname = $1 GROUP BY 1 ORDER BY 1",
+    )
+    .bind(schema.name())
+    .persistent(false)
+    .fetch_all(pool)
+    .await?;
+    Ok(Horizon {
+        oldest_snapshot_age: row.try_get("snapshot_age")?,
+        oldest_xmin_age: row.try_get("xmin_age")?,
+        dead_tuples,
+    })
+}
+
 /// Backlog figures for the gauges.
 #[derive(Debug, Clone, Copy)]
 pub struct Backlog {

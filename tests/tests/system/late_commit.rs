@@ -144,3 +144,43 @@ async fn rows_that_commit_late_below_the_relays_position_are_published_in_their_
     one.stop().await;
     two.stop().await;
 }
+
+/// The horizon the relay reports (`outbox_oldest_snapshot_age_seconds`, the dead tuples of the
+/// product's tables): a report's snapshot held for a while shows, and its release too.
+#[tokio::test]
+async fn the_relay_reports_how_old_the_snapshot_holding_back_cleanup_is() {
+    let db = TestDb::new().await;
+    let schema = shared::schema::Schema::default();
+    let mut report = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *report)
+        .await
+        .unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_class")
+        .fetch_one(&mut *report)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = relay::store::horizon(&db.pool, &schema).await.unwrap();
+    assert!(
+        held.oldest_snapshot_age >= 2.0,
+        "the report's snapshot: {held:?}"
+    );
+    assert!(
+        held.dead_tuples.iter().any(|(t, _)| t == "messages"),
+        "the outbox's tables are listed, partitions summed: {held:?}"
+    );
+    assert!(
+        !held
+            .dead_tuples
+            .iter()
+            .any(|(t, _)| t.starts_with("messages_")),
+        "{held:?}"
+    );
+    report.rollback().await.unwrap();
+    let released = relay::store::horizon(&db.pool, &schema).await.unwrap();
+    assert!(
+        released.oldest_snapshot_age < held.oldest_snapshot_age,
+        "{released:?} after {held:?}"
+    );
+}
