@@ -130,6 +130,10 @@ async fn run(
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             .execute(&mut *tx)
             .await?;
+        // Held idle on purpose: a database's idle-in-transaction timeout must not end it.
+        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+            .execute(&mut *tx)
+            .await?;
         let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_class")
             .fetch_one(&mut *tx)
             .await?;
@@ -177,6 +181,124 @@ async fn run(
     drain.abort();
     let _ = ch.close(200, "done".into()).await;
     Ok(samples)
+}
+
+/// A one-step process that does nothing: the worker's claim and checkpoints are what is measured.
+struct Noop;
+
+impl processes::LocalStep for Noop {
+    fn run<'a>(
+        &'a self,
+        _: &'a processes::StepContext,
+        _: &'a mut sqlx::PgConnection,
+    ) -> processes::StepFuture<'a, processes::Done> {
+        Box::pin(async { Ok(processes::Done::new("done")) })
+    }
+}
+
+/// The process worker under the same condition: processes started at `rate` a second (10 a
+/// transaction), one worker; samples the lag (started − succeeded) and PostgreSQL's CPU per
+/// process. Returns the samples and the processes done in the hold.
+async fn run_processes(
+    env: &BenchEnv,
+    snapshot: bool,
+    hold: Duration,
+    every: Duration,
+    rate: u64,
+) -> anyhow::Result<(Vec<Sample>, u64)> {
+    let kind = if snapshot {
+        "bench_snap_held"
+    } else {
+        "bench_snap_base"
+    };
+    let def = processes::Definition::new(kind, 1).step(processes::Step::local("noop", Noop));
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(24)
+        .connect(&env.db_url)
+        .await?;
+    let mut config =
+        processes::WorkerConfig::new(pool.clone(), shared::schema::Schema::default(), kind);
+    config.concurrency = 16;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let registry = processes::Registry::new().with(def.clone())?;
+    let s = stop.clone();
+    let worker = tokio::spawn(async move { processes::Worker::run(config, registry, s).await });
+    let started = Arc::new(AtomicU64::new(0));
+    let halt = Arc::new(AtomicBool::new(false));
+    let (p, st, h, d) = (env.pool.clone(), started.clone(), halt.clone(), def.clone());
+    let producer = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1) / (rate / 10).max(1) as u32);
+        let mut i = 0u64;
+        while !h.load(Ordering::Relaxed) {
+            tick.tick().await;
+            let mut tx = p.begin().await?;
+            for _ in 0..10 {
+                processes::start_in(
+                    &mut tx,
+                    &shared::schema::Schema::default(),
+                    &d,
+                    &format!("p{i}"),
+                    &serde_json::json!({}),
+                )
+                .await?;
+                i += 1;
+            }
+            tx.commit().await?;
+            st.fetch_add(10, Ordering::Relaxed);
+        }
+        anyhow::Ok(())
+    });
+    let done = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox.processes WHERE kind = $1 AND status = 'succeeded'",
+        )
+        .bind(kind)
+        .fetch_one(&pool)
+        .await
+    };
+    tokio::time::sleep(Duration::from_secs(20).min(hold / 2)).await;
+    let mut holder = None;
+    if snapshot {
+        let mut tx = env.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await?;
+        // Held idle on purpose: a database's idle-in-transaction timeout must not end it.
+        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+            .execute(&mut *tx)
+            .await?;
+        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_class")
+            .fetch_one(&mut *tx)
+            .await?;
+        holder = Some(tx);
+    }
+    let start = Instant::now();
+    let first = done(env.pool.clone()).await?;
+    let mut samples = Vec::new();
+    let mut cpu0 = env::CpuSnapshot::take();
+    let mut d0 = first;
+    while start.elapsed() < hold {
+        tokio::time::sleep(every.min(hold - start.elapsed())).await;
+        let cpu = env::CpuSnapshot::take();
+        let d = done(env.pool.clone()).await?;
+        samples.push(Sample {
+            at: start.elapsed(),
+            claim_ms: 0.0,
+            lag: started.load(Ordering::Relaxed) as i64 - d,
+            pg_ms_per_1000: cpu.group_ms_since(&cpu0, "postgres") / (d - d0).max(1) as f64 * 1000.0,
+        });
+        (cpu0, d0) = (cpu, d);
+    }
+    let in_hold = (d0 - first).max(0) as u64;
+    if let Some(tx) = holder {
+        tx.rollback().await?;
+    }
+    halt.store(true, Ordering::Relaxed);
+    producer.await??;
+    stop.cancel();
+    let _ = worker.await;
+    pool.close().await;
+    Ok((samples, in_hold))
 }
 
 pub async fn old_snapshot(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
@@ -247,6 +369,40 @@ pub async fn old_snapshot(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
         .note(format!(
             "{ph:.0} against {pb:.0} ms of PostgreSQL CPU per 1,000 messages"
         )),
+    );
+    // The process worker: processes started at a fixed rate, with and without the snapshot.
+    let prate = env.n(300, 50);
+    let (pbase, pdone_base) = run_processes(env, false, hold, every, prate).await?;
+    let (pheld, pdone_held) = run_processes(env, true, hold, every, prate).await?;
+    let ptable: Vec<String> = pbase
+        .iter()
+        .zip(&pheld)
+        .map(|(b, h)| {
+            format!(
+                "{:>4.0}s: lag {} / {}, PostgreSQL {:.0} / {:.0} ms per 1,000",
+                h.at.as_secs_f64(),
+                b.lag,
+                h.lag,
+                b.pg_ms_per_1000,
+                h.pg_ms_per_1000
+            )
+        })
+        .collect();
+    lines.push(
+        Line::new("old-snapshot processes, held", pdone_held as f64 / hold.as_secs_f64(), "proc/s")
+            .vs_ceiling(pdone_base as f64 / hold.as_secs_f64(), Some(0.8))
+            .note(format!(
+                "one worker, one-step processes started at {prate}/s in 10-process transactions (baseline / held): {}",
+                ptable.join("; ")
+            )),
+    );
+    lines.push(
+        Line::new(
+            "old-snapshot processes lag, held",
+            pheld.last().map_or(0.0, |s| s.lag as f64),
+            "procs",
+        )
+        .at_most(prate as f64),
     );
     Ok(lines)
 }

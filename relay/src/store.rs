@@ -116,6 +116,10 @@ pub struct ClaimArgs<'a> {
 /// committed late below the floors (of the watched transactions), leaving out the rows this
 /// relay already holds; and the snapshot taken just before (see `pipeline::positions`).
 ///
+/// The late rows are read by transaction only (`OFFSET 0` keeps their subqueries apart, so the
+/// planner cannot read them by partition and seq): through `messages_claim_idx` that would be the
+/// partition's range from its start, every entry an old snapshot keeps.
+///
 /// The held rows are one array, turned into a hashed set once per statement (`NOT IN` over an
 /// uncorrelated subquery), so the exclusion costs one probe per row looked at, also when thousands
 /// of rows of one hot aggregate are in flight. Payloads are turned into text only for the rows
@@ -164,18 +168,22 @@ pub async fn claim_in(
                  WHERE rp.owner = $2 \
                    AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \
                  UNION ALL \
-                 SELECT o.* FROM {{schema}}.messages o \
+                 SELECT o.* FROM ( \
+                     SELECT * FROM {{schema}}.messages \
+                     WHERE state = 'pending' AND txid = ANY($7::text[]::xid8[]) OFFSET 0) o \
                  JOIN unnest($1::smallint[], $6::bigint[]) AS l(p, f) ON l.p = o.partition \
                  JOIN {{schema}}.relay_partitions rp ON rp.partition = o.partition \
-                 WHERE o.state = 'pending' AND o.txid = ANY($7::text[]::xid8[]) AND o.seq <= l.f \
+                 WHERE o.seq <= l.f \
                    AND o.seq NOT IN (SELECT h.s FROM unnest($5::bigint[]) AS h(s)) \
                    AND rp.owner = $2 \
                    AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \
                  UNION ALL \
-                 SELECT o.* FROM {{schema}}.messages o \
+                 SELECT o.* FROM ( \
+                     SELECT * FROM {{schema}}.messages \
+                     WHERE state = 'pending' AND txid >= $8::text::xid8 OFFSET 0) o \
                  JOIN unnest($1::smallint[], $6::bigint[]) AS l(p, f) ON l.p = o.partition \
                  JOIN {{schema}}.relay_partitions rp ON rp.partition = o.partition \
-                 WHERE o.state = 'pending' AND o.txid >= $8::text::xid8 AND o.seq <= l.f \
+                 WHERE o.seq <= l.f \
                    AND o.seq NOT IN (SELECT h.s FROM unnest($5::bigint[]) AS h(s)) \
                    AND rp.owner = $2 \
                    AND (rp.blocked_until IS NULL OR rp.blocked_until <= now()) \

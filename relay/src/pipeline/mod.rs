@@ -3,6 +3,9 @@
 //!
 //! Its parts, each a plain type with its own tests:
 //! - [`claims`]: what this relay holds from the outbox, how much of each partition a claim asks for;
+//! - [`positions`]: where each partition's claim starts (past what it has read, below what it gave
+//!   back) and which transactions may still commit rows below that, so a claim never re-reads
+//!   what an old snapshot keeps in the index;
 //! - [`chains`]: per-aggregate order: which held rows may go now, many of one aggregate in flight,
 //!   what a refusal in the middle of a chain gives back;
 //! - [`window`]: the publishes in flight, their confirms and what each one means;

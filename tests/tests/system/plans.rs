@@ -428,3 +428,93 @@ async fn the_counter_flush_reads_the_primary_key_in_a_database_with_a_linguistic
         .collect();
     assert_eq!(numbers, expected, "each count carries on from its counter");
 }
+
+/// Index tuples of `messages_claim_idx` and `messages_late_idx` this session has read so far.
+async fn index_tuples(conn: &mut PgConnection) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT pg_stat_get_xact_tuples_returned('outbox.messages_claim_idx'::regclass) \
+                + pg_stat_get_xact_tuples_fetched('outbox.messages_claim_idx'::regclass), \
+                pg_stat_get_xact_tuples_returned('outbox.messages_late_idx'::regclass) \
+                + pg_stat_get_xact_tuples_fetched('outbox.messages_late_idx'::regclass)",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// Issue 39: while a snapshot older than the published rows is held, their index entries stay.
+/// A claim past each partition's floor, with a late watch, reads none of them: its heap blocks do
+/// not grow with what was published since the snapshot began.
+#[tokio::test]
+async fn a_claim_past_its_floors_reads_nothing_published_under_an_old_snapshot() {
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let all = ClaimAll::owning(&db, 1000, 100_000).await;
+    // A report holds its snapshot from before everything.
+    let mut report = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *report)
+        .await
+        .unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_class")
+        .fetch_one(&mut *report)
+        .await
+        .unwrap();
+    // 20,000 rows published (deleted) since.
+    let backlog = rows((0..20_000).map(|i| format!("agg-{}", i % 5_000)));
+    for chunk in backlog.chunks(1000) {
+        shared::outbox::enqueue_many(&db.pool, chunk).await.unwrap();
+    }
+    let mut floors = vec![0i64; 64];
+    loop {
+        let mut args = all.args();
+        args.floors = &floors;
+        let (claimed, _) = store::claim(&db.pool, &schema, "plans", &args)
+            .await
+            .unwrap();
+        if claimed.is_empty() {
+            break;
+        }
+        let seqs: Vec<i64> = claimed.iter().map(Claimed::seq).collect();
+        let mut next = floors.clone();
+        for c in &claimed {
+            let f = &mut next[c.partition() as usize];
+            *f = (*f).max(c.seq());
+        }
+        floors = next;
+        store::mark_published(&db.pool, &schema, &seqs, false, Statements::Prepared)
+            .await
+            .unwrap();
+    }
+    let snapshot: String = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let xmax = snapshot.split(':').nth(1).unwrap().to_string();
+    // Ten new rows, then a claim from the floors with the late watch.
+    shared::outbox::enqueue_many(&db.pool, &rows((0..10).map(|i| format!("new-{i}"))))
+        .await
+        .unwrap();
+    let mut tx = store::begin_indexed(&db.pool, false).await.unwrap();
+    let (blocks, tuples) = (heap_blocks(&mut tx).await, index_tuples(&mut tx).await);
+    let mut args = all.args();
+    args.floors = &floors;
+    args.late_from = Some(&xmax);
+    let claimed = store::claim_in(&mut tx, &schema, "plans", &args)
+        .await
+        .unwrap();
+    let read = heap_blocks(&mut tx).await - blocks;
+    let after = index_tuples(&mut tx).await;
+    tx.commit().await.unwrap();
+    report.rollback().await.unwrap();
+    assert_eq!(claimed.len(), 10, "the new rows");
+    eprintln!(
+        "claim past the floors: {read} heap blocks, index tuples claim {} late {}",
+        after.0 - tuples.0,
+        after.1 - tuples.1
+    );
+    assert!(
+        read < 100,
+        "a claim past its floors read {read} heap blocks for 10 rows, with 20,000 published rows' entries behind the floors"
+    );
+}
