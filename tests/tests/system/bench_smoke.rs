@@ -35,6 +35,8 @@ fn every_bench_scenario_runs_at_tiny_scale() {
         "processes waiting",
         "dependency-outage",
         "dependency happy path",
+        "fair-share",
+        "old-snapshot",
         "reconciliation run",
         "end-to-end",
         "api",
