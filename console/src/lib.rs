@@ -21,7 +21,8 @@
 //! - [`targets`]: dead outbox rows, consumer dead letters, processes, ordered consumers.
 //! - [`auth`]: roles, users, sessions, Idempotency-Key scopes.
 //! - [`internal_events`] (metrics and logs), [`config`], [`error`], [`text`] (no control
-//!   character in any input), [`redact`] (what never leaves the console).
+//!   character in any input), [`redact`] (what never leaves the console), [`money`] (amounts in
+//!   their currency's major units).
 
 pub mod actions;
 pub mod auth;
@@ -30,6 +31,7 @@ pub mod config;
 pub mod error;
 pub mod http;
 pub mod internal_events;
+pub mod money;
 pub mod redact;
 pub mod state;
 pub mod targets;

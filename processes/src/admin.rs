@@ -125,6 +125,9 @@ pub struct HistoryEntry {
 pub struct ProcessView {
     pub process: ProcessSummary,
     pub input: Value,
+    /// The input amounts the definition declares money, as stored at start
+    /// ([`crate::money`]); empty when it declares none.
+    pub money: Vec<crate::money::Amount>,
     pub steps: Vec<StepView>,
     pub history: Vec<HistoryEntry>,
     /// Safe actions first (see [`allowed_actions`]).
@@ -447,7 +450,7 @@ pub async fn view(
     id: Uuid,
 ) -> Result<ProcessView, Error> {
     let row = sqlx::query(schema.sql(&format!(
-        "SELECT {PROCESS_COLUMNS}, input_redacted FROM {{{{schema}}}}.processes WHERE id = $1"
+        "SELECT {PROCESS_COLUMNS}, input_redacted, money FROM {{{{schema}}}}.processes WHERE id = $1"
     )))
     .bind(id)
     .fetch_optional(&mut *conn)
@@ -457,6 +460,13 @@ pub async fn view(
     let input: Value = row
         .try_get::<sqlx::types::Json<Value>, _>("input_redacted")?
         .0;
+    // A stored entry this version cannot read is left out rather than failing the view.
+    let money: Vec<crate::money::Amount> = row
+        .try_get::<sqlx::types::Json<Vec<Value>>, _>("money")?
+        .0
+        .into_iter()
+        .filter_map(|a| serde_json::from_value(a).ok())
+        .collect();
     let steps = steps_of(conn, schema, id).await?;
     let history: Vec<HistoryEntry> = sqlx::query_as(schema.sql(
         "SELECT id, step_seq, from_status, to_status, reason, actor, lease_token, at \
@@ -470,6 +480,7 @@ pub async fn view(
     Ok(ProcessView {
         process,
         input,
+        money,
         steps,
         history,
         allowed,

@@ -6,6 +6,7 @@
 //! [`Compensation`], which may be sensitive (it waits for an approver in manual_review).
 
 use crate::error::StepError;
+use crate::money::{CurrencyOf, MoneyField};
 use crate::retry::RetryPolicy;
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -428,6 +429,12 @@ pub enum DefinitionError {
     NoSteps,
     #[error("step name {0:?} is empty, too long or used twice")]
     StepName(String),
+    #[error(
+        "money field {0:?}: its amount and currency paths must not be empty, and its code must be an ISO 4217 currency with a decimal exponent (EUR, JPY, BHD)"
+    )]
+    Money(String),
+    #[error("money field {0:?} is also declared redacted: an amount shown is not redacted")]
+    MoneyRedacted(String),
 }
 
 /// A process definition: kind, version, ordered steps.
@@ -439,6 +446,7 @@ pub struct Definition {
     redacted: Vec<String>,
     deadline: Option<Duration>,
     fair_key: Option<String>,
+    money: Vec<MoneyField>,
 }
 
 impl Definition {
@@ -450,6 +458,7 @@ impl Definition {
             redacted: Vec::new(),
             deadline: None,
             fair_key: None,
+            money: Vec::new(),
         }
     }
     pub fn step(mut self, step: Step) -> Self {
@@ -460,6 +469,28 @@ impl Definition {
     pub fn redact(mut self, field: impl Into<String>) -> Self {
         self.redacted.push(field.into());
         self
+    }
+    /// The input field `amount` (top-level or a dotted path) holds money: whole minor units
+    /// (cents) of the currency whose ISO 4217 code is in the input field `currency_field`. The
+    /// console, its cards and the CLI then show it in major units ("63.96 EUR", "500 JPY").
+    pub fn money(mut self, amount: impl Into<String>, currency_field: impl Into<String>) -> Self {
+        self.money.push(MoneyField {
+            amount: amount.into(),
+            currency: CurrencyOf::Field(currency_field.into()),
+        });
+        self
+    }
+    /// Like [`Self::money`], for an amount always in the currency `code` (ISO 4217).
+    pub fn money_in(mut self, amount: impl Into<String>, code: impl Into<String>) -> Self {
+        self.money.push(MoneyField {
+            amount: amount.into(),
+            currency: CurrencyOf::Code(code.into()),
+        });
+        self
+    }
+    /// The input fields declared money ([`Self::money`]).
+    pub fn money_fields(&self) -> &[MoneyField] {
+        &self.money
     }
     /// Overall deadline of a process, from its start.
     pub fn deadline(mut self, deadline: Duration) -> Self {
@@ -511,6 +542,22 @@ impl Definition {
                 || self.steps[..i].iter().any(|o| o.name == s.name)
             {
                 return Err(DefinitionError::StepName(s.name.clone()));
+            }
+        }
+        for m in &self.money {
+            let currency_ok = match &m.currency {
+                CurrencyOf::Field(path) => !path.is_empty(),
+                CurrencyOf::Code(code) => shared::money::exponent(code).is_some(),
+            };
+            if m.amount.is_empty() || !currency_ok {
+                return Err(DefinitionError::Money(m.amount.clone()));
+            }
+            if self
+                .redacted
+                .iter()
+                .any(|r| *r == m.amount || matches!(&m.currency, CurrencyOf::Field(c) if c == r))
+            {
+                return Err(DefinitionError::MoneyRedacted(m.amount.clone()));
             }
         }
         Ok(())
@@ -578,5 +625,39 @@ impl Registry {
     }
     pub fn is_empty(&self) -> bool {
         self.definitions.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noop<'a>(_: &'a StepContext, _: &'a mut PgConnection) -> StepFuture<'a, Done> {
+        Box::pin(async { Ok(Done::new("done")) })
+    }
+
+    fn one_step() -> Definition {
+        Definition::new("k", 1).step(Step::local("s", noop))
+    }
+
+    #[test]
+    fn money_fields_need_a_currency_iso_knows_and_are_never_also_redacted() {
+        assert_eq!(one_step().money("amount", "currency").validate(), Ok(()));
+        assert_eq!(one_step().money_in("fee", "JPY").validate(), Ok(()));
+        assert_eq!(
+            one_step().money_in("fee", "XYZ").validate(),
+            Err(DefinitionError::Money("fee".into()))
+        );
+        assert_eq!(
+            one_step().money("", "currency").validate(),
+            Err(DefinitionError::Money("".into()))
+        );
+        assert_eq!(
+            one_step()
+                .money("amount", "currency")
+                .redact("amount")
+                .validate(),
+            Err(DefinitionError::MoneyRedacted("amount".into()))
+        );
     }
 }

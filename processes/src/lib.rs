@@ -46,6 +46,7 @@ pub mod fair;
 pub mod find;
 pub mod internal_events;
 pub mod look;
+pub mod money;
 pub mod redact;
 pub mod retry;
 mod runner;

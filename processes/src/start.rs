@@ -16,6 +16,7 @@
 
 use crate::definition::Definition;
 use crate::error::Error;
+use crate::money;
 use crate::redact;
 use crate::status::ProcessStatus;
 use serde::Serialize;
@@ -42,10 +43,10 @@ const INSERT: &str = "\
 WITH ins AS (
     INSERT INTO {{schema}}.processes
         (id, kind, definition_version, business_key, revision, revision_of, last_reason, last_actor,
-         input, input_redacted, deadline_at, fair_key)
+         input, input_redacted, deadline_at, fair_key, money)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
             CASE WHEN $11::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $11::float8) END,
-            $17)
+            $17, $18)
     ON CONFLICT (kind, business_key, revision) DO NOTHING
     RETURNING id
 ), steps AS (
@@ -195,6 +196,10 @@ async fn insert(
         .bind(&max_attempts)
         .bind(notify_channel(schema))
         .bind(definition.fair_key_of(input))
+        .bind(sqlx::types::Json(money::to_json(&money::resolve(
+            input,
+            definition.money_fields(),
+        ))))
         .fetch_optional(&mut *conn)
         .await?;
     Ok(match row {

@@ -131,6 +131,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "claim positions: the relay reads each partition past the position it has passed; late commits found by their transaction",
         include_str!("../../migrations/0023_claim_positions.sql"),
     ),
+    (
+        24,
+        "money: the input amounts a process definition declares money, resolved at start",
+        include_str!("../../migrations/0024_process_money.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

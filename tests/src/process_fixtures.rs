@@ -408,6 +408,7 @@ pub fn order_with_deadline(
 pub fn order_sensitive_refund(kind: &str, pool: &PgPool, fp: &Failpoint) -> Definition {
     let fakes = Fakes { pool, fp };
     Definition::new(kind, 1)
+        .money("amount", "currency")
         .step(fakes.reserve_step())
         .step(
             Step::external(

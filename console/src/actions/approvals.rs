@@ -188,7 +188,7 @@ async fn query(
                 d.name AS decided_by, a.decided_at, a.decision_reason, a.result, \
                 CASE WHEN p.id IS NOT NULL THEN jsonb_build_object('id', p.id, 'kind', p.kind, \
                     'business_key', p.business_key, 'status', p.status, 'version', p.row_version, \
-                    'paused', p.paused, 'input', p.input_redacted) END AS process \
+                    'paused', p.paused, 'input', p.input_redacted, 'money', p.money) END AS process \
          FROM {{schema}}.console_approvals a \
          JOIN {{schema}}.console_users r ON r.id = a.requested_by \
          LEFT JOIN {{schema}}.console_users d ON d.id = a.decided_by \

@@ -121,6 +121,9 @@ pub fn print_approvals(rows: &Value, out: &mut impl Write) -> std::io::Result<()
             s(r, "version"),
             s(r, "reason")
         )?;
+        for m in crate::money::of_process(&r["process"]) {
+            writeln!(out, "    money: {}", m.line())?;
+        }
     }
     writeln!(out, "{} request(s)", rows.len())
 }
@@ -171,6 +174,9 @@ pub fn print_process(p: &Value, out: &mut impl Write) -> std::io::Result<()> {
         },
         s(p, "version")
     )?;
+    for m in crate::money::of_process(p) {
+        writeln!(out, "money: {}", m.line())?;
+    }
     if let Some(e) = p.get("last_error").filter(|e| !e.is_null()) {
         writeln!(
             out,

@@ -138,7 +138,9 @@ fn definition_version(flow: &PaymentFlow, version: i32) -> Definition {
     // The step's own limit is a little above the client's, so the client classifies first.
     let step_timeout = flow.call_timeout + Duration::from_secs(1);
     let local_retry = RetryPolicy::default().max_attempts(10);
+    // The amount is minor units of `currency`: the console shows 63.96 EUR, not 6396.
     let d = Definition::new(KIND, version)
+        .money("amount", "currency")
         .step(
             Step::local("reserve_order", Reserve)
                 .retry(local_retry)

@@ -142,18 +142,12 @@ fn approval_terms(a: &approvals::Approval) -> Markup {
     let mut terms: Vec<Markup> = Vec::new();
     // Amounts are minor units (cents): shown in major units by the currency's ISO 4217
     // exponent, with the stored figure beside them, so the approver reads 63.96 EUR, not 6396.
-    if let Some(amount) = input.get("amount").filter(|v| !v.is_null()) {
-        let currency = field("currency").unwrap_or_default();
-        match amount.as_i64() {
-            Some(minor) => terms.push(html! {
-                "amount " b.amount { (shown(&shared::money::format_minor(minor, &currency))) }
-                " " small { "(" (minor) " minor units)" }
-            }),
-            None => terms.push(html! {
-                "amount " b.amount { (shown(&amount.to_string())) " " (shown(&currency)) }
-                " " small { "(not a whole number of minor units: shown as stored)" }
-            }),
-        }
+    for m in crate::money::of_process(p) {
+        terms.push(html! {
+            (shown(&m.field)) " " b.amount { (shown(&m.shown)) }
+            @if let Some(minor) = m.minor { " " small { "(" (minor) " minor units)" } }
+            @if !m.declared { " " small { "(read by convention: the definition declares no money)" } }
+        });
     }
     for (label, key) in [
         ("order", "order_id"),

@@ -109,6 +109,7 @@ pub(super) fn view_json(v: &admin::ProcessView) -> Result<Value, ConsoleError> {
     let mut out = summary(&v.process)?;
     if let Some(o) = out.as_object_mut() {
         o.insert("input".into(), v.input.clone());
+        o.insert("money".into(), to_value(&v.money)?);
         o.insert("last_error".into(), last_error(&v.steps));
         o.insert("unknown_outcomes".into(), unknown_outcomes(v));
         o.insert("steps".into(), steps_json(&v.steps)?);

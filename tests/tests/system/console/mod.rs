@@ -19,6 +19,7 @@ use uuid::Uuid;
 
 mod dependencies;
 mod look;
+mod money;
 
 const CARD: &str = "4111111111111111";
 const SECRET: &str = "hunter2-very-secret";
@@ -3105,6 +3106,19 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
     ] {
         assert!(card.contains(part), "{part} not in the card: {card}");
     }
+    // The CLI's list says the same amount.
+    let out = std::process::Command::new(bin_path("console"))
+        .args(["approvals", "list"])
+        .env("CONSOLE_URL", &c.web.base)
+        .env("CONSOLE_TOKEN", &bob)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("    money: amount 63.96 EUR (6396 minor units)\n"),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The requester's process page: no second request form while it waits.
     let olga_cookie = login(&c, &olga).await;
     let page = c

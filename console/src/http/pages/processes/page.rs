@@ -67,6 +67,7 @@ async fn render(
         (unknown_outcomes(&v))
         (waits(&steps))
         h2 { "Input" }
+        (money_lines(&v))
         p { code #input { (shown(&v["input"].to_string())) } }
         (steps_table(&steps, &labels, &links))
         (actions(session, id, &v, &steps, &pending))
@@ -90,6 +91,19 @@ async fn render(
 
 /// The process at a glance: id, kind, key, revision, status, attempt, version, times, lease,
 /// last change, and what it names (its business key's and input's outbox messages, its trace).
+/// The input's amounts in major units above the input as stored (where they are minor units).
+fn money_lines(v: &Value) -> Markup {
+    let amounts = crate::money::of_process(v);
+    html! {
+        @if !amounts.is_empty() {
+            ul #input-money {
+                @for m in &amounts { li { (shown(&m.line())) } }
+            }
+            p { small { "The input as stored; its amounts are in minor units:" } }
+        }
+    }
+}
+
 fn summary(v: &Value, links: &Links) -> Markup {
     let t = |k: &str| shown(&txt(v, k));
     html! {
@@ -99,6 +113,18 @@ fn summary(v: &Value, links: &Links) -> Markup {
             tr {
                 th { "business key" }
                 td { a #business-key href=(Links::messages(&txt(v, "business_key"))) { (t("business_key")) } }
+            }
+            @let amounts = crate::money::of_process(v);
+            @if !amounts.is_empty() {
+                tr {
+                    th { "money" }
+                    td #process-money {
+                        @for (i, m) in amounts.iter().enumerate() {
+                            @if i > 0 { " · " }
+                            (shown(&m.field)) " " b.amount { (shown(&m.shown)) }
+                        }
+                    }
+                }
             }
             tr {
                 th { "revision" }
