@@ -822,6 +822,8 @@ async fn poison_is_dead_lettered_with_reasons_retries_work_and_replay_applies_on
     picky.allow_rule.store(true, Ordering::SeqCst);
     let (ok, stdout, stderr) = dlq_command(&name, &["replay", &rule.id.to_string()]);
     assert!(ok, "replay failed: {stderr}");
+    // A normal replay pages nobody (issue 40, bug 3: the probe for ordered mode logged an ERROR).
+    assert!(!stderr.contains("ERROR"), "{stderr}");
     assert!(stdout.contains(&rule.id.to_string()), "{stdout}");
     let stats = running.stats.clone();
     wait_until("the replayed message processed", LONG, || {

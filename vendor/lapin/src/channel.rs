@@ -16,7 +16,7 @@ use crate::{
     internal_rpc::InternalRPCHandle,
     message::{BasicGetMessage, BasicReturnMessage, Delivery},
     promise::Cancelable,
-    protocol::{self, AMQPClass, AMQPError, AMQPHardError},
+    protocol::{self, AMQPClass, AMQPError, AMQPErrorKind, AMQPHardError, AMQPSoftError},
     publisher_confirm::PublisherConfirm,
     queue::Queue,
     registry::Registry,
@@ -27,7 +27,7 @@ use crate::{
 };
 use amq_protocol::frame::{AMQPContentHeader, AMQPFrame};
 use std::{convert::TryFrom, fmt, sync::Arc};
-use tracing::{error, info, trace};
+use tracing::{debug, error, info, trace, warn};
 
 /// Main entry point for most AMQP operations.
 ///
@@ -1050,10 +1050,24 @@ impl Channel {
 
     fn on_channel_close_received(&self, method: protocol::channel::Close) -> Result<()> {
         let error = AMQPError::try_from(method.clone()).map(|error| {
-                error!(
-                    channel=%self.id, ?method, ?error,
-                    "Channel closed"
-                );
+                // Patched (PATCHED.md): a soft error closes only this channel and reaches its
+                // caller (the pending method, the publisher confirms, the consumer), who reports
+                // it. NOT_FOUND is the broker's answer to a passive declare of something absent,
+                // how a client asks "does it exist": not worth a line above debug.
+                match error.kind() {
+                    AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => debug!(
+                        channel=%self.id, ?method, ?error,
+                        "Channel closed"
+                    ),
+                    AMQPErrorKind::Soft(_) => warn!(
+                        channel=%self.id, ?method, ?error,
+                        "Channel closed"
+                    ),
+                    AMQPErrorKind::Hard(_) => error!(
+                        channel=%self.id, ?method, ?error,
+                        "Channel closed"
+                    ),
+                }
                 Error::from(ErrorKind::ProtocolError(error))
             }).map_err(|error| info!(channel=%self.id, ?method, code_to_error=%error, "Channel closed with a non-error code")).ok();
         self.set_closing(error.clone());

@@ -477,7 +477,16 @@ impl<RK: RuntimeKit + Clone + Send + 'static> InternalRPC<RK> {
                     }
                     let channel = get_channel(channel_id);
                     self.register_internal_future(async move {
-                        channel?.close(reply_code, reply_text).await
+                        // Patched (PATCHED.md): a channel the broker closed meanwhile (its last
+                        // handle dropped while the broker's close was on the way) has nothing
+                        // left to close; that was a connection error, logged and poisoning the
+                        // connection's other channels.
+                        match channel?.close(reply_code, reply_text).await {
+                            Err(e) if matches!(e.kind(), ErrorKind::InvalidChannelState(..)) => {
+                                Ok(())
+                            }
+                            r => r,
+                        }
                     })
                 }
                 CloseConnection(reply_code, reply_text, class_id, method_id, resolver) => {
