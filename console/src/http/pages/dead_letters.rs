@@ -173,5 +173,6 @@ pub async fn replay(
         })
         .collect();
     let path = format!("/api/dead-letters/{}/actions/replay", url_encode(&consumer));
-    submit_selection(&s, &session, &f, &path, items).await
+    let action = format!("/ui/dead-letters/{}/replay", url_encode(&consumer));
+    submit_selection(&s, &session, &f, (&action, &path), items).await
 }

@@ -64,6 +64,10 @@ pub async fn csrf_and_version<T: FromStr>(
 
 /// Sends a form's action to the API route `path` with `body`, as the session's user and with the
 /// form's Idempotency-Key; returns the status and the JSON answer.
+///
+/// A dry run (`"dry_run": true` in `body`) is sent without the key: it changes nothing, and
+/// spending the form's key on it made the real action from the same form (after the browser's
+/// Back) a 422, "this Idempotency-Key was already used with a different request".
 pub async fn submit(
     state: &AppState,
     session: &Session,
@@ -71,7 +75,8 @@ pub async fn submit(
     path: &str,
     body: Value,
 ) -> (StatusCode, Value) {
-    let key = field(f, "idempotency_key").filter(|k| !k.is_empty());
+    let dry_run = body.get("dry_run") == Some(&Value::Bool(true));
+    let key = field(f, "idempotency_key").filter(|k| !k.is_empty() && !dry_run);
     let response = crate::http::api::forward(state, &session.principal, path, key, &body).await;
     let status = response.status();
     let bytes = axum::body::to_bytes(response.into_body(), 16 << 20)

@@ -197,7 +197,14 @@ pub async fn requeue(
             }
         }
     }
-    submit_selection(&s, &session, &f, "/api/outbox/dead/actions/requeue", items).await
+    submit_selection(
+        &s,
+        &session,
+        &f,
+        ("/ui/outbox/requeue", "/api/outbox/dead/actions/requeue"),
+        items,
+    )
+    .await
 }
 
 /// Sends a selection form's action to the API route `path`: the checked `items`, or `all` ("select
@@ -207,7 +214,7 @@ pub async fn submit_selection<T: serde::Serialize>(
     state: &AppState,
     session: &Session,
     f: &Fields,
-    path: &str,
+    (action, path): (&str, &str),
     items: Vec<T>,
 ) -> Response {
     let dry_run = field(f, "dry_run").is_some();
@@ -219,13 +226,16 @@ pub async fn submit_selection<T: serde::Serialize>(
         "dry_run": dry_run,
     });
     match submit(state, session, f, path, body).await {
-        (status, v) if status.is_success() && dry_run => plan_page(session, &v),
+        (status, v) if status.is_success() && dry_run => plan_page(session, action, f, &v),
         answer => answered(session, "/", answer),
     }
 }
 
-/// A dry run's answer: what each item would do.
-pub fn plan_page(session: &Session, v: &Value) -> Response {
+/// A dry run's answer: what each item would do, and a form that runs the same selection (`action`
+/// is the form's URL; the checked items with the versions the operator saw, or "all that match",
+/// and the reason, all editable no more), with a fresh Idempotency-Key. An item that changed
+/// since is refused as stale when it runs, as from the list.
+pub fn plan_page(session: &Session, action: &str, f: &Fields, v: &Value) -> Response {
     let items = v
         .get("items")
         .and_then(|i| i.as_array())
@@ -246,6 +256,16 @@ pub fn plan_page(session: &Session, v: &Value) -> Response {
         }
         @if v.get("needs_approval").and_then(|b| b.as_bool()) == Some(true) {
             p { "More than one item: running it creates an approval request." }
+        }
+        form method="post" action=(action) id="run-plan" {
+            (hidden(session))
+            @for (_, item) in f.iter().filter(|(k, _)| k == "item") {
+                input type="hidden" name="item" value=(shown(item));
+            }
+            @if field(f, "all").is_some() { input type="hidden" name="all" value="1"; }
+            " reason " input name="reason" id="run-plan-reason" size="30" required
+                value=(shown(field(f, "reason").unwrap_or("")));
+            " " button name="go" value="1" id="run-plan-submit" { "Run this plan" }
         }
         p { a href="/" { "Overview" } }
     };

@@ -3333,3 +3333,116 @@ async fn a_parked_wait_shows_what_it_awaits_and_an_operator_queries_the_remote_n
     worker.await.unwrap().unwrap();
 }
 mod find;
+
+/// The fields of the form `id` in `html` (`name="..." value="..."` of its inputs and buttons).
+fn form_fields(html: &str, id: &str) -> Vec<(String, String)> {
+    let form = html
+        .split(&format!("id=\"{id}\""))
+        .nth(1)
+        .and_then(|rest| rest.split("</form>").next())
+        .unwrap_or_else(|| panic!("no form {id}: {html}"));
+    form.split("name=\"")
+        .skip(1)
+        .filter_map(|rest| {
+            let (name, rest) = rest.split_once('"')?;
+            let value = rest
+                .split_once('>')
+                .map(|(attrs, _)| attrs)
+                .and_then(|attrs| attrs.split_once("value=\""))
+                .and_then(|(_, v)| v.split_once('"'))
+                .map(|(v, _)| v.replace("&quot;", "\"").replace("&amp;", "&"))
+                .unwrap_or_default();
+            Some((name.to_string(), value))
+        })
+        .collect()
+}
+
+/// Issue 40, bug 2: a dry run, the browser's Back, then the real action from the same form ran
+/// into a 422 ("this Idempotency-Key was already used with a different request"): the dry run
+/// spent the form's key. It spends none now, and its page has a button that runs the plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_spends_no_key_and_its_page_runs_the_plan() {
+    let c = Console::start().await;
+    let olga = c.user("olga", Role::Operator).await;
+    let ids = c.dead_rows(2).await;
+    let cookie = login(&c, &olga).await;
+    let overview = c.web.web_get(&cookie, "/").await.text().await.unwrap();
+    let csrf = csrf_of(&overview);
+    let key = Uuid::new_v4().to_string();
+    let item = format!("{}:{}", ids[0], c.version(ids[0]).await);
+    let form = |button: &'static str| {
+        vec![
+            ("csrf", csrf.clone()),
+            ("idempotency_key", key.clone()),
+            ("item", item.clone()),
+            ("reason", "the gateway is fixed".to_string()),
+            (button, "1".to_string()),
+        ]
+    };
+    let r = c
+        .web
+        .web_post(&cookie, "/ui/outbox/requeue", &form("dry_run"))
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let plan = r.text().await.unwrap();
+    assert!(plan.contains("requeue"), "{plan}");
+    assert_eq!(c.state(ids[0]).await, "dead", "a dry run changes nothing");
+    // Back, then the real action from the same form, with the same key.
+    let r = c
+        .web
+        .web_post(&cookie, "/ui/outbox/requeue", &form("go"))
+        .await;
+    assert!(
+        r.status().is_redirection() || r.status().is_success(),
+        "{}: {}",
+        r.status(),
+        r.text().await.unwrap()
+    );
+    assert_eq!(c.state(ids[0]).await, "pending");
+
+    // The second row: its dry run's page runs the plan with a key of its own.
+    let item = format!("{}:{}", ids[1], c.version(ids[1]).await);
+    let r = c
+        .web
+        .web_post(
+            &cookie,
+            "/ui/outbox/requeue",
+            &[
+                ("csrf", csrf.as_str()),
+                ("idempotency_key", &Uuid::new_v4().to_string()),
+                ("item", &item),
+                ("reason", "the gateway is fixed"),
+                ("dry_run", "1"),
+            ],
+        )
+        .await;
+    let plan = r.text().await.unwrap();
+    let fields = form_fields(&plan, "run-plan");
+    assert!(
+        fields.contains(&("item".to_string(), item.clone())),
+        "{fields:?}"
+    );
+    assert!(
+        fields.contains(&("reason".to_string(), "the gateway is fixed".to_string())),
+        "{fields:?}"
+    );
+    assert!(
+        plan.contains("id=\"run-plan-reason\"") && plan.contains(" required"),
+        "{plan}"
+    );
+    let r = c.web.web_post(&cookie, "/ui/outbox/requeue", &fields).await;
+    assert!(
+        r.status().is_redirection() || r.status().is_success(),
+        "{}",
+        r.status()
+    );
+    assert_eq!(c.state(ids[1]).await, "pending");
+    // Each run once, audited as such.
+    let done: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.console_audit WHERE action = 'outbox.requeue' AND outcome = 'succeeded'",
+    )
+    .fetch_one(&c.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(done, 2);
+}
