@@ -2,7 +2,7 @@
 //! entries on the overview, a process's operator actions on its page).
 
 use super::badge::badge;
-use super::diff::{diff, target_link};
+use super::diff::{diff, fields, target_link};
 use super::errors::error_page;
 use super::layout::{page, shown};
 use super::session::WebSession;
@@ -31,9 +31,27 @@ pub fn audit_table(id: &str, entries: &[audit::Entry]) -> Markup {
                     td { (shown(&e.reason)) }
                     td { (shown(e.approver.as_deref().unwrap_or(""))) }
                     td.outcome { (badge(&e.outcome)) }
-                    td.change { (diff(e.before.as_ref(), e.after.as_ref())) }
+                    td.change { (change(e)) }
                 }
             }
+        }
+    }
+}
+
+/// What an entry changed. A request waiting for approval changed nothing yet: its target as it
+/// was asked on and the request are shown side by side, not as a diff (which read as if the
+/// request had changed the process into the request; issue 40, bug 5).
+fn change(e: &audit::Entry) -> Markup {
+    if e.outcome != audit::outcome::REQUESTED {
+        return diff(e.before.as_ref(), e.after.as_ref());
+    }
+    html! {
+        p.request-note { "Nothing changed yet: a request waiting for approval." }
+        @if let Some(after) = &e.after {
+            details.request open { summary { "the request" } (fields(after)) }
+        }
+        @if let Some(before) = &e.before {
+            details.request-target { summary { "the target when asked" } (fields(before)) }
         }
     }
 }

@@ -40,6 +40,11 @@ fn flatten(v: &Value) -> BTreeMap<String, Value> {
     out
 }
 
+/// The fields of `v` as the same small table, none marked: a value shown, not a change.
+pub fn fields(v: &Value) -> Markup {
+    diff(Some(v), Some(v))
+}
+
 /// The change from `before` to `after`, as a small table (nothing when both are empty).
 pub fn diff(before: Option<&Value>, after: Option<&Value>) -> Markup {
     let (b, a) = (

@@ -3106,6 +3106,21 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
     ] {
         assert!(card.contains(part), "{part} not in the card: {card}");
     }
+    // The audit log's entry of the request changed nothing yet, and says so: the request and the
+    // process as asked on, not a diff from one to the other (issue 40, bug 5).
+    let audit = c.web.web_get(&cookie, "/audit").await.text().await.unwrap();
+    let requested: Vec<&str> = audit
+        .split("<tr class=\"audit-entry\">")
+        .skip(1)
+        .filter(|row| row.contains("process.run_compensation") && row.contains(">requested<"))
+        .collect();
+    assert_eq!(requested.len(), 2, "olga's and otto's: {audit}");
+    for row in requested {
+        assert!(
+            row.contains("Nothing changed yet") && !row.contains("diff-changed"),
+            "{row}"
+        );
+    }
     // The CLI's list says the same amount.
     let out = std::process::Command::new(bin_path("console"))
         .args(["approvals", "list"])
