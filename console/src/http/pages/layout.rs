@@ -81,7 +81,7 @@ pub async fn stylesheet() -> Response {
         .into_response()
 }
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;overflow-wrap:anywhere}pre{white-space:pre-wrap}\
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;font-size:.9em}\
 th{background:#f3f3f3}nav a{margin-right:1em}.notice{background:#eef7ee;border:1px solid #9c9;padding:.5em}.dependency-down{background:#fdecea;border:1px solid #d9534f;padding:.5em}\
 .error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}td code{word-break:break-all}input[type=text]{width:24em}\

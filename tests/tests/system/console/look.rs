@@ -683,3 +683,61 @@ async fn up_sh_stops_within_10_s_of_sigterm_or_ctrl_c_while_it_runs() {
     assert!(term < Duration::from_secs(10), "SIGTERM: {term:?}");
     assert!(int < Duration::from_secs(10), "Ctrl-C: {int:?}");
 }
+
+/// Issue 40, bug 4: one 300-byte event type made the overview 3,413 px wide, and the audit page
+/// 2,055 px. Long words without a break (an event type, an aggregate id, an error, a reason) now
+/// wrap inside their cells: neither page is wider than the browser's window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_real_browser_long_unbroken_values_never_make_a_page_wider_than_the_window() {
+    let c = console(&[]).await;
+    let olga = c.user("olga", Role::Operator).await;
+    let long_type = format!("order.{}", "x".repeat(294));
+    let long_id = "a".repeat(1000);
+    let long_error = format!("unpublishable:{}", "e".repeat(300));
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO outbox.messages (aggregate_type, aggregate_id, event_type, payload, state, attempts, last_error) \
+         VALUES ('order', $1, $2, '{}', 'dead', 1, $3), ('order', $1, 'order.placed', '{}', 'dead', 1, $3) \
+         RETURNING id",
+    )
+    .bind(&long_id)
+    .bind(&long_type)
+    .bind(&long_error)
+    .fetch_all(&c.db.pool)
+    .await
+    .unwrap();
+    let version: i64 =
+        sqlx::query_scalar("SELECT xmin::text::bigint FROM outbox.messages WHERE id = $1")
+            .bind(ids[1])
+            .fetch_one(&c.db.pool)
+            .await
+            .unwrap();
+    let (status, body, _) = c
+        .post(
+            &olga,
+            "/api/outbox/dead/actions/requeue",
+            json!({"reason": "r".repeat(400), "items": [{"id": ids[1], "version": version}]}),
+            Some(&Uuid::new_v4().to_string()),
+        )
+        .await;
+    assert!(status.is_success(), "{status}: {body}");
+
+    let (_driver, b) = chromedriver().await;
+    log_in(&b, &c.web.base, &olga).await;
+    for path in ["/", "/audit"] {
+        b.goto(&format!("{}{path}", c.web.base)).await.unwrap();
+        let widths = b
+            .execute(
+                "return [document.documentElement.scrollWidth, window.innerWidth];",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let (page, window) = (widths[0].as_i64().unwrap(), widths[1].as_i64().unwrap());
+        assert!(
+            page <= window,
+            "{path} is {page} px wide in a window of {window} px"
+        );
+    }
+    let html = b.source().await.unwrap();
+    assert!(html.contains(&"r".repeat(400)), "the reason is shown whole");
+}
