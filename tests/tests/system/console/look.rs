@@ -741,3 +741,51 @@ async fn in_a_real_browser_long_unbroken_values_never_make_a_page_wider_than_the
     let html = b.source().await.unwrap();
     assert!(html.contains(&"r".repeat(400)), "the reason is shown whole");
 }
+
+/// Issue 40, bug 6: operator actions close in time printed their labels over each other on the
+/// strip. Six pauses and resumes within a second, on a process with a long history: in a real
+/// browser, no two labels overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_real_browser_operator_actions_close_in_time_keep_their_labels_apart() {
+    let c = console(&[]).await;
+    let olga = c.user("olga", Role::Operator).await;
+    // A process with a long history (30 charge attempts): the actions share the axis with it.
+    let (id, _) = refund_waiting(&c, &format!("order-{}", Uuid::new_v4()), 30).await;
+    for (i, action) in ["pause", "resume"].iter().cycle().take(6).enumerate() {
+        let version = c.process_view(&olga, id).await["version"].clone();
+        c.post_expect(
+            &olga,
+            &format!("/api/processes/{id}/actions/{action}"),
+            json!({"reason": format!("step {i}"), "version": version}),
+            None,
+            StatusCode::OK,
+        )
+        .await;
+    }
+    let (_driver, b) = chromedriver().await;
+    log_in(&b, &c.web.base, &olga).await;
+    b.goto(&format!("{}/processes/{id}", c.web.base))
+        .await
+        .unwrap();
+    let boxes = b
+        .execute(
+            "return Array.from(document.querySelectorAll('#strip g.op-mark text')).map(t => { \
+               const r = t.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; });",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let boxes: Vec<Vec<f64>> = serde_json::from_value(boxes).unwrap();
+    let marks = b
+        .find_all(fantoccini::Locator::Css("#strip g.op-mark"))
+        .await
+        .unwrap();
+    assert_eq!(marks.len(), 6, "a mark per action");
+    assert!(!boxes.is_empty(), "some labels are shown");
+    for (i, a) in boxes.iter().enumerate() {
+        for b2 in &boxes[i + 1..] {
+            let apart = a[2] <= b2[0] || b2[2] <= a[0] || a[3] <= b2[1] || b2[3] <= a[1];
+            assert!(apart, "labels overlap: {a:?} and {b2:?} of {boxes:?}");
+        }
+    }
+}

@@ -28,6 +28,13 @@ const LABEL_W: f64 = 170.0;
 const PLOT_W: f64 = 880.0;
 const BOX_H: f64 = 46.0;
 const LANE_H: f64 = 24.0;
+/// The operator lane is taller: its labels take up to [`OP_ROWS`] rows, so that actions close in
+/// time do not print over each other (issue 40, bug 6).
+const OP_ROWS: usize = 3;
+const OP_ROW_H: f64 = 12.0;
+const OP_LANE_H: f64 = OP_ROW_H * OP_ROWS as f64 + 6.0;
+/// Width of one character of a label (font-size 10), a little generous.
+const OP_CHAR_W: f64 = 6.0;
 /// A gap longer than this (seconds) is folded.
 const FOLD_SECONDS: f64 = 60.0;
 
@@ -43,7 +50,8 @@ pub fn strip(v: &Value, entries: &[audit::Entry], labels: &HashMap<i32, String>)
     times.push(end);
     let axis = Axis::new(times);
     let lanes_top = BOX_H + 24.0;
-    let height = lanes_top + LANE_H * (steps.len() as f64 + 1.0) + 34.0;
+    let steps_top = lanes_top + OP_LANE_H;
+    let height = steps_top + LANE_H * steps.len() as f64 + 34.0;
     let total_w = LABEL_W + PLOT_W + 20.0;
     html! {
         svg #strip xmlns="http://www.w3.org/2000/svg" role="img" width=(total_w) height=(height)
@@ -52,9 +60,9 @@ pub fn strip(v: &Value, entries: &[audit::Entry], labels: &HashMap<i32, String>)
             (boxes(&steps, labels, total_w))
             (operator_lane(entries, &axis, lanes_top))
             @for (i, st) in steps.iter().enumerate() {
-                (lane(st, &history, &axis, lanes_top + LANE_H * (i as f64 + 1.0), labels, &steps, end))
+                (lane(st, &history, &axis, steps_top + LANE_H * i as f64, labels, &steps, end))
             }
-            (axis.draw(lanes_top + LANE_H * (steps.len() as f64 + 1.0) + 6.0))
+            (axis.draw(steps_top + LANE_H * steps.len() as f64 + 6.0))
         }
     }
 }
@@ -113,21 +121,50 @@ fn clip(s: &str, w: f64) -> String {
     }
 }
 
-/// The lane of operator actions: a diamond per console audit entry.
+/// The row (0 at the top) of each label that starts at `x` and is `w` wide, in order of `x`: the
+/// first row where it clears the label before it by a few pixels, or `None` when no row has
+/// room (the mark stays, its words in its `<title>` and the history).
+fn label_rows(labels: &[(f64, f64)], rows: usize) -> Vec<Option<usize>> {
+    let mut right = vec![f64::NEG_INFINITY; rows];
+    labels
+        .iter()
+        .map(|&(x, w)| {
+            let row = right.iter().position(|&r| r + 4.0 <= x)?;
+            right[row] = x + w;
+            Some(row)
+        })
+        .collect()
+}
+
+/// The lane of operator actions: a diamond per console audit entry, its label in the first of
+/// [`OP_ROWS`] rows with room.
 fn operator_lane(entries: &[audit::Entry], axis: &Axis, y: f64) -> Markup {
-    let mid = y + LANE_H / 2.0;
+    let mid = y + OP_LANE_H / 2.0;
+    let mut marks: Vec<(f64, &audit::Entry, String)> = entries
+        .iter()
+        .map(|e| (axis.x(e.at), e, short_action(&e.action)))
+        .collect();
+    marks.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let rows = label_rows(
+        &marks
+            .iter()
+            .map(|(x, _, label)| (x + 7.0, label.chars().count() as f64 * OP_CHAR_W))
+            .collect::<Vec<_>>(),
+        OP_ROWS,
+    );
     html! {
         text x="4" y=(mid + 4.0) font-size="12" fill="#333" { "operator actions" }
         line x1=(LABEL_W) x2=(LABEL_W + PLOT_W) y1=(mid) y2=(mid) stroke="#ddd" {}
-        @for e in entries {
-            @let x = axis.x(e.at);
+        @for ((x, e, label), row) in marks.iter().zip(&rows) {
             g.op-mark data-action=(shown(&e.action)) {
                 title {
                     (e.at.format("%H:%M:%S%.3f")) " " (shown(&e.action)) " by " (shown(&e.actor_name))
                     ": " (shown(&e.outcome)) " — " (shown(&e.reason))
                 }
                 path d={ "M" (x) " " (mid - 7.0) " l6 7 l-6 7 l-6 -7 z" } fill=(colour(&e.outcome)) stroke="#222" stroke-width="0.7" {}
-                text x=(x + 7.0) y=(mid - 3.0) font-size="10" fill="#222" { (short_action(&e.action)) }
+                @if let Some(row) = row {
+                    text.op-label x=(x + 7.0) y=(y + OP_ROW_H * (*row as f64 + 1.0)) font-size="10" fill="#222" { (label) }
+                }
             }
         }
     }
@@ -353,6 +390,23 @@ mod tests {
 
     fn at(s: i64) -> String {
         (DateTime::<Utc>::UNIX_EPOCH + chrono::TimeDelta::seconds(1_800_000_000 + s)).to_rfc3339()
+    }
+
+    #[test]
+    fn labels_close_in_time_take_the_next_row_and_never_overlap() {
+        // Three at one place, a fourth too, one further on that fits the first row again.
+        let labels = [
+            (100.0, 60.0),
+            (101.0, 60.0),
+            (102.0, 60.0),
+            (103.0, 60.0),
+            (170.0, 30.0),
+        ];
+        assert_eq!(
+            label_rows(&labels, 3),
+            [Some(0), Some(1), Some(2), None, Some(0)]
+        );
+        assert_eq!(label_rows(&[], 3), Vec::<Option<usize>>::new());
     }
 
     #[test]
