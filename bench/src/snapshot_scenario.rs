@@ -85,6 +85,94 @@ fn produce(
         .collect()
 }
 
+/// When `snapshot`, a `REPEATABLE READ` transaction that has taken its snapshot and holds it
+/// until it is rolled back (it touches no table of ours).
+async fn hold_snapshot(
+    env: &BenchEnv,
+    snapshot: bool,
+) -> anyhow::Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>> {
+    if !snapshot {
+        return Ok(None);
+    }
+    let mut tx = env.pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await?;
+    // Held idle on purpose: a database's idle-in-transaction timeout must not end it.
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
+        .execute(&mut *tx)
+        .await?;
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_class")
+        .fetch_one(&mut *tx)
+        .await?;
+    Ok(Some(tx))
+}
+
+/// Size and dead tuples of the outbox's tables after a run: "messages 412 MB, 0 dead; ...".
+async fn table_sizes(env: &BenchEnv) -> anyhow::Result<String> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, pg_total_relation_size(relid), n_dead_tup FROM pg_stat_user_tables \
+         WHERE schemaname = 'outbox' AND relname IN ('messages', 'aggregate_sequences', 'processes', 'process_steps', 'process_history') \
+         ORDER BY relname",
+    )
+    .fetch_all(&env.pool)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|(t, size, dead)| format!("{t} {:.1} MB, {dead} dead", *size as f64 / 1e6))
+        .collect::<Vec<_>>()
+        .join("; "))
+}
+
+/// Producers at full speed (4 connections, 10-row transactions, 1,000 aggregates each, no relay),
+/// with or without a snapshot held: the insert rate per interval, and the tables afterwards.
+async fn run_inserts(
+    env: &BenchEnv,
+    snapshot: bool,
+    hold: Duration,
+    every: Duration,
+) -> anyhow::Result<(Vec<f64>, String)> {
+    env.reset_outbox().await?;
+    let committed = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..4u64)
+        .map(|p| {
+            let (pool, committed, stop) = (env.pool.clone(), committed.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let msgs = producer_messages(p, i, 10, "bench.snapshot");
+                    shared::outbox::enqueue_many(&pool, &msgs).await?;
+                    committed.fetch_add(10, Ordering::Relaxed);
+                    i += 1;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(20).min(hold / 2)).await;
+    let holder = hold_snapshot(env, snapshot).await?;
+    let start = Instant::now();
+    let mut rates = Vec::new();
+    let (mut t0, mut c0) = (Instant::now(), committed.load(Ordering::Relaxed));
+    while start.elapsed() < hold {
+        tokio::time::sleep(every.min(hold - start.elapsed())).await;
+        let c = committed.load(Ordering::Relaxed);
+        rates.push((c - c0) as f64 / t0.elapsed().as_secs_f64());
+        (t0, c0) = (Instant::now(), c);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await??;
+    }
+    // Measured before the snapshot ends: what it held back.
+    let sizes = table_sizes(env).await?;
+    if let Some(tx) = holder {
+        tx.rollback().await?;
+    }
+    Ok((rates, sizes))
+}
+
 /// One run: warm-up, then `hold` with or without a snapshot held, sampled every `every`.
 async fn run(
     env: &BenchEnv,
@@ -124,21 +212,7 @@ async fn run(
     let producers = produce(env, rate, committed.clone(), stop.clone());
     tokio::time::sleep(Duration::from_secs(20).min(hold / 2)).await;
 
-    let mut holder = None;
-    if snapshot {
-        let mut tx = env.pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            .execute(&mut *tx)
-            .await?;
-        // Held idle on purpose: a database's idle-in-transaction timeout must not end it.
-        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
-            .execute(&mut *tx)
-            .await?;
-        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_class")
-            .fetch_one(&mut *tx)
-            .await?;
-        holder = Some(tx);
-    }
+    let holder = hold_snapshot(env, snapshot).await?;
     let start = Instant::now();
     let mut samples = Vec::new();
     let (mut sum0, mut n0) = claim_totals(&http, addr).await?;
@@ -257,21 +331,7 @@ async fn run_processes(
         .await
     };
     tokio::time::sleep(Duration::from_secs(20).min(hold / 2)).await;
-    let mut holder = None;
-    if snapshot {
-        let mut tx = env.pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            .execute(&mut *tx)
-            .await?;
-        // Held idle on purpose: a database's idle-in-transaction timeout must not end it.
-        sqlx::query("SET LOCAL idle_in_transaction_session_timeout = 0")
-            .execute(&mut *tx)
-            .await?;
-        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_class")
-            .fetch_one(&mut *tx)
-            .await?;
-        holder = Some(tx);
-    }
+    let holder = hold_snapshot(env, snapshot).await?;
     let start = Instant::now();
     let first = done(env.pool.clone()).await?;
     let mut samples = Vec::new();
@@ -403,6 +463,29 @@ pub async fn old_snapshot(env: &BenchEnv) -> anyhow::Result<Vec<Line>> {
             "procs",
         )
         .at_most(prate as f64),
+    );
+    // Producers' inserts at full speed (the aggregate counters are updated in each transaction).
+    let (ibase, sizes_base) = run_inserts(env, false, hold, every).await?;
+    let (iheld, sizes_held) = run_inserts(env, true, hold, every).await?;
+    let itable: Vec<String> = ibase
+        .iter()
+        .zip(&iheld)
+        .enumerate()
+        .map(|(i, (b, h))| {
+            format!(
+                "{:>4.0}s: {b:.0} / {h:.0} msg/s",
+                ((i + 1) as f64) * every.as_secs_f64()
+            )
+        })
+        .collect();
+    let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
+    lines.push(
+        Line::new("old-snapshot producer inserts, held", last(&iheld), "msg/s")
+            .vs_ceiling(last(&ibase), Some(0.85))
+            .note(format!(
+                "4 producers at full speed, 10-row transactions, 4,000 aggregates, no relay (baseline / held, per interval): {}; tables after the baseline: {sizes_base}; after the held run (before the snapshot ends): {sizes_held}",
+                itable.join("; ")
+            )),
     );
     Ok(lines)
 }

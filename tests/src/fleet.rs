@@ -277,6 +277,56 @@ impl PaymentLoad {
     }
 }
 
+/// Late commits (issue 39): a producer that holds each transaction open for 2-5 s after its
+/// inserts, so that the relays move past its rows' positions before they commit. Its payments go
+/// to accounts of their own (`late-0` to `late-4`): a held transaction holds its aggregates'
+/// counters, and the steady load must not wait for it. A transaction the faults end (a cut link,
+/// a database restart) is not counted, as in [`PaymentLoad`].
+pub struct LateCommits {
+    committed: Arc<AtomicU64>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl LateCommits {
+    pub fn start(pool: PgPool, stop: Arc<AtomicBool>) -> Self {
+        let committed = Arc::new(AtomicU64::new(0));
+        let c = committed.clone();
+        let handle = tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let batch: Vec<NewMessage> = (0..5)
+                    .map(|i| payment(&format!("late-{i}"), ((n * 5 + i) % 97) as i64 + 1))
+                    .collect();
+                let hold = Duration::from_millis(2000 + (n * 7919) % 3000);
+                let committed = async {
+                    let mut tx = pool.begin().await.ok()?;
+                    shared::outbox::enqueue_many(&mut *tx, &batch).await.ok()?;
+                    tokio::time::sleep(hold).await;
+                    tx.commit().await.ok()
+                };
+                if matches!(
+                    tokio::time::timeout(hold + Duration::from_secs(10), committed).await,
+                    Ok(Some(()))
+                ) {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        Self { committed, handle }
+    }
+
+    /// Held transactions committed so far.
+    pub fn committed(&self) -> u64 {
+        self.committed.load(Ordering::Relaxed)
+    }
+
+    /// Waits for it to end (after `stop` was set).
+    pub async fn join(self) {
+        self.handle.await.unwrap();
+    }
+}
+
 /// Waits (up to `timeout`) until the outbox is drained and the ledger consumers applied every
 /// published payment, asserting on the way that nothing was applied twice (`context` is added
 /// to that failure, e.g. the seed).
