@@ -26,20 +26,20 @@ fn page_of(page: &Value) -> (Vec<Value>, String) {
     (rows, of)
 }
 
-/// Prints a page of dead outbox rows.
+/// Prints a page of dead outbox rows, each line starting with the item as `console dead requeue`
+/// takes it (`ID:VERSION`), so a line's first word pastes into the command.
 pub fn print_dead(page: &Value, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<36}  {:>12}  {:<24}  {:>8}  last error",
-        "id", "version", "event_type", "attempts"
+        "{:<49}  {:<24}  {:>8}  last error",
+        "item (ID:VERSION)", "event_type", "attempts"
     )?;
     let (rows, of) = page_of(page);
     for r in &rows {
         writeln!(
             out,
-            "{:<36}  {:>12}  {:<24}  {:>8}  {}",
-            s(r, "id"),
-            s(r, "version"),
+            "{:<49}  {:<24}  {:>8}  {}",
+            format!("{}:{}", s(r, "id"), s(r, "version")),
             s(r, "event_type"),
             s(r, "attempts"),
             s(r, "last_error")
@@ -47,17 +47,18 @@ pub fn print_dead(page: &Value, out: &mut impl Write) -> std::io::Result<()> {
     }
     writeln!(
         out,
-        "{of} dead row(s); requeue with: console dead requeue --reason TEXT ID:VERSION ..."
+        "{of} dead row(s); requeue with: console dead requeue --reason TEXT ITEM ..."
     )
 }
 
-/// Prints a page of dead letters.
+/// Prints a page of dead letters, each line starting with the item as `console dlq replay` takes
+/// it (`MESSAGE_ID=VERSION`), so a line's first word pastes into the command.
 pub fn print_dead_letters(page: &Value, out: &mut impl Write) -> std::io::Result<()> {
     let (rows, of) = page_of(page);
     for r in &rows {
         writeln!(
             out,
-            "{}  version={}  {}  {}: {}",
+            "{}={}  {}  {}: {}",
             s(r, "message_id"),
             s(r, "version"),
             s(r, "event_type"),
@@ -65,7 +66,10 @@ pub fn print_dead_letters(page: &Value, out: &mut impl Write) -> std::io::Result
             s(r, "reason")
         )?;
     }
-    writeln!(out, "{of} dead letter(s)")
+    writeln!(
+        out,
+        "{of} dead letter(s); replay with: console dlq replay --consumer NAME --reason TEXT ITEM ..."
+    )
 }
 
 /// Prints an ordered consumer: its partitions and its stuck aggregates with their versions.
@@ -113,14 +117,31 @@ pub fn print_approvals(rows: &Value, out: &mut impl Write) -> std::io::Result<()
     for r in &rows {
         writeln!(
             out,
-            "{}  {}  {}  by {}  version {}  reason: {}",
+            "{}  {}  {} on {}  by {}  version {}  reason: {}",
             s(r, "id"),
             s(r, "status"),
             s(r, "action"),
+            s(r, "target"),
             s(r, "requested_by"),
             s(r, "version"),
             s(r, "reason")
         )?;
+        let p = &r["process"];
+        if p.is_object() {
+            writeln!(
+                out,
+                "    process {} {}, now {}{} at version {}",
+                s(p, "kind"),
+                s(p, "business_key"),
+                s(p, "status"),
+                if p["paused"] == Value::Bool(true) {
+                    " (paused)"
+                } else {
+                    ""
+                },
+                s(p, "version")
+            )?;
+        }
         for m in crate::money::of_process(&r["process"]) {
             writeln!(out, "    money: {}", m.line())?;
         }

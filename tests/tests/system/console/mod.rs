@@ -1372,15 +1372,16 @@ async fn cli_creates_users_with_a_token_on_the_last_line_and_talks_to_the_api() 
     let list = cli(&["dead", "list"]);
     assert!(list.status.success());
     let text = String::from_utf8(list.stdout).unwrap();
-    assert!(text.contains(&ids[0].to_string()), "{text}");
+    // A line's first word is the item as requeue takes it (issue 40: the lists did not paste).
+    let item = text
+        .lines()
+        .find(|l| l.starts_with(&ids[0].to_string()))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{text}"))
+        .to_string();
     let version = c.version(ids[0]).await;
-    let r = cli(&[
-        "dead",
-        "requeue",
-        "--reason",
-        "from the cli",
-        &format!("{}:{version}", ids[0]),
-    ]);
+    assert_eq!(item, format!("{}:{version}", ids[0]));
+    let r = cli(&["dead", "requeue", "--reason", "from the cli", &item]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert_eq!(c.state(ids[0]).await, "pending");
     // Processes: list, show (with the actions allowed now), act.
@@ -1657,8 +1658,40 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
         )
         .await;
     assert_eq!(s, StatusCode::CONFLICT);
-    // One: now.
-    c.post_expect(&op, &path, json!({"reason": "handler fixed", "items": [{"message_id": ids[0], "version": "2026-12-01T10:00:00Z"}]}), None, StatusCode::OK).await;
+    // One: now, from the CLI, with the first word of its line in the CLI's list (issue 40: the
+    // list printed `ID version=V` where replay wants `ID=V`).
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(bin_path("console"))
+            .args(args)
+            .env("CONSOLE_URL", &c.web.base)
+            .env("CONSOLE_TOKEN", &op)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let list = cli(&["dlq", "list", "--consumer", name]);
+    let item = list
+        .lines()
+        .find(|l| l.starts_with(&ids[0].to_string()))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{list}"))
+        .to_string();
+    assert_eq!(item, format!("{}=2026-12-01T10:00:00Z", ids[0]));
+    cli(&[
+        "dlq",
+        "replay",
+        "--consumer",
+        name,
+        "--reason",
+        "handler fixed",
+        &item,
+    ]);
     wait_until(
         "one message back in the queue",
         Duration::from_secs(30),
@@ -3130,7 +3163,11 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("    money: amount 63.96 EUR (6396 minor units)\n"),
+        text.contains(&format!(
+            "process.run_compensation on process:{id}  by olga"
+        )) && text
+            .contains("    process order_sensitive refund-cards, now manual_review at version")
+            && text.contains("    money: amount 63.96 EUR (6396 minor units)\n"),
         "{text} {}",
         String::from_utf8_lossy(&out.stderr)
     );
