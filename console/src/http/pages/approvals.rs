@@ -58,7 +58,7 @@ fn card(session: &Session, a: &approvals::Approval, back: Option<&str>) -> Marku
                     (hidden(session))
                     @if let Some(b) = back { input type="hidden" name="back" value=(b); }
                     input type="hidden" name="version" value=(a.version);
-                    input type="text" name="reason" id={ "approval-reason-" (id) } placeholder="reason";
+                    input type="text" name="reason" id={ "approval-reason-" (id) } placeholder="reason" required;
                     " " button id={ "approve-" (id) } { "Approve" }
                     " " button formaction={ "/ui/approvals/" (id) "/reject" } id={ "reject-" (id) } { "Reject" }
                 }

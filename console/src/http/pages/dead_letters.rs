@@ -145,7 +145,7 @@ fn letters_form(
                     }
                 }
             }
-            label { "Reason " input type="text" name="reason"; }
+            label { "Reason " input type="text" name="reason" required; }
             " " button name="dry_run" value="1" { "Dry run" }
             " " button name="go" value="1" { "Replay selected" }
         }

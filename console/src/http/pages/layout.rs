@@ -39,9 +39,14 @@ pub fn page_refreshing(
                     link rel="stylesheet" href="/style.css";
                 }
                 body {
-                    @if let Some(s) = session { (nav(s)) }
-                    h1 { (title) }
-                    (body)
+                    @if let Some(s) = session {
+                        a.skip #skip href="#main" { "Skip to content" }
+                        (nav(s))
+                    }
+                    main #main tabindex="-1" {
+                        h1 { (title) }
+                        (body)
+                    }
                 }
             }
         }
@@ -82,6 +87,7 @@ pub async fn stylesheet() -> Response {
 }
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;overflow-wrap:anywhere}pre{white-space:pre-wrap}\
+.skip{position:absolute;left:-10000px}.skip:focus{position:static;display:inline-block;margin-bottom:.5em}\
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;font-size:.9em}\
 th{background:#f3f3f3}nav a{margin-right:1em}.notice{background:#eef7ee;border:1px solid #9c9;padding:.5em}.dependency-down{background:#fdecea;border:1px solid #d9534f;padding:.5em}\
 .error{background:#fbeaea;border:1px solid #d99;padding:.5em}code{font-size:.85em}td code{word-break:break-all}input[type=text]{width:24em}\

@@ -3,33 +3,41 @@
 use super::errors::error_page;
 use super::forms::{Fields, csrf};
 use super::layout::{page, shown};
-use super::session::WebSession;
+use super::session::{WebSession, safe_next};
 use crate::auth::{sessions, users};
 use crate::error::ConsoleError;
 use crate::internal_events;
 use crate::state::AppState;
 use axum::Form;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use maud::html;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-/// `GET /login`.
-pub async fn login_page() -> Html<String> {
-    login_form(None)
+/// Where to go after the login (`?next=`: the page asked for before it).
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct Next {
+    next: Option<String>,
 }
 
-/// The login form, with the reason the last attempt failed.
-fn login_form(message: Option<&str>) -> Html<String> {
+/// `GET /login`.
+pub async fn login_page(Query(n): Query<Next>) -> Html<String> {
+    login_form(None, n.next.as_deref())
+}
+
+/// The login form, with the reason the last attempt failed and the page to go to after it.
+fn login_form(message: Option<&str>, next: Option<&str>) -> Html<String> {
+    let next = next.filter(|n| safe_next(n));
     page(
         None,
         "Log in",
         html! {
             @if let Some(m) = message { p.error #error { (shown(m)) } }
             form method="post" action="/login" {
-                label { "Token " input type="password" #token name="token" autocomplete="off"; }
+                @if let Some(n) = next { input type="hidden" name="next" value=(n); }
+                label { "Token " input type="password" #token name="token" autocomplete="off" autofocus required; }
                 " "
                 button #login { "Log in" }
             }
@@ -38,7 +46,8 @@ fn login_form(message: Option<&str>) -> Html<String> {
     )
 }
 
-/// `POST /login`: a valid token starts a session (cookie) and goes to the overview.
+/// `POST /login`: a valid token starts a session (cookie) and goes to the page asked for before
+/// it (`next`, a path of the console's own), else to the overview.
 pub async fn login(
     State(s): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
@@ -49,7 +58,10 @@ pub async fn login(
         internal_events::login_failed("rate_limited", ip);
         return (
             StatusCode::TOO_MANY_REQUESTS,
-            login_form(Some(&ConsoleError::TooManyAttempts.to_string())),
+            login_form(
+                Some(&ConsoleError::TooManyAttempts.to_string()),
+                f.get("next").map(String::as_str),
+            ),
         )
             .into_response();
     }
@@ -61,7 +73,10 @@ pub async fn login(
             internal_events::login_failed("invalid_token", ip);
             return (
                 StatusCode::UNAUTHORIZED,
-                login_form(Some("unknown or revoked token")),
+                login_form(
+                    Some("unknown or revoked token"),
+                    f.get("next").map(String::as_str),
+                ),
             )
                 .into_response();
         }
@@ -70,7 +85,12 @@ pub async fn login(
     match sessions::create(&s.pool, &s.schema, &principal, s.settings.session_ttl).await {
         Ok((id, _csrf)) => {
             internal_events::login(&principal);
-            let mut r = Redirect::to("/").into_response();
+            let next = f
+                .get("next")
+                .map(String::as_str)
+                .filter(|n| safe_next(n))
+                .unwrap_or("/");
+            let mut r = Redirect::to(next).into_response();
             if let Ok(v) = HeaderValue::from_str(&sessions::set_cookie(
                 &id,
                 s.settings.session_ttl,

@@ -75,7 +75,7 @@ fn action_form(
             input type="hidden" name="aggregate_type" value=(s.aggregate_type);
             input type="hidden" name="aggregate_id" value=(s.aggregate_id);
             input type="hidden" name="version" value=(s.version);
-            label { "Reason " input type="text" name="reason" id={ "reason-" (a) "-" (id) }; }
+            label { "Reason " input type="text" name="reason" id={ "reason-" (a) "-" (id) } required; }
             " "
             @if action.needs_approval() { button name="dry_run" value="1" { "Dry run" } " " }
             button name="go" value="1" id={ (a) "-" (id) } { (label) }

@@ -162,7 +162,7 @@ fn dead_rows(session: &Session, page: &outbox_dead_page::DeadPage, first: i64) -
                     }
                 }
             }
-            label { "Reason " input type="text" name="reason" id="requeue-reason"; }
+            label { "Reason " input type="text" name="reason" id="requeue-reason" required; }
             " " button name="dry_run" value="1" id="requeue-dry-run" { "Dry run" }
             " " button name="go" value="1" id="requeue-submit" { "Requeue selected" }
             " " small { "one row runs now; more than one asks an approver" }

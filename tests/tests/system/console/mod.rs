@@ -3498,3 +3498,108 @@ async fn a_dry_run_spends_no_key_and_its_page_runs_the_plan() {
     .unwrap();
     assert_eq!(done, 2);
 }
+
+/// Issue 40, item 6: a deep link survives the login (the login page carries the page asked for
+/// and goes there after it), but never to another host; and the keyboard reaches the content and
+/// the search first: a skip link is the first Tab stop, the search box has the focus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_link_survives_the_login_and_the_keyboard_skips_to_the_content() {
+    let c = Console::start().await;
+    let olga = c.user("olga", Role::Operator).await;
+    let pid = c.process("deep-link").await;
+    let deep = format!("/processes/{pid}?from=mail");
+    let r = c
+        .web
+        .http
+        .get(format!("{}{deep}", c.web.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_redirection(), "{}", r.status());
+    let to_login = r.headers()["location"].to_str().unwrap().to_string();
+    assert_eq!(
+        to_login,
+        format!("/login?next=%2Fprocesses%2F{pid}%3Ffrom%3Dmail")
+    );
+    let login_page = c
+        .web
+        .http
+        .get(format!("{}{to_login}", c.web.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        login_page.contains(&format!("name=\"next\" value=\"{deep}\"")),
+        "{login_page}"
+    );
+    let login = |next: String| {
+        let c = &c;
+        let olga = olga.clone();
+        async move {
+            let r = c
+                .web
+                .http
+                .post(format!("{}/login", c.web.base))
+                .form(&[("token", olga.as_str()), ("next", next.as_str())])
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_redirection(), "{}", r.status());
+            r.headers()["location"].to_str().unwrap().to_string()
+        }
+    };
+    assert_eq!(login(deep.clone()).await, deep);
+    // Never another host: those go to the overview.
+    for elsewhere in [
+        "//evil.example/x",
+        "https://evil.example/",
+        "/\\evil.example",
+        "javascript:alert(1)",
+    ] {
+        assert_eq!(login(elsewhere.to_string()).await, "/", "{elsewhere}");
+    }
+
+    let (_driver, b) = chromedriver().await;
+    log_in(&b, &c.web.base, &olga).await;
+    b.goto(&format!("{}/processes", c.web.base)).await.unwrap();
+    let focused = b
+        .execute("return document.activeElement.id;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(focused, json!("search"), "the search box has the focus");
+    // On the overview (nothing focused), the first Tab.
+    b.goto(&format!("{}/", c.web.base)).await.unwrap();
+    b.active_element()
+        .await
+        .unwrap()
+        .send_keys("\u{e004}")
+        .await
+        .unwrap();
+    let first = b
+        .execute("return document.activeElement.id;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(
+        first,
+        json!("skip"),
+        "the first Tab stop skips to the content"
+    );
+    b.active_element()
+        .await
+        .unwrap()
+        .send_keys("\u{e007}")
+        .await
+        .unwrap();
+    let at = b
+        .execute("return document.activeElement.id;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(
+        at,
+        json!("main"),
+        "Enter on it moves the focus to the content"
+    );
+}

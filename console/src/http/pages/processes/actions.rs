@@ -128,7 +128,7 @@ fn offered_action(
                 " " small.safe { "safe for an unknown outcome" }
             }
             " " small { (explain(action)) } br;
-            label { "Reason " input type="text" name="reason" id={ "reason-" (slug) }; }
+            label { "Reason " input type="text" name="reason" id={ "reason-" (slug) } required; }
             (evidence_fields(o, &slug))
             " " button id={ "action-" (slug) } { (label) }
         }

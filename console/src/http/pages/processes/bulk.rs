@@ -56,7 +56,7 @@ pub fn bulk_form(session: &Session, filters: &[(&str, &str)], total: i64) -> Mar
             "Act on all " b #bulk-total { (super::super::paging::thousands(total)) } " that match: "
             select name="action" id="bulk-action" { @for a in &offered { option { (a) } } }
             " step " input name="step" id="bulk-step" size="10" value=(shown(step));
-            " reason " input name="reason" id="bulk-reason" size="30";
+            " reason " input name="reason" id="bulk-reason" size="30" required;
             " " button name="dry_run" value="1" id="bulk-dry-run" { "Dry run" }
             " " button name="go" value="1" id="bulk-submit" { "Request approval" }
             " " small { "one approval for all of them; a process that changes meanwhile is skipped" }
@@ -143,7 +143,7 @@ fn plan_page(session: &Session, f: &Fields, v: &Value) -> Response {
             @for (k, v) in &filters { input type="hidden" name=(format!("filter_{k}")) value=(shown(v)); }
             input type="hidden" name="action" value=(shown(field(f, "action").unwrap_or("")));
             input type="hidden" name="step" value=(shown(field(f, "step").unwrap_or("")));
-            " reason " input name="reason" id="bulk-reason" size="30" value=(shown(field(f, "reason").unwrap_or("")));
+            " reason " input name="reason" id="bulk-reason" size="30" required value=(shown(field(f, "reason").unwrap_or("")));
             " " button name="go" value="1" id="bulk-submit" { "Request approval" }
         }
         p { a href="/processes" { "Processes" } }

@@ -153,7 +153,7 @@ pub async fn list_page(
 fn search_form(q: &ListQuery) -> Markup {
     html! {
         form method="get" id="process-filter" action="/processes" {
-            input type="search" name="q" id="search" size="40" placeholder="process, business key, order, payment, operation id, remote ref" value=(q.value("q"));
+            input type="search" name="q" id="search" size="40" autofocus placeholder="process, business key, order, payment, operation id, remote ref" value=(q.value("q"));
             " status " select name="status" id="filter-status" { (status_options(q.status.as_deref())) }
             " kind " input name="kind" size="10" value=(q.value("kind"));
             " step " input name="step" id="filter-step" size="10" value=(q.value("step"));
