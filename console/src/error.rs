@@ -21,7 +21,9 @@ pub enum ConsoleError {
     Conflict(String),
     #[error("{0}")]
     Unprocessable(String),
-    #[error("too many failed logins from this address; try again later")]
+    #[error(
+        "too many wrong tokens from this address; a wrong one is refused until the minute has passed"
+    )]
     TooManyAttempts,
     /// The idempotency layer's transaction could not be had (taken over by a retry, database).
     #[error("idempotency")]
