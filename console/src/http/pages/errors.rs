@@ -23,17 +23,32 @@ pub fn error_page(session: Option<&Session>, e: &ConsoleError) -> Response {
     (e.status(), page(session, "Error", body)).into_response()
 }
 
-/// The error page for an API answer that is not a success.
-pub fn answer_page(session: &Session, status: StatusCode, body: &Value) -> Response {
+/// The error page for an API answer that is not a success, with a link back to `back` (the page
+/// the form was on). A conflict is explained in words before the API's message: nothing was
+/// done, someone acted on the item since the page was opened, and how to go on.
+pub fn answer_page(session: &Session, status: StatusCode, body: &Value, back: &str) -> Response {
     let message = body
         .get("error")
         .and_then(|e| e.as_str())
         .unwrap_or("the action failed");
-    (
-        status,
-        page(Some(session), "Error", error_body(status, message)),
-    )
-        .into_response()
+    let back = if super::session::safe_next(back) {
+        back
+    } else {
+        "/"
+    };
+    let page_body = html! {
+        @if status == StatusCode::CONFLICT {
+            p.error #conflict {
+                "Nothing was done: this changed since you opened the page (someone acted on it, or a \
+                 worker moved it on). Open it again to see what it is now, then decide again."
+            }
+            p { small { "The console said: " (shown(message)) } }
+        } @else {
+            p.error #error { (status.as_u16()) " " (shown(message)) }
+        }
+        p { a #back href=(back) { @if back == "/" { "Back to the overview" } @else { "Back to where you were" } } }
+    };
+    (status, page(Some(session), "Error", page_body)).into_response()
 }
 
 /// Every error a web route answers is the console's error page: axum's own rejections (a form

@@ -99,6 +99,6 @@ pub fn answered(session: &Session, back: &str, (status, v): (StatusCode, Value))
     if status.is_success() {
         notice_redirect_to(back, &v)
     } else {
-        answer_page(session, status, &v)
+        answer_page(session, status, &v, back)
     }
 }

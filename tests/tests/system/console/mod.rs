@@ -3608,3 +3608,57 @@ async fn a_deep_link_survives_the_login_and_the_keyboard_skips_to_the_content() 
         "Enter on it moves the focus to the content"
     );
 }
+
+/// Issue 40, item 6: a form acting on a version that is no longer current answers a page that
+/// says in words that nothing was done and why, with a link back to the item (it was a 409 page in
+/// xmin numbers whose Back went to the overview).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_form_says_in_words_that_nothing_was_done_and_links_back_to_the_item() {
+    let c = Console::start().await;
+    let olga = c.user("olga", Role::Operator).await;
+    let pid = c.process("stale-form").await;
+    let cookie = login(&c, &olga).await;
+    let page = c
+        .web
+        .web_get(&cookie, &format!("/processes/{pid}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    let csrf = csrf_of(&page);
+    let seen = c.process_view(&olga, pid).await["version"]
+        .as_i64()
+        .unwrap();
+    // Someone else pauses it meanwhile.
+    c.post_expect(
+        &olga,
+        &format!("/api/processes/{pid}/actions/pause"),
+        json!({"reason": "hold", "version": seen}),
+        None,
+        StatusCode::OK,
+    )
+    .await;
+    let r = c
+        .web
+        .web_post(
+            &cookie,
+            &format!("/ui/processes/{pid}/actions/pause"),
+            &[
+                ("csrf", csrf.as_str()),
+                ("version", &seen.to_string()),
+                ("reason", "hold it too"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let page = r.text().await.unwrap();
+    assert!(
+        page.contains("id=\"conflict\"")
+            && page.contains("Nothing was done: this changed since you opened the page"),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!("id=\"back\" href=\"/processes/{pid}\"")),
+        "{page}"
+    );
+}
