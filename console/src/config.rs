@@ -23,6 +23,10 @@ pub struct ServeConfig {
     /// Web session lifetime in seconds.
     #[arg(long, env = "CONSOLE_SESSION_TTL_SECONDS", default_value_t = 8 * 3600)]
     pub session_ttl_seconds: u64,
+    /// A web session unused for this many seconds ends (the next page asks for the login, and
+    /// keeps the page asked for); the lifetime above ends it however busy.
+    #[arg(long, env = "CONSOLE_SESSION_IDLE_SECONDS", default_value_t = 30 * 60)]
+    pub session_idle_seconds: u64,
     /// Mark the session cookie Secure (set when the console is served over HTTPS).
     #[arg(long, env = "CONSOLE_COOKIE_SECURE", default_value_t = false, action = clap::ArgAction::Set)]
     pub cookie_secure: bool,
@@ -86,6 +90,10 @@ impl ServeConfig {
     pub fn session_ttl(&self) -> Duration {
         Duration::from_secs(self.session_ttl_seconds.max(60))
     }
+    /// The idle timeout, at least a second.
+    pub fn session_idle(&self) -> Duration {
+        Duration::from_secs(self.session_idle_seconds.max(1))
+    }
 }
 
 /// Where the product's tables are.
@@ -120,6 +128,8 @@ pub struct Settings {
     pub consumers: Vec<String>,
     /// Web session lifetime.
     pub session_ttl: Duration,
+    /// A web session unused this long ends.
+    pub session_idle: Duration,
     /// Mark the session cookie `Secure` (serve over HTTPS, e.g. behind a proxy).
     pub cookie_secure: bool,
     /// Audit entries older than this are purged (admin action `audit.purge`).

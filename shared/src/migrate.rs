@@ -136,6 +136,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "money: the input amounts a process definition declares money, resolved at start",
         include_str!("../../migrations/0024_process_money.sql"),
     ),
+    (
+        25,
+        "console sessions: when each was last used, for the idle timeout",
+        include_str!("../../migrations/0025_console_session_idle.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

@@ -21,6 +21,7 @@ pub fn test_config(database_url: &str, consumers: &[&str]) -> ServeConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
         consumers: consumers.iter().map(|c| c.to_string()).collect(),
         session_ttl_seconds: 3600,
+        session_idle_seconds: 1800,
         cookie_secure: false,
         audit_retention_days: 365,
         ordered_gap_seconds: 60,

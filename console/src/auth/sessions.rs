@@ -49,18 +49,26 @@ pub async fn create(
     Ok((id, csrf))
 }
 
-/// The live session with cookie value `id` (expired sessions and revoked users give none).
+/// The live session with cookie value `id`, used now: not past its lifetime, not unused for
+/// `idle` or longer, of a user not revoked (others give none). Using it moves its idle clock.
 pub async fn find(
     pool: &PgPool,
     schema: &Schema,
     id: &str,
+    idle: Duration,
 ) -> Result<Option<Session>, ConsoleError> {
     let row: Option<(Uuid, String, String, String)> = sqlx::query_as(schema.sql(
-        "SELECT u.id, u.name, u.role, s.csrf_token FROM {{schema}}.console_sessions s \
+        "WITH s AS ( \
+             UPDATE {{schema}}.console_sessions SET last_seen_at = now() \
+             WHERE token_hash = $1 AND expires_at > now() \
+               AND last_seen_at > now() - make_interval(secs => $2) \
+             RETURNING user_id, csrf_token) \
+         SELECT u.id, u.name, u.role, s.csrf_token FROM s \
          JOIN {{schema}}.console_users u ON u.id = s.user_id \
-         WHERE s.token_hash = $1 AND s.expires_at > now() AND u.revoked_at IS NULL",
+         WHERE u.revoked_at IS NULL",
     ))
     .bind(users::hash(id))
+    .bind(idle.as_secs_f64())
     .fetch_optional(pool)
     .await?;
     Ok(row.and_then(|(id, name, role, csrf)| {

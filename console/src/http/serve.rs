@@ -56,6 +56,7 @@ pub async fn start(
             amqp_tls: config.amqp_tls.clone(),
             consumers: config.consumers.clone(),
             session_ttl: config.session_ttl(),
+            session_idle: config.session_idle(),
             cookie_secure: config.cookie_secure,
             audit_retention_days: config.audit_retention_days,
             ordered_gap_after: Duration::from_secs(config.ordered_gap_seconds),

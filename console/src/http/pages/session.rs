@@ -47,7 +47,7 @@ impl FromRequestParts<AppState> for WebSession {
         let Some(id) = sessions::cookie_value(&parts.headers) else {
             return Err(ToLogin(next).into_response());
         };
-        match sessions::find(&state.pool, &state.schema, &id).await {
+        match sessions::find(&state.pool, &state.schema, &id, state.settings.session_idle).await {
             Ok(Some(s)) => Ok(WebSession(s)),
             Ok(None) => Err(ToLogin(next).into_response()),
             Err(e) => Err(e.into_response()),

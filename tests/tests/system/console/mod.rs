@@ -1061,7 +1061,7 @@ async fn login(c: &Console, token: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn web_sessions_csrf_and_expiry() {
+async fn web_sessions_csrf_idle_timeout_and_expiry() {
     let c = Console::start().await;
     let op = c.user("wendy", Role::Operator).await;
     let id = c.dead_rows(1).await[0];
@@ -1127,6 +1127,22 @@ async fn web_sessions_csrf_and_expiry() {
         c.audit_count("wendy", "outbox.requeue", "succeeded").await,
         1
     );
+
+    // A second session left unused past the idle timeout (30 minutes) ends; the first, in use,
+    // goes on (issue 40: sessions never timed out when idle).
+    let idle = login(&c, &op).await;
+    assert_eq!(c.web.web_get(&idle, "/").await.status(), StatusCode::OK);
+    sqlx::query(
+        "UPDATE outbox.console_sessions SET last_seen_at = now() - interval '31 minutes' \
+         WHERE created_at = (SELECT max(created_at) FROM outbox.console_sessions)",
+    )
+    .execute(&c.db.pool)
+    .await
+    .unwrap();
+    let r = c.web.web_get(&idle, "/").await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/login");
+    assert_eq!(c.web.web_get(&cookie, "/").await.status(), StatusCode::OK);
 
     // The session expires: back to the login page.
     sqlx::query("UPDATE outbox.console_sessions SET created_at = now() - interval '2 hours', expires_at = now() - interval '1 hour'")
