@@ -100,7 +100,12 @@ psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE 
 
 API_KEY="$("$BIN/producer" api-key create --tenant demo)"
 CONSOLE_TOKEN="$("$BIN/console" user create --name demo-admin --role admin --replace | tail -n 1)"
-CONSOLE_ADDR="$CONSOLE_ADDR" CONSOLE_CONSUMERS="$LEDGER_NAME" "$BIN/console" serve >"$LOG_DIR/console.log" 2>&1 & pids+=($!)
+# The console links a step's charge reference to the provider simulator's record of it, and its
+# charts to Grafana's panels when GRAFANA_URL names a Grafana (this script runs none).
+console_links=(CONSOLE_REMOTE_URL="${CONSOLE_REMOTE_URL:-http://$PROVIDER_ADDR/charges/{ref\}}")
+grafana="${CONSOLE_GRAFANA_URL:-${GRAFANA_URL:-}}"
+[ -n "$grafana" ] && console_links+=(CONSOLE_GRAFANA_URL="$grafana")
+env "${console_links[@]}" CONSOLE_ADDR="$CONSOLE_ADDR" CONSOLE_CONSUMERS="$LEDGER_NAME" "$BIN/console" serve >"$LOG_DIR/console.log" 2>&1 & pids+=($!)
 LISTEN_ADDR="$API_ADDR" "$BIN/producer" >"$LOG_DIR/producer.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 0)) "$BIN/relay" >"$LOG_DIR/relay-1.log" 2>&1 & pids+=($!)
 METRICS_ADDR=127.0.0.1:$((METRICS_PORT + 1)) "$BIN/relay" >"$LOG_DIR/relay-2.log" 2>&1 & pids+=($!)
