@@ -68,6 +68,19 @@ pub async fn dead_rows(
     Ok(rows)
 }
 
+/// Dead row `id`, whole; `None` when no row has that id or it is not dead (requeued, published).
+pub async fn dead_row(
+    pool: &PgPool,
+    schema: &Schema,
+    id: Uuid,
+) -> Result<Option<DeadRow>, sqlx::Error> {
+    sqlx::query_as::<_, DeadRow>(schema.sql(&select_dead("AND id = $1")))
+        .bind(id)
+        .persistent(false)
+        .fetch_optional(pool)
+        .await
+}
+
 /// A page of dead rows: at most `limit` after `seq` `after` (keyset pages over the partial index
 /// `messages_dead_idx`), and how many rows are dead in all, read in one transaction (the count
 /// agrees with the page).

@@ -182,6 +182,27 @@ pub async fn of_process(
     Ok(rows.into_iter().map(redacted).collect())
 }
 
+/// The entries that acted on dead outbox row `id`: a requeue of it alone or in a list, and the
+/// approval requests that name it with their decisions.
+pub async fn of_outbox_row(
+    pool: &PgPool,
+    schema: &Schema,
+    id: Uuid,
+) -> Result<Vec<Entry>, ConsoleError> {
+    let rows = sqlx::query_as::<_, Entry>(schema.sql(&format!(
+        "SELECT {COLUMNS} FROM {{{{schema}}}}.console_audit \
+         WHERE (action = 'outbox.requeue' AND target LIKE '%' || $1::text || '%') \
+            OR approval_id IN (SELECT id FROM {{{{schema}}}}.console_approvals \
+                               WHERE request->>'kind' = 'outbox_requeue' \
+                                 AND request->'items' @> jsonb_build_array(jsonb_build_object('id', $1::text))) \
+         ORDER BY seq LIMIT 1000"
+    )))
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(redacted).collect())
+}
+
 /// An entry as shown: redacted again on the way out (declared fields may have grown since).
 pub(super) fn redacted(mut e: Entry) -> Entry {
     e.target = redact::text(&e.target);

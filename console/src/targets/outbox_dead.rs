@@ -30,6 +30,17 @@ pub(super) fn redacted(mut r: DeadRow) -> DeadRow {
     r
 }
 
+/// Dead row `id` as shown (redacted); `None` when it is not dead (any more) or does not exist.
+pub async fn one(
+    pool: &PgPool,
+    schema: &Schema,
+    id: Uuid,
+) -> Result<Option<DeadRow>, ConsoleError> {
+    Ok(relay::dead_rows::dead_row(pool, schema, id)
+        .await?
+        .map(redacted))
+}
+
 /// The outbox at a glance.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Backlog {

@@ -127,6 +127,9 @@ fn approval_terms(a: &approvals::Approval) -> Markup {
     if a.request["kind"] == json!("process_bulk") {
         return bulk_terms(&a.request);
     }
+    if a.request["kind"] == json!("outbox_requeue") || a.request["kind"] == json!("dlq_replay") {
+        return selection_terms(&a.request);
+    }
     let Some(p) = &a.process else {
         return html! {};
     };
@@ -183,6 +186,27 @@ fn approval_terms(a: &approvals::Approval) -> Markup {
                 @if i > 0 { " · " }
                 (t)
             }
+        }
+    }
+}
+
+/// The dead rows or letters a requeue or replay request names, each with the version it acts
+/// on; a dead row links to its page (its event type, headers, payload, error and history).
+fn selection_terms(r: &Value) -> Markup {
+    let items = r["items"].as_array().cloned().unwrap_or_default();
+    let rows = r["kind"] == json!("outbox_requeue");
+    html! {
+        ul.selection {
+            @for i in items.iter().take(50) {
+                @let id = i["id"].as_str().or(i["message_id"].as_str()).unwrap_or("");
+                @let version = i["version"].as_str().map(str::to_string).unwrap_or_else(|| i["version"].to_string());
+                li {
+                    @if rows { a.selected-row href={ "/outbox/dead/" (shown(id)) } { code { (shown(id)) } } }
+                    @else { code { (shown(id)) } }
+                    " at version " (shown(&version))
+                }
+            }
+            @if items.len() > 50 { li { "and " (items.len() - 50) " more (the request as stored lists them all)" } }
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod badge;
 pub mod charts;
 pub mod dashboard;
 pub mod dead_letters;
+pub mod dead_row;
 pub mod dependencies;
 pub mod diff;
 pub mod errors;
@@ -61,6 +62,7 @@ pub fn router() -> Router<AppState> {
             post(ordered::action),
         )
         .route("/messages", get(messages::messages_page))
+        .route("/outbox/dead/{id}", get(dead_row::dead_row_page))
         .route("/processes", get(processes::list_page))
         .route("/processes/{id}", get(processes::page::process_page))
         .route(

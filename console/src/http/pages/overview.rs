@@ -133,7 +133,7 @@ fn dead_rows(session: &Session, page: &outbox_dead_page::DeadPage, first: i64) -
                             "stays dead: " (shown(u))
                         }
                     }
-                    td { (r.id) }
+                    td { a.dead-row-link href={ "/outbox/dead/" (r.id) } { (r.id) } }
                     td { (shown(&r.event_type)) }
                     td {
                         (shown(&r.aggregate_type)) "/"

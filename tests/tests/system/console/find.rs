@@ -783,7 +783,7 @@ async fn the_overview_pages_its_dead_rows_with_n_of_m_and_a_next_link() {
     let shown = |html: &str| -> Vec<Uuid> {
         ids.iter()
             .copied()
-            .filter(|id| html.contains(&format!("<td>{id}</td>")))
+            .filter(|id| html.contains(&format!("href=\"/outbox/dead/{id}\">{id}</a>")))
             .collect()
     };
     let (status, first) = get("/".into()).await;

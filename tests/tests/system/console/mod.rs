@@ -3678,3 +3678,92 @@ async fn a_stale_form_says_in_words_that_nothing_was_done_and_links_back_to_the_
         "{page}"
     );
 }
+
+/// Issue 40, item 4: a dead row is an item with a page of its own (every field, each header, the
+/// payload pretty and as stored, redacted; the requeue form; what operators did to it), the
+/// overview links to it, and the approval card of a requeue names the rows it acts on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_row_has_a_page_and_the_approval_card_names_its_rows() {
+    let c = Console::start().await;
+    let olga = c.user("olga", Role::Operator).await;
+    let bob = c.user("bob", Role::Approver).await;
+    let ids = c.dead_rows(2).await;
+    sqlx::query(
+        "UPDATE outbox.messages SET headers = '{\"tenant\": \"acme\", \"x_region\": \"eu-1\"}' WHERE id = $1",
+    )
+    .bind(ids[0])
+    .execute(&c.db.pool)
+    .await
+    .unwrap();
+    let cookie = login(&c, &olga).await;
+    let overview = c.web.web_get(&cookie, "/").await.text().await.unwrap();
+    assert!(
+        overview.contains(&format!("href=\"/outbox/dead/{}\"", ids[0])),
+        "{overview}"
+    );
+    let r = c
+        .web
+        .web_get(&cookie, &format!("/outbox/dead/{}", ids[0]))
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let page = r.text().await.unwrap();
+    for part in [
+        "payment.captured",
+        "<code>tenant</code></td><td><code>acme</code>",
+        "<code>x_region</code></td><td><code>eu-1</code>",
+        "id=\"payload-pretty\"",
+        "\n  &quot;amount&quot;: 12",
+        "id=\"dead-row-requeue\"",
+        &format!("value=\"{}:{}\"", ids[0], c.version(ids[0]).await),
+        "nothing yet",
+    ] {
+        assert!(page.contains(part), "{part} in {page}");
+    }
+    for secret in [CARD, SECRET] {
+        assert!(!page.contains(secret), "{secret} leaked: {page}");
+    }
+
+    // Two rows: a request whose card names both, linked; the row's page shows the request.
+    let items: Vec<Value> = {
+        let mut v = Vec::new();
+        for id in &ids {
+            v.push(json!({"id": id, "version": c.version(*id).await}));
+        }
+        v
+    };
+    c.post_expect(
+        &olga,
+        "/api/outbox/dead/actions/requeue",
+        json!({"reason": "gateway fixed", "items": items}),
+        None,
+        StatusCode::ACCEPTED,
+    )
+    .await;
+    let bob_cookie = login(&c, &bob).await;
+    let overview = c.web.web_get(&bob_cookie, "/").await.text().await.unwrap();
+    for id in &ids {
+        assert!(
+            overview.contains(&format!(
+                "class=\"selected-row\" href=\"/outbox/dead/{id}\""
+            )),
+            "{overview}"
+        );
+    }
+    let page = c
+        .web
+        .web_get(&cookie, &format!("/outbox/dead/{}", ids[1]))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("id=\"dead-row-history\"") && page.contains(">requested<"),
+        "{page}"
+    );
+    // A row that is not dead answers 404 with the console's page.
+    let r = c
+        .web
+        .web_get(&cookie, &format!("/outbox/dead/{}", Uuid::new_v4()))
+        .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}
