@@ -191,13 +191,36 @@ pub async fn of_outbox_row(
 ) -> Result<Vec<Entry>, ConsoleError> {
     let rows = sqlx::query_as::<_, Entry>(schema.sql(&format!(
         "SELECT {COLUMNS} FROM {{{{schema}}}}.console_audit \
-         WHERE (action = 'outbox.requeue' AND target LIKE '%' || $1::text || '%') \
+         WHERE (action = 'outbox.requeue' AND strpos(target, $1::text) > 0) \
             OR approval_id IN (SELECT id FROM {{{{schema}}}}.console_approvals \
                                WHERE request->>'kind' = 'outbox_requeue' \
                                  AND request->'items' @> jsonb_build_array(jsonb_build_object('id', $1::text))) \
          ORDER BY seq LIMIT 1000"
     )))
     .bind(id)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(redacted).collect())
+}
+
+/// The entries that acted on dead letter `message_id` of `consumer`: its replays, alone or in a
+/// list, and the approval requests that name it with their decisions.
+pub async fn of_dead_letter(
+    pool: &PgPool,
+    schema: &Schema,
+    consumer: &str,
+    message_id: &str,
+) -> Result<Vec<Entry>, ConsoleError> {
+    let rows = sqlx::query_as::<_, Entry>(schema.sql(&format!(
+        "SELECT {COLUMNS} FROM {{{{schema}}}}.console_audit \
+         WHERE (action = 'dlq.replay' AND starts_with(target, 'dlq:' || $1 || '/') AND strpos(target, $2) > 0) \
+            OR approval_id IN (SELECT id FROM {{{{schema}}}}.console_approvals \
+                               WHERE request->>'kind' = 'dlq_replay' AND request->>'consumer' = $1 \
+                                 AND request->'items' @> jsonb_build_array(jsonb_build_object('message_id', $2::text))) \
+         ORDER BY seq LIMIT 1000"
+    )))
+    .bind(consumer)
+    .bind(message_id)
     .fetch_all(pool)
     .await?;
     Ok(rows.into_iter().map(redacted).collect())

@@ -94,6 +94,26 @@ pub async fn list(
         .collect())
 }
 
+/// Dead letter `message_id` of `consumer` as shown (redacted), if it is in the dead-letter queue
+/// (it is browsed to find it, as a replay's check does).
+pub async fn one(
+    amqp_url: &str,
+    tls: &plumbing::amqp_tls::AmqpTls,
+    consumer: &str,
+    message_id: &str,
+) -> Result<Option<Letter>, ConsoleError> {
+    check_consumer(consumer)?;
+    Ok(dlq::list(amqp_url, tls, consumer, 100_000)
+        .await?
+        .into_iter()
+        .find(|d| {
+            d.message_id
+                .as_deref()
+                .is_some_and(|m| m.eq_ignore_ascii_case(message_id))
+        })
+        .map(letter))
+}
+
 /// What a replay would do to each item.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Planned {

@@ -114,7 +114,9 @@ fn letters_form(
                         }
                     }
                     td {
-                        (shown(l.message_id.as_deref().unwrap_or("")))
+                        @if let Some(id) = &l.message_id {
+                            a.dead-letter-link href={ "/dead-letters/" (url_encode(consumer)) "/" (url_encode(id)) } { (shown(id)) }
+                        }
                         @if let Some(agg) = l.headers["aggregate_id"].as_str() {
                             br; a.aggregate href=(super::links::Links::messages(agg)) { "events of " (shown(agg)) }
                         }

@@ -16,6 +16,7 @@ pub mod audit;
 pub mod badge;
 pub mod charts;
 pub mod dashboard;
+pub mod dead_letter;
 pub mod dead_letters;
 pub mod dead_row;
 pub mod dependencies;
@@ -51,6 +52,10 @@ pub fn router() -> Router<AppState> {
         .route("/logout", post(login::logout))
         .route("/audit", get(audit::audit_page))
         .route("/dead-letters", get(dead_letters::dead_letters_page))
+        .route(
+            "/dead-letters/{consumer}/{message_id}",
+            get(dead_letter::dead_letter_page),
+        )
         .route(
             "/idempotency",
             get(idempotency::idempotency_page).post(idempotency::idempotency_lookup),

@@ -1731,6 +1731,36 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
         )
         .await;
     assert_eq!(dl.depth(&dl.topology.dead_letter_queue).await, 2);
+    // A dead letter's page (issue 40, item 4): the list links to it; every header, the body
+    // pretty, redacted; its replay form; the request that names it.
+    let cookie = login(&c, &op).await;
+    let list = c
+        .web
+        .web_get(&cookie, &format!("/dead-letters?consumer={name}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    let link = format!("/dead-letters/{name}/{}", ids[1]);
+    assert!(list.contains(&format!("href=\"{link}\"")), "{list}");
+    let r = c.web.web_get(&cookie, &link).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let page = r.text().await.unwrap();
+    for part in [
+        "payment.captured",
+        "refused",
+        "id=\"dead-letter-headers\"",
+        "2026-12-01T10:00:00Z",
+        "id=\"letter-pretty\"",
+        "\n  &quot;amount&quot;: 5",
+        "id=\"dead-letter-replay\"",
+        ">requested<",
+    ] {
+        assert!(page.contains(part), "{part} in {page}");
+    }
+    for secret in [CARD, SECRET] {
+        assert!(!page.contains(secret), "{secret} leaked: {page}");
+    }
     let approval = body["approval"].as_str().unwrap().to_string();
     c.approve(&ap, &approval).await;
     dl.wait_replayed(3).await;
