@@ -138,13 +138,14 @@ impl RunningConsole {
     }
 }
 
-/// The `console_session=…` Set-Cookie header of `r` (with its attributes), if it sets one.
+/// The `console_session=…` (or `__Host-console_session=…`) Set-Cookie header of `r` (with its
+/// attributes), if it sets one.
 pub fn session_cookie(r: &reqwest::Response) -> Option<String> {
     r.headers()
         .get_all("set-cookie")
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .find(|v| v.starts_with("console_session="))
+        .find(|v| v.starts_with("console_session=") || v.starts_with("__Host-console_session="))
         .map(str::to_string)
 }
 

@@ -12,8 +12,17 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// The cookie's name.
+/// The cookie's name over plain HTTP (development, tests).
 pub const COOKIE: &str = "console_session";
+/// The cookie's name when it is `Secure` (`CONSOLE_COOKIE_SECURE=true`): the `__Host-` prefix makes
+/// the browser take it only from this host over HTTPS, with `Path=/` and no `Domain`, so neither
+/// a sibling subdomain nor a plain-HTTP response can set or shadow it.
+pub const SECURE_COOKIE: &str = "__Host-console_session";
+
+/// The cookie's name for the console's setting.
+pub fn cookie_name(secure: bool) -> &'static str {
+    if secure { SECURE_COOKIE } else { COOKIE }
+}
 
 /// A logged-in session.
 #[derive(Debug, Clone)]
@@ -95,7 +104,8 @@ pub async fn delete(pool: &PgPool, schema: &Schema, id: &str) -> Result<(), Cons
 /// The `Set-Cookie` value for a new session.
 pub fn set_cookie(id: &str, ttl: Duration, secure: bool) -> String {
     format!(
-        "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        "{}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        cookie_name(secure),
         ttl.as_secs(),
         if secure { "; Secure" } else { "" }
     )
@@ -104,20 +114,23 @@ pub fn set_cookie(id: &str, ttl: Duration, secure: bool) -> String {
 /// The `Set-Cookie` value that removes the cookie.
 pub fn clear_cookie(secure: bool) -> String {
     format!(
-        "{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{}",
+        "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{}",
+        cookie_name(secure),
         if secure { "; Secure" } else { "" }
     )
 }
 
-/// The session cookie's value in a `Cookie` header.
-pub fn cookie_value(headers: &axum::http::HeaderMap) -> Option<String> {
+/// The session cookie's value in a `Cookie` header: only the name the setting gives (a secure
+/// console never reads the plain name, which anyone on the path could have set).
+pub fn cookie_value(headers: &axum::http::HeaderMap, secure: bool) -> Option<String> {
+    let name = cookie_name(secure);
     headers
         .get_all(axum::http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .find(|(n, _)| *n == name)
         .map(|(_, value)| value.to_string())
         .filter(|v| !v.is_empty())
 }

@@ -119,7 +119,7 @@ pub async fn logout(
     if let Err(r) = csrf(&s, &session, &f, "logout").await {
         return r;
     }
-    if let Some(id) = sessions::cookie_value(&headers) {
+    if let Some(id) = sessions::cookie_value(&headers, s.settings.cookie_secure) {
         let _ = sessions::delete(&s.pool, &s.schema, &id).await;
     }
     let mut r = Redirect::to("/login").into_response();

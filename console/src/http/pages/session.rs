@@ -44,7 +44,7 @@ impl FromRequestParts<AppState> for WebSession {
         let next = (parts.method == axum::http::Method::GET)
             .then(|| parts.uri.path_and_query().map(|p| p.as_str().to_string()))
             .flatten();
-        let Some(id) = sessions::cookie_value(&parts.headers) else {
+        let Some(id) = sessions::cookie_value(&parts.headers, state.settings.cookie_secure) else {
             return Err(ToLogin(next).into_response());
         };
         match sessions::find(&state.pool, &state.schema, &id, state.settings.session_idle).await {

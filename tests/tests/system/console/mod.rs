@@ -3797,3 +3797,32 @@ async fn a_dead_row_has_a_page_and_the_approval_card_names_its_rows() {
         .await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }
+
+/// Issue 40, item 8: a console served over HTTPS (`CONSOLE_COOKIE_SECURE=true`) sets its session
+/// cookie as `__Host-console_session` with `Secure`, and never reads the plain name, which a
+/// response over plain HTTP or a sibling host could have set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secure_console_sets_a_host_prefixed_secure_cookie_and_reads_only_that() {
+    let c = Console::start_configured(&[], |c| c.cookie_secure = true).await;
+    let olga = c.user("olga", Role::Operator).await;
+    let r = c.web.login_with(&olga).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let set = consoles::session_cookie(&r).expect("a session cookie");
+    assert!(set.starts_with("__Host-console_session="), "{set}");
+    for attr in ["; Secure", "Path=/", "HttpOnly", "SameSite=Strict"] {
+        assert!(set.contains(attr), "{set} lacks {attr}");
+    }
+    assert!(!set.contains("Domain"), "{set}");
+    let pair = set.split(';').next().unwrap().to_string();
+    assert_eq!(
+        c.web.web_get(&pair, "/").await.status(),
+        StatusCode::OK,
+        "the prefixed cookie is the session"
+    );
+    let plain = pair.replacen("__Host-console_session=", "console_session=", 1);
+    assert_eq!(
+        c.web.web_get(&plain, "/").await.status(),
+        StatusCode::SEE_OTHER,
+        "the plain name is not read"
+    );
+}
