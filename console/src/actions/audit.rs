@@ -162,6 +162,28 @@ pub async fn list(
     Ok(rows.into_iter().map(redacted).collect())
 }
 
+/// The entries about one item, oldest first (at most 1,000): those `direct` selects (its own
+/// actions, denied and conflicting attempts included) and those of the approval requests
+/// `requested` selects (the request, its decision). Both conditions read `$1` and `$2`, `args`.
+async fn about(
+    pool: &PgPool,
+    schema: &Schema,
+    direct: &str,
+    requested: &str,
+    args: [&str; 2],
+) -> Result<Vec<Entry>, ConsoleError> {
+    let rows = sqlx::query_as::<_, Entry>(schema.sql(&format!(
+        "SELECT {COLUMNS} FROM {{{{schema}}}}.console_audit WHERE ({direct}) \
+            OR approval_id IN (SELECT id FROM {{{{schema}}}}.console_approvals WHERE {requested}) \
+         ORDER BY seq LIMIT 1000"
+    )))
+    .bind(args[0])
+    .bind(args[1])
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(redacted).collect())
+}
+
 /// The entries about process `id`, oldest first: its actions (denied and conflicting attempts
 /// included) and the decisions on approval requests for it.
 pub async fn of_process(
@@ -169,17 +191,15 @@ pub async fn of_process(
     schema: &Schema,
     id: Uuid,
 ) -> Result<Vec<Entry>, ConsoleError> {
-    let rows = sqlx::query_as::<_, Entry>(schema.sql(&format!(
-        "SELECT {COLUMNS} FROM {{{{schema}}}}.console_audit \
-         WHERE target = 'process:' || $1::text \
-            OR approval_id IN (SELECT id FROM {{{{schema}}}}.console_approvals \
-                               WHERE request->>'kind' = 'process' AND request->>'id' = $1::text) \
-         ORDER BY seq LIMIT 1000"
-    )))
-    .bind(id)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows.into_iter().map(redacted).collect())
+    let id = id.to_string();
+    about(
+        pool,
+        schema,
+        "target = 'process:' || $1",
+        "request->>'kind' = 'process' AND request->>'id' = $1",
+        [&id, ""],
+    )
+    .await
 }
 
 /// The entries that acted on dead outbox row `id`: a requeue of it alone or in a list, and the
@@ -189,18 +209,16 @@ pub async fn of_outbox_row(
     schema: &Schema,
     id: Uuid,
 ) -> Result<Vec<Entry>, ConsoleError> {
-    let rows = sqlx::query_as::<_, Entry>(schema.sql(&format!(
-        "SELECT {COLUMNS} FROM {{{{schema}}}}.console_audit \
-         WHERE (action = 'outbox.requeue' AND strpos(target, $1::text) > 0) \
-            OR approval_id IN (SELECT id FROM {{{{schema}}}}.console_approvals \
-                               WHERE request->>'kind' = 'outbox_requeue' \
-                                 AND request->'items' @> jsonb_build_array(jsonb_build_object('id', $1::text))) \
-         ORDER BY seq LIMIT 1000"
-    )))
-    .bind(id)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows.into_iter().map(redacted).collect())
+    let id = id.to_string();
+    about(
+        pool,
+        schema,
+        "action = 'outbox.requeue' AND strpos(target, $1) > 0",
+        "request->>'kind' = 'outbox_requeue' \
+         AND request->'items' @> jsonb_build_array(jsonb_build_object('id', $1))",
+        [&id, ""],
+    )
+    .await
 }
 
 /// The entries that acted on dead letter `message_id` of `consumer`: its replays, alone or in a
@@ -211,19 +229,15 @@ pub async fn of_dead_letter(
     consumer: &str,
     message_id: &str,
 ) -> Result<Vec<Entry>, ConsoleError> {
-    let rows = sqlx::query_as::<_, Entry>(schema.sql(&format!(
-        "SELECT {COLUMNS} FROM {{{{schema}}}}.console_audit \
-         WHERE (action = 'dlq.replay' AND starts_with(target, 'dlq:' || $1 || '/') AND strpos(target, $2) > 0) \
-            OR approval_id IN (SELECT id FROM {{{{schema}}}}.console_approvals \
-                               WHERE request->>'kind' = 'dlq_replay' AND request->>'consumer' = $1 \
-                                 AND request->'items' @> jsonb_build_array(jsonb_build_object('message_id', $2::text))) \
-         ORDER BY seq LIMIT 1000"
-    )))
-    .bind(consumer)
-    .bind(message_id)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows.into_iter().map(redacted).collect())
+    about(
+        pool,
+        schema,
+        "action = 'dlq.replay' AND starts_with(target, 'dlq:' || $1 || '/') AND strpos(target, $2) > 0",
+        "request->>'kind' = 'dlq_replay' AND request->>'consumer' = $1 \
+         AND request->'items' @> jsonb_build_array(jsonb_build_object('message_id', $2))",
+        [consumer, message_id],
+    )
+    .await
 }
 
 /// An entry as shown: redacted again on the way out (declared fields may have grown since).
