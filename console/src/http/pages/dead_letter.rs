@@ -2,9 +2,9 @@
 //! `x-death` included), the body pretty and as received, what operators did to it (its replays
 //! and the approval requests that named it), and the replay form under the same rules as the list.
 
-use super::audit::audit_table;
 use super::errors::error_page;
 use super::forms::hidden;
+use super::item;
 use super::layout::{page, shown};
 use super::session::WebSession;
 use crate::actions::{Action, allowed, audit};
@@ -15,7 +15,6 @@ use crate::text::url_encode;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use maud::html;
-use serde_json::Value;
 
 /// `GET /dead-letters/{consumer}/{message_id}`.
 pub async fn dead_letter_page(
@@ -49,17 +48,6 @@ pub async fn dead_letter_page(
         );
     };
     let may_replay = allowed(session.principal.role, Action::DlqReplay);
-    let text = |v: &Value| {
-        v.as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| v.to_string())
-    };
-    let headers: Vec<(String, String)> = l
-        .headers
-        .as_object()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), text(v))).collect())
-        .unwrap_or_default();
-    let pretty = serde_json::to_string_pretty(&l.payload).unwrap_or_default();
     let id = l.message_id.clone().unwrap_or_default();
     let body = html! {
         table #dead-letter {
@@ -73,17 +61,9 @@ pub async fn dead_letter_page(
             tr { th { "version" } td #letter-version { (shown(&l.version)) } }
         }
         h2 { "Headers" }
-        @if headers.is_empty() {
-            p { "none" }
-        } @else {
-            table #dead-letter-headers {
-                tr { th { "name" } th { "value" } }
-                @for (k, v) in &headers { tr { td { code { (shown(k)) } } td { code { (shown(v)) } } } }
-            }
-        }
+        (item::headers_table("dead-letter-headers", &l.headers))
         h2 { "Body" }
-        pre #letter-pretty { (shown(&pretty)) }
-        details { summary { "as received" } pre #letter-raw { (shown(&l.payload.to_string())) } }
+        (item::body("letter", "as received", &l.payload))
         @if may_replay {
             h2 { "Replay" }
             form method="post" action={ "/ui/dead-letters/" (url_encode(&consumer)) "/replay" } id="dead-letter-replay" {
@@ -94,12 +74,7 @@ pub async fn dead_letter_page(
                 " " button name="go" value="1" id="dead-letter-submit" { "Replay this message" }
             }
         }
-        h2 { "What operators did" }
-        @if history.is_empty() {
-            p #dead-letter-history { "nothing yet" }
-        } @else {
-            (audit_table("dead-letter-history", &history))
-        }
+        (item::history("dead-letter-history", &history))
     };
     page(Some(&session), "Dead letter", body).into_response()
 }

@@ -3,9 +3,9 @@
 //! it), and the requeue form under the same rules as the list. Copy buttons are not there: the
 //! console serves no script; the values are plain text to select.
 
-use super::audit::audit_table;
 use super::errors::error_page;
 use super::forms::hidden;
+use super::item;
 use super::layout::{page, shown};
 use super::session::WebSession;
 use crate::actions::{Action, allowed, audit};
@@ -15,7 +15,6 @@ use crate::targets::outbox_dead;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use maud::html;
-use serde_json::Value;
 use uuid::Uuid;
 
 /// `GET /outbox/dead/{id}`.
@@ -42,17 +41,6 @@ pub async fn dead_row_page(
         );
     };
     let may_requeue = allowed(session.principal.role, Action::OutboxRequeue);
-    let text = |v: &Value| {
-        v.as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| v.to_string())
-    };
-    let headers: Vec<(String, String)> = r
-        .headers
-        .as_object()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), text(v))).collect())
-        .unwrap_or_default();
-    let pretty = serde_json::to_string_pretty(&r.payload).unwrap_or_default();
     let body = html! {
         table #dead-row {
             tr { th { "id" } td { code { (r.id) } } }
@@ -75,17 +63,9 @@ pub async fn dead_row_page(
             }
         }
         h2 { "Headers" }
-        @if headers.is_empty() {
-            p { "none" }
-        } @else {
-            table #dead-row-headers {
-                tr { th { "name" } th { "value" } }
-                @for (k, v) in &headers { tr { td { code { (shown(k)) } } td { code { (shown(v)) } } } }
-            }
-        }
+        (item::headers_table("dead-row-headers", &r.headers))
         h2 { "Payload" }
-        pre #payload-pretty { (shown(&pretty)) }
-        details { summary { "as stored" } pre #payload-raw { (shown(&r.payload.to_string())) } }
+        (item::body("payload", "as stored", &r.payload))
         @if may_requeue && r.unpublishable.is_none() {
             h2 { "Requeue" }
             form method="post" action="/ui/outbox/requeue" id="dead-row-requeue" {
@@ -96,12 +76,7 @@ pub async fn dead_row_page(
                 " " button name="go" value="1" id="dead-row-submit" { "Requeue this row" }
             }
         }
-        h2 { "What operators did" }
-        @if history.is_empty() {
-            p #dead-row-history { "nothing yet" }
-        } @else {
-            (audit_table("dead-row-history", &history))
-        }
+        (item::history("dead-row-history", &history))
         p { a href="/" { "Overview" } }
     };
     page(Some(&session), "Dead row", body).into_response()

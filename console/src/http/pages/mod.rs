@@ -24,6 +24,7 @@ pub mod diff;
 pub mod errors;
 pub mod forms;
 pub mod idempotency;
+pub mod item;
 pub mod layout;
 pub mod links;
 pub mod login;
