@@ -58,6 +58,11 @@ pub async fn create(
     Ok((id, csrf))
 }
 
+/// How stale a session's `last_seen_at` may be before a page writes it again: the idle clock
+/// moves in these steps, so a console refreshing every few seconds writes its session row twice
+/// a minute, not at every page.
+const SEEN_EVERY_SECONDS: f64 = 30.0;
+
 /// The live session with cookie value `id`, used now: not past its lifetime, not unused for
 /// `idle` or longer, of a user not revoked (others give none). Using it moves its idle clock.
 pub async fn find(
@@ -66,29 +71,38 @@ pub async fn find(
     id: &str,
     idle: Duration,
 ) -> Result<Option<Session>, ConsoleError> {
-    let row: Option<(Uuid, String, String, String)> = sqlx::query_as(schema.sql(
-        "WITH s AS ( \
-             UPDATE {{schema}}.console_sessions SET last_seen_at = now() \
-             WHERE token_hash = $1 AND expires_at > now() \
-               AND last_seen_at > now() - make_interval(secs => $2) \
-             RETURNING user_id, csrf_token) \
-         SELECT u.id, u.name, u.role, s.csrf_token FROM s \
+    let hash = users::hash(id);
+    let row: Option<(Uuid, String, String, String, bool)> = sqlx::query_as(schema.sql(
+        "SELECT u.id, u.name, u.role, s.csrf_token, \
+                s.last_seen_at < now() - make_interval(secs => $3) AS stale \
+         FROM {{schema}}.console_sessions s \
          JOIN {{schema}}.console_users u ON u.id = s.user_id \
-         WHERE u.revoked_at IS NULL",
+         WHERE s.token_hash = $1 AND s.expires_at > now() \
+           AND s.last_seen_at > now() - make_interval(secs => $2) AND u.revoked_at IS NULL",
     ))
-    .bind(users::hash(id))
+    .bind(&hash)
     .bind(idle.as_secs_f64())
+    .bind(SEEN_EVERY_SECONDS)
     .fetch_optional(pool)
     .await?;
-    Ok(row.and_then(|(id, name, role, csrf)| {
-        Some(Session {
-            principal: Principal {
-                id,
-                name,
-                role: role.parse().ok()?,
-            },
-            csrf,
-        })
+    let Some((user, name, role, csrf, stale)) = row else {
+        return Ok(None);
+    };
+    if stale {
+        sqlx::query(schema.sql(
+            "UPDATE {{schema}}.console_sessions SET last_seen_at = now() WHERE token_hash = $1",
+        ))
+        .bind(&hash)
+        .execute(pool)
+        .await?;
+    }
+    Ok(role.parse().ok().map(|role| Session {
+        principal: Principal {
+            id: user,
+            name,
+            role,
+        },
+        csrf,
     }))
 }
 
