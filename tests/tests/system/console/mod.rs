@@ -219,6 +219,16 @@ impl Console {
         .id
     }
 
+    /// Runs the `console` CLI against this console as `token`.
+    fn cli(&self, token: &str, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(bin_path("console"))
+            .args(args)
+            .env("CONSOLE_URL", &self.web.base)
+            .env("CONSOLE_TOKEN", token)
+            .output()
+            .unwrap()
+    }
+
     /// What `GET /api/processes/{id}` shows `token`.
     async fn process_view(&self, token: &str, id: Uuid) -> Value {
         let (s, body) = self.get(token, &format!("/api/processes/{id}")).await;
@@ -1382,14 +1392,7 @@ async fn cli_creates_users_with_a_token_on_the_last_line_and_talks_to_the_api() 
     .unwrap();
     assert_eq!(stored, 1, "stored as its SHA-256");
 
-    let cli = |args: &[&str]| {
-        std::process::Command::new(bin_path("console"))
-            .args(args)
-            .env("CONSOLE_URL", &c.web.base)
-            .env("CONSOLE_TOKEN", &token)
-            .output()
-            .unwrap()
-    };
+    let cli = |args: &[&str]| c.cli(&token, args);
     let list = cli(&["dead", "list"]);
     assert!(list.status.success());
     let text = String::from_utf8(list.stdout).unwrap();
@@ -1682,12 +1685,7 @@ async fn consumer_dead_letters_listed_redacted_replayed_one_now_and_two_after_ap
     // One: now, from the CLI, with the first word of its line in the CLI's list (issue 40: the
     // list printed `ID version=V` where replay wants `ID=V`).
     let cli = |args: &[&str]| {
-        let out = std::process::Command::new(bin_path("console"))
-            .args(args)
-            .env("CONSOLE_URL", &c.web.base)
-            .env("CONSOLE_TOKEN", &op)
-            .output()
-            .unwrap();
+        let out = c.cli(&op, args);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),
@@ -3206,12 +3204,7 @@ async fn approvals_are_cards_one_pending_per_target_and_superseded_when_the_proc
         );
     }
     // The CLI's list says the same amount.
-    let out = std::process::Command::new(bin_path("console"))
-        .args(["approvals", "list"])
-        .env("CONSOLE_URL", &c.web.base)
-        .env("CONSOLE_TOKEN", &bob)
-        .output()
-        .unwrap();
+    let out = c.cli(&bob, &["approvals", "list"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(&format!(

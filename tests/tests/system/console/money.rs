@@ -106,12 +106,7 @@ async fn amounts_are_shown_in_major_units_on_the_page_in_the_api_and_in_the_cli(
     );
 
     // The CLI's process show.
-    let out = std::process::Command::new(bin_path("console"))
-        .args(["process", "show", &id.to_string()])
-        .env("CONSOLE_URL", &c.web.base)
-        .env("CONSOLE_TOKEN", &token)
-        .output()
-        .unwrap();
+    let out = c.cli(&token, &["process", "show", &id.to_string()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
