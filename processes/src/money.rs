@@ -6,7 +6,7 @@
 //! (`processes.money`), so the console and the CLI need no definition to show them.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// Where an amount's currency comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,14 +82,10 @@ pub fn amount(field: &str, value: &Value, currency: String) -> Amount {
     }
 }
 
-/// The amounts as stored in `processes.money`.
-pub fn to_json(amounts: &[Amount]) -> Value {
-    json!(amounts)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn field(amount: &str, currency: &str) -> MoneyField {
         MoneyField {

@@ -196,10 +196,10 @@ async fn insert(
         .bind(&max_attempts)
         .bind(notify_channel(schema))
         .bind(definition.fair_key_of(input))
-        .bind(sqlx::types::Json(money::to_json(&money::resolve(
+        .bind(sqlx::types::Json(money::resolve(
             input,
             definition.money_fields(),
-        ))))
+        )))
         .fetch_optional(&mut *conn)
         .await?;
     Ok(match row {
