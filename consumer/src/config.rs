@@ -433,6 +433,20 @@ mod tests {
         assert!(parse_duration("5 fortnights").is_err());
     }
 
+    /// A fair share works lanes side by side, which would reorder an aggregate: refused in ordered
+    /// mode at start, with the rule; accepted in unordered mode.
+    #[test]
+    fn a_fair_share_is_refused_in_ordered_mode() {
+        let mut config = Config::new("fair", "amqp://x", "outbox");
+        config.fair_share = Some(crate::fair::FairShare::by_header("tenant"));
+        assert!(config.validate().is_ok(), "{:?}", config.validate());
+        config.ordered = true;
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::FairShareOrdered)
+        ));
+    }
+
     /// `--ordered` and `CONSUMER_ORDERED` both turn ordered mode on in the config they build.
     #[test]
     fn ordered_mode_is_a_flag_and_an_environment_variable() {
