@@ -80,12 +80,23 @@ async fn rows_that_commit_late_below_the_relays_position_are_published_in_their_
         }
         tx.commit().await.unwrap();
     }
+    // Received is not yet marked: a relay marks its rows published after the broker's confirm,
+    // which can come after the queue delivered them. Wait for both.
     let mut got = Vec::new();
-    wait_until("600 published", Duration::from_secs(60), || {
+    wait_until("600 published and marked", Duration::from_secs(60), || {
         while let Ok(r) = rx.try_recv() {
             got.push(r);
         }
-        std::future::ready((got.len() >= 600).then_some(()))
+        let pool = db.pool.clone();
+        let received = got.len();
+        async move {
+            let pending: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM outbox.messages WHERE state = 'pending'")
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
+            (received >= 600 && pending == 0).then_some(())
+        }
     })
     .await;
     let pending: i64 =
