@@ -9,6 +9,7 @@
 //!   a transaction pooler, or nowhere without one (the poll covers the gaps).
 //! - `stats`: the backlog and unrouted-queue gauges, refreshed by [`plumbing::periodic`].
 //! - `retention`: purging published rows kept for `--retention-secs`.
+//! - [`counters`]: purging the aggregate counters' closed rows (migration 26).
 //! - [`store`]: the pipeline's SQL: claim the head of owned partitions, mark published, record
 //!   failures, the backlog. The claim and the mark read their indexes whatever the outbox's statistics say
 //!   (sequential scans off, migration 18) and are prepared statements on a direct session.
@@ -37,13 +38,15 @@
 //!
 //! **Tables.** The relay owns `messages` once a producer committed a row (claim, mark, backlog:
 //! [`store`]; dead rows and their requeue: [`dead_rows`]; one aggregate's rows: [`aggregate`]),
-//! and `relay_partitions` and `relay_instances` (leases). Other crates read and change them only
+//! and `relay_partitions` and `relay_instances` (leases). It deletes the closed rows of
+//! `aggregate_sequences` ([`counters`]); the numbering itself is the producers' trigger's. Other crates read and change them only
 //! through these (the console lists dead rows with [`dead_rows::dead_rows`] and requeues with
 //! [`dead_rows::requeue_dead_in`]).
 
 pub mod aggregate;
 pub mod cloudevents;
 pub mod config;
+pub mod counters;
 pub mod dead;
 pub mod dead_rows;
 pub mod encoder;
@@ -175,7 +178,7 @@ pub async fn run_with_pool(
 }
 
 /// The relay's helper tasks beside the pipeline: lease renewal, the LISTEN loop, statistics and
-/// (if configured) retention; they stop when `tasks` is cancelled.
+/// the counter purge and (if configured) retention; they stop when `tasks` is cancelled.
 fn spawn_helpers(
     pool: &PgPool,
     config: &RelayConfig,
@@ -224,6 +227,11 @@ fn spawn_helpers(
             "no LISTEN: DATABASE_URL goes through a transaction pooler and DATABASE_DIRECT_URL is unset; the poll finds new rows"
         ),
     }
+    handles.push(tokio::spawn(counters::purge_loop(
+        pool.clone(),
+        schema.clone(),
+        tasks.clone(),
+    )));
     if opts.retention_secs > 0 {
         handles.push(tokio::spawn(retention::retention_loop(
             pool.clone(),

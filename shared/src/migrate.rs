@@ -141,6 +141,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "console sessions: when each was last used, for the idle timeout",
         include_str!("../../migrations/0025_console_session_idle.sql"),
     ),
+    (
+        26,
+        "aggregate counters: at most 32 updates per row, no unbounded version chains under an old snapshot",
+        include_str!("../../migrations/0026_bounded_counter_rows.sql"),
+    ),
 ];
 
 /// Name of the history table inside the schema.

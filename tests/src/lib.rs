@@ -94,6 +94,22 @@ impl TestDb {
         db
     }
 
+    /// A `REPEATABLE READ` transaction that has taken its snapshot (touching no table of ours), as
+    /// a report or `pg_dump` holds one: nothing deleted or updated after it can be vacuumed until
+    /// it ends.
+    pub async fn held_snapshot(&self) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut tx = self.pool.begin().await.expect("begin");
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await
+            .expect("repeatable read");
+        let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_class")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("take the snapshot");
+        tx
+    }
+
     /// The database URL with its host:port replaced (to go through a [`TcpProxy`]).
     pub fn url_via(&self, addr: SocketAddr) -> String {
         let rest = self.url.split_once('@').map(|(_, r)| r).unwrap_or("");

@@ -36,15 +36,7 @@ async fn rows_that_commit_late_below_the_relays_position_are_published_in_their_
     .await;
 
     // An old snapshot, held throughout (a report, pg_dump).
-    let mut report = db.pool.begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *report)
-        .await
-        .unwrap();
-    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_class")
-        .fetch_one(&mut *report)
-        .await
-        .unwrap();
+    let report = db.held_snapshot().await;
 
     // The late producer: three rows of `late-1`, their seqs taken now, not committed.
     let mut late = db.pool.begin().await.unwrap();
@@ -162,15 +154,7 @@ async fn rows_that_commit_late_below_the_relays_position_are_published_in_their_
 async fn the_relay_reports_how_old_the_snapshot_holding_back_cleanup_is() {
     let db = TestDb::new().await;
     let schema = shared::schema::Schema::default();
-    let mut report = db.pool.begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *report)
-        .await
-        .unwrap();
-    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_class")
-        .fetch_one(&mut *report)
-        .await
-        .unwrap();
+    let report = db.held_snapshot().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let held = relay::store::horizon(&db.pool, &schema).await.unwrap();
     assert!(
