@@ -153,24 +153,11 @@ async fn run_inserts(
         .collect();
     // What a relay would run beside them: the counter purge (relay::counters), once a minute.
     let purge_stop = tokio_util::sync::CancellationToken::new();
-    let purge = {
-        let (pool, schema, stop) = (
-            env.pool.clone(),
-            shared::schema::Schema::default(),
-            purge_stop.clone(),
-        );
-        tokio::spawn(async move {
-            loop {
-                if let Err(e) = relay::counters::pass(&pool, &schema, &stop).await {
-                    eprintln!("counter purge: {e}");
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(60)) => {}
-                    _ = stop.cancelled() => return,
-                }
-            }
-        })
-    };
+    let purge = tokio::spawn(relay::counters::purge_loop(
+        env.pool.clone(),
+        shared::schema::Schema::default(),
+        purge_stop.clone(),
+    ));
     tokio::time::sleep(Duration::from_secs(20).min(hold / 2)).await;
     let holder = hold_snapshot(env, snapshot).await?;
     let start = Instant::now();

@@ -27,15 +27,14 @@ const EVERY: Duration = Duration::from_secs(60);
 type Key = (String, String, i64);
 
 /// Runs a pass every [`EVERY`] until `stop`, first one shortly after start.
-pub(crate) async fn purge_loop(pool: PgPool, schema: Schema, stop: CancellationToken) {
-    let mut first = true;
+pub async fn purge_loop(pool: PgPool, schema: Schema, stop: CancellationToken) {
+    let mut wait = Duration::from_secs(5);
     loop {
-        let wait = if first { Duration::from_secs(5) } else { EVERY };
-        first = false;
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = stop.cancelled() => return,
         }
+        wait = EVERY;
         match pass(&pool, &schema, &stop).await {
             Ok(n) if n > 0 => tracing::debug!(deleted = n, "counter purge"),
             Ok(_) => {}
@@ -65,7 +64,7 @@ pub async fn pass(
 
 /// Deletes the next [`BATCH`] closed rows after `after` (an aggregate's first row excepted);
 /// returns how many it deleted and the last key it looked at (`None` at the end).
-pub async fn purge_batch(
+async fn purge_batch(
     pool: &PgPool,
     schema: &Schema,
     after: Option<&Key>,
