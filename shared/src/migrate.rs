@@ -197,3 +197,9 @@ pub fn sql_of(schema: &Schema, version: i64) -> Option<String> {
 pub async fn run(pool: &PgPool, schema: &Schema) -> Result<(), MigrateError> {
     migrator(schema).run(pool).await
 }
+
+/// Applies the pending migrations up to and including `version`: an installation as an earlier
+/// release left it, for the tests of an upgrade.
+pub async fn run_to(pool: &PgPool, schema: &Schema, version: i64) -> Result<(), MigrateError> {
+    migrator(schema).run_to(version, pool).await
+}

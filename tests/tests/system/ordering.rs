@@ -605,3 +605,44 @@ async fn producers_and_the_counter_purge_together_keep_every_aggregate_dense() {
         );
     }
 }
+
+/// Migration 26 on an installed outbox: counters written by the update-in-place numbering (up to
+/// migration 25) go on without a gap or a repeat once it ran, through the closing of their row
+/// (their 33rd number after the upgrade), and a new aggregate starts at 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_from_before_migration_26_go_on_through_the_upgrade_and_their_row_closing() {
+    let db = TestDb::new_unmigrated().await;
+    let schema = shared::schema::Schema::default();
+    shared::migrate::run_to(&db.pool, &schema, 25)
+        .await
+        .unwrap();
+    for n in 1..=40 {
+        shared::outbox::enqueue(&db.pool, &msg("installed", n))
+            .await
+            .unwrap();
+    }
+    shared::migrate::run(&db.pool, &schema).await.unwrap();
+    for n in 41..=80 {
+        shared::outbox::enqueue(&db.pool, &msg("installed", n))
+            .await
+            .unwrap();
+    }
+    shared::outbox::enqueue(&db.pool, &msg("fresh", 1))
+        .await
+        .unwrap();
+    let closed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox.aggregate_sequences WHERE aggregate_id = 'installed' AND closed",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        closed, 1,
+        "the row from before the upgrade filled and was closed"
+    );
+    assert_eq!(
+        seqs_of(&db.pool, "installed").await,
+        (1..=80).collect::<Vec<i64>>()
+    );
+    assert_eq!(seqs_of(&db.pool, "fresh").await, vec![1]);
+}
