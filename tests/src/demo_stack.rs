@@ -169,4 +169,30 @@ impl ApiClient {
             .await
             .expect("HTTP request")
     }
+
+    /// [`Self::post`] as a well-behaved client sends it: a 503 (the API's pool had no connection
+    /// for it, which a suite loading the machine can cause) is sent again with the same key after
+    /// its `Retry-After`, for up to a minute. The key makes that safe; any other answer is returned.
+    pub async fn post_retrying_unavailable(
+        &self,
+        path: &str,
+        idempotency_key: &str,
+        body: &str,
+    ) -> reqwest::Response {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = self.post(path, idempotency_key, body, &[]).await;
+            if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE
+                || std::time::Instant::now() > deadline
+            {
+                return r;
+            }
+            let wait = r
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                .unwrap_or(1);
+            tokio::time::sleep(Duration::from_secs(wait.clamp(1, 5))).await;
+        }
+    }
 }
