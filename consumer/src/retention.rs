@@ -1,6 +1,7 @@
 //! Deletes old deduplication rows in bounded batches, one instance at a time.
 
 use crate::internal_events::Events;
+use chrono::{DateTime, Utc};
 use shared::schema::Schema;
 use sqlx::PgPool;
 use std::time::Duration;
@@ -18,6 +19,14 @@ pub enum Sweep {
 /// Deletes `consumer`'s rows older than `retention`, `batch` rows per transaction, until none are
 /// left. Each transaction first takes `pg_try_advisory_xact_lock` on the consumer's key, so only one
 /// instance deletes at a time; a busy lock ends the sweep (the holder is doing the work).
+///
+/// Each batch takes the oldest rows from where the last one ended (`processed_at` at least the
+/// last deleted row's), not from the start of the index: while an old snapshot holds back vacuum,
+/// the index entries of every row deleted since stay, and a batch that began at the start would
+/// walk all of them again, so a sweep's cost would grow with the square of what it deletes. A row
+/// that commits later with an older `processed_at` than the cursor is deleted by the next sweep.
+/// The rows are deleted by their `ctid` (rows here are never updated, and the statement's
+/// snapshot keeps them in place), so no plan can join the batch to the whole table.
 pub async fn sweep(
     pool: &PgPool,
     schema: &Schema,
@@ -28,6 +37,7 @@ pub async fn sweep(
 ) -> Result<Sweep, sqlx::Error> {
     let key = format!("{schema}.processed_messages.retention:{consumer}");
     let mut total = 0u64;
+    let mut cursor: Option<DateTime<Utc>> = None;
     loop {
         let mut tx = pool.begin().await?;
         let locked: bool =
@@ -43,24 +53,27 @@ pub async fn sweep(
                 Sweep::Deleted(total)
             });
         }
-        let deleted = sqlx::query(schema.sql(
-            "DELETE FROM {{schema}}.processed_messages p USING ( \
-                 SELECT consumer, message_id FROM {{schema}}.processed_messages \
-                 WHERE consumer = $1 AND processed_at < now() - make_interval(secs => $2) \
-                 LIMIT $3 \
-             ) old \
-             WHERE p.consumer = old.consumer AND p.message_id = old.message_id",
+        let (deleted, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(schema.sql(
+            "WITH gone AS ( \
+                 DELETE FROM {{schema}}.processed_messages WHERE ctid = ANY(ARRAY( \
+                     SELECT ctid FROM {{schema}}.processed_messages \
+                     WHERE consumer = $1 AND processed_at < now() - make_interval(secs => $2) \
+                       AND processed_at >= coalesce($4, '-infinity') \
+                     ORDER BY processed_at LIMIT $3)) \
+                 RETURNING processed_at \
+             ) SELECT count(*), max(processed_at) FROM gone",
         ))
         .bind(consumer)
         .bind(retention.as_secs_f64())
         .bind(batch)
+        .bind(cursor)
         .persistent(false)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        .fetch_one(&mut *tx)
+        .await?;
         tx.commit().await?;
-        total += deleted;
-        if deleted < batch as u64 || shutdown.is_cancelled() {
+        total += deleted as u64;
+        cursor = last.or(cursor);
+        if deleted < batch || shutdown.is_cancelled() {
             return Ok(Sweep::Deleted(total));
         }
     }

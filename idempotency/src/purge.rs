@@ -14,6 +14,15 @@ use std::time::Duration;
 /// Deletes expired records in batches of `batch_size`, at most `max_batches` statements: completed
 /// and failed records whose `expires_at` passed, and processing records whose lease ended more than
 /// `ttl` ago. Returns how many were deleted.
+///
+/// Each kind is taken oldest first through its own partial index, and each statement goes on from
+/// where the last one ended instead of from the start of the index. While an old snapshot holds
+/// back vacuum, the entries of every record deleted (or completed) since stay in those indexes;
+/// starting each statement at the start would walk them all again, so a run's cost would grow
+/// with the square of what it deletes. A record that expires behind the cursor during a run is
+/// deleted by the next run. Records go by the `ctid` of the version the batch locked (an array, so
+/// no plan joins the batch to the whole table), and only if still expired: a record a request
+/// completed meanwhile has another version and stays.
 pub async fn purge_expired(
     pool: &PgPool,
     schema: &Schema,
@@ -23,27 +32,42 @@ pub async fn purge_expired(
     max_batches: u32,
 ) -> Result<u64, sqlx::Error> {
     let abandoned_before = sub(now, ttl);
-    let batch_size = batch_size.max(1);
+    let batch_size = i64::from(batch_size.max(1));
     let mut total = 0u64;
-    for _ in 0..max_batches {
-        let n = sqlx::query(schema.sql(
-            "WITH doomed AS ( \
-                 SELECT scope, operation, key_hash FROM {{schema}}.idempotency_keys \
-                 WHERE (status IN ('completed', 'failed') AND expires_at <= $1) \
-                    OR (status = 'processing' AND lease_expires_at <= $2) \
-                 LIMIT $3 FOR UPDATE SKIP LOCKED) \
-             DELETE FROM {{schema}}.idempotency_keys k USING doomed d \
-             WHERE k.scope = d.scope AND k.operation = d.operation AND k.key_hash = d.key_hash",
-        ))
-        .bind(now)
-        .bind(abandoned_before)
-        .bind(i64::from(batch_size))
-        .execute(pool)
-        .await?
-        .rows_affected();
-        total += n;
-        if n < u64::from(batch_size) {
-            break;
+    let mut statements = 0;
+    for (column, status) in [
+        ("expires_at", "status IN ('completed', 'failed')"),
+        ("lease_expires_at", "status = 'processing'"),
+    ] {
+        let before = if column == "expires_at" {
+            now
+        } else {
+            abandoned_before
+        };
+        let template = format!(
+            "WITH gone AS ( \
+                 DELETE FROM {{{{schema}}}}.idempotency_keys WHERE ctid = ANY(ARRAY( \
+                     SELECT ctid FROM {{{{schema}}}}.idempotency_keys \
+                     WHERE {status} AND {column} <= $1 AND {column} >= coalesce($3, '-infinity') \
+                     ORDER BY {column} LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+                   AND {status} AND {column} <= $1 \
+                 RETURNING {column}) \
+             SELECT count(*), max({column}) FROM gone"
+        );
+        let mut cursor: Option<DateTime<Utc>> = None;
+        while statements < max_batches {
+            statements += 1;
+            let (n, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(schema.sql(&template))
+                .bind(before)
+                .bind(batch_size)
+                .bind(cursor)
+                .fetch_one(pool)
+                .await?;
+            total += n as u64;
+            cursor = last.or(cursor);
+            if n < batch_size {
+                break;
+            }
         }
     }
     if total > 0 {

@@ -17,11 +17,14 @@ pub(crate) async fn retention_loop(
 ) {
     const BATCH: i64 = 5000;
     loop {
+        let mut after = None;
         loop {
-            match plumbing::db::bounded(store::purge_published(&pool, &schema, retention, BATCH))
-                .await
+            match plumbing::db::bounded(store::purge_published(
+                &pool, &schema, retention, BATCH, after,
+            ))
+            .await
             {
-                Ok(n) if n as i64 >= BATCH && !stop.is_cancelled() => continue,
+                Ok((n, last)) if n as i64 >= BATCH && !stop.is_cancelled() => after = last,
                 Ok(_) => break,
                 Err(e) => {
                     tracing::warn!(error = %ErrorChain(&e), "purging published rows failed");

@@ -418,27 +418,41 @@ pub async fn record_failure(
     Ok(failed)
 }
 
-/// Deletes published rows older than the retention, at most `batch` rows per call.
+/// Deletes published rows older than the retention, at most `batch` rows per call, the oldest
+/// first from `after` (the newest `published_at` the previous call of a pass deleted, `None` at
+/// the start of a pass). Returns how many it deleted and the newest `published_at` among them.
+///
+/// A pass goes on from where its last call ended rather than from the start of the index: while
+/// an old snapshot holds back vacuum, the entries of rows deleted since stay, and walking them in
+/// every call would make a pass cost the square of what it deletes. A row published behind the
+/// cursor (a late confirm) is deleted by the next pass. The batch's rows are probed by their key
+/// (an array, so no plan joins the batch to the whole table).
 pub async fn purge_published(
     pool: &PgPool,
     schema: &Schema,
     older_than: Duration,
     batch: i64,
-) -> Result<u64, sqlx::Error> {
+    after: Option<DateTime<Utc>>,
+) -> Result<(u64, Option<DateTime<Utc>>), sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let done = sqlx::query(schema.sql(
-        "DELETE FROM {{schema}}.messages WHERE seq IN ( \
-             SELECT seq FROM {{schema}}.messages \
-             WHERE state = 'published' AND published_at < now() - make_interval(secs => $1) \
-             LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    let (n, last): (i64, Option<DateTime<Utc>>) = sqlx::query_as(schema.sql(
+        "WITH gone AS ( \
+             DELETE FROM {{schema}}.messages WHERE seq = ANY(ARRAY( \
+                 SELECT seq FROM {{schema}}.messages \
+                 WHERE state = 'published' AND published_at < now() - make_interval(secs => $1) \
+                   AND published_at >= coalesce($3, '-infinity') \
+                 ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+             RETURNING published_at) \
+         SELECT count(*), max(published_at) FROM gone",
     ))
     .bind(older_than.as_secs_f64())
     .bind(batch)
+    .bind(after)
     .persistent(false)
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(done.rows_affected())
+    Ok((n as u64, last.or(after)))
 }
 
 /// What holds back cleanup in the database (issue 39): while a snapshot is old, no row deleted or

@@ -33,6 +33,7 @@ mod process_groups;
 mod process_waits;
 mod processes;
 mod producer;
+mod purges;
 mod reconciliation;
 mod relay;
 mod timeline;
