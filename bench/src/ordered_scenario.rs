@@ -265,7 +265,7 @@ async fn time_consumers(
 
 /// Deletes the consumer's queues and exchanges from the bench's broker (the ordered mode's
 /// partition queues and exchanges too).
-async fn delete_topology(env: &BenchEnv, ordered: bool, name: &str) {
+pub(crate) async fn delete_topology(env: &BenchEnv, ordered: bool, name: &str) {
     if ordered {
         let (queues, exchanges) =
             consumer::ordered::topology::names(name, consumer::config::DEFAULT_PARTITIONS);
