@@ -12,6 +12,8 @@
 //!   lease whose fencing token grows on every claim; `runner` runs one claimed process step by
 //!   step, consecutive local steps in one transaction with one checkpoint statement; every write
 //!   goes through the claim's [`store::Lease`] (schema, id, token), fenced by the token.
+//! - [`claim_floor`]: where a worker's claim starts reading the due index, so that an old snapshot's
+//!   dead entries are not walked again in every claim.
 //! - [`fair`]: a worker with a weighted fair share claims the due processes of each fair key (a
 //!   tenant) in turn, by weight, so one key's burst cannot starve the others.
 //! - `decide`: the decisions over the step rows, pure and unit-tested beside them: the next step,
@@ -39,6 +41,7 @@
 //! [`start`](mod@start) and wake them through [`signal`](mod@signal).
 
 pub mod admin;
+pub mod claim_floor;
 mod decide;
 pub mod definition;
 pub mod error;

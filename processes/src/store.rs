@@ -363,20 +363,23 @@ RETURNING p.id, p.kind, p.definition_version, p.business_key, p.status, p.input,
 
 const CLAIM: &str = "\
 WITH c AS (
-    SELECT p.id, p.lease_owner AS previous_owner
+    SELECT p.id, p.lease_owner AS previous_owner, p.next_run_at AS due_at
     FROM {{schema}}.processes p
-    WHERE {{due}}
+    WHERE {{due}} AND p.next_run_at >= coalesce($5, '-infinity')
     ORDER BY p.next_run_at
     LIMIT {{limit}}
     FOR UPDATE OF p SKIP LOCKED
 )
 {{take}}";
 
-/// Claims up to `limit` due processes of the known (kind, version) pairs, each with its steps.
+/// Claims up to `limit` due processes of the known (kind, version) pairs, each with its steps,
+/// the oldest due first from `from` (a [`crate::claim_floor::ClaimFloor`]; `None` reads from the
+/// front). Returns them and the oldest due time among them.
 ///
 /// The limit is written into the statement, not bound: with a bound limit PostgreSQL plans every
 /// claim anew (the plan for the actual limit always looks cheaper than the generic one), with a
 /// literal one it keeps a generic plan per limit after five claims.
+#[allow(clippy::too_many_arguments)]
 pub async fn claim(
     conn: &mut PgConnection,
     schema: &Schema,
@@ -385,10 +388,11 @@ pub async fn claim(
     limit: i64,
     owner: &str,
     lease: Duration,
-) -> Result<Vec<Claimed>, sqlx::Error> {
+    from: Option<DateTime<Utc>>,
+) -> Result<(Vec<Claimed>, Option<DateTime<Utc>>), sqlx::Error> {
     let sql = CLAIM
         .replace("{{take}}", TAKE)
-        .replace("{{returning}}", "")
+        .replace("{{returning}}", ", c.due_at")
         .replace("{{due}}", DUE)
         .replace("{{limit}}", &limit.max(1).to_string());
     let rows = sqlx::query(schema.sql(&sql))
@@ -396,9 +400,14 @@ pub async fn claim(
         .bind(versions)
         .bind(owner)
         .bind(lease.as_secs_f64())
+        .bind(from)
         .fetch_all(&mut *conn)
         .await?;
-    Ok(claimed_rows(&rows, schema))
+    let oldest = rows
+        .iter()
+        .filter_map(|r| r.try_get::<DateTime<Utc>, _>("due_at").ok())
+        .min();
+    Ok((claimed_rows(&rows, schema), oldest))
 }
 
 /// The claimed rows that can be read. One unreadable row must not hold up the others: it is left

@@ -7,6 +7,7 @@
 //! are abandoned (their outcome stays unknown and is resolved by the next owner) and the lease is
 //! released.
 
+use crate::claim_floor::ClaimFloor;
 use crate::definition::Registry;
 use crate::fair::{FairShare, Passes};
 use crate::internal_events as events;
@@ -17,7 +18,7 @@ use shared::schema::Schema;
 use sqlx::{PgPool, Row};
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -162,6 +163,7 @@ impl Worker {
             failures: 0,
             database_up: None,
             passes: Passes::default(),
+            floor: ClaimFloor::default(),
         };
         turns.claim_until(&shutdown, &wake).await;
         turns.finish().await;
@@ -214,6 +216,8 @@ struct Turns<'a> {
     database_up: Option<bool>,
     /// Where each fair key stands (with a fair share).
     passes: Passes,
+    /// Where the next claim starts reading the due index.
+    floor: ClaimFloor,
 }
 
 impl Turns<'_> {
@@ -266,6 +270,8 @@ impl Turns<'_> {
             Ok(mut conn) => {
                 let claimed = match &config.fair_share {
                     None => {
+                        let now = Instant::now();
+                        let from = self.floor.start(now);
                         store::claim(
                             &mut conn,
                             &config.schema,
@@ -274,8 +280,13 @@ impl Turns<'_> {
                             limit,
                             &config.worker_id,
                             config.lease,
+                            from,
                         )
                         .await
+                        .map(|(claimed, oldest)| {
+                            self.floor.claimed(now, from, oldest);
+                            claimed
+                        })
                     }
                     Some(share) => {
                         store::claim_fair(
@@ -315,6 +326,7 @@ impl Turns<'_> {
             }
             Err(e) => {
                 self.failures += 1;
+                self.floor.reset();
                 report_database(config, &mut self.database_up, false);
                 self.shared.spare.clear();
                 tracing::warn!(error = %e, "claim failed; retrying");

@@ -11,6 +11,7 @@ use relay::store::{self, ClaimArgs, Claimed, Statements};
 use shared::NewMessage;
 use shared::schema::Schema;
 use sqlx::PgConnection;
+use std::time::Duration;
 use system_tests::TestDb;
 
 /// Scans of `outbox.messages` so far in this session's unflushed statistics.
@@ -614,5 +615,104 @@ async fn a_producer_reads_the_same_counter_blocks_however_many_transactions_an_o
          {} after 200",
         reads[1],
         reads[0]
+    );
+}
+
+/// A one-step process that does nothing: the claims are what is measured.
+struct Noop;
+
+impl processes::LocalStep for Noop {
+    fn run<'a>(
+        &'a self,
+        _: &'a processes::StepContext,
+        _: &'a mut sqlx::PgConnection,
+    ) -> processes::StepFuture<'a, processes::Done> {
+        Box::pin(async { Ok(processes::Done::new("done")) })
+    }
+}
+
+/// Index entries of `processes_due_idx` read so far, by every session that has flushed.
+async fn due_index_reads(db: &TestDb) -> i64 {
+    sqlx::query_scalar(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE schemaname = 'outbox' AND indexrelname = 'processes_due_idx'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Issue 39: every claim and every finished process leaves a dead entry in `processes_due_idx`,
+/// and under an old snapshot none can be marked. A worker's claims start from the oldest due time
+/// the previous claim took (`processes::claim_floor`), so 4,000 processes cost a few entries each,
+/// not the entries of every process claimed before (read from the front: 2,676,753 entries, 670 a
+/// process, measured; with the floor 22,940).
+#[tokio::test]
+async fn a_workers_claims_do_not_walk_the_processes_claimed_before_under_an_old_snapshot() {
+    const N: i64 = 4000;
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let def =
+        processes::Definition::new("plans_floor", 1).step(processes::Step::local("noop", Noop));
+    // Due one millisecond apart, an hour ago (one transaction gives them all the same due time).
+    let mut tx = db.pool.begin().await.unwrap();
+    for i in 0..N {
+        processes::start_in(
+            &mut tx,
+            &schema,
+            &def,
+            &format!("p{i}"),
+            &serde_json::json!({}),
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+    sqlx::query(
+        "UPDATE outbox.processes SET next_run_at = now() - interval '1 hour' + (n * interval '1 ms') \
+         FROM (SELECT id AS pid, row_number() OVER (ORDER BY created_at, id) AS n FROM outbox.processes) o \
+         WHERE id = o.pid",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let report = db.held_snapshot().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(12)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let before = due_index_reads(&db).await;
+    let mut config = processes::WorkerConfig::new(pool.clone(), schema.clone(), "plans-floor");
+    config.concurrency = 8;
+    config.stats_interval = Duration::from_secs(3600);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let registry = processes::Registry::new().with(def).unwrap();
+    let worker = tokio::spawn(processes::Worker::run(config, registry, stop.clone()));
+    system_tests::wait_until(
+        "every process succeeded",
+        Duration::from_secs(120),
+        || async {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM outbox.processes WHERE status = 'succeeded'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            (done == N).then_some(())
+        },
+    )
+    .await;
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+    // Closed sessions have flushed their statistics.
+    pool.close().await;
+    let read = due_index_reads(&db).await - before;
+    report.rollback().await.unwrap();
+    eprintln!(
+        "{read} entries of processes_due_idx read to claim {N} processes under an old snapshot"
+    );
+    assert!(
+        read < 10 * N,
+        "the claims read {read} entries of processes_due_idx for {N} processes under an old snapshot: each claim walks the processes claimed before it"
     );
 }

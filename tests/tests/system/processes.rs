@@ -1047,9 +1047,19 @@ async fn every_write_of_a_lease_taken_over_is_fenced_off_and_changes_nothing() {
         let (kinds, versions) = (kinds.clone(), versions.clone());
         async move {
             let mut conn = pool.acquire().await.unwrap();
-            store::claim(&mut conn, &schema(), &kinds, &versions, 1, owner, lease)
-                .await
-                .unwrap()
+            store::claim(
+                &mut conn,
+                &schema(),
+                &kinds,
+                &versions,
+                1,
+                owner,
+                lease,
+                None,
+            )
+            .await
+            .unwrap()
+            .0
         }
     };
     let old = claim("old", Duration::from_millis(1)).await;
