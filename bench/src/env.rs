@@ -402,3 +402,51 @@ impl CpuSnapshot {
         )
     }
 }
+
+/// PostgreSQL's CPU by who asked for it: each backend of the bench's database by its session's
+/// `application_name` (the relay, a consumer, the bench's producers), background processes by
+/// their type. Processes that came and went between two readings (autovacuum workers, sessions
+/// of a restarted pool) count in no group: compare with the whole of PostgreSQL to see them.
+#[derive(Debug, Clone, Default)]
+pub struct PgCpu(std::collections::BTreeMap<i32, (String, u64)>);
+
+impl PgCpu {
+    pub async fn take(pool: &PgPool) -> Self {
+        let rows: Vec<(i32, String)> = sqlx::query_as(
+            "SELECT pid, CASE WHEN backend_type = 'client backend' \
+                    THEN coalesce(nullif(application_name, ''), 'unnamed') ELSE backend_type END \
+             FROM pg_stat_activity WHERE datname = current_database() OR datname IS NULL",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap_or_default();
+        let mut by_pid = std::collections::BTreeMap::new();
+        for (pid, who) in rows {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some(close) = stat.rfind(')') else {
+                continue;
+            };
+            let rest: Vec<&str> = stat[close + 2..].split(' ').collect();
+            let field = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            by_pid.insert(pid, (who, field(11) + field(12)));
+        }
+        Self(by_pid)
+    }
+
+    /// CPU milliseconds per group since `earlier`, of the processes in both readings, largest
+    /// first.
+    pub fn ms_since(&self, earlier: &PgCpu) -> Vec<(String, f64)> {
+        let mut by: std::collections::BTreeMap<String, f64> = Default::default();
+        for (pid, (who, ticks)) in &self.0 {
+            if let Some((_, before)) = earlier.0.get(pid) {
+                *by.entry(who.clone()).or_default() +=
+                    ticks.saturating_sub(*before) as f64 / CLK_TCK * 1000.0;
+            }
+        }
+        let mut v: Vec<(String, f64)> = by.into_iter().collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+}

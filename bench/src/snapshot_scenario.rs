@@ -24,12 +24,33 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// What one interval measured.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Sample {
     at: Duration,
     claim_ms: f64,
     lag: i64,
     pg_ms_per_1000: f64,
+    /// PostgreSQL's CPU per 1,000 by client ([`env::PgCpu`]): "relay 60, bench 40, ...".
+    by_client: String,
+}
+
+/// "relay 60, bench 40": `ms` per 1,000 of `n`.
+fn by_client(ms: &[(String, f64)], n: i64) -> String {
+    ms.iter()
+        .filter(|(_, v)| *v >= 0.5)
+        .map(|(who, v)| format!("{who} {:.0}", v / n.max(1) as f64 * 1000.0))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The last interval's PostgreSQL CPU by client, baseline and held, for a note.
+fn last_by_client(base: &[Sample], held: &[Sample]) -> String {
+    let last = |v: &[Sample]| v.last().map(|s| s.by_client.clone()).unwrap_or_default();
+    format!(
+        "PostgreSQL by client in the last interval, ms per 1,000 (baseline | held): {} | {}",
+        last(base),
+        last(held)
+    )
 }
 
 fn free_addr() -> SocketAddr {
@@ -229,11 +250,13 @@ async fn run(
     let mut samples = Vec::new();
     let (mut sum0, mut n0) = claim_totals(&http, addr).await?;
     let mut cpu0 = env::CpuSnapshot::take();
+    let mut pg0 = env::PgCpu::take(&env.pool).await;
     let mut c0 = committed.load(Ordering::Relaxed);
     while start.elapsed() < hold {
         tokio::time::sleep(every.min(hold - start.elapsed())).await;
         let (sum, n) = claim_totals(&http, addr).await?;
         let cpu = env::CpuSnapshot::take();
+        let pg = env::PgCpu::take(&env.pool).await;
         let c = committed.load(Ordering::Relaxed);
         let lag = c as i64 - delivered.load(Ordering::Relaxed) as i64;
         let msgs = (c - c0).max(1);
@@ -246,8 +269,9 @@ async fn run(
             },
             lag,
             pg_ms_per_1000: cpu.group_ms_since(&cpu0, "postgres") / msgs as f64 * 1000.0,
+            by_client: by_client(&pg.ms_since(&pg0), msgs as i64),
         });
-        (sum0, n0, cpu0, c0) = (sum, n, cpu, c);
+        (sum0, n0, cpu0, c0, pg0) = (sum, n, cpu, c, pg);
     }
     if let Some(tx) = holder {
         tx.rollback().await?;
@@ -348,18 +372,21 @@ async fn run_processes(
     let first = done(env.pool.clone()).await?;
     let mut samples = Vec::new();
     let mut cpu0 = env::CpuSnapshot::take();
+    let mut pg0 = env::PgCpu::take(&env.pool).await;
     let mut d0 = first;
     while start.elapsed() < hold {
         tokio::time::sleep(every.min(hold - start.elapsed())).await;
         let cpu = env::CpuSnapshot::take();
+        let pg = env::PgCpu::take(&env.pool).await;
         let d = done(env.pool.clone()).await?;
         samples.push(Sample {
             at: start.elapsed(),
             claim_ms: 0.0,
             lag: started.load(Ordering::Relaxed) as i64 - d,
             pg_ms_per_1000: cpu.group_ms_since(&cpu0, "postgres") / (d - d0).max(1) as f64 * 1000.0,
+            by_client: by_client(&pg.ms_since(&pg0), d - d0),
         });
-        (cpu0, d0) = (cpu, d);
+        (cpu0, d0, pg0) = (cpu, d, pg);
     }
     let in_hold = (d0 - first).max(0) as u64;
     if let Some(tx) = holder {
@@ -483,18 +510,21 @@ async fn run_consumer(
     let start = Instant::now();
     let mut samples = Vec::new();
     let mut cpu0 = env::CpuSnapshot::take();
+    let mut pg0 = env::PgCpu::take(&env.pool).await;
     let mut a0 = applied(env.pool.clone(), name.clone()).await?;
     while start.elapsed() < hold {
         tokio::time::sleep(every.min(hold - start.elapsed())).await;
         let cpu = env::CpuSnapshot::take();
+        let pg = env::PgCpu::take(&env.pool).await;
         let a = applied(env.pool.clone(), name.clone()).await?;
         samples.push(Sample {
             at: start.elapsed(),
             claim_ms: 0.0,
             lag: committed.load(Ordering::Relaxed) as i64 - a,
             pg_ms_per_1000: cpu.group_ms_since(&cpu0, "postgres") / (a - a0).max(1) as f64 * 1000.0,
+            by_client: by_client(&pg.ms_since(&pg0), a - a0),
         });
-        (cpu0, a0) = (cpu, a);
+        (cpu0, a0, pg0) = (cpu, a, pg);
     }
     let sizes = consumer_table_sizes(env).await?;
     if let Some(tx) = holder {
@@ -581,9 +611,10 @@ fn consumer_lines(
         )
         .at_most(rate as f64)
         .note(format!(
-            "`producer timeline` ({label}), {rate} msg/s over 1,000 aggregates, dedup retention 60 s swept every 10 s; a snapshot held {:.0} s (baseline / held, per interval): {}; tables after the baseline: {sizes_base}; after the held run (before the snapshot ends): {sizes_held}",
+            "`producer timeline` ({label}), {rate} msg/s over 1,000 aggregates, dedup retention 60 s swept every 10 s; a snapshot held {:.0} s (baseline / held, per interval): {}; tables after the baseline: {sizes_base}; after the held run (before the snapshot ends): {sizes_held}; {}",
             hold.as_secs_f64(),
-            table.join("; ")
+            table.join("; "),
+            last_by_client(base, held)
         )),
         Line::new(
             &format!("old-snapshot {label} PostgreSQL CPU, held / baseline"),
@@ -656,8 +687,8 @@ async fn relay_part(env: &BenchEnv, hold: Duration, every: Duration) -> anyhow::
         })
         .collect();
     let (b, h) = (
-        base.last().copied().unwrap_or_default(),
-        held.last().copied().unwrap_or_default(),
+        base.last().cloned().unwrap_or_default(),
+        held.last().cloned().unwrap_or_default(),
     );
     let mean =
         |v: &[Sample], f: fn(&Sample) -> f64| v.iter().map(f).sum::<f64>() / v.len().max(1) as f64;
@@ -665,9 +696,10 @@ async fn relay_part(env: &BenchEnv, hold: Duration, every: Duration) -> anyhow::
         Line::new("old-snapshot claim, held", h.claim_ms, "ms")
             .vs_ceiling(b.claim_ms.max(0.001) * 2.0, None)
             .note(format!(
-                "{rate} msg/s in 10-row transactions, one relay; a REPEATABLE READ snapshot held {:.0} s (baseline / held, per interval): {}",
+                "{rate} msg/s in 10-row transactions, one relay; a REPEATABLE READ snapshot held {:.0} s (baseline / held, per interval): {}; {}",
                 hold.as_secs_f64(),
-                table.join("; ")
+                table.join("; "),
+                last_by_client(&base, &held)
             )),
     );
     lines.push(
@@ -725,8 +757,9 @@ async fn processes_part(
         Line::new("old-snapshot processes, held", pdone_held as f64 / hold.as_secs_f64(), "proc/s")
             .vs_ceiling(pdone_base as f64 / hold.as_secs_f64(), Some(0.8))
             .note(format!(
-                "one worker, one-step processes started at {prate}/s in 10-process transactions (baseline / held): {}",
-                ptable.join("; ")
+                "one worker, one-step processes started at {prate}/s in 10-process transactions (baseline / held): {}; {}",
+                ptable.join("; "),
+                last_by_client(&pbase, &pheld)
             )),
     );
     lines.push(
