@@ -80,10 +80,37 @@ async fn claim_totals(http: &reqwest::Client, addr: SocketAddr) -> anyhow::Resul
     ))
 }
 
-/// Commits `rate` messages a second in 10-row transactions on 4 connections until `stop`.
+/// The 10 rows producer `p` commits in its `i`-th transaction.
+type Batch = fn(&str, u64, u64) -> Vec<shared::NewMessage>;
+
+/// The relay part's rows: `producer_messages`, 1,000 aggregates per producer.
+fn relay_batch(_: &str, p: u64, i: u64) -> Vec<shared::NewMessage> {
+    producer_messages(p, i, 10, "bench.snapshot")
+}
+
+/// The consumer parts' rows: 250 aggregates per producer named after the run (`prefix`), so each
+/// starts at number 1 for the run's consumer.
+fn consumer_batch(prefix: &str, p: u64, i: u64) -> Vec<shared::NewMessage> {
+    (0..10)
+        .map(|k| {
+            let n = i * 10 + k;
+            shared::NewMessage::new(
+                "bench",
+                format!("{prefix}-{p}-{}", n % 250),
+                "bench.snapshot",
+                crate::scenarios::payload(n),
+            )
+        })
+        .collect()
+}
+
+/// Commits `rate` messages a second in 10-row transactions (`batch`) on 4 connections until
+/// `stop`.
 fn produce(
     env: &BenchEnv,
     rate: u64,
+    batch: Batch,
+    prefix: &str,
     committed: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<anyhow::Result<()>>> {
@@ -91,14 +118,14 @@ fn produce(
     (0..4u64)
         .map(|p| {
             let (pool, committed, stop) = (env.pool.clone(), committed.clone(), stop.clone());
+            let prefix = prefix.to_string();
             tokio::spawn(async move {
                 let mut tick =
                     tokio::time::interval(Duration::from_secs(1) / per_task.max(1) as u32);
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     tick.tick().await;
-                    let msgs = producer_messages(p, i, 10, "bench.snapshot");
-                    shared::outbox::enqueue_many(&pool, &msgs).await?;
+                    shared::outbox::enqueue_many(&pool, &batch(&prefix, p, i)).await?;
                     committed.fetch_add(10, Ordering::Relaxed);
                     i += 1;
                 }
@@ -131,13 +158,14 @@ async fn hold_snapshot(
     Ok(Some(tx))
 }
 
-/// Size and dead tuples of the outbox's tables after a run: "messages 412 MB, 0 dead; ...".
-async fn table_sizes(env: &BenchEnv) -> anyhow::Result<String> {
+/// Size and dead tuples of `tables` (schema-qualified) after a run: "outbox.messages 412 MB, 0
+/// dead; ...".
+async fn table_sizes(env: &BenchEnv, tables: &[&str]) -> anyhow::Result<String> {
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT relname::text, pg_total_relation_size(relid), n_dead_tup FROM pg_stat_user_tables \
-         WHERE schemaname = 'outbox' AND relname IN ('messages', 'aggregate_sequences', 'processes', 'process_steps', 'process_history') \
-         ORDER BY relname",
+        "SELECT schemaname || '.' || relname, pg_total_relation_size(relid), n_dead_tup \
+         FROM pg_stat_user_tables WHERE schemaname || '.' || relname = ANY($1) ORDER BY 1",
     )
+    .bind(tables)
     .fetch_all(&env.pool)
     .await?;
     Ok(rows
@@ -146,6 +174,24 @@ async fn table_sizes(env: &BenchEnv) -> anyhow::Result<String> {
         .collect::<Vec<_>>()
         .join("; "))
 }
+
+/// What the producers' part reports.
+const PRODUCER_TABLES: [&str; 5] = [
+    "outbox.messages",
+    "outbox.aggregate_sequences",
+    "outbox.processes",
+    "outbox.process_steps",
+    "outbox.process_history",
+];
+
+/// What the consumer parts report (`demo.timeline` is the example consumer's effect).
+const CONSUMER_TABLES: [&str; 5] = [
+    "outbox.processed_messages",
+    "outbox.consumer_positions",
+    "outbox.consumer_held",
+    "outbox.consumer_partitions",
+    "demo.timeline",
+];
 
 /// Producers at full speed (4 connections, 10-row transactions, 1,000 aggregates each, no relay
 /// but its counter purge), with or without a snapshot held: the insert rate per interval, and the
@@ -199,7 +245,7 @@ async fn run_inserts(
     purge_stop.cancel();
     let _ = purge.await;
     // Measured before the snapshot ends: what it held back.
-    let sizes = table_sizes(env).await?;
+    let sizes = table_sizes(env, &PRODUCER_TABLES).await?;
     if let Some(tx) = holder {
         tx.rollback().await?;
     }
@@ -242,7 +288,7 @@ async fn run(
     });
     let committed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let producers = produce(env, rate, committed.clone(), stop.clone());
+    let producers = produce(env, rate, relay_batch, "", committed.clone(), stop.clone());
     tokio::time::sleep(Duration::from_secs(20).min(hold / 2)).await;
 
     let holder = hold_snapshot(env, snapshot).await?;
@@ -293,19 +339,6 @@ async fn run(
     Ok(samples)
 }
 
-/// A one-step process that does nothing: the worker's claim and checkpoints are what is measured.
-struct Noop;
-
-impl processes::LocalStep for Noop {
-    fn run<'a>(
-        &'a self,
-        _: &'a processes::StepContext,
-        _: &'a mut sqlx::PgConnection,
-    ) -> processes::StepFuture<'a, processes::Done> {
-        Box::pin(async { Ok(processes::Done::new("done")) })
-    }
-}
-
 /// The process worker under the same condition: processes started at `rate` a second (10 a
 /// transaction), one worker; samples the lag (started − succeeded) and PostgreSQL's CPU per
 /// process. Returns the samples and the processes done in the hold.
@@ -321,7 +354,10 @@ async fn run_processes(
     } else {
         "bench_snap_base"
     };
-    let def = processes::Definition::new(kind, 1).step(processes::Step::local("noop", Noop));
+    let def = processes::Definition::new(kind, 1).step(processes::Step::local(
+        "noop",
+        system_tests::process_fixtures::Noop,
+    ));
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(24)
         .connect(&env.db_url)
@@ -400,23 +436,6 @@ async fn run_processes(
     Ok((samples, in_hold))
 }
 
-/// Size and dead tuples of a consumer's tables after a run (`demo.timeline` is its effect).
-async fn consumer_table_sizes(env: &BenchEnv) -> anyhow::Result<String> {
-    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT schemaname || '.' || relname, pg_total_relation_size(relid), n_dead_tup FROM pg_stat_user_tables \
-         WHERE (schemaname = 'outbox' AND relname IN ('processed_messages', 'consumer_positions', 'consumer_held', 'consumer_partitions')) \
-            OR (schemaname = 'demo' AND relname = 'timeline') \
-         ORDER BY 1",
-    )
-    .fetch_all(&env.pool)
-    .await?;
-    Ok(rows
-        .iter()
-        .map(|(t, size, dead)| format!("{t} {:.1} MB, {dead} dead", *size as f64 / 1e6))
-        .collect::<Vec<_>>()
-        .join("; "))
-}
-
 /// A consumer under the same condition: the example's `producer timeline` (its effect one row in
 /// `demo.timeline`), ordered or not, with a short retention so its dedup sweep deletes while the
 /// snapshot is held. Producers commit `rate` messages a second over 1,000 aggregates (named after
@@ -471,40 +490,14 @@ async fn run_consumer(
     };
     let committed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let per_task = rate / 4 / 10;
-    let producers: Vec<_> = (0..4u64)
-        .map(|p| {
-            let (pool, committed, stop, name) = (
-                env.pool.clone(),
-                committed.clone(),
-                stop.clone(),
-                name.clone(),
-            );
-            tokio::spawn(async move {
-                let mut tick =
-                    tokio::time::interval(Duration::from_secs(1) / per_task.max(1) as u32);
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    tick.tick().await;
-                    let msgs: Vec<shared::NewMessage> = (0..10)
-                        .map(|k| {
-                            let n = i * 10 + k;
-                            shared::NewMessage::new(
-                                "bench",
-                                format!("{name}-{p}-{}", n % 250),
-                                "bench.snapshot",
-                                crate::scenarios::payload(n),
-                            )
-                        })
-                        .collect();
-                    shared::outbox::enqueue_many(&pool, &msgs).await?;
-                    committed.fetch_add(10, Ordering::Relaxed);
-                    i += 1;
-                }
-                anyhow::Ok(())
-            })
-        })
-        .collect();
+    let producers = produce(
+        env,
+        rate,
+        consumer_batch,
+        &name,
+        committed.clone(),
+        stop.clone(),
+    );
     tokio::time::sleep(Duration::from_secs(20).min(hold / 2)).await;
     let holder = hold_snapshot(env, snapshot).await?;
     let start = Instant::now();
@@ -526,7 +519,7 @@ async fn run_consumer(
         });
         (cpu0, a0, pg0) = (cpu, a, pg);
     }
-    let sizes = consumer_table_sizes(env).await?;
+    let sizes = table_sizes(env, &CONSUMER_TABLES).await?;
     if let Some(tx) = holder {
         tx.rollback().await?;
     }

@@ -482,3 +482,13 @@ pub async fn effects(pool: &PgPool, process: uuid::Uuid) -> (i64, i64) {
             .unwrap_or(-1);
     (charges, refunds)
 }
+
+/// A one-step process's step that does nothing: for measuring the worker's claims and
+/// checkpoints alone (`plans`, `bench old-snapshot`).
+pub struct Noop;
+
+impl LocalStep for Noop {
+    fn run<'a>(&'a self, _: &'a StepContext, _: &'a mut PgConnection) -> StepFuture<'a, Done> {
+        Box::pin(async { Ok(Done::new("done")) })
+    }
+}
