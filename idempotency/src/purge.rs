@@ -35,15 +35,14 @@ pub async fn purge_expired(
     let batch_size = i64::from(batch_size.max(1));
     let mut total = 0u64;
     let mut statements = 0;
-    for (column, status) in [
-        ("expires_at", "status IN ('completed', 'failed')"),
-        ("lease_expires_at", "status = 'processing'"),
+    for (column, status, before) in [
+        ("expires_at", "status IN ('completed', 'failed')", now),
+        (
+            "lease_expires_at",
+            "status = 'processing'",
+            abandoned_before,
+        ),
     ] {
-        let before = if column == "expires_at" {
-            now
-        } else {
-            abandoned_before
-        };
         let template = format!(
             "WITH gone AS ( \
                  DELETE FROM {{{{schema}}}}.idempotency_keys WHERE ctid = ANY(ARRAY( \
