@@ -618,19 +618,6 @@ async fn a_producer_reads_the_same_counter_blocks_however_many_transactions_an_o
     );
 }
 
-/// A one-step process that does nothing: the claims are what is measured.
-struct Noop;
-
-impl processes::LocalStep for Noop {
-    fn run<'a>(
-        &'a self,
-        _: &'a processes::StepContext,
-        _: &'a mut sqlx::PgConnection,
-    ) -> processes::StepFuture<'a, processes::Done> {
-        Box::pin(async { Ok(processes::Done::new("done")) })
-    }
-}
-
 /// Index entries of `processes_due_idx` read so far, by every session that has flushed.
 async fn due_index_reads(db: &TestDb) -> i64 {
     sqlx::query_scalar(
@@ -651,8 +638,10 @@ async fn a_workers_claims_do_not_walk_the_processes_claimed_before_under_an_old_
     const N: i64 = 4000;
     let db = TestDb::new().await;
     let schema = Schema::default();
-    let def =
-        processes::Definition::new("plans_floor", 1).step(processes::Step::local("noop", Noop));
+    let def = processes::Definition::new("plans_floor", 1).step(processes::Step::local(
+        "noop",
+        system_tests::process_fixtures::Noop,
+    ));
     // Due one millisecond apart, an hour ago (one transaction gives them all the same due time).
     let mut tx = db.pool.begin().await.unwrap();
     for i in 0..N {
@@ -715,4 +704,80 @@ async fn a_workers_claims_do_not_walk_the_processes_claimed_before_under_an_old_
         read < 10 * N,
         "the claims read {read} entries of processes_due_idx for {N} processes under an old snapshot: each claim walks the processes claimed before it"
     );
+}
+
+/// The claim floor's bound: a process that becomes due in front of a worker's floor (here one
+/// whose due time is an hour old, as a resumed process keeps its own) is claimed at the worker's
+/// next read from the front, within `FRONT_EVERY`, not left behind the floor.
+#[tokio::test]
+async fn a_process_due_in_front_of_the_claim_floor_is_claimed_within_the_front_interval() {
+    let db = TestDb::new().await;
+    let schema = Schema::default();
+    let def = processes::Definition::new("plans_front", 1).step(processes::Step::local(
+        "noop",
+        system_tests::process_fixtures::Noop,
+    ));
+    let mut config = processes::WorkerConfig::new(db.pool.clone(), schema.clone(), "plans-front");
+    config.stats_interval = Duration::from_secs(3600);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let registry = processes::Registry::new().with(def.clone()).unwrap();
+    let worker = tokio::spawn(processes::Worker::run(config, registry, stop.clone()));
+    let succeeded = |n: i64| {
+        let pool = db.pool.clone();
+        move || {
+            let pool = pool.clone();
+            async move {
+                let done: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM outbox.processes WHERE status = 'succeeded'",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                (done == n).then_some(())
+            }
+        }
+    };
+    // Processes due now give the worker its floor.
+    for i in 0..20 {
+        let mut tx = db.pool.begin().await.unwrap();
+        processes::start_in(
+            &mut tx,
+            &schema,
+            &def,
+            &format!("now-{i}"),
+            &serde_json::json!({}),
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    system_tests::wait_until(
+        "the first processes succeeded",
+        Duration::from_secs(30),
+        succeeded(20),
+    )
+    .await;
+    // One more, due an hour ago: in front of the floor.
+    let mut tx = db.pool.begin().await.unwrap();
+    let id = processes::start_in(&mut tx, &schema, &def, "behind", &serde_json::json!({}))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox.processes SET next_run_at = now() - interval '1 hour' WHERE business_key = 'behind'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let at = std::time::Instant::now();
+    system_tests::wait_until(
+        "the process behind the floor succeeded",
+        processes::claim_floor::FRONT_EVERY + Duration::from_secs(5),
+        succeeded(21),
+    )
+    .await;
+    eprintln!(
+        "process {id:?} behind the floor claimed after {:?}",
+        at.elapsed()
+    );
+    stop.cancel();
+    worker.await.unwrap().unwrap();
 }
